@@ -1,0 +1,1 @@
+"""Backends: each implements `Backend.run` (one forward with a plan applied)."""

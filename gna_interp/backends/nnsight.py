@@ -1,0 +1,107 @@
+"""nnsight backend: one trace per forward, local or remote (NDIF).
+
+Sites map to module paths in exactly one place, `NNsightBackend.steps`:
+
+- heads of layer ``l``: the input of ``<layers>.l.<mixer>.<out_proj>``, viewed
+  ``[batch, pos, head, d_head]``;
+- residual stream entering block ``l``: the input of ``<layers>.l`` (``l == n_layers``:
+  the input of the final norm);
+- a skipped block ``l``: its output is replaced by its input.
+
+The trace body uses nothing but torch and builtins on plain tensors and ints, so the
+same code runs locally, under nnsight's ``remote="local"`` simulation, and on NDIF.
+Modules are visited in execution order, as nnsight requires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import nnsight
+import torch
+from torch import Tensor
+
+from ..core.arch import ArchSpec
+from ..core.plan import Plan, Site, SiteKind
+from ..models.inputs import Batch
+from .base import RunOutput
+
+# Step opcodes, in the order a block executes them.
+_READ_INPUT = 0  # a block's (or the final norm's) input: the residual stream
+_READ_HEADS = 1  # the out-projection's input, per head
+_SKIP_BLOCK = 2  # write a block's input over its output
+
+
+class NNsightBackend:
+    name = "nnsight"
+
+    def __init__(self, envoy: Any, spec: ArchSpec, n_layers: int, n_heads: int, head_dim: int, remote: bool | str = False) -> None:
+        self.envoy = envoy
+        self.spec = spec
+        self.n_layers = n_layers
+        self.n_heads = n_heads
+        self.head_dim = head_dim
+        self.remote = remote
+
+    def steps(self, plan: Plan, capture: Collection[Site]) -> list[tuple]:
+        """The plan as a list of plain tuples ``(op, path, edits, keep, slot, rows)``,
+        sorted in execution order. ``edits`` is a list of ``(mask, value)`` pairs;
+        ``slot`` indexes the saved list (or -1)."""
+        sites = sorted(set(plan.edits) | set(capture), key=lambda s: (s.layer, s.kind is SiteKind.HEADS))
+        order = {site: i for i, site in enumerate(sorted(capture))}
+        steps: list[tuple] = []
+        for site in sites:
+            edits = [(e.mask, e.value) for e in plan.edits.get(site, [])]
+            slot = order.get(site, -1)
+            if site.kind is SiteKind.HEADS:
+                steps.append((site.layer, 1, _READ_HEADS, self.spec.out_proj_path(site.layer), edits, slot, None))
+            else:
+                steps.append((site.layer, 0, _READ_INPUT, self._resid_path(site.layer), edits, slot, None))
+        for layer, rows in plan.skips.items():
+            path = f"{self.spec.layers_path}.{layer}"
+            if not any(s[0] == layer and s[2] == _READ_INPUT for s in steps):
+                steps.append((layer, 0, _READ_INPUT, path, [], -1, None))
+            steps.append((layer, 2, _SKIP_BLOCK, path, [], -1, rows))
+        steps.sort(key=lambda s: (s[0], s[1]))
+        return [s[2:] for s in steps]
+
+    def _resid_path(self, layer: int) -> str:
+        if layer == self.n_layers:
+            return self.spec.final_norm_path
+        return f"{self.spec.layers_path}.{layer}"
+
+    def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), grad: bool = False) -> RunOutput:
+        steps = self.steps(plan, capture)
+        n_saved = len(capture)
+        model = self.envoy
+        heads_shape = (self.n_heads, self.head_dim)
+        with torch.set_grad_enabled(grad):
+            with model.trace(input_ids=batch.input_ids, attention_mask=batch.attention_mask, remote=self.remote):
+                saved = nnsight.save([None] * n_saved)
+                stash = None
+                for op, path, edits, slot, rows in steps:
+                    envoy = model
+                    for part in path.split("."):
+                        envoy = envoy[int(part)] if part.isdigit() else getattr(envoy, part)
+                    if op == 2:
+                        envoy.output = torch.where(rows.view(-1, 1, 1), stash, envoy.output)
+                        continue
+                    act = envoy.input
+                    flat_shape = act.shape
+                    if op == 1:
+                        act = act.reshape(flat_shape[0], flat_shape[1], heads_shape[0], heads_shape[1])
+                    for mask, value in edits:
+                        act = torch.where(mask, value.to(act.dtype), act)
+                    if edits:
+                        envoy.input = act.reshape(flat_shape)
+                    if slot >= 0:
+                        saved[slot] = act
+                    if op == 0:
+                        stash = act
+                logits = model.output.logits.save()
+        acts = {site: saved[i] for i, site in enumerate(sorted(capture))}
+        if not grad:
+            acts = {site: value.detach() for site, value in acts.items()}
+            logits = logits.detach()
+        return RunOutput(logits=logits, acts=acts)

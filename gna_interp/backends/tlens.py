@@ -1,0 +1,86 @@
+"""TransformerLens backend: a `TransformerBridge` with hooks scoped to one forward.
+
+Sites map to hook names in exactly one place, `hook_name`:
+
+- heads of layer ``l``: ``blocks.{l}.attn.hook_z`` (``[batch, pos, head, d_head]``, the
+  input of ``o_proj`` per head);
+- residual stream entering block ``l``: ``blocks.{l}.hook_resid_pre``, or
+  ``ln_final.hook_in`` for ``l == n_layers``;
+- a skipped block ``l`` stashes ``blocks.{l}.hook_resid_pre`` and writes it over
+  ``blocks.{l}.hook_resid_post``.
+
+Note: booting a bridge wraps the HF model's modules in place; the HF model still
+computes the same function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..core.plan import Plan, Site, SiteKind, apply_edits
+from ..models.inputs import Batch
+from .base import RunOutput
+
+HookFn = Callable[..., Tensor]
+
+
+class TLensBackend:
+    name = "tlens"
+
+    def __init__(self, bridge: Any, n_layers: int) -> None:
+        self.bridge = bridge
+        self.n_layers = n_layers
+
+    def hook_name(self, site: Site) -> str:
+        if site.kind is SiteKind.HEADS:
+            return f"blocks.{site.layer}.attn.hook_z"
+        if site.layer == self.n_layers:
+            return "ln_final.hook_in"
+        return f"blocks.{site.layer}.hook_resid_pre"
+
+    def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), grad: bool = False) -> RunOutput:
+        captured: dict[Site, Tensor] = {}
+        stash: dict[int, Tensor] = {}
+        hooks: dict[str, list[HookFn]] = {}
+
+        for site in sorted(set(plan.edits) | set(capture)):
+            hooks.setdefault(self.hook_name(site), []).append(
+                _site_hook(site, plan.edits.get(site, []), site in capture, captured, grad)
+            )
+        for layer, rows in plan.skips.items():
+            hooks.setdefault(f"blocks.{layer}.hook_resid_pre", []).append(_stash_hook(layer, stash))
+            hooks.setdefault(f"blocks.{layer}.hook_resid_post", []).append(_skip_hook(layer, rows, stash))
+
+        fwd_hooks = [(name, fn) for name, fns in hooks.items() for fn in fns]
+        with torch.set_grad_enabled(grad), self.bridge.hooks(fwd_hooks=fwd_hooks):
+            logits = self.bridge(batch.input_ids, attention_mask=batch.attention_mask)
+        return RunOutput(logits=logits, acts=captured)
+
+
+def _site_hook(site: Site, edits: list, keep: bool, captured: dict[Site, Tensor], grad: bool) -> HookFn:
+    def hook(act: Tensor, hook: Any = None) -> Tensor:
+        act = apply_edits(act, edits)
+        if keep:
+            captured[site] = act if grad else act.detach()
+        return act
+
+    return hook
+
+
+def _stash_hook(layer: int, stash: dict[int, Tensor]) -> HookFn:
+    def hook(act: Tensor, hook: Any = None) -> Tensor:
+        stash[layer] = act
+        return act
+
+    return hook
+
+
+def _skip_hook(layer: int, rows: Tensor, stash: dict[int, Tensor]) -> HookFn:
+    def hook(act: Tensor, hook: Any = None) -> Tensor:
+        return torch.where(rows.view(-1, 1, 1), stash.pop(layer), act)
+
+    return hook

@@ -1,0 +1,71 @@
+"""Addresses of activations: heads and residual-stream sites.
+
+Glossary of axis names used in shapes throughout the package:
+
+- ``batch``: prompts (rows of a padded batch; left padding).
+- ``pos``: token positions.
+- ``head``: heads of one layer (for Mamba-1 a head is one inner channel).
+- ``d_head``: width of one head's output (1 for Mamba-1 channels).
+- ``d_model``: width of the residual stream.
+- ``vocab``: vocabulary entries.
+- ``layer``: blocks of the model, 0-indexed.
+
+A head's output is its slice of the *input of the out-projection* (``o_proj`` for
+attention, ``mixer.out_proj`` for Mamba / Mamba-2). Zero-ablating it equals zeroing
+those columns of the out-projection weight, which is how the paper's authors
+disabled heads.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_HEAD_PATTERN = re.compile(r"^\s*L?(\d+)\s*[.:H]\s*(\d+)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True, order=True)
+class Head:
+    """One head: ``Head(layer=16, head=22)``. Frozen, hashable and ordered."""
+
+    layer: int
+    head: int
+
+    def __post_init__(self) -> None:
+        for field, value in (("layer", self.layer), ("head", self.head)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"Head.{field} must be an int, got {value!r} ({type(value).__name__})")
+            if value < 0:
+                raise ValueError(f"Head.{field} must be >= 0, got {value}")
+
+    @classmethod
+    def parse(cls, text: str) -> Head:
+        """Parse ``"16.22"``, ``"L16H22"`` or ``"16:22"``."""
+        match = _HEAD_PATTERN.match(text)
+        if match is None:
+            raise ValueError(f"cannot parse head {text!r}: expected 'L.H' such as '16.22' or 'L16H22'")
+        return cls(int(match.group(1)), int(match.group(2)))
+
+    def __str__(self) -> str:
+        return f"L{self.layer}H{self.head}"
+
+
+@dataclass(frozen=True, order=True)
+class Resid:
+    """The residual stream entering block ``layer`` (``layer == n_layers``: the
+    input of the final norm). Values have shape ``[batch, pos, d_model]``."""
+
+    layer: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layer, bool) or not isinstance(self.layer, int):
+            raise TypeError(f"Resid.layer must be an int, got {self.layer!r}")
+        if self.layer < 0:
+            raise ValueError(f"Resid.layer must be >= 0, got {self.layer}")
+
+    def __str__(self) -> str:
+        return f"resid{self.layer}"
+
+
+Target = Head | Resid
+"""Anything an intervention can address."""

@@ -1,0 +1,119 @@
+"""Intervention descriptions: plain data that every backend applies the same way.
+
+An intervention says *what* to change; `gna_interp.patching.compile` turns a list of
+them into tensor edits (a `Plan`) for one batch, and a backend applies the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from .heads import Head, Resid, Target
+
+AblationKind = Literal["zero", "mean", "resample"]
+ABLATION_KINDS: tuple[str, ...] = ("zero", "mean", "resample")
+
+Positions = int | Sequence[int] | torch.Tensor | None
+"""Where a patch applies: ``None`` (all positions), an int or list of ints (the same
+positions in every row; negative counts from the end), a ``[batch]`` long tensor
+(one position per row), or a ``[batch, pos]`` bool mask."""
+
+
+def _as_heads(heads: Head | Iterable[Head], what: str) -> tuple[Head, ...]:
+    items = (heads,) if isinstance(heads, Head) else tuple(heads)
+    for item in items:
+        if not isinstance(item, Head):
+            raise TypeError(f"{what} must contain gna_interp.Head values, got {item!r} ({type(item).__name__})")
+    if not items:
+        raise ValueError(f"{what} is empty: expected at least one gna_interp.Head")
+    return items
+
+
+@dataclass(frozen=True)
+class Ablate:
+    """Replace the output of ``heads``.
+
+    Args:
+        heads: heads to ablate.
+        how: ``"zero"`` (the paper's method), ``"mean"`` (the head's output averaged
+            over every non-padding token of ``reference``) or ``"resample"`` (the
+            head's output on ``reference`` at the same positions; ``reference`` must
+            tokenize to the same ``[batch, pos]`` as the inputs, or to one row).
+        reference: inputs for ``mean`` / ``resample``; activations are taken from a
+            forward with no interventions.
+    """
+
+    heads: tuple[Head, ...]
+    how: AblationKind = "zero"
+    reference: Any = None
+
+    def __init__(self, heads: Head | Iterable[Head], how: str = "zero", reference: Any = None) -> None:
+        if how not in ABLATION_KINDS:
+            raise ValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
+        if how != "zero" and reference is None:
+            raise ValueError(f"how={how!r} needs reference= inputs to take activations from")
+        object.__setattr__(self, "heads", _as_heads(heads, "Ablate heads"))
+        object.__setattr__(self, "how", how)
+        object.__setattr__(self, "reference", reference)
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Replace activations at ``targets`` with their values on ``source``.
+
+    Args:
+        targets: heads and/or residual-stream sites.
+        source: inputs whose activations are patched in; must tokenize to the same
+            number of positions as the patched inputs (and the same rows, or one row).
+        positions: see `Positions`; ``None`` patches every position.
+    """
+
+    targets: tuple[Target, ...]
+    source: Any
+    positions: Positions = None
+
+    def __init__(self, targets: Target | Iterable[Target], source: Any, positions: Positions = None) -> None:
+        items = (targets,) if isinstance(targets, (Head, Resid)) else tuple(targets)
+        for item in items:
+            if not isinstance(item, (Head, Resid)):
+                raise TypeError(f"Patch targets must be Head or Resid values, got {item!r}")
+        if not items:
+            raise ValueError("Patch targets is empty: expected at least one Head or Resid")
+        if source is None:
+            raise ValueError("Patch needs source= inputs to take activations from")
+        object.__setattr__(self, "targets", items)
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "positions", positions)
+
+
+@dataclass(frozen=True)
+class SkipLayers:
+    """Layer ablation: skip these blocks; the residual stream passes through."""
+
+    layers: tuple[int, ...]
+
+    def __init__(self, layers: int | Iterable[int]) -> None:
+        items = (layers,) if isinstance(layers, int) else tuple(layers)
+        for layer in items:
+            if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+                raise ValueError(f"SkipLayers layers must be non-negative ints, got {layer!r}")
+        object.__setattr__(self, "layers", tuple(sorted(set(items))))
+
+
+@dataclass(frozen=True)
+class Truncate:
+    """Keep the first ``n_layers`` blocks, then the final norm and unembedding (the
+    paper's truncation scan). Equivalent to skipping every later block."""
+
+    n_layers: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_layers, bool) or not isinstance(self.n_layers, int) or self.n_layers < 0:
+            raise ValueError(f"Truncate n_layers must be a non-negative int, got {self.n_layers!r}")
+
+
+Intervention = Ablate | Patch | SkipLayers | Truncate

@@ -1,0 +1,96 @@
+"""Compiled interventions: plain tensor edits at layer-level sites.
+
+A `Plan` is what a backend applies during one forward. It holds only tensors and
+ints, so the nnsight backend can ship it to a remote server unchanged.
+
+At a site, every `Edit` applies ``act = torch.where(mask, value, act)`` in order:
+
+- `SiteKind.HEADS` at layer ``l``: ``act`` is ``[batch, pos, head, d_head]``, the input
+  of the out-projection viewed per head.
+- `SiteKind.RESID` at layer ``l``: ``act`` is ``[batch, pos, d_model]``, the residual
+  stream entering block ``l`` (``l == n_layers``: entering the final norm).
+
+A skip at layer ``l`` makes block ``l`` output its own input on the rows given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+from torch import Tensor
+
+
+class SiteKind(str, Enum):
+    RESID = "resid"
+    HEADS = "heads"
+
+
+@dataclass(frozen=True, order=True)
+class Site:
+    """A layer-level activation: all heads of a layer, or the residual stream."""
+
+    kind: SiteKind
+    layer: int
+
+
+@dataclass
+class Edit:
+    """``act = where(mask, value, act)``; both broadcast to the site's activation."""
+
+    mask: Tensor
+    value: Tensor
+
+    def tiled(self, n_rows: int, copies: int) -> Edit:
+        return Edit(_tile_rows(self.mask, n_rows, copies), _tile_rows(self.value, n_rows, copies))
+
+
+def _tile_rows(tensor: Tensor, n_rows: int, copies: int) -> Tensor:
+    """Repeat a per-row tensor ``copies`` times along batch; leave broadcast ones alone."""
+    if tensor.dim() == 0 or tensor.shape[0] == 1:
+        return tensor
+    if tensor.shape[0] != n_rows:
+        raise ValueError(f"edit tensor has {tensor.shape[0]} rows, expected {n_rows} or 1")
+    return tensor.repeat(copies, *([1] * (tensor.dim() - 1)))
+
+
+def apply_edits(act: Tensor, edits: list[Edit]) -> Tensor:
+    for edit in edits:
+        act = torch.where(edit.mask, edit.value.to(act.dtype), act)
+    return act
+
+
+@dataclass
+class Plan:
+    """Edits and block skips for one forward over a batch of ``n_rows`` rows."""
+
+    edits: dict[Site, list[Edit]] = field(default_factory=dict)
+    skips: dict[int, Tensor] = field(default_factory=dict)
+    """layer -> ``[batch]`` bool: rows on which the block is skipped."""
+
+    def add(self, site: Site, edit: Edit) -> None:
+        self.edits.setdefault(site, []).append(edit)
+
+    def add_skip(self, layer: int, rows: Tensor) -> None:
+        previous = self.skips.get(layer)
+        self.skips[layer] = rows if previous is None else (previous | rows)
+
+    def extend(self, other: Plan) -> None:
+        for site, edits in other.edits.items():
+            for edit in edits:
+                self.add(site, edit)
+        for layer, rows in other.skips.items():
+            self.add_skip(layer, rows)
+
+    def tiled(self, n_rows: int, copies: int) -> Plan:
+        """This plan for a batch made of ``copies`` stacked copies of the original."""
+        tiled = Plan()
+        for site, edits in self.edits.items():
+            tiled.edits[site] = [edit.tiled(n_rows, copies) for edit in edits]
+        for layer, rows in self.skips.items():
+            tiled.skips[layer] = _tile_rows(rows, n_rows, copies)
+        return tiled
+
+    def __bool__(self) -> bool:
+        return bool(self.edits) or bool(self.skips)

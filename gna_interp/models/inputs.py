@@ -1,0 +1,111 @@
+"""Turning user inputs (strings, token ids) into a left-padded `Batch`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Batch:
+    """A left-padded batch."""
+
+    input_ids: Tensor
+    """``[batch, pos]`` long."""
+    attention_mask: Tensor
+    """``[batch, pos]`` long, 0 on padding."""
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def n_pos(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def repeat(self, copies: int) -> Batch:
+        return Batch(self.input_ids.repeat(copies, 1), self.attention_mask.repeat(copies, 1))
+
+    def to(self, device: torch.device | str | None) -> Batch:
+        if device is None:
+            return self
+        return Batch(self.input_ids.to(device), self.attention_mask.to(device))
+
+
+def _is_batch_mapping(inputs: Any) -> bool:
+    return isinstance(inputs, Mapping) and "input_ids" in inputs
+
+
+def make_batch(inputs: Any, tokenizer: Any) -> Batch:
+    """Tokenize ``inputs`` with left padding.
+
+    Args:
+        inputs: a string, a list of strings, a ``[pos]`` or ``[batch, pos]`` tensor of
+            token ids (taken as unpadded), a list of token-id lists (left-padded here),
+            a mapping with ``input_ids`` (and optionally ``attention_mask``), or a `Batch`.
+        tokenizer: a HF tokenizer (needed for strings and ragged id lists).
+    """
+    if isinstance(inputs, Batch):
+        batch = inputs
+    elif _is_batch_mapping(inputs):
+        ids = torch.as_tensor(inputs["input_ids"])
+        ids = ids[None] if ids.dim() == 1 else ids
+        mask = inputs.get("attention_mask")
+        batch = Batch(ids.long(), torch.ones_like(ids) if mask is None else torch.as_tensor(mask).long())
+    elif isinstance(inputs, Tensor):
+        ids = inputs[None] if inputs.dim() == 1 else inputs
+        if ids.dim() != 2 or ids.dtype.is_floating_point:
+            raise ValueError(f"token ids must be an integer tensor [pos] or [batch, pos], got {tuple(inputs.shape)} {inputs.dtype}")
+        batch = Batch(ids.long(), torch.ones_like(ids, dtype=torch.long))
+    elif isinstance(inputs, str):
+        batch = _tokenize([inputs], tokenizer)
+    elif isinstance(inputs, Sequence) and len(inputs) > 0 and all(isinstance(x, str) for x in inputs):
+        batch = _tokenize(list(inputs), tokenizer)
+    elif isinstance(inputs, Sequence) and len(inputs) > 0 and all(isinstance(x, Sequence) for x in inputs):
+        batch = _pad_id_lists([list(map(int, x)) for x in inputs], tokenizer)
+    elif isinstance(inputs, Sequence) and len(inputs) == 0:
+        raise ValueError("inputs is empty: expected a string, a non-empty list of strings, or token ids")
+    else:
+        raise TypeError(
+            f"inputs of type {type(inputs).__name__} not understood: expected a string, a list of strings, "
+            "a tensor of token ids, a list of token-id lists, or a mapping with 'input_ids'"
+        )
+    if batch.n_rows == 0 or batch.n_pos == 0:
+        raise ValueError(f"inputs is empty: got a batch of shape {tuple(batch.input_ids.shape)}")
+    return batch
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        value = getattr(tokenizer, name, None) if tokenizer is not None else None
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def _pad_id_lists(rows: list[list[int]], tokenizer: Any) -> Batch:
+    if any(len(row) == 0 for row in rows):
+        index = next(i for i, row in enumerate(rows) if len(row) == 0)
+        raise ValueError(f"inputs row {index} is empty: every prompt needs at least one token")
+    width = max(len(row) for row in rows)
+    pad = _pad_id(tokenizer)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row)
+        mask[i, width - len(row) :] = 1
+    return Batch(ids, mask)
+
+
+def _tokenize(texts: list[str], tokenizer: Any) -> Batch:
+    if tokenizer is None:
+        raise ValueError("string inputs need a tokenizer: pass tokenizer= to gna_interp.load, or give token ids")
+    for i, text in enumerate(texts):
+        if not text:
+            raise ValueError(f"inputs[{i}] is an empty string: every prompt needs at least one token")
+    encoded = [tokenizer(text)["input_ids"] for text in texts]
+    return _pad_id_lists(encoded, tokenizer)

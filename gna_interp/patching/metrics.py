@@ -1,0 +1,80 @@
+"""Metric helpers: functions of logits ``[batch, pos, vocab]`` returning ``[batch]``.
+
+A sweep calls the metric on the logits of each variant (the same rows, in the same
+order, as the inputs) and averages a per-example result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+Metric = Callable[[Tensor], Tensor | float]
+TokenSpec = int | Sequence[int] | Sequence[Sequence[int]] | Tensor
+
+
+def _token_table(tokens: TokenSpec, n_rows: int, what: str) -> Tensor:
+    """``[batch, k]`` long: per row, a set of ``k`` token ids."""
+    table = torch.as_tensor(tokens, dtype=torch.long)
+    if table.dim() == 0:
+        table = table.view(1, 1)
+    elif table.dim() == 1:
+        table = table.view(-1, 1) if table.numel() == n_rows and n_rows > 1 else table.view(1, -1)
+    if table.dim() != 2 or table.shape[0] not in (1, n_rows):
+        raise ValueError(f"{what} has shape {tuple(table.shape)}: expected an id, a list of ids, or one row per example ({n_rows})")
+    return table.expand(n_rows, -1)
+
+
+def logit_diff(correct: TokenSpec, incorrect: TokenSpec, position: int = -1) -> Metric:
+    """Mean logit of ``correct`` minus mean logit of ``incorrect`` at ``position``.
+
+    ``correct`` / ``incorrect``: a token id, a list of ids (the same set for every
+    row), a ``[batch]`` tensor (one id per row) or a ``[batch, k]`` table of sets.
+    """
+
+    def metric(logits: Tensor) -> Tensor:
+        final = logits[:, position]
+        good = final.gather(1, _token_table(correct, final.shape[0], "correct").to(final.device)).mean(1)
+        bad = final.gather(1, _token_table(incorrect, final.shape[0], "incorrect").to(final.device)).mean(1)
+        return good - bad
+
+    return metric
+
+
+def target_logprob(targets: TokenSpec, position: int = -1) -> Metric:
+    """Log-probability of ``targets`` (one id, or one per row) at ``position``."""
+
+    def metric(logits: Tensor) -> Tensor:
+        logprobs = logits[:, position].float().log_softmax(-1)
+        table = _token_table(targets, logprobs.shape[0], "targets").to(logprobs.device)
+        return logprobs.gather(1, table[:, :1]).squeeze(1)
+
+    return metric
+
+
+def candidate_accuracy(candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int = -1) -> Metric:
+    """1.0 where the correct candidate has the highest logit among ``candidates``.
+
+    ``candidates``: token ids, the same for every row or ``[batch, n_candidates]``;
+    ``correct``: ``[batch]`` index into the candidates.
+    """
+    correct_index = torch.as_tensor(correct, dtype=torch.long).view(-1)
+
+    def metric(logits: Tensor) -> Tensor:
+        final = logits[:, position]
+        table = _token_table(candidates, final.shape[0], "candidates").to(final.device)
+        chosen = final.gather(1, table).argmax(1)
+        return (chosen == correct_index.to(final.device)).float()
+
+    return metric
+
+
+def reduce_metric(value: Tensor | float) -> float:
+    """A metric's output as one number: scalars pass, per-example tensors are averaged."""
+    if isinstance(value, Tensor):
+        if value.numel() == 0:
+            raise ValueError("metric returned an empty tensor")
+        return float(value.float().mean())
+    return float(value)

@@ -1,0 +1,179 @@
+"""Ablation and activation-patching sweeps over every head (or residual site).
+
+**Activation patching** runs the model on one input and replaces an activation with
+its value on another, measuring how much of the behaviour that one activation
+carries. With ``direction="denoise"`` (TransformerLens's convention) the model runs
+on ``corrupt`` and each site gets its ``clean`` value: a high score means the site
+alone restores the clean behaviour. With ``direction="noise"`` the model runs on
+``clean`` and each site gets its ``corrupt`` value: a drop means the site is needed.
+
+**Ablation** replaces a head's output with zero (the paper's method), its mean over
+a reference set, or its value on resampled reference inputs.
+
+Every variant is one copy of the batch in a stacked forward (see
+`gna_interp.patching.variants`), so a sweep costs ``n_variants / k`` forwards for
+``k`` copies per forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from ..core.heads import Head
+from ..core.interventions import ABLATION_KINDS, Intervention
+from ..core.plan import Edit, Site, SiteKind
+from .compile import ablation_values, check_aligned, compile_plan, head_mask, heads_by_layer
+from .metrics import Metric, reduce_metric
+from .results import SweepResult
+from .variants import Variant, run_variants
+
+if TYPE_CHECKING:
+    from ..models.handle import GnaModel
+
+
+def ablation_sweep(
+    model: GnaModel,
+    inputs: Any,
+    metric: Metric,
+    heads: Sequence[Head] | None = None,
+    how: str = "zero",
+    reference: Any = None,
+    *,
+    interventions: Sequence[Intervention] = (),
+    max_rows: int | None = None,
+    memory_budget_mb: float | None = None,
+    progress: bool = True,
+) -> SweepResult:
+    """The metric with each head ablated alone.
+
+    Args:
+        model: a `GnaModel`.
+        inputs: prompts or token ids.
+        metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]``.
+        heads: heads to sweep (default: every head).
+        how: ``"zero"``, ``"mean"`` or ``"resample"`` (see `gna_interp.Ablate`).
+        reference: inputs for ``mean`` / ``resample``.
+        interventions: applied to every run, the baseline included (e.g. ``Truncate``).
+        max_rows / memory_budget_mb: rows per stacked forward, given or estimated.
+        progress: show a progress bar.
+
+    Returns:
+        `SweepResult` with ``scores`` ``[layer, head]`` (NaN for heads not swept) and
+        ``baseline`` the metric with no head ablated.
+    """
+    if how not in ABLATION_KINDS:
+        raise ValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
+    if how != "zero" and reference is None:
+        raise ValueError(f"how={how!r} needs reference= inputs to take activations from")
+    heads = list(model.heads if heads is None else heads)
+    if not heads:
+        raise ValueError("heads is empty: expected at least one Head (or None for every head)")
+    grouped = heads_by_layer(model, heads)
+    batch = model.to_batch(inputs)
+    base = compile_plan(model, batch, [*model.active_interventions, *interventions])
+    values = ablation_values(model, batch, sorted(grouped), how, reference)
+    variants = [
+        Variant([(Site(SiteKind.HEADS, head.layer), Edit(head_mask(model, [head.head]), values[head.layer]))]) for head in heads
+    ]
+    baseline = reduce_metric(metric(model.backend.run(batch, base).logits))
+    flat = run_variants(
+        model, batch, base, variants, metric, max_rows=max_rows, memory_budget_mb=memory_budget_mb, progress=progress, desc=f"ablation ({how})"
+    )
+    scores = torch.full((model.n_layers, model.n_heads), float("nan"))
+    for head, score in zip(heads, flat, strict=True):
+        scores[head.layer, head.head] = score
+    return SweepResult(scores, ("layer", "head"), baseline, kind="ablation", meta={"how": how, "n_prompts": batch.n_rows})
+
+
+def patching_sweep(
+    model: GnaModel,
+    clean: Any,
+    corrupt: Any,
+    metric: Metric,
+    sites: Literal["heads", "resid"] = "heads",
+    by_position: bool = False,
+    *,
+    direction: Literal["denoise", "noise"] = "denoise",
+    heads: Sequence[Head] | None = None,
+    interventions: Sequence[Intervention] = (),
+    max_rows: int | None = None,
+    memory_budget_mb: float | None = None,
+    progress: bool = True,
+) -> SweepResult:
+    """Activation patching of every head output or residual-stream site.
+
+    Args:
+        clean, corrupt: inputs of the same token length (and rows, or one row).
+        metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]``.
+        sites: ``"heads"`` (head outputs) or ``"resid"`` (residual stream entering each block).
+        by_position: patch one position at a time.
+        direction: ``"denoise"``: run ``corrupt``, patch in ``clean`` values (TransformerLens's
+            convention); ``"noise"``: run ``clean``, patch in ``corrupt`` values.
+        heads: heads to sweep (default every head; ``sites="heads"`` only).
+
+    Returns:
+        `SweepResult`: ``scores`` ``[layer, head]``, ``[layer, head, pos]``, ``[layer, pos]`` or
+        ``[layer]``; ``baseline`` is the unpatched run, ``reference`` the run on the value source.
+    """
+    if sites not in ("heads", "resid"):
+        raise ValueError(f"sites={sites!r}: expected 'heads' or 'resid'")
+    if direction not in ("denoise", "noise"):
+        raise ValueError(f"direction={direction!r}: expected 'denoise' or 'noise'")
+    clean_batch, corrupt_batch = model.to_batch(clean), model.to_batch(corrupt)
+    if clean_batch.n_pos != corrupt_batch.n_pos:
+        raise ValueError(
+            f"clean has {clean_batch.n_pos} token positions and corrupt has {corrupt_batch.n_pos}"
+            f"{' (by_position=True)' if by_position else ''}: patching replaces activations position by "
+            "position, so both must tokenize to the same length"
+        )
+    target, source = (corrupt_batch, clean_batch) if direction == "denoise" else (clean_batch, corrupt_batch)
+    check_aligned(target, source, "clean/corrupt")
+    ambient = [*model.active_interventions, *interventions]
+    base = compile_plan(model, target, ambient)
+    source_base = compile_plan(model, source, ambient)
+    if sites == "heads":
+        head_list = list(model.heads if heads is None else heads)
+        if not head_list:
+            raise ValueError("heads is empty: expected at least one Head (or None for every head)")
+        layer_sites = {Site(SiteKind.HEADS, layer) for layer in heads_by_layer(model, head_list)}
+    else:
+        layer_sites = {Site(SiteKind.RESID, layer) for layer in range(model.n_layers)}
+    source_out = model.backend.run(source, source_base, capture=layer_sites)
+    baseline = reduce_metric(metric(model.backend.run(target, base).logits))
+    reference = reduce_metric(metric(source_out.logits))
+    n_pos = target.n_pos
+    positions = list(range(n_pos)) if by_position else [None]
+
+    variants, index = [], []
+    for pos in positions:
+        pos_mask = torch.ones(1, n_pos, dtype=torch.bool)
+        if pos is not None:
+            pos_mask = torch.zeros(1, n_pos, dtype=torch.bool)
+            pos_mask[0, pos] = True
+        if sites == "heads":
+            for head in head_list:
+                site = Site(SiteKind.HEADS, head.layer)
+                mask = pos_mask[:, :, None, None] & head_mask(model, [head.head])
+                variants.append(Variant([(site, Edit(mask, source_out.acts[site]))]))
+                index.append((head.layer, head.head, pos))
+        else:
+            for layer in range(model.n_layers):
+                site = Site(SiteKind.RESID, layer)
+                variants.append(Variant([(site, Edit(pos_mask[:, :, None], source_out.acts[site]))]))
+                index.append((layer, None, pos))
+    flat = run_variants(
+        model, target, base, variants, metric, max_rows=max_rows, memory_budget_mb=memory_budget_mb, progress=progress, desc=f"patching ({sites})"
+    )
+    if sites == "heads":
+        shape, dims = ((model.n_layers, model.n_heads, n_pos), ("layer", "head", "pos")) if by_position else ((model.n_layers, model.n_heads), ("layer", "head"))
+    else:
+        shape, dims = ((model.n_layers, n_pos), ("layer", "pos")) if by_position else ((model.n_layers,), ("layer",))
+    scores = torch.full(shape, float("nan"))
+    for (layer, head, pos), score in zip(index, flat, strict=True):
+        key = tuple(k for k in (layer, head, pos) if k is not None)
+        scores[key] = score
+    meta = {"direction": direction, "sites": sites, "by_position": by_position}
+    return SweepResult(scores, dims, baseline, reference=reference, kind="patching", meta=meta)

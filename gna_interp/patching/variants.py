@@ -1,0 +1,98 @@
+"""The one generic algorithm behind every sweep: many variants of a forward, stacked
+on the batch axis and chunked by a memory budget.
+
+A `Variant` is a small set of edits for one copy of the batch. ``run_variants`` puts
+``k`` copies of the batch side by side, builds each site's mask and value for the
+whole stack (variant ``i`` owns rows ``i * n_rows .. (i + 1) * n_rows``), runs one
+forward per chunk, and scores each copy with the metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from ..core.plan import Edit, Plan, Site
+from ..models.inputs import Batch
+from .metrics import Metric, reduce_metric
+
+if TYPE_CHECKING:
+    from ..models.handle import GnaModel
+
+DEFAULT_MEMORY_BUDGET_MB = 1024.0
+
+
+@dataclass
+class Variant:
+    edits: list[tuple[Site, Edit]] = field(default_factory=list)
+    """Masks and values broadcastable to ``[n_rows, pos, *site_shape]``."""
+    skip_layers: tuple[int, ...] = ()
+
+
+def rows_per_forward(model: GnaModel, n_pos: int, max_rows: int | None, memory_budget_mb: float | None) -> int:
+    """How many rows one forward may hold. The estimate counts the logits and a few
+    residual-width activations per layer for every position (float32)."""
+    if max_rows is not None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows={max_rows} must be >= 1")
+        return max_rows
+    budget = DEFAULT_MEMORY_BUDGET_MB if memory_budget_mb is None else memory_budget_mb
+    if budget <= 0:
+        raise ValueError(f"memory_budget_mb={budget} must be > 0")
+    per_row = 4 * n_pos * (model.vocab_size + 8 * model.d_model * (model.n_layers + 1))
+    return max(1, int(budget * 2**20 // per_row))
+
+
+def run_variants(
+    model: GnaModel,
+    batch: Batch,
+    base: Plan,
+    variants: Sequence[Variant],
+    metric: Metric,
+    *,
+    max_rows: int | None = None,
+    memory_budget_mb: float | None = None,
+    progress: bool = True,
+    desc: str = "variants",
+) -> Tensor:
+    """``[n_variants]`` metric of each variant (averaged over its rows)."""
+    per_chunk = max(1, rows_per_forward(model, batch.n_pos, max_rows, memory_budget_mb) // batch.n_rows)
+    scores = torch.empty(len(variants))
+    with tqdm(total=len(variants), desc=desc, disable=not progress, leave=False) as bar:
+        for start in range(0, len(variants), per_chunk):
+            chunk = variants[start : start + per_chunk]
+            logits = model.backend.run(batch.repeat(len(chunk)), stacked_plan(model, batch, base, chunk)).logits
+            for i, rows in enumerate(logits.split(batch.n_rows)):
+                scores[start + i] = reduce_metric(metric(rows))
+            bar.update(len(chunk))
+    return scores
+
+
+def stacked_plan(model: GnaModel, batch: Batch, base: Plan, chunk: Sequence[Variant]) -> Plan:
+    n_rows, n_pos, copies = batch.n_rows, batch.n_pos, len(chunk)
+    plan = base.tiled(n_rows, copies)
+    sites = sorted({site for variant in chunk for site, _ in variant.edits})
+    for site in sites:
+        shape = (n_rows, n_pos, *model.site_shape(site))
+        masks, values = [], []
+        for variant in chunk:
+            mine = [edit for s, edit in variant.edits if s == site]
+            mask = torch.zeros(shape[:-1] + (1,), dtype=torch.bool)
+            value = torch.zeros(shape)
+            for edit in mine:
+                edit_mask = edit.mask.expand(shape[:-1] + (1,))
+                value = torch.where(edit_mask, edit.value.to(value.dtype).expand(shape), value)
+                mask = mask | edit_mask
+            masks.append(mask)
+            values.append(value)
+        plan.add(site, Edit(torch.cat(masks), torch.cat(values)))
+    layers = sorted({layer for variant in chunk for layer in variant.skip_layers})
+    for layer in layers:
+        rows = torch.cat([torch.full((n_rows,), layer in v.skip_layers, dtype=torch.bool) for v in chunk])
+        plan.add_skip(layer, rows)
+    return plan

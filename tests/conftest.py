@@ -1,0 +1,129 @@
+"""Shared fixtures: tiny random models (built from configs, nothing downloaded), a
+local word-level tokenizer, and raw-PyTorch reference helpers that share no code
+with the library."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import gna_interp as gna
+from gna_interp.models.tiny import tiny_model, word_tokenizer
+
+TOL = 1e-4
+
+PROMPTS = ["w5 w6 w7 w8 w9", "w10 w11", "w12 w13 w14 w15 w16 w17 w18", "w19 w20 w21"]
+# Same-length clean / corrupt pairs (4 words each -> 5 tokens with <bos>).
+CLEAN = ["w5 w6 w7 w8", "w9 w10 w11 w12", "w13 w14 w15 w16"]
+CORRUPT = ["w5 w30 w7 w8", "w9 w10 w31 w12", "w40 w14 w15 w41"]
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return word_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def llama_hf():
+    """The pristine tiny GQA Llama (6 query heads, 2 KV heads); never loaded into gna."""
+    return tiny_model("llama", seed=0)
+
+
+@pytest.fixture(scope="session")
+def llama_tlens(llama_hf, tokenizer):
+    return gna.load(copy.deepcopy(llama_hf), tokenizer=tokenizer, backend="tlens")
+
+
+@pytest.fixture(scope="session")
+def llama_nnsight(llama_hf, tokenizer):
+    return gna.load(copy.deepcopy(llama_hf), tokenizer=tokenizer, backend="nnsight")
+
+
+@pytest.fixture(scope="session")
+def llama_models(llama_tlens, llama_nnsight):
+    return {"tlens": llama_tlens, "nnsight": llama_nnsight}
+
+
+def real_positions(model: gna.GnaModel, inputs) -> torch.Tensor:
+    """``[batch, pos]`` bool: True on real (non-padding) tokens."""
+    return model.to_batch(inputs).attention_mask.bool()
+
+
+def assert_close_on_tokens(actual: torch.Tensor, expected: torch.Tensor, mask: torch.Tensor, tol: float = TOL) -> None:
+    """Logits agree on every real token (padding-position logits are unspecified)."""
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    diff = (actual - expected)[mask].abs().max().item()
+    assert diff < tol, f"max difference {diff} on real tokens"
+
+
+# ----- raw PyTorch reference: forward pre-hooks on the HF out-projection ------------------
+
+def out_proj(hf_model, layer: int) -> torch.nn.Module:
+    backbone = hf_model.model if hasattr(hf_model, "model") else hf_model.backbone
+    block = backbone.layers[layer]
+    return block.self_attn.o_proj if hasattr(block, "self_attn") else block.mixer.out_proj
+
+
+def raw_logits(hf_model, batch, edits: dict[int, Callable[[torch.Tensor], torch.Tensor]] | None = None) -> torch.Tensor:
+    """Logits with ``edits[layer](heads)`` applied to the out-projection input viewed
+    ``[batch, pos, head, d_head]``; hooks are removed before returning."""
+    handles = []
+    n_heads_of = _n_heads(hf_model)
+    for layer, edit in (edits or {}).items():
+
+        def pre(module, args, edit=edit):
+            x = args[0]
+            heads = x.reshape(*x.shape[:2], n_heads_of, -1)
+            return (edit(heads.clone()).reshape(x.shape), *args[1:])
+
+        handles.append(out_proj(hf_model, layer).register_forward_pre_hook(pre))
+    try:
+        with torch.no_grad():
+            return hf_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def raw_head_outputs(hf_model, batch, layer: int) -> torch.Tensor:
+    """``[batch, pos, head, d_head]`` out-projection input, captured with a raw hook."""
+    store = {}
+
+    def pre(module, args):
+        store["x"] = args[0].detach().clone()
+
+    handle = out_proj(hf_model, layer).register_forward_pre_hook(pre)
+    try:
+        with torch.no_grad():
+            hf_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    finally:
+        handle.remove()
+    x = store["x"]
+    return x.reshape(*x.shape[:2], _n_heads(hf_model), -1)
+
+
+def _n_heads(hf_model) -> int:
+    config = hf_model.config
+    if config.model_type in ("mamba", "falcon_mamba"):
+        return config.intermediate_size
+    if config.model_type == "mamba2":
+        return config.num_heads
+    return config.num_attention_heads
+
+
+def zero_columns(hf_model, head: gna.Head, head_dim: int):
+    """A copy of ``hf_model`` with ``head``'s out-projection weight columns zeroed
+    (the paper's way of disabling a head)."""
+    edited = copy.deepcopy(hf_model)
+    with torch.no_grad():
+        out_proj(edited, head.layer).weight[:, head.head * head_dim : (head.head + 1) * head_dim] = 0
+    return edited
+
+
+def no_hooks_anywhere(module: torch.nn.Module) -> bool:
+    return all(
+        not m._forward_hooks and not m._forward_pre_hooks and not getattr(m, "_backward_hooks", None) for m in module.modules()
+    )
