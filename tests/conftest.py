@@ -61,6 +61,7 @@ def assert_close_on_tokens(actual: torch.Tensor, expected: torch.Tensor, mask: t
 
 # ----- raw PyTorch reference: forward pre-hooks on the HF out-projection ------------------
 
+
 def out_proj(hf_model, layer: int) -> torch.nn.Module:
     backbone = hf_model.model if hasattr(hf_model, "model") else hf_model.backbone
     block = backbone.layers[layer]
@@ -124,6 +125,4 @@ def zero_columns(hf_model, head: gna.Head, head_dim: int):
 
 
 def no_hooks_anywhere(module: torch.nn.Module) -> bool:
-    return all(
-        not m._forward_hooks and not m._forward_pre_hooks and not getattr(m, "_backward_hooks", None) for m in module.modules()
-    )
+    return all(not m._forward_hooks and not m._forward_pre_hooks and not getattr(m, "_backward_hooks", None) for m in module.modules())

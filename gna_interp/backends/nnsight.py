@@ -20,7 +20,6 @@ from typing import Any
 
 import nnsight
 import torch
-from torch import Tensor
 
 from ..core.arch import ArchSpec
 from ..core.plan import Plan, Site, SiteKind
@@ -76,10 +75,11 @@ class NNsightBackend:
         n_saved = len(capture)
         model = self.envoy
         heads_shape = (self.n_heads, self.head_dim)
-        with torch.set_grad_enabled(grad):
+        # Two statements on purpose: nnsight captures the source of the trace block itself.
+        with torch.set_grad_enabled(grad):  # noqa: SIM117
             with model.trace(input_ids=batch.input_ids, attention_mask=batch.attention_mask, remote=self.remote):
                 saved = nnsight.save([None] * n_saved)
-                stash = None
+                stash = batch.input_ids  # replaced by a block's input before any skip reads it
                 for op, path, edits, slot, rows in steps:
                     envoy = model
                     for part in path.split("."):

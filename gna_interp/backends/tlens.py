@@ -48,9 +48,7 @@ class TLensBackend:
         hooks: dict[str, list[HookFn]] = {}
 
         for site in sorted(set(plan.edits) | set(capture)):
-            hooks.setdefault(self.hook_name(site), []).append(
-                _site_hook(site, plan.edits.get(site, []), site in capture, captured, grad)
-            )
+            hooks.setdefault(self.hook_name(site), []).append(_site_hook(site, plan.edits.get(site, []), site in capture, captured, grad))
         for layer, rows in plan.skips.items():
             hooks.setdefault(f"blocks.{layer}.hook_resid_pre", []).append(_stash_hook(layer, stash))
             hooks.setdefault(f"blocks.{layer}.hook_resid_post", []).append(_skip_hook(layer, rows, stash))

@@ -95,7 +95,9 @@ class GnaModel:
             raise ValueError(f"token id {top} out of range: {self.name} has a vocabulary of {self.vocab_size}")
         return batch
 
-    def run(self, inputs: Any, interventions: Sequence[Intervention] = (), capture: Iterable[Target] = ()) -> tuple[Tensor, dict[Target, Tensor]]:
+    def run(
+        self, inputs: Any, interventions: Sequence[Intervention] = (), capture: Iterable[Target] = ()
+    ) -> tuple[Tensor, dict[Target, Tensor]]:
         """Logits ``[batch, pos, vocab]`` and the activations at ``capture``.
 
         Captured heads come back as ``[batch, pos, d_head]``, residual sites as

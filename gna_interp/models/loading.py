@@ -64,8 +64,7 @@ def load(
 def _check_backend(spec: ArchSpec, backend: str) -> None:
     if backend == "tlens" and not spec.tlens:
         raise ValueError(
-            f"backend='tlens' does not support the {spec.family!r} family ({spec.layer_kind.value} layers): "
-            "use backend='nnsight'"
+            f"backend='tlens' does not support the {spec.family!r} family ({spec.layer_kind.value} layers): use backend='nnsight'"
         )
 
 
@@ -86,7 +85,7 @@ def _hf_model(model: Any, device: Any, dtype: Any, hf_kwargs: dict[str, Any]) ->
     kwargs = dict(hf_kwargs)
     if dtype is not None:
         kwargs["dtype"] = dtype
-    hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)  # type: ignore[call-arg]
     if device is not None:
         hf_model = hf_model.to(device)
     return hf_model, path

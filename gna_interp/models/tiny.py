@@ -10,9 +10,15 @@ import torch
 
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
     # Grouped-query attention: 6 query heads share 2 key/value heads.
-    "llama": dict(hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256),
-    "mistral": dict(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256),
-    "qwen2": dict(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256),
+    "llama": dict(
+        hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256
+    ),
+    "mistral": dict(
+        hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256
+    ),
+    "qwen2": dict(
+        hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256
+    ),
     "mamba": dict(hidden_size=32, state_size=4, num_hidden_layers=2, expand=2, conv_kernel=4),
     "falcon_mamba": dict(hidden_size=32, state_size=4, num_hidden_layers=2, expand=2, conv_kernel=4),
     "mamba2": dict(hidden_size=32, state_size=8, num_hidden_layers=2, num_heads=4, head_dim=16, expand=2, n_groups=2, chunk_size=4),

@@ -63,4 +63,7 @@ class SweepResult:
         flat = effect.nan_to_num(-1.0).flatten()
         order = torch.argsort(flat, descending=largest_effect)[:k]
         n_heads = self.scores.shape[1]
-        return [(Head(int(i) // n_heads, int(i) % n_heads), float(self.scores.flatten()[i]) if self.scores.dim() == 2 else float(flat[i])) for i in order]
+        return [
+            (Head(int(i) // n_heads, int(i) % n_heads), float(self.scores.flatten()[i]) if self.scores.dim() == 2 else float(flat[i]))
+            for i in order
+        ]

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from torch import Tensor
 
 from ..core.heads import Head
 from ..core.interventions import ABLATION_KINDS, Intervention
@@ -75,12 +76,18 @@ def ablation_sweep(
     batch = model.to_batch(inputs)
     base = compile_plan(model, batch, [*model.active_interventions, *interventions])
     values = ablation_values(model, batch, sorted(grouped), how, reference)
-    variants = [
-        Variant([(Site(SiteKind.HEADS, head.layer), Edit(head_mask(model, [head.head]), values[head.layer]))]) for head in heads
-    ]
+    variants = [Variant([(Site(SiteKind.HEADS, head.layer), Edit(head_mask(model, [head.head]), values[head.layer]))]) for head in heads]
     baseline = reduce_metric(metric(model.backend.run(batch, base).logits))
     flat = run_variants(
-        model, batch, base, variants, metric, max_rows=max_rows, memory_budget_mb=memory_budget_mb, progress=progress, desc=f"ablation ({how})"
+        model,
+        batch,
+        base,
+        variants,
+        metric,
+        max_rows=max_rows,
+        memory_budget_mb=memory_budget_mb,
+        progress=progress,
+        desc=f"ablation ({how})",
     )
     scores = torch.full((model.n_layers, model.n_heads), float("nan"))
     for head, score in zip(heads, flat, strict=True):
@@ -145,35 +152,61 @@ def patching_sweep(
     baseline = reduce_metric(metric(model.backend.run(target, base).logits))
     reference = reduce_metric(metric(source_out.logits))
     n_pos = target.n_pos
-    positions = list(range(n_pos)) if by_position else [None]
-
-    variants, index = [], []
-    for pos in positions:
-        pos_mask = torch.ones(1, n_pos, dtype=torch.bool)
-        if pos is not None:
-            pos_mask = torch.zeros(1, n_pos, dtype=torch.bool)
-            pos_mask[0, pos] = True
-        if sites == "heads":
-            for head in head_list:
-                site = Site(SiteKind.HEADS, head.layer)
-                mask = pos_mask[:, :, None, None] & head_mask(model, [head.head])
-                variants.append(Variant([(site, Edit(mask, source_out.acts[site]))]))
-                index.append((head.layer, head.head, pos))
-        else:
-            for layer in range(model.n_layers):
-                site = Site(SiteKind.RESID, layer)
-                variants.append(Variant([(site, Edit(pos_mask[:, :, None], source_out.acts[site]))]))
-                index.append((layer, None, pos))
-    flat = run_variants(
-        model, target, base, variants, metric, max_rows=max_rows, memory_budget_mb=memory_budget_mb, progress=progress, desc=f"patching ({sites})"
-    )
+    shape: tuple[int, ...]
+    dims: tuple[str, ...]
     if sites == "heads":
-        shape, dims = ((model.n_layers, model.n_heads, n_pos), ("layer", "head", "pos")) if by_position else ((model.n_layers, model.n_heads), ("layer", "head"))
+        variants, cells = _head_variants(model, head_list, source_out.acts, n_pos, by_position)
+        shape, dims = (model.n_layers, model.n_heads), ("layer", "head")
     else:
-        shape, dims = ((model.n_layers, n_pos), ("layer", "pos")) if by_position else ((model.n_layers,), ("layer",))
+        variants, cells = _resid_variants(model, source_out.acts, n_pos, by_position)
+        shape, dims = (model.n_layers,), ("layer",)
+    if by_position:
+        shape, dims = (*shape, n_pos), (*dims, "pos")
+    flat = run_variants(
+        model,
+        target,
+        base,
+        variants,
+        metric,
+        max_rows=max_rows,
+        memory_budget_mb=memory_budget_mb,
+        progress=progress,
+        desc=f"patching ({sites})",
+    )
     scores = torch.full(shape, float("nan"))
-    for (layer, head, pos), score in zip(index, flat, strict=True):
-        key = tuple(k for k in (layer, head, pos) if k is not None)
-        scores[key] = score
+    for cell, score in zip(cells, flat, strict=True):
+        scores[cell] = score
     meta = {"direction": direction, "sites": sites, "by_position": by_position}
     return SweepResult(scores, dims, baseline, reference=reference, kind="patching", meta=meta)
+
+
+def _position_masks(n_pos: int, by_position: bool) -> list[tuple[tuple[int, ...], Tensor]]:
+    """``(index suffix, [1, pos] mask)`` for each patched position set."""
+    if not by_position:
+        return [((), torch.ones(1, n_pos, dtype=torch.bool))]
+    return [((pos,), torch.arange(n_pos)[None] == pos) for pos in range(n_pos)]
+
+
+def _head_variants(
+    model: GnaModel, heads: Sequence[Head], acts: dict[Site, Tensor], n_pos: int, by_position: bool
+) -> tuple[list[Variant], list[tuple[int, ...]]]:
+    variants, cells = [], []
+    for suffix, pos_mask in _position_masks(n_pos, by_position):
+        for head in heads:
+            site = Site(SiteKind.HEADS, head.layer)
+            mask = pos_mask[:, :, None, None] & head_mask(model, [head.head])
+            variants.append(Variant([(site, Edit(mask, acts[site]))]))
+            cells.append((head.layer, head.head, *suffix))
+    return variants, cells
+
+
+def _resid_variants(
+    model: GnaModel, acts: dict[Site, Tensor], n_pos: int, by_position: bool
+) -> tuple[list[Variant], list[tuple[int, ...]]]:
+    variants, cells = [], []
+    for suffix, pos_mask in _position_masks(n_pos, by_position):
+        for layer in range(model.n_layers):
+            site = Site(SiteKind.RESID, layer)
+            variants.append(Variant([(site, Edit(pos_mask[:, :, None], acts[site]))]))
+            cells.append((layer, *suffix))
+    return variants, cells

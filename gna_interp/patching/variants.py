@@ -82,10 +82,10 @@ def stacked_plan(model: GnaModel, batch: Batch, base: Plan, chunk: Sequence[Vari
         masks, values = [], []
         for variant in chunk:
             mine = [edit for s, edit in variant.edits if s == site]
-            mask = torch.zeros(shape[:-1] + (1,), dtype=torch.bool)
+            mask = torch.zeros((*shape[:-1], 1), dtype=torch.bool)
             value = torch.zeros(shape)
             for edit in mine:
-                edit_mask = edit.mask.expand(shape[:-1] + (1,))
+                edit_mask = edit.mask.expand((*shape[:-1], 1))
                 value = torch.where(edit_mask, edit.value.to(value.dtype).expand(shape), value)
                 mask = mask | edit_mask
             masks.append(mask)
