@@ -6,7 +6,9 @@ Sites map to module paths in exactly one place, `NNsightBackend.steps`:
   ``[batch, pos, head, d_head]``;
 - residual stream entering block ``l``: the input of ``<layers>.l`` (``l == n_layers``:
   the input of the final norm);
-- a skipped block ``l``: its output is replaced by its input.
+- a skipped block ``l``: its output is replaced by its input;
+- a plan that starts at block ``l``: blocks ``0 .. l-1`` are skipped (not computed) and
+  output the given residual stream.
 
 The trace body uses nothing but torch and builtins on plain tensors and ints, so the
 same code runs locally, under nnsight's ``remote="local"`` simulation, and on NDIF.
@@ -30,6 +32,7 @@ from .base import RunOutput
 _READ_INPUT = 0  # a block's (or the final norm's) input: the residual stream
 _READ_HEADS = 1  # the out-projection's input, per head
 _SKIP_BLOCK = 2  # write a block's input over its output
+_NOT_RUN = 3  # do not run a block; it outputs a given value
 
 
 class NNsightBackend:
@@ -44,9 +47,10 @@ class NNsightBackend:
         self.remote = remote
 
     def steps(self, plan: Plan, capture: Collection[Site]) -> list[tuple]:
-        """The plan as a list of plain tuples ``(op, path, edits, keep, slot, rows)``,
+        """The plan as a list of plain tuples ``(op, path, edits, slot, tensor)``,
         sorted in execution order. ``edits`` is a list of ``(mask, value)`` pairs;
-        ``slot`` indexes the saved list (or -1)."""
+        ``slot`` indexes the saved list (or -1); ``tensor`` is the skip's row mask
+        (``_SKIP_BLOCK``) or the output of a block that is not run (``_NOT_RUN``)."""
         sites = sorted(set(plan.edits) | set(capture), key=lambda s: (s.layer, s.kind is SiteKind.HEADS))
         order = {site: i for i, site in enumerate(sorted(capture))}
         steps: list[tuple] = []
@@ -62,6 +66,10 @@ class NNsightBackend:
             if not any(s[0] == layer and s[2] == _READ_INPUT for s in steps):
                 steps.append((layer, 0, _READ_INPUT, path, [], -1, None))
             steps.append((layer, 2, _SKIP_BLOCK, path, [], -1, rows))
+        if plan.start is not None:
+            start_layer, resid = plan.start
+            steps = [s for s in steps if s[0] >= start_layer]
+            steps += [(layer, -1, _NOT_RUN, f"{self.spec.layers_path}.{layer}", [], -1, resid) for layer in range(start_layer)]
         steps.sort(key=lambda s: (s[0], s[1]))
         return [s[2:] for s in steps]
 
@@ -84,6 +92,9 @@ class NNsightBackend:
                     envoy = model
                     for part in path.split("."):
                         envoy = envoy[int(part)] if part.isdigit() else getattr(envoy, part)
+                    if op == 3:
+                        envoy.skip(rows)
+                        continue
                     if op == 2:
                         envoy.output = torch.where(rows.view(-1, 1, 1), stash, envoy.output)
                         continue

@@ -7,7 +7,8 @@ Sites map to hook names in exactly one place, `hook_name`:
 - residual stream entering block ``l``: ``blocks.{l}.hook_resid_pre``, or
   ``ln_final.hook_in`` for ``l == n_layers``;
 - a skipped block ``l`` stashes ``blocks.{l}.hook_resid_pre`` and writes it over
-  ``blocks.{l}.hook_resid_post``.
+  ``blocks.{l}.hook_resid_post``;
+- a plan that starts at block ``l`` calls the bridge with ``start_at_layer=l``.
 
 Note: booting a bridge wraps the HF model's modules in place; the HF model still
 computes the same function.
@@ -54,8 +55,9 @@ class TLensBackend:
             hooks.setdefault(f"blocks.{layer}.hook_resid_post", []).append(_skip_hook(layer, rows, stash))
 
         fwd_hooks = [(name, fn) for name, fns in hooks.items() for fn in fns]
+        start_layer, start_input = (None, batch.input_ids) if plan.start is None else plan.start
         with torch.set_grad_enabled(grad), self.bridge.hooks(fwd_hooks=fwd_hooks):
-            logits = self.bridge(batch.input_ids, attention_mask=batch.attention_mask)
+            logits = self.bridge(start_input, start_at_layer=start_layer, attention_mask=batch.attention_mask)
         return RunOutput(logits=logits, acts=captured)
 
 

@@ -11,6 +11,10 @@ At a site, every `Edit` applies ``act = torch.where(mask, value, act)`` in order
   stream entering block ``l`` (``l == n_layers``: entering the final norm).
 
 A skip at layer ``l`` makes block ``l`` output its own input on the rows given.
+
+``Plan.start = (l, resid)`` begins the forward at block ``l`` from the residual stream
+``resid`` ``[batch, pos, d_model]`` (blocks before ``l`` are not computed): sweeps use it
+to reuse the clean prefix that every variant of a chunk shares.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ class Plan:
     edits: dict[Site, list[Edit]] = field(default_factory=dict)
     skips: dict[int, Tensor] = field(default_factory=dict)
     """layer -> ``[batch]`` bool: rows on which the block is skipped."""
+    start: tuple[int, Tensor] | None = None
+    """``(layer, resid [batch, pos, d_model])``: begin at that block from that residual."""
 
     def add(self, site: Site, edit: Edit) -> None:
         self.edits.setdefault(site, []).append(edit)
@@ -90,7 +96,9 @@ class Plan:
             tiled.edits[site] = [edit.tiled(n_rows, copies) for edit in edits]
         for layer, rows in self.skips.items():
             tiled.skips[layer] = _tile_rows(rows, n_rows, copies)
+        if self.start is not None:
+            tiled.start = (self.start[0], _tile_rows(self.start[1], n_rows, copies))
         return tiled
 
     def __bool__(self) -> bool:
-        return bool(self.edits) or bool(self.skips)
+        return bool(self.edits) or bool(self.skips) or self.start is not None

@@ -77,8 +77,7 @@ def ablation_sweep(
     base = compile_plan(model, batch, [*model.active_interventions, *interventions])
     values = ablation_values(model, batch, sorted(grouped), how, reference)
     variants = [Variant([(Site(SiteKind.HEADS, head.layer), Edit(head_mask(model, [head.head]), values[head.layer]))]) for head in heads]
-    baseline = reduce_metric(metric(model.backend.run(batch, base).logits))
-    flat = run_variants(
+    baseline, flat = run_variants(
         model,
         batch,
         base,
@@ -149,7 +148,6 @@ def patching_sweep(
     else:
         layer_sites = {Site(SiteKind.RESID, layer) for layer in range(model.n_layers)}
     source_out = model.backend.run(source, source_base, capture=layer_sites)
-    baseline = reduce_metric(metric(model.backend.run(target, base).logits))
     reference = reduce_metric(metric(source_out.logits))
     n_pos = target.n_pos
     shape: tuple[int, ...]
@@ -162,7 +160,7 @@ def patching_sweep(
         shape, dims = (model.n_layers,), ("layer",)
     if by_position:
         shape, dims = (*shape, n_pos), (*dims, "pos")
-    flat = run_variants(
+    baseline, flat = run_variants(
         model,
         target,
         base,

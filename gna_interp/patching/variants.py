@@ -5,6 +5,12 @@ A `Variant` is a small set of edits for one copy of the batch. ``run_variants`` 
 ``k`` copies of the batch side by side, builds each site's mask and value for the
 whole stack (variant ``i`` owns rows ``i * n_rows .. (i + 1) * n_rows``), runs one
 forward per chunk, and scores each copy with the metric.
+
+Prefix reuse: every block before the first one a variant touches computes exactly what
+the baseline run computed. So variants are sorted by that first layer, and each chunk
+starts at its earliest one from the baseline's residual stream there
+(``Plan.start``); earlier blocks are not run again. The baseline run is the one
+forward every sweep needs anyway.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..core.plan import Edit, Plan, Site
+from ..core.plan import Edit, Plan, Site, SiteKind
 from ..models.inputs import Batch
 from .metrics import Metric, reduce_metric
 
@@ -32,6 +38,11 @@ class Variant:
     edits: list[tuple[Site, Edit]] = field(default_factory=list)
     """Masks and values broadcastable to ``[n_rows, pos, *site_shape]``."""
     skip_layers: tuple[int, ...] = ()
+
+    @property
+    def first_layer(self) -> int:
+        """The earliest block whose computation this variant changes."""
+        return min([site.layer for site, _ in self.edits] + list(self.skip_layers))
 
 
 def rows_per_forward(model: GnaModel, n_pos: int, max_rows: int | None, memory_budget_mb: float | None) -> int:
@@ -59,18 +70,29 @@ def run_variants(
     memory_budget_mb: float | None = None,
     progress: bool = True,
     desc: str = "variants",
-) -> Tensor:
-    """``[n_variants]`` metric of each variant (averaged over its rows)."""
+    reuse_prefix: bool = True,
+) -> tuple[float, Tensor]:
+    """The baseline metric (``base`` alone) and ``[n_variants]`` metric of each variant
+    (both averaged over the rows)."""
     per_chunk = max(1, rows_per_forward(model, batch.n_pos, max_rows, memory_budget_mb) // batch.n_rows)
+    order = sorted(range(len(variants)), key=lambda i: variants[i].first_layer) if reuse_prefix else list(range(len(variants)))
+    starts = {variants[i].first_layer for i in order} if reuse_prefix and base.start is None else set()
+    prefix_sites = {Site(SiteKind.RESID, layer) for layer in starts if 0 < layer < model.n_layers}
+    base_out = model.backend.run(batch, base, capture=prefix_sites)
+    baseline = reduce_metric(metric(base_out.logits))
     scores = torch.empty(len(variants))
     with tqdm(total=len(variants), desc=desc, disable=not progress, leave=False) as bar:
-        for start in range(0, len(variants), per_chunk):
-            chunk = variants[start : start + per_chunk]
-            logits = model.backend.run(batch.repeat(len(chunk)), stacked_plan(model, batch, base, chunk)).logits
-            for i, rows in enumerate(logits.split(batch.n_rows)):
-                scores[start + i] = reduce_metric(metric(rows))
+        for offset in range(0, len(order), per_chunk):
+            chunk = [variants[i] for i in order[offset : offset + per_chunk]]
+            plan = stacked_plan(model, batch, base, chunk)
+            start = Site(SiteKind.RESID, chunk[0].first_layer)
+            if start in base_out.acts:
+                plan.start = (start.layer, base_out.acts[start].repeat(len(chunk), 1, 1))
+            logits = model.backend.run(batch.repeat(len(chunk)), plan).logits
+            for i, rows in zip(order[offset : offset + per_chunk], logits.split(batch.n_rows), strict=True):
+                scores[i] = reduce_metric(metric(rows))
             bar.update(len(chunk))
-    return scores
+    return baseline, scores
 
 
 def stacked_plan(model: GnaModel, batch: Batch, base: Plan, chunk: Sequence[Variant]) -> Plan:
