@@ -29,7 +29,7 @@ print("logits", tuple(logits.shape), "change from mean-ablating", head, f"{(mean
 metric = gna.logit_diff(correct=5, incorrect=6)
 for model in (llama, mamba2):
     sweep = gna.ablation_sweep(model, clean, metric, progress=False)
-    print(f"{model.arch.family}: baseline {sweep.baseline:+.4f}; top heads by effect:", [(str(h), round(s, 4)) for h, s in sweep.top(3)])
+    print(f"{model.arch.family}: baseline {sweep.baseline:+.4f}; largest effects:", [(str(h), round(s, 4)) for h, s in sweep.top(3)])
     patch = gna.patching_sweep(model, clean, corrupt, metric, sites="resid", by_position=True, progress=False)
     print(patch.to_frame().head())
 

@@ -131,3 +131,32 @@ def test_missing_local_folder():
 def test_wrong_input_type(llama_tlens):
     with pytest.raises(TypeError, match=r"inputs of type float not understood"):
         llama_tlens.logits(3.5)
+
+
+def test_metric_token_spec_is_unambiguous():
+    logits = torch.randn(3, 2, 10)
+    shared = gna.candidate_accuracy([4, 5, 6], correct=[0, 1, 2])(logits)  # a list: one set for every row
+    best = logits[:, -1, [4, 5, 6]].argmax(-1)
+    assert torch.equal(shared, (best == torch.tensor([0, 1, 2])).float())
+    per_row = gna.target_logprob(torch.tensor([4, 5, 6]))(logits)  # a 1-D tensor: one id per row
+    expected = logits[:, -1].log_softmax(-1)[torch.arange(3), torch.tensor([4, 5, 6])]
+    assert torch.allclose(per_row, expected)
+    with pytest.raises(ValueError, match=r"1-D tensor of 2 ids: expected one id per row \(3\)"):
+        gna.target_logprob(torch.tensor([4, 5]))(logits)
+    with pytest.raises(ValueError, match=r"target_logprob takes one id per row"):
+        gna.target_logprob([4, 5])(logits)
+
+
+def test_positions_tensor_needs_one_entry_per_row(llama_tlens):
+    with pytest.raises(ValueError, match=r"positions is a 1-D tensor of 2 entries: expected one position per row \(3\)"):
+        llama_tlens.logits(CLEAN, [gna.Patch(gna.Head(0, 0), source=CORRUPT, positions=torch.tensor([0, 1]))])
+
+
+def test_resid_sweep_rejects_heads(llama_tlens):
+    with pytest.raises(ValueError, match=r"heads= .* no meaning with sites='resid'"):
+        gna.patching_sweep(llama_tlens, CLEAN, CORRUPT, gna.logit_diff(5, 6), sites="resid", heads=[gna.Head(0, 0)], progress=False)
+
+
+def test_skip_layers_type():
+    with pytest.raises(TypeError, match=r"SkipLayers layers must be ints, got '1'"):
+        gna.SkipLayers(["1"])  # type: ignore[list-item]

@@ -93,17 +93,18 @@ class NNsightBackend:
                     for part in path.split("."):
                         envoy = envoy[int(part)] if part.isdigit() else getattr(envoy, part)
                     if op == 3:
-                        envoy.skip(rows)
+                        envoy.skip(rows)  # a captured residual, already on the model's device
                         continue
                     if op == 2:
-                        envoy.output = torch.where(rows.view(-1, 1, 1), stash, envoy.output)
+                        output = envoy.output
+                        envoy.output = torch.where(rows.to(output.device).view(-1, 1, 1), stash, output)
                         continue
                     act = envoy.input
                     flat_shape = act.shape
                     if op == 1:
                         act = act.reshape(flat_shape[0], flat_shape[1], heads_shape[0], heads_shape[1])
                     for mask, value in edits:
-                        act = torch.where(mask, value.to(act.dtype), act)
+                        act = torch.where(mask.to(act.device), value.to(act.device, act.dtype), act)
                     if edits:
                         envoy.input = act.reshape(flat_shape)
                     if slot >= 0:

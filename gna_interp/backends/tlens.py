@@ -81,6 +81,6 @@ def _stash_hook(layer: int, stash: dict[int, Tensor]) -> HookFn:
 
 def _skip_hook(layer: int, rows: Tensor, stash: dict[int, Tensor]) -> HookFn:
     def hook(act: Tensor, hook: Any = None) -> Tensor:
-        return torch.where(rows.view(-1, 1, 1), stash.pop(layer), act)
+        return torch.where(rows.to(act.device).view(-1, 1, 1), stash.pop(layer), act)
 
     return hook

@@ -19,7 +19,7 @@ ABLATION_KINDS: tuple[str, ...] = ("zero", "mean", "resample")
 
 Positions = int | Sequence[int] | torch.Tensor | None
 """Where a patch applies: ``None`` (all positions), an int or list of ints (the same
-positions in every row; negative counts from the end), a ``[batch]`` long tensor
+positions in every row; negative counts from the end), a 1-D ``[batch]`` long tensor
 (one position per row), or a ``[batch, pos]`` bool mask."""
 
 
@@ -99,8 +99,10 @@ class SkipLayers:
     def __init__(self, layers: int | Iterable[int]) -> None:
         items = (layers,) if isinstance(layers, int) else tuple(layers)
         for layer in items:
-            if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
-                raise ValueError(f"SkipLayers layers must be non-negative ints, got {layer!r}")
+            if isinstance(layer, bool) or not isinstance(layer, int):
+                raise TypeError(f"SkipLayers layers must be ints, got {layer!r} ({type(layer).__name__})")
+            if layer < 0:
+                raise ValueError(f"SkipLayers layers must be >= 0, got {layer}")
         object.__setattr__(self, "layers", tuple(sorted(set(items))))
 
 

@@ -61,7 +61,7 @@ def _tile_rows(tensor: Tensor, n_rows: int, copies: int) -> Tensor:
 
 def apply_edits(act: Tensor, edits: list[Edit]) -> Tensor:
     for edit in edits:
-        act = torch.where(edit.mask, edit.value.to(act.dtype), act)
+        act = torch.where(edit.mask.to(act.device), edit.value.to(act.device, act.dtype), act)
     return act
 
 

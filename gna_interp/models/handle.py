@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ..core.arch import ArchSpec, LayerKind
@@ -87,13 +88,21 @@ class GnaModel:
         return (self.n_heads, self.head_dim) if site.kind is SiteKind.HEADS else (self.d_model,)
 
     # ----- running ---------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """Where inputs go: the weights' device (CPU for remote models)."""
+        if getattr(self.backend, "remote", False):
+            return torch.device("cpu")
+        parameter = next(self.hf_model.parameters(), None)
+        return torch.device("cpu") if parameter is None or parameter.is_meta else parameter.device
+
     def to_batch(self, inputs: Any) -> Batch:
-        """Tokenize (left padding) and validate against the model's vocabulary."""
+        """Tokenize (left padding), validate against the vocabulary, move to `device`."""
         batch = make_batch(inputs, self.tokenizer)
         top = int(batch.input_ids.max())
         if top >= self.vocab_size or int(batch.input_ids.min()) < 0:
             raise ValueError(f"token id {top} out of range: {self.name} has a vocabulary of {self.vocab_size}")
-        return batch
+        return batch.to(self.device)
 
     def run(
         self, inputs: Any, interventions: Sequence[Intervention] = (), capture: Iterable[Target] = ()

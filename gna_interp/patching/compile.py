@@ -109,7 +109,9 @@ def position_mask(positions: Positions, batch: Batch) -> Tensor:
         if tuple(positions.shape) != (batch.n_rows, n_pos):
             raise ValueError(f"positions mask has shape {tuple(positions.shape)}, expected {(batch.n_rows, n_pos)}")
         return positions
-    if isinstance(positions, Tensor) and positions.dim() == 1 and positions.numel() == batch.n_rows and batch.n_rows > 1:
+    if isinstance(positions, Tensor) and positions.dim() == 1:
+        if positions.numel() != batch.n_rows:
+            raise ValueError(f"positions is a 1-D tensor of {positions.numel()} entries: expected one position per row ({batch.n_rows})")
         _check_positions(positions.tolist(), n_pos)
         mask = torch.zeros(batch.n_rows, n_pos, dtype=torch.bool)
         mask[torch.arange(batch.n_rows), positions.long() % n_pos] = True

@@ -16,13 +16,21 @@ TokenSpec = int | Sequence[int] | Sequence[Sequence[int]] | Tensor
 
 
 def _token_table(tokens: TokenSpec, n_rows: int, what: str) -> Tensor:
-    """``[batch, k]`` long: per row, a set of ``k`` token ids."""
+    """``[batch, k]`` long: per row, a set of ``k`` token ids.
+
+    An int is one id for every row; a list of ints is one set shared by every row; a
+    1-D tensor is one id *per row*; a 2-D tensor or list of lists is one set per row.
+    """
+    if isinstance(tokens, Tensor) and tokens.dim() == 1:
+        if tokens.numel() != n_rows:
+            raise ValueError(f"{what} is a 1-D tensor of {tokens.numel()} ids: expected one id per row ({n_rows})")
+        return tokens.long().view(-1, 1)
     table = torch.as_tensor(tokens, dtype=torch.long)
     if table.dim() == 0:
         table = table.view(1, 1)
     elif table.dim() == 1:
-        table = table.view(-1, 1) if table.numel() == n_rows and n_rows > 1 else table.view(1, -1)
-    if table.dim() != 2 or table.shape[0] not in (1, n_rows):
+        table = table.view(1, -1)
+    if table.dim() != 2 or table.shape[0] not in (1, n_rows) or table.shape[1] == 0:
         raise ValueError(f"{what} has shape {tuple(table.shape)}: expected an id, a list of ids, or one row per example ({n_rows})")
     return table.expand(n_rows, -1)
 
@@ -30,8 +38,8 @@ def _token_table(tokens: TokenSpec, n_rows: int, what: str) -> Tensor:
 def logit_diff(correct: TokenSpec, incorrect: TokenSpec, position: int = -1) -> Metric:
     """Mean logit of ``correct`` minus mean logit of ``incorrect`` at ``position``.
 
-    ``correct`` / ``incorrect``: a token id, a list of ids (the same set for every
-    row), a ``[batch]`` tensor (one id per row) or a ``[batch, k]`` table of sets.
+    ``correct`` / ``incorrect``: a token id, a list of ids (one set shared by every
+    row), a 1-D ``[batch]`` tensor (one id per row) or a ``[batch, k]`` table of sets.
     """
 
     def metric(logits: Tensor) -> Tensor:
@@ -49,7 +57,9 @@ def target_logprob(targets: TokenSpec, position: int = -1) -> Metric:
     def metric(logits: Tensor) -> Tensor:
         logprobs = logits[:, position].float().log_softmax(-1)
         table = _token_table(targets, logprobs.shape[0], "targets").to(logprobs.device)
-        return logprobs.gather(1, table[:, :1]).squeeze(1)
+        if table.shape[1] != 1:
+            raise ValueError(f"targets has {table.shape[1]} ids per row: target_logprob takes one id per row")
+        return logprobs.gather(1, table).squeeze(1)
 
     return metric
 
@@ -57,7 +67,7 @@ def target_logprob(targets: TokenSpec, position: int = -1) -> Metric:
 def candidate_accuracy(candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int = -1) -> Metric:
     """1.0 where the correct candidate has the highest logit among ``candidates``.
 
-    ``candidates``: token ids, the same for every row or ``[batch, n_candidates]``;
+    ``candidates``: a list of token ids shared by every row, or ``[batch, n_candidates]``;
     ``correct``: ``[batch]`` index into the candidates.
     """
     correct_index = torch.as_tensor(correct, dtype=torch.long).view(-1)

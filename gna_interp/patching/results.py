@@ -51,19 +51,27 @@ class SweepResult:
         1 = the full difference recovered."""
         if self.reference is None:
             raise ValueError("normalized() needs a reference metric (patching sweeps have one)")
+        if abs(self.reference - self.baseline) < 1e-12:
+            raise ValueError(f"normalized() is undefined: reference and baseline are equal ({self.baseline})")
         return (self.scores - self.baseline) / (self.reference - self.baseline)
 
-    def top(self, k: int = 5, largest_effect: bool = True) -> list[tuple[Head, float]]:
-        """The ``k`` heads whose score moved furthest from the baseline."""
+    def effects(self) -> Tensor:
+        """``scores - baseline``, same axes as ``scores``."""
+        return self.scores - self.baseline
+
+    def top(self, k: int = 5) -> list[tuple[Head, float]]:
+        """The ``k`` heads whose variant moved the metric furthest from the baseline,
+        with that signed effect (for per-position results, the position of largest
+        magnitude). Heads not swept are left out."""
         if self.dims[:2] != ("layer", "head"):
             raise ValueError(f"top() needs head scores, this result has axes {self.dims}")
-        effect = (self.scores - self.baseline).abs()
-        if effect.dim() > 2:
-            effect = effect.nan_to_num(0).amax(dim=tuple(range(2, effect.dim())))
-        flat = effect.nan_to_num(-1.0).flatten()
-        order = torch.argsort(flat, descending=largest_effect)[:k]
+        effects = self.effects()
+        if effects.dim() > 2:
+            flat_pos = effects.nan_to_num(0.0).flatten(2)
+            pick = flat_pos.abs().argmax(-1, keepdim=True)
+            swept = ~self.scores.isnan().flatten(2).all(-1)
+            effects = torch.where(swept, flat_pos.gather(-1, pick).squeeze(-1), float("nan"))
+        magnitude = effects.abs().nan_to_num(-1.0).flatten()
+        order = torch.argsort(magnitude, descending=True)[: min(k, int((magnitude >= 0).sum()))]
         n_heads = self.scores.shape[1]
-        return [
-            (Head(int(i) // n_heads, int(i) % n_heads), float(self.scores.flatten()[i]) if self.scores.dim() == 2 else float(flat[i]))
-            for i in order
-        ]
+        return [(Head(int(i) // n_heads, int(i) % n_heads), float(effects.flatten()[i])) for i in order]

@@ -126,6 +126,8 @@ def patching_sweep(
     """
     if sites not in ("heads", "resid"):
         raise ValueError(f"sites={sites!r}: expected 'heads' or 'resid'")
+    if sites == "resid" and heads is not None:
+        raise ValueError("heads= selects heads to patch; it has no meaning with sites='resid'")
     if direction not in ("denoise", "noise"):
         raise ValueError(f"direction={direction!r}: expected 'denoise' or 'noise'")
     clean_batch, corrupt_batch = model.to_batch(clean), model.to_batch(corrupt)
