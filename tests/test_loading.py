@@ -1,0 +1,59 @@
+"""The real loading path (``from_pretrained`` on a folder) and every table row."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import gna_interp as gna
+from gna_interp.models.registry import ARCHITECTURES
+from gna_interp.models.tiny import TINY_CONFIGS, tiny_model
+
+from .conftest import CLEAN, TOL, raw_logits
+
+
+@pytest.mark.parametrize("family", ["llama", "mamba2"])
+def test_load_from_a_local_folder(tmp_path, tokenizer, family):
+    hf = tiny_model(family, seed=5)
+    hf.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    model = gna.load(str(tmp_path))
+    assert model.backend_name == ("tlens" if family == "llama" else "nnsight")
+    assert torch.allclose(model.logits(CLEAN), raw_logits(hf, model.to_batch(CLEAN)), atol=TOL)
+
+
+def test_every_table_row_has_a_tiny_config():
+    assert {spec.family for spec in ARCHITECTURES} <= set(TINY_CONFIGS)
+
+
+@pytest.mark.parametrize("family", [spec.family for spec in ARCHITECTURES if spec.tlens])
+def test_transformer_rows_agree_across_backends(family, tokenizer):
+    hf = tiny_model(family, seed=6)
+    tl = gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="tlens")
+    ns = gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="nnsight")
+    ablate = [gna.Ablate([gna.Head(1, 1)])]
+    assert torch.allclose(tl.logits(CLEAN, ablate), ns.logits(CLEAN, ablate), atol=TOL)
+    assert torch.allclose(tl.logits(CLEAN), raw_logits(hf, tl.to_batch(CLEAN)), atol=TOL)
+
+
+def test_model_structure(llama_tlens):
+    assert llama_tlens.n_layers == 3 and llama_tlens.n_heads == 6 and llama_tlens.head_dim == 8
+    assert llama_tlens.layer_kinds == (gna.LayerKind.ATTENTION,) * 3
+    assert len(llama_tlens.heads) == 18 and llama_tlens.heads[7] == gna.Head(1, 1)
+    captured = llama_tlens.cache(CLEAN, [gna.Head(1, 1), gna.Resid(3)])
+    assert captured[gna.Head(1, 1)].shape == (3, 5, 8) and captured[gna.Resid(3)].shape == (3, 5, 48)
+
+
+def test_cli_demo_runs_offline():
+    result = subprocess.run([sys.executable, "-m", "gna_interp.cli", "demo"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "largest effects" in result.stdout and "mamba2" in result.stdout
+
+
+def test_cli_bad_command_is_one_line():
+    result = subprocess.run([sys.executable, "-m", "gna_interp.cli", "nope"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "invalid choice: 'nope'" in result.stderr and "Traceback" not in result.stderr
