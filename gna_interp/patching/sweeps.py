@@ -29,7 +29,7 @@ from ..core.plan import Edit, Site, SiteKind
 from .compile import ablation_values, check_aligned, compile_plan, head_mask, heads_by_layer
 from .metrics import Metric, reduce_metric
 from .results import SweepResult
-from .variants import Variant, run_variants
+from .variants import Variant, score_table
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
@@ -77,20 +77,9 @@ def ablation_sweep(
     base = compile_plan(model, batch, [*model.active_interventions, *interventions])
     values = ablation_values(model, batch, sorted(grouped), how, reference)
     variants = [Variant([(Site(SiteKind.HEADS, head.layer), Edit(head_mask(model, [head.head]), values[head.layer]))]) for head in heads]
-    baseline, flat = run_variants(
-        model,
-        batch,
-        base,
-        variants,
-        metric,
-        max_rows=max_rows,
-        memory_budget_mb=memory_budget_mb,
-        progress=progress,
-        desc=f"ablation ({how})",
-    )
-    scores = torch.full((model.n_layers, model.n_heads), float("nan"))
-    for head, score in zip(heads, flat, strict=True):
-        scores[head.layer, head.head] = score
+    cells = [(head.layer, head.head) for head in heads]
+    chunking = dict(max_rows=max_rows, memory_budget_mb=memory_budget_mb, progress=progress, desc=f"ablation ({how})")
+    baseline, scores = score_table(model, batch, base, variants, cells, (model.n_layers, model.n_heads), metric, **chunking)
     return SweepResult(scores, ("layer", "head"), baseline, kind="ablation", meta={"how": how, "n_prompts": batch.n_rows})
 
 
@@ -162,20 +151,8 @@ def patching_sweep(
         shape, dims = (model.n_layers,), ("layer",)
     if by_position:
         shape, dims = (*shape, n_pos), (*dims, "pos")
-    baseline, flat = run_variants(
-        model,
-        target,
-        base,
-        variants,
-        metric,
-        max_rows=max_rows,
-        memory_budget_mb=memory_budget_mb,
-        progress=progress,
-        desc=f"patching ({sites})",
-    )
-    scores = torch.full(shape, float("nan"))
-    for cell, score in zip(cells, flat, strict=True):
-        scores[cell] = score
+    chunking = dict(max_rows=max_rows, memory_budget_mb=memory_budget_mb, progress=progress, desc=f"patching ({sites})")
+    baseline, scores = score_table(model, target, base, variants, cells, shape, metric, **chunking)
     meta = {"direction": direction, "sites": sites, "by_position": by_position}
     return SweepResult(scores, dims, baseline, reference=reference, kind="patching", meta=meta)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -92,6 +92,25 @@ def run_variants(
             for i, rows in zip(order[offset : offset + per_chunk], logits.split(batch.n_rows), strict=True):
                 scores[i] = reduce_metric(metric(rows))
             bar.update(len(chunk))
+    return baseline, scores
+
+
+def score_table(
+    model: GnaModel,
+    batch: Batch,
+    base: Plan,
+    variants: Sequence[Variant],
+    cells: Sequence[tuple[int, ...]],
+    shape: tuple[int, ...],
+    metric: Metric,
+    **options: Any,
+) -> tuple[float, Tensor]:
+    """`run_variants`, with variant ``i``'s score written at ``cells[i]`` of a NaN table
+    of ``shape``. ``options`` go to `run_variants`."""
+    baseline, flat = run_variants(model, batch, base, variants, metric, **options)
+    scores = torch.full(shape, float("nan"))
+    for cell, score in zip(cells, flat, strict=True):
+        scores[cell] = score
     return baseline, scores
 
 
