@@ -3,13 +3,13 @@ return the logits plus the activations captured at the requested sites."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from torch import Tensor
 
-from ..core.plan import Plan, Site
+from ..core.plan import Plan, Read, Site
 from ..models.inputs import Batch
 
 
@@ -19,11 +19,13 @@ class RunOutput:
     """``[batch, pos, vocab]``."""
     acts: dict[Site, Tensor] = field(default_factory=dict)
     """Captured activations (after the plan's edits at that site)."""
+    reads: list[Tensor] = field(default_factory=list)
+    """The values of the requested `Read` s, in request order."""
 
 
 class Backend(Protocol):
     name: str
 
-    def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = ()) -> RunOutput:
+    def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), reads: Sequence[Read] = ()) -> RunOutput:
         """One forward over ``batch`` with ``plan`` applied. Leaves no hook behind."""
         ...

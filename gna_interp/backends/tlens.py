@@ -8,7 +8,9 @@ Sites map to hook names in exactly one place, `hook_name`:
   ``ln_final.hook_in`` for ``l == n_layers``;
 - a skipped block ``l`` stashes ``blocks.{l}.hook_resid_pre`` and writes it over
   ``blocks.{l}.hook_resid_post``;
-- a plan that starts at block ``l`` calls the bridge with ``start_at_layer=l``.
+- a plan that starts at block ``l`` calls the bridge with ``start_at_layer=l``;
+- a `Read` of attention probabilities at layer ``l``: ``blocks.{l}.attn.hook_pattern``
+  (``[batch, head, query, key]``); other reads (SSM internals) need the nnsight backend.
 
 Note: booting a bridge wraps the HF model's modules in place; the HF model still
 computes the same function.
@@ -16,13 +18,13 @@ computes the same function.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..core.plan import Plan, Site, SiteKind, apply_edits
+from ..core.plan import Plan, Read, ReadKind, Site, SiteKind, apply_edits
 from ..models.inputs import Batch
 from .base import RunOutput
 
@@ -43,8 +45,14 @@ class TLensBackend:
             return "ln_final.hook_in"
         return f"blocks.{site.layer}.hook_resid_pre"
 
-    def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), grad: bool = False) -> RunOutput:
+    def read_hook_name(self, read: Read) -> str:
+        if read.kind is not ReadKind.PATTERN:
+            raise ValueError(f"backend 'tlens' cannot read {read.kind.value} {read.name!r} of layer {read.layer}: use backend='nnsight'")
+        return f"blocks.{read.layer}.attn.hook_pattern"
+
+    def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), reads: Sequence[Read] = (), grad: bool = False) -> RunOutput:
         captured: dict[Site, Tensor] = {}
+        values: list[Tensor] = [torch.empty(0)] * len(reads)
         stash: dict[int, Tensor] = {}
         hooks: dict[str, list[HookFn]] = {}
 
@@ -53,12 +61,14 @@ class TLensBackend:
         for layer, rows in plan.skips.items():
             hooks.setdefault(f"blocks.{layer}.hook_resid_pre", []).append(_stash_hook(layer, stash))
             hooks.setdefault(f"blocks.{layer}.hook_resid_post", []).append(_skip_hook(layer, rows, stash))
+        for slot, read in enumerate(reads):
+            hooks.setdefault(self.read_hook_name(read), []).append(_read_hook(read, slot, values, grad))
 
         fwd_hooks = [(name, fn) for name, fns in hooks.items() for fn in fns]
         start_layer, start_input = (None, batch.input_ids) if plan.start is None else plan.start
         with torch.set_grad_enabled(grad), self.bridge.hooks(fwd_hooks=fwd_hooks):
             logits = self.bridge(start_input, start_at_layer=start_layer, attention_mask=batch.attention_mask)
-        return RunOutput(logits=logits, acts=captured)
+        return RunOutput(logits=logits, acts=captured, reads=values)
 
 
 def _site_hook(site: Site, edits: list, keep: bool, captured: dict[Site, Tensor], grad: bool) -> HookFn:
@@ -82,5 +92,16 @@ def _stash_hook(layer: int, stash: dict[int, Tensor]) -> HookFn:
 def _skip_hook(layer: int, rows: Tensor, stash: dict[int, Tensor]) -> HookFn:
     def hook(act: Tensor, hook: Any = None) -> Tensor:
         return torch.where(rows.to(act.device).view(-1, 1, 1), stash.pop(layer), act)
+
+    return hook
+
+
+def _read_hook(read: Read, slot: int, values: list[Tensor], grad: bool) -> HookFn:
+    def hook(act: Tensor, hook: Any = None) -> Tensor:
+        value = act
+        for dim, index in read.selects:
+            value = value.index_select(dim, index.to(value.device))
+        values[slot] = value if grad else value.detach()
+        return act
 
     return hook

@@ -39,6 +39,31 @@ class Site:
     layer: int
 
 
+class ReadKind(str, Enum):
+    PATTERN = "pattern"
+    """Softmax attention probabilities of an attention layer, ``[batch, head, query, key]``."""
+    OUTPUT = "output"
+    """The output of a submodule of a layer's mixer (e.g. ``in_proj``), as the model computes it."""
+    PARAM = "param"
+    """A parameter of a layer's mixer (e.g. ``A_log`` or ``dt_proj.weight``)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Read:
+    """A value read during a forward besides the sites: what attention analysis needs.
+
+    ``name`` is a dotted path relative to the layer's mixer (``OUTPUT``: a submodule;
+    ``PARAM``: ``submodule.parameter`` or a parameter of the mixer itself); unused for
+    ``PATTERN``. ``selects`` are ``index_select(dim, index)`` calls applied in order
+    where the value is read (so only the selected part travels, e.g. from NDIF).
+    """
+
+    kind: ReadKind
+    layer: int
+    name: str = ""
+    selects: tuple[tuple[int, Tensor], ...] = ()
+
+
 @dataclass
 class Edit:
     """``act = where(mask, value, act)``; both broadcast to the site's activation."""

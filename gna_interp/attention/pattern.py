@@ -1,0 +1,179 @@
+"""`attention_pattern`: one call for every kind of head.
+
+Attention heads give their softmax probabilities; SSM heads (Mamba-2 heads, Mamba-1 /
+FalconMamba channels) give their implicit attention (see `gna_interp.attention.implicit`).
+Everything is read in one forward of the model through its backend, with the model's
+active interventions (``model.ablated(...)``) and ``interventions`` applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import Tensor
+
+from ..core.arch import LayerKind
+from ..core.heads import Head
+from ..core.interventions import Intervention
+from ..core.plan import Read
+from .capture import SSMInputs, recipe_for
+from .implicit import implicit_rows, work_bytes
+from .positions import QueryPositions, query_rows
+from .sharpness import NORMALIZE_OPTIONS, Normalize, normalize_rows
+from .softmax import softmax_read, softmax_rows
+
+if TYPE_CHECKING:
+    from ..models.handle import GnaModel
+    from ..models.inputs import Batch
+
+HeadKind = Literal["softmax", "implicit"]
+KINDS: dict[LayerKind, HeadKind] = {LayerKind.ATTENTION: "softmax", LayerKind.SSM: "implicit"}
+DEFAULT_MAX_BYTES = 2 * 1024**3
+"""Default memory budget of one `attention_pattern` call (2 GiB)."""
+
+
+def attention_pattern(
+    model: GnaModel,
+    inputs: Any,
+    heads: Head | Iterable[Head],
+    query_positions: QueryPositions = None,
+    include_skip: bool = False,
+    *,
+    normalize: Normalize = None,
+    kind: HeadKind | None = None,
+    interventions: Sequence[Intervention] = (),
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> Tensor:
+    """Attention patterns of ``heads`` on ``inputs``.
+
+    Args:
+        model: a loaded `GnaModel` (any backend; SSM heads need ``nnsight``).
+        inputs: prompts or token ids, as for `GnaModel.logits` (left-padded).
+        heads: a `Head` or a list of them, from any layers.
+        query_positions: the query rows to compute (see `QueryPositions`): ``None`` for
+            all ``T`` rows, ``[-1]`` for every prompt's final token, a ``[batch]`` or
+            ``[batch, query]`` tensor for per-prompt rows (e.g. segment ends). Each row
+            costs ``O(T)`` memory; no ``T x T`` matrix is built for SSM heads.
+        include_skip: SSM heads only: add ``D_h`` on the diagonal.
+        normalize: ``None`` (raw values: probabilities for softmax heads, signed
+            ``M[t, s]`` for SSM heads), ``"abs"`` (``|M|``) or ``"row"`` (``|M|`` divided by
+            its row sum: a distribution over keys, for display).
+        kind: ``"softmax"`` or ``"implicit"`` to insist on that kind of head.
+        interventions: applied during the forward, after the model's active ones.
+        max_bytes: memory budget; a larger request raises before any work.
+
+    Returns:
+        ``[batch, head, query, key]`` float32, heads in the order given, ``key`` = every
+        position. Zero above the diagonal, on padding keys and on padding queries.
+    """
+    if normalize not in NORMALIZE_OPTIONS:
+        raise ValueError(f"normalize={normalize!r}: expected one of {NORMALIZE_OPTIONS}")
+    heads = _as_heads(model, heads)
+    kinds = _check_kinds(model, heads, kind, include_skip)
+    batch = model.to_batch(inputs)
+    rows = query_rows(query_positions, batch.n_rows, batch.n_pos)
+    _check_budget(batch, len(heads), rows, query_positions, max_bytes)
+    layers = sorted({head.layer for head in heads})
+    per_layer = {layer: sorted({h.head for h in heads if h.layer == layer}) for layer in layers}
+    computed = _compute(model, batch, per_layer, kinds, rows, interventions, include_skip)
+    columns = [computed[head.layer][:, per_layer[head.layer].index(head.head)] for head in heads]
+    return normalize_rows(torch.stack(columns, dim=1), normalize)
+
+
+def _as_heads(model: GnaModel, heads: Head | Iterable[Head]) -> list[Head]:
+    if isinstance(heads, Head):
+        heads = [heads]
+    elif isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
+        raise TypeError(f"heads must be a gna_interp.Head or a list of them, got {heads!r}")
+    items = list(heads)
+    if not items:
+        raise ValueError("heads is empty: expected at least one gna_interp.Head")
+    for head in items:
+        model.check_head(head)
+    return items
+
+
+def _check_kinds(model: GnaModel, heads: list[Head], kind: HeadKind | None, include_skip: bool) -> dict[int, HeadKind]:
+    kinds = {head.layer: KINDS[model.layer_kinds[head.layer]] for head in heads}
+    if kind is not None and kind not in KINDS.values():
+        raise ValueError(f"kind={kind!r}: expected 'softmax', 'implicit' or None")
+    if kind is not None and any(k != kind for k in kinds.values()):
+        present = sorted(set(KINDS[k] for k in model.layer_kinds))
+        wrong = [str(h) for h in heads if kinds[h.layer] != kind]
+        raise ValueError(f"kind={kind!r} but heads {wrong} are not {kind} heads: {model.name} has {' and '.join(present)} heads only")
+    if include_skip and any(k == "softmax" for k in kinds.values()):
+        wrong = [str(h) for h in heads if kinds[h.layer] == "softmax"]
+        raise ValueError(f"include_skip=True adds an SSM's D on the diagonal, but heads {wrong} are softmax attention heads")
+    return kinds
+
+
+def _check_budget(batch: Batch, n_heads: int, rows: Tensor, query_positions: QueryPositions, max_bytes: int) -> None:
+    need = work_bytes(batch.n_rows, n_heads, rows.shape[1], batch.n_pos)
+    if need <= max_bytes:
+        return
+    what = f"{batch.n_rows} prompts x {n_heads} heads x {rows.shape[1]} queries x {batch.n_pos} keys"
+    hint = (
+        "pass query_positions (e.g. [-1] for each prompt's final token, or a [batch] tensor of segment ends) to compute only those rows"
+        if query_positions is None
+        else "ask for fewer heads, rows or prompts per call"
+    )
+    raise ValueError(f"attention patterns for {what} need about {need / 2**20:,.0f} MiB, over max_bytes={max_bytes:,}: {hint}")
+
+
+def ssm_inputs(
+    model: GnaModel, inputs: Any, layer: int, heads: Sequence[int] | None = None, interventions: Sequence[Intervention] = ()
+) -> SSMInputs:
+    """The `SSMInputs` (``dt``, ``A``, ``B``, ``C``, ``D``, padding mask) of one SSM layer,
+    read from a real forward, for ``heads`` (head indices in the layer; default: all)."""
+    model.check_layer(layer)
+    indices = list(range(model.n_heads)) if heads is None else list(heads)
+    for index in indices:
+        model.check_head(Head(layer, index))
+    if KINDS[model.layer_kinds[layer]] != "implicit":
+        raise ValueError(f"layer {layer} of {model.name} is an attention layer: SSM inputs exist only in SSM layers")
+    batch = model.to_batch(inputs)
+    rows = torch.zeros(batch.n_rows, 1, dtype=torch.long)
+    return _compute(model, batch, {layer: indices}, {layer: "implicit"}, rows, interventions, finish=False)[layer]
+
+
+def _compute(
+    model: GnaModel,
+    batch: Batch,
+    per_layer: dict[int, list[int]],
+    kinds: dict[int, HeadKind],
+    rows: Tensor,
+    interventions: Sequence[Intervention],
+    include_skip: bool = False,
+    finish: bool = True,
+) -> dict[int, Any]:
+    """One forward reading every layer's inputs; ``layer -> [batch, head, query, key]``
+    (or ``layer -> SSMInputs`` with ``finish=False``)."""
+    from ..patching.compile import compile_plan
+
+    config = model.hf_model.config
+    reads: list[Read] = []
+    spans: dict[int, tuple[int, int, Tensor | None]] = {}
+    for layer, indices in per_layer.items():
+        index = torch.tensor(indices, dtype=torch.long)
+        if kinds[layer] == "softmax":
+            read, union = softmax_read(layer, index, rows)
+            layer_reads, extra = [read], union
+        else:
+            layer_reads, extra = recipe_for(model.arch.family).reads(config, layer, index), None
+        spans[layer] = (len(reads), len(reads) + len(layer_reads), extra)
+        reads += layer_reads
+    plan = compile_plan(model, batch, [*model.active_interventions, *interventions])
+    with torch.no_grad():
+        values = model.backend.run(batch, plan, reads=reads).reads
+    mask = batch.attention_mask.bool()
+    out: dict[int, Any] = {}
+    for layer, (start, stop, query_union) in spans.items():
+        if query_union is not None:
+            out[layer] = softmax_rows(values[start], rows, query_union, mask)
+            continue
+        index = torch.tensor(per_layer[layer], dtype=torch.long)
+        ssm = recipe_for(model.arch.family).build(config, [v.to(mask.device) for v in values[start:stop]], index, mask)
+        out[layer] = implicit_rows(ssm, rows, include_skip) if finish else ssm
+    return out

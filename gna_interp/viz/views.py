@@ -1,0 +1,165 @@
+"""Attention views that open offline: circuitsvis HTML with its JavaScript inlined.
+
+circuitsvis's string form (``str(html)``, and ``_repr_html_`` whenever it finds the
+internet) loads its JavaScript from a CDN; ``local_src`` inlines the whole bundle
+(about 1.3 MB per panel). Every view here uses ``local_src`` only, so a saved file or a
+notebook cell renders with no network.
+
+A view is a list of panels (one prompt of one model, one or more heads); `side_by_side`
+puts panels of different models next to each other (e.g. a Transformer's Aggregate head
+beside an SSM's).
+"""
+
+from __future__ import annotations
+
+import html as html_lib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from ..attention.pattern import attention_pattern
+from ..attention.sharpness import Normalize
+from ..core.heads import Head
+from ..models.inputs import Batch
+
+if TYPE_CHECKING:
+    from ..models.handle import GnaModel
+
+
+@dataclass
+class Panel:
+    """One prompt's patterns for some heads of one model."""
+
+    title: str
+    tokens: list[str]
+    """Labels of the prompt's real tokens (padding removed)."""
+    pattern: Tensor
+    """``[head, query, key]`` over those tokens, as displayed."""
+    head_names: list[str]
+    signed: bool
+    """Whether the values keep their sign (raw implicit attention)."""
+
+    def value_range(self) -> tuple[float, float]:
+        top = float(self.pattern.abs().max()) or 1.0
+        return (-top, top) if self.signed else (0.0, 1.0 if float(self.pattern.max()) <= 1.0 else top)
+
+
+@dataclass
+class AttentionView:
+    """Panels of attention patterns: ``.html`` (self-contained), ``_repr_html_`` for
+    notebooks, ``.png()`` for a matplotlib heatmap, ``.save(path)`` for either."""
+
+    panels: list[Panel]
+    _html: str | None = field(default=None, repr=False)
+
+    @property
+    def html(self) -> str:
+        """An HTML fragment with every script inlined (no external URL)."""
+        if self._html is None:
+            self._html = _render(self.panels)
+        return self._html
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+    def document(self, title: str = "gna_interp attention") -> str:
+        """A full HTML page around `html`."""
+        head = f'<meta charset="utf-8"><title>{html_lib.escape(title)}</title>'
+        return f"<!DOCTYPE html>\n<html><head>{head}</head><body>\n{self.html}\n</body></html>\n"
+
+    def png(self, path: str | Path | None = None, max_heads: int = 4) -> bytes:
+        """Heatmaps (up to ``max_heads`` per panel) as PNG bytes; also written to ``path`` if given."""
+        from .heatmap import render_png
+
+        data = render_png(self.panels, max_heads)
+        if path is not None:
+            Path(path).write_bytes(data)
+        return data
+
+    def save(self, path: str | Path) -> Path:
+        """``.png``: heatmaps; anything else: the offline HTML page."""
+        target = Path(path)
+        if target.suffix.lower() == ".png":
+            self.png(target)
+        else:
+            target.write_text(self.document(), encoding="utf-8")
+        return target
+
+
+def token_labels(model: GnaModel, ids: Tensor) -> list[str]:
+    """A readable label per token id (``[pos]``): the tokenizer's decoding of that one token."""
+    labels = []
+    for token in ids.tolist():
+        text = model.tokenizer.decode([token]) if model.tokenizer is not None else ""
+        if not text:
+            labels.append(f"<{token}>")
+        elif not text.strip():
+            labels.append(repr(text))  # whitespace tokens stay visible
+        else:
+            labels.append(text.replace("\n", "\\n"))
+    return labels
+
+
+def attention_view(
+    model: GnaModel,
+    inputs: Any,
+    heads: Head | Iterable[Head],
+    row: int = 0,
+    *,
+    normalize: Normalize = "row",
+    include_skip: bool = False,
+    title: str | None = None,
+) -> AttentionView:
+    """Attention patterns of ``heads`` on prompt ``row`` of ``inputs``, any kind of head.
+
+    Args:
+        model, inputs, heads, include_skip: as for `gna_interp.attention_pattern`.
+        row: which prompt of the batch to show (its padding is dropped).
+        normalize: ``"row"`` (default: ``|w|`` as a distribution over keys, on a 0..1
+            scale shared by softmax and SSM heads), ``"abs"``, or ``None`` (raw signed
+            values, drawn with a diverging scale).
+        title: panel title; default: the model's name.
+    """
+    batch = model.to_batch(inputs)
+    if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < batch.n_rows:
+        raise ValueError(f"row={row!r} out of range: the inputs have prompts 0..{batch.n_rows - 1}")
+    start = int(batch.attention_mask[row].argmax())  # first real token (left padding)
+    one = Batch(batch.input_ids[row : row + 1, start:], batch.attention_mask[row : row + 1, start:])
+    head_list = [heads] if isinstance(heads, Head) else list(heads)
+    pattern = attention_pattern(model, one, head_list, include_skip=include_skip, normalize=normalize)[0].cpu()
+    signed = normalize is None and bool((pattern < 0).any())
+    return AttentionView([Panel(title or model.name, token_labels(model, one.input_ids[0]), pattern, [str(h) for h in head_list], signed)])
+
+
+def side_by_side(*views: AttentionView) -> AttentionView:
+    """One view with the panels of ``views`` next to each other (e.g. two models)."""
+    if len(views) < 2 or not all(isinstance(v, AttentionView) for v in views):
+        raise ValueError(f"side_by_side needs at least two AttentionView values, got {[type(v).__name__ for v in views]}")
+    return AttentionView([panel for view in views for panel in view.panels])
+
+
+def _render(panels: list[Panel]) -> str:
+    from circuitsvis.attention import attention_heads
+
+    blocks = []
+    for panel in panels:
+        low, high = panel.value_range()
+        rendered = attention_heads(
+            attention=panel.pattern.to(torch.float32),
+            tokens=panel.tokens,
+            attention_head_names=panel.head_names,
+            min_value=low,
+            max_value=high,
+            mask_upper_tri=True,
+        )
+        title = f'<h4 style="font-family: sans-serif; margin: 4px 0;">{html_lib.escape(panel.title)}</h4>'
+        blocks.append(f'<div style="flex: 1 1 420px; min-width: 0;">{title}{rendered.local_src}</div>')
+    return (
+        '<div class="gna-attention" style="display: flex; flex-wrap: wrap; gap: 24px; align-items: flex-start;">'
+        + "".join(blocks)
+        + "</div>"
+    )
