@@ -7,7 +7,10 @@ Everything a user needs is importable from here::
     logits = model.logits(prompts, interventions=[gna.Ablate([gna.Head(16, 22)])])
 """
 
+from . import attention, tasks, viz
+from .attention import attention_pattern, entropy, mass_on, top1_mass
 from .core import Ablate, ArchSpec, Head, LayerKind, Patch, Resid, SkipLayers, Truncate
+from .evaluation import Evaluation, evaluate
 from .models import GnaModel, load
 from .models.registry import ARCHITECTURES
 from .patching import (
@@ -18,6 +21,7 @@ from .patching import (
     patching_sweep,
     target_logprob,
 )
+from .zoo import load_toy, toy_card, toy_names
 
 __version__ = "0.1.0"
 
@@ -25,6 +29,7 @@ __all__ = [
     "ARCHITECTURES",
     "Ablate",
     "ArchSpec",
+    "Evaluation",
     "GnaModel",
     "Head",
     "LayerKind",
@@ -34,9 +39,20 @@ __all__ = [
     "SweepResult",
     "Truncate",
     "ablation_sweep",
+    "attention",
+    "attention_pattern",
     "candidate_accuracy",
+    "entropy",
+    "evaluate",
     "load",
+    "load_toy",
     "logit_diff",
+    "mass_on",
     "patching_sweep",
     "target_logprob",
+    "tasks",
+    "top1_mass",
+    "toy_card",
+    "toy_names",
+    "viz",
 ]

@@ -15,6 +15,9 @@ from gna_interp.models.tiny import tiny_model, word_tokenizer
 
 TOL = 1e-4
 
+# Tiny models are overhead-bound: one thread is faster, and steadier when cores are shared.
+torch.set_num_threads(1)
+
 PROMPTS = ["w5 w6 w7 w8 w9", "w10 w11", "w12 w13 w14 w15 w16 w17 w18", "w19 w20 w21"]
 # Same-length clean / corrupt pairs (4 words each -> 5 tokens with <bos>).
 CLEAN = ["w5 w6 w7 w8", "w9 w10 w11 w12", "w13 w14 w15 w16"]

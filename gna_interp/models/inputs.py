@@ -46,11 +46,14 @@ def make_batch(inputs: Any, tokenizer: Any) -> Batch:
     Args:
         inputs: a string, a list of strings, a ``[pos]`` or ``[batch, pos]`` tensor of
             token ids (taken as unpadded), a list of token-id lists (left-padded here),
-            a mapping with ``input_ids`` (and optionally ``attention_mask``), or a `Batch`.
+            a mapping with ``input_ids`` (and optionally ``attention_mask``), a `Batch`,
+            or a `gna_interp.tasks.Task` (its annotated, left-padded batch).
         tokenizer: a HF tokenizer (needed for strings and ragged id lists).
     """
     if isinstance(inputs, Batch):
         batch = inputs
+    elif hasattr(inputs, "gna_batch"):  # a gna_interp Task
+        batch = inputs.gna_batch(tokenizer)
     elif _is_batch_mapping(inputs):
         ids = torch.as_tensor(inputs["input_ids"])
         ids = ids[None] if ids.dim() == 1 else ids

@@ -1,0 +1,35 @@
+# %% [markdown]
+# # Tasks and the toy zoo (offline)
+#
+# The bundled toy models were trained here, on CPU, on `toy_mcq`: a query word, four
+# options, and `Answer:`; the answer is the letter of the option containing the query.
+# This script evaluates them, shows the annotated positions, and reproduces the
+# single-head bottleneck recorded in their model cards.
+
+# %%
+import gna_interp as gna
+
+task = gna.tasks.toy_mcq(n=300, seed=123)
+print(task.prompts[0])
+enc = task.encode()
+print("final position", int(enc.final[0]), "segment ends", enc.segment_ends[0].tolist(), "labels", enc.labels[0].tolist())
+
+# %% Clean accuracy, and the card's most harmful head ablated, for each toy model.
+for name in gna.toy_names():
+    model = gna.load_toy(name)
+    card = gna.toy_card(name)
+    head = gna.Head.parse(card["ablation"]["best_single_head"])
+    clean = gna.evaluate(model, task)
+    ablated = gna.evaluate(model, task, [gna.Ablate([head])])
+    print(f"{name:7s} clean {clean.accuracy:.3f} (card {card['held_out_accuracy']:.3f}); {head} ablated: {ablated.accuracy:.3f}")
+
+# %% Every head's ablation as a sweep, scored by candidate accuracy.
+model = gna.load_toy("mamba2")
+metric = gna.candidate_accuracy(enc.candidate_ids, enc.correct)
+sweep = gna.ablation_sweep(model, task, metric, progress=False)
+print(sweep.to_frame().sort_values("score").head())
+
+# %% MMLU and KV retrieval build the same annotations for any tokenizer.
+kv = gna.tasks.kv_retrieval(n_pairs=5, n=3, seed=0)
+print(kv.prompts[0])
+print("candidates:", kv.examples[0].candidates, "correct:", kv.examples[0].correct)

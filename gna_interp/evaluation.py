@@ -1,0 +1,178 @@
+"""`evaluate`: accuracy and margins of a model on a `Task`, with or without interventions.
+
+Each candidate is scored by its log-probability after the prompt (summed over its
+tokens when it has several), as lm-eval scores MMLU. Single-token candidates come from
+the final-position logits of one forward; multi-token ones from forwards over the
+prompt followed by each candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from .core.interventions import Ablate, Intervention, Patch
+from .models.inputs import Batch, make_batch
+from .tasks.base import EncodedTask, Task
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .models.handle import GnaModel
+
+
+@dataclass
+class Evaluation:
+    """Per-example scores of one task."""
+
+    scores: Tensor
+    """``[batch, candidate]`` log-probability of each candidate."""
+    correct: Tensor
+    """``[batch]`` index of the correct candidate."""
+
+    @property
+    def predictions(self) -> Tensor:
+        """``[batch]`` index of the best-scoring candidate."""
+        return self.scores.argmax(-1)
+
+    @property
+    def is_correct(self) -> Tensor:
+        """``[batch]`` bool."""
+        return self.predictions == self.correct
+
+    @property
+    def accuracy(self) -> float:
+        return float(self.is_correct.float().mean())
+
+    @property
+    def margins(self) -> Tensor:
+        """``[batch]`` log-prob of the correct candidate minus the best other one
+        (positive exactly when the example is answered correctly, ties aside)."""
+        rows = torch.arange(self.scores.shape[0])
+        right = self.scores[rows, self.correct]
+        others = self.scores.clone()
+        others[rows, self.correct] = float("-inf")
+        return right - others.max(-1).values
+
+    @property
+    def chance(self) -> float:
+        return 1.0 / self.scores.shape[1]
+
+    def to_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame(
+            {
+                "correct": self.correct.tolist(),
+                "prediction": self.predictions.tolist(),
+                "is_correct": self.is_correct.tolist(),
+                "margin": self.margins.tolist(),
+                "correct_logprob": self.scores[torch.arange(self.scores.shape[0]), self.correct].tolist(),
+            }
+        )
+
+    def __repr__(self) -> str:
+        return f"Evaluation(accuracy={self.accuracy:.3f} on {self.scores.shape[0]} prompts, chance {self.chance:.3f})"
+
+
+def evaluate(
+    model: GnaModel,
+    task: Task,
+    interventions: Sequence[Intervention] = (),
+    *,
+    batch_size: int = 64,
+    progress: bool | None = None,
+) -> Evaluation:
+    """Score every prompt of ``task``.
+
+    Args:
+        model: any `GnaModel`; the task is tokenized with the task's own tokenizer if
+            it has one (the toy task), else with the model's.
+        task: a `Task`.
+        interventions: applied to every forward (as are active ``model.ablated`` blocks).
+        batch_size: prompts per forward. Interventions that pair rows with their
+            own data (a `Patch`, a resample `Ablate`) run all prompts in one forward.
+        progress: a tqdm bar over batches (default: when there are more than 4).
+    """
+    if not isinstance(task, Task):
+        raise TypeError(f"expected a gna_interp Task, got {type(task).__name__}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}: expected a positive int")
+    encoded = task.encode(task.tokenizer_for(model.tokenizer))
+    check_context(model, encoded)
+    everything = [*model.active_interventions, *interventions]
+    if any(_row_paired(item) for item in everything):
+        batch_size = encoded.batch.n_rows
+    if encoded.single_token:
+        scores = _single_token_scores(model, encoded, interventions, batch_size, progress)
+    else:
+        if any(_row_paired(item) for item in everything):
+            raise ValueError("multi-token candidates are scored over re-padded batches, which a Patch / resample Ablate cannot follow")
+        scores = _continuation_scores(model, encoded, interventions, batch_size, progress)
+    return Evaluation(scores=scores, correct=encoded.correct.clone())
+
+
+def _row_paired(item: Intervention) -> bool:
+    return isinstance(item, Patch) or (isinstance(item, Ablate) and item.how == "resample")
+
+
+def check_context(model: GnaModel, encoded: EncodedTask) -> None:
+    """A clear error for prompts longer than the model's context window."""
+    limit = getattr(model.hf_model.config, "max_position_embeddings", None)
+    if limit is None:
+        return
+    lengths = encoded.batch.attention_mask.sum(1)
+    longest = int(lengths.argmax())
+    if int(lengths[longest]) > limit:
+        raise ValueError(f"prompt {longest} has {int(lengths[longest])} tokens, more than {model.name}'s context of {limit}")
+
+
+def _chunks(n_rows: int, size: int, progress: bool | None, what: str) -> Any:
+    from tqdm.auto import tqdm
+
+    starts = range(0, n_rows, size)
+    show = len(starts) > 4 if progress is None else progress
+    return tqdm(starts, desc=what, disable=not show, leave=False)
+
+
+def _slice(batch: Batch, start: int, stop: int) -> Batch:
+    """Rows ``start:stop``, with columns that are padding in every row dropped."""
+    ids, mask = batch.input_ids[start:stop], batch.attention_mask[start:stop]
+    first = int(mask.any(0).long().argmax())
+    return Batch(ids[:, first:], mask[:, first:])
+
+
+def _single_token_scores(model: GnaModel, encoded: EncodedTask, interventions: Sequence[Intervention], size: int, progress: Any) -> Tensor:
+    candidate_ids = encoded.candidate_ids
+    parts = []
+    for start in _chunks(encoded.batch.n_rows, size, progress, "evaluate"):
+        stop = start + size
+        # A whole-task forward keeps the padded width that row-paired interventions expect.
+        rows = encoded.batch if size >= encoded.batch.n_rows else _slice(encoded.batch, start, stop)
+        logprobs = model.logits(rows, interventions)[:, -1].float().log_softmax(-1).cpu()
+        parts.append(logprobs.gather(1, candidate_ids[start:stop]))
+    return torch.cat(parts)
+
+
+def _continuation_scores(model: GnaModel, encoded: EncodedTask, interventions: Sequence[Intervention], size: int, progress: Any) -> Tensor:
+    """Summed log-prob of each candidate's tokens, from forwards over prompt + candidate."""
+    prompts = [ids[mask.bool()].tolist() for ids, mask in zip(encoded.batch.input_ids, encoded.batch.attention_mask, strict=True)]
+    sequences, spans = [], []
+    for prompt, candidates in zip(prompts, encoded.candidates, strict=True):
+        for tokens in candidates:
+            sequences.append(prompt + tokens[:-1])
+            spans.append(tokens)
+    totals = []
+    for start in _chunks(len(sequences), size, progress, "evaluate (continuations)"):
+        chunk = sequences[start : start + size]
+        batch = make_batch(chunk, model.tokenizer)
+        logprobs = model.logits(batch, interventions).float().log_softmax(-1).cpu()
+        for row, tokens in enumerate(spans[start : start + size]):
+            positions = torch.arange(batch.n_pos - len(tokens), batch.n_pos)
+            totals.append(logprobs[row, positions, torch.tensor(tokens)].sum())
+    n_candidates = len(encoded.candidates[0])
+    return torch.stack(totals).view(-1, n_candidates)

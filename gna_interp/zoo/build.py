@@ -1,0 +1,66 @@
+"""Train a toy model, measure it, write it with its card: what ``gna-interp zoo train`` runs."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..models.loading import load
+from ..tasks.toy import toy_mcq, toy_tokenizer
+from .card import CHANCE_MARGIN, ablation_facts
+from .recipes import Recipe
+from .store import save_toy
+from .train import TrainResult, train
+
+HELD_OUT_PROMPTS = 500
+HELD_OUT_TASK_SEED = 20_000
+"""`toy_mcq` seed of the card's held-out prompts (training never sees text prompts)."""
+
+
+def build_toy(recipe: Recipe, out: Path, *, progress: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train ``recipe``, evaluate it on fresh prompts, run the ablation checks, save.
+
+    Training checkpoints to ``out/checkpoint.pt`` at every evaluation; running again
+    after an interruption resumes there (the result equals an uninterrupted run).
+
+    Returns:
+        the model card (also written to ``out/card.json`` and ``out/README.md``).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint = out / "checkpoint.pt"
+    result = train(recipe, checkpoint=checkpoint, progress=progress, log=log)
+    return finish_toy(recipe, result, out, progress=progress)
+
+
+def finish_toy(recipe: Recipe, result: TrainResult, out: Path, *, progress: bool = False) -> dict[str, Any]:
+    tokenizer = toy_tokenizer()
+    model = load(result.model, tokenizer=tokenizer, backend="nnsight")
+    task = toy_mcq(HELD_OUT_PROMPTS, seed=HELD_OUT_TASK_SEED, n_options=recipe.n_options, words_per_option=recipe.words_per_option)
+    facts = ablation_facts(model, task, progress=progress)
+    card = {
+        "name": recipe.name,
+        "family": recipe.family,
+        "notes": recipe.notes,
+        "parameters": sum(p.numel() for p in result.model.parameters()),
+        "seed": recipe.seed,
+        "steps": result.steps,
+        "batch_size": recipe.batch_size,
+        "lr": recipe.lr,
+        "reached_target": result.reached_target,
+        "train_seconds": round(result.seconds, 1),
+        "threads": recipe.threads,
+        "machine": f"{platform.machine()}, torch {torch.__version__}",
+        "held_out_accuracy": facts.clean_accuracy,
+        "held_out_n": HELD_OUT_PROMPTS,
+        "held_out_seed": HELD_OUT_TASK_SEED,
+        "chance_margin": CHANCE_MARGIN,
+        "ablation": facts.to_dict(),
+        "history": result.history,
+    }
+    save_toy(result.model, tokenizer, card, out)
+    (out / "checkpoint.pt").unlink(missing_ok=True)
+    return card

@@ -1,0 +1,104 @@
+"""Training recipes of the bundled toy models: one row per model, as data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..tasks.toy import VOCAB_SIZE
+
+_TOKENS = dict(vocab_size=VOCAB_SIZE, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one toy model is trained on `toy_mcq` prompts (fresh ones every step)."""
+
+    name: str
+    family: str
+    """HF ``model_type``."""
+    config: dict[str, Any]
+    seed: int
+    lr: float
+    max_steps: int
+    batch_size: int = 128
+    warmup_steps: int = 200
+    grad_clip: float = 1.0
+    weight_decay: float = 0.01
+    eval_every: int = 200
+    target_accuracy: float = 0.99
+    """Stop once a fixed held-out batch of 512 prompts is answered this well."""
+    n_options: int = 4
+    words_per_option: int = 2
+    threads: int = 1
+    notes: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+RECIPES: dict[str, Recipe] = {
+    recipe.name: recipe
+    for recipe in (
+        Recipe(
+            name="llama",
+            family="llama",
+            config=dict(
+                hidden_size=64,
+                intermediate_size=256,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                max_position_embeddings=128,
+                tie_word_embeddings=False,
+                **_TOKENS,
+            ),
+            seed=0,
+            lr=2e-3,
+            max_steps=12_000,
+            notes="2 layers x 4 heads of 16: few heads, so retrieval must flow through one or two of them.",
+        ),
+        Recipe(
+            name="mamba2",
+            family="mamba2",
+            config=dict(
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_heads=8,
+                head_dim=16,
+                expand=2,
+                state_size=16,
+                n_groups=1,
+                chunk_size=32,
+                conv_kernel=4,
+                tie_word_embeddings=False,
+                **_TOKENS,
+            ),
+            seed=0,
+            lr=3e-3,
+            max_steps=8_000,
+            notes="2 layers x 8 heads of 16, state 16.",
+        ),
+        Recipe(
+            name="mamba",
+            family="mamba",
+            config=dict(
+                hidden_size=32,
+                num_hidden_layers=2,
+                expand=2,
+                state_size=16,
+                conv_kernel=4,
+                tie_word_embeddings=False,
+                **_TOKENS,
+            ),
+            seed=0,
+            lr=3e-3,
+            max_steps=8_000,
+            notes="Mamba-1, 2 layers, 64 channels (= heads) per layer, state 16.",
+        ),
+    )
+}
+
+
+def recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        raise ValueError(f"unknown toy model {name!r}: expected one of {sorted(RECIPES)}")
+    return RECIPES[name]

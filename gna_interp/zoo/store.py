@@ -1,0 +1,112 @@
+"""The bundled toy models on disk: ``gna_interp/zoo/models/<name>/`` holds
+``model.safetensors``, ``config.json``, the tokenizer files, ``card.json`` (machine
+readable) and ``README.md`` (the model card)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ZOO_DIR = Path(__file__).resolve().parent / "models"
+CARD = "card.json"
+
+
+def toy_names() -> list[str]:
+    """Names of the bundled toy models."""
+    return sorted(p.name for p in ZOO_DIR.iterdir() if (p / CARD).is_file()) if ZOO_DIR.is_dir() else []
+
+
+def toy_path(name: str) -> Path:
+    folder = ZOO_DIR / name
+    if not (folder / CARD).is_file():
+        raise ValueError(f"unknown toy model {name!r}: bundled are {toy_names()}")
+    return folder
+
+
+def toy_card(name: str) -> dict[str, Any]:
+    """The model card of a bundled toy model (seed, steps, time, accuracy, ablation facts)."""
+    return dict(json.loads((toy_path(name) / CARD).read_text()))
+
+
+def load_toy(name: str, backend: str | None = None) -> Any:
+    """Load a bundled toy model offline.
+
+    Args:
+        name: ``"llama"``, ``"mamba2"`` or ``"mamba"`` (see `toy_names`).
+        backend: ``"tlens"`` or ``"nnsight"``; default as `gna_interp.load`.
+
+    Returns:
+        a `GnaModel` with the toy tokenizer.
+    """
+    from ..models.loading import load
+
+    folder = toy_path(name)
+    model = load(str(folder), backend=backend)
+    model.name = f"toy-{name}"
+    return model
+
+
+def save_toy(model: Any, tokenizer: Any, card: dict[str, Any], folder: Path) -> Path:
+    """Write a trained model, its tokenizer and its card to ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    (folder / "generation_config.json").unlink(missing_ok=True)
+    tokenizer.save_pretrained(folder)
+    (folder / CARD).write_text(json.dumps(card, indent=1) + "\n")
+    (folder / "README.md").write_text(card_markdown(card))
+    return folder
+
+
+def zoo_table_markdown() -> str:
+    """One markdown table of every bundled card (``gna-interp zoo list --markdown``)."""
+    lines = [
+        "| model | parameters | steps | training time | held-out accuracy | best single-head ablation | smallest collapsing sets |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in toy_names():
+        card = toy_card(name)
+        facts = card["ablation"]
+        sets = "; ".join(
+            f"L{layer}: {len(row['heads'])} head{'s' if len(row['heads']) > 1 else ''} -> {row['accuracy']:.3f}"
+            + ("" if row["reached_chance"] else " (not reached)")
+            for layer, row in facts["smallest_sets"].items()
+        )
+        lines.append(
+            f"| `{name}` ({card['family']}) | {card['parameters']:,} | {card['steps']:,} | {card['train_seconds']:.0f} s | "
+            f"{card['held_out_accuracy']:.3f} | {facts['best_single_head']} -> "
+            f"{facts['best_single_head_accuracy']:.3f} | {sets} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def card_markdown(card: dict[str, Any]) -> str:
+    """The human-readable model card."""
+    facts = card["ablation"]
+    lines = [
+        f"# Toy model `{card['name']}` ({card['family']})",
+        "",
+        card.get("notes", ""),
+        "",
+        "Trained on `gna_interp.tasks.toy_mcq` (4 options, query first), fresh prompts every step, loss on the final",
+        "position only. Reproduce with `gna-interp zoo train " + card["name"] + "`.",
+        "",
+        "| field | value |",
+        "|---|---|",
+        f"| parameters | {card['parameters']:,} |",
+        f"| seed | {card['seed']} |",
+        f"| steps | {card['steps']:,} (batch {card['batch_size']}) |",
+        f"| training time | {card['train_seconds']:.0f} s on {card['threads']} CPU thread(s) |",
+        f"| held-out accuracy | {card['held_out_accuracy']:.3f} on {card['held_out_n']} fresh prompts (seed {card['held_out_seed']}) |",
+        f"| chance | {facts['chance']:.3f} |",
+        f"| best single-head ablation | {facts['best_single_head']} -> {facts['best_single_head_accuracy']:.3f} |",
+        "",
+        f"Smallest head set per layer whose zero-ablation brings accuracy to chance + {card['chance_margin']:.2f}",
+        "(greedy, most harmful first):",
+        "",
+        "| layer | heads | accuracy | reached |",
+        "|---|---|---|---|",
+    ]
+    for layer, row in facts["smallest_sets"].items():
+        lines.append(f"| {layer} | {', '.join(row['heads'])} | {row['accuracy']:.3f} | {'yes' if row['reached_chance'] else 'no'} |")
+    return "\n".join(lines) + "\n"

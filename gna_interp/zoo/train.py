@@ -1,0 +1,158 @@
+"""Training a toy model on `toy_mcq`, deterministically for a seed, on CPU.
+
+Fresh random prompts every step (so there is no training set to memorise), loss on
+the final position only, AdamW with linear warm-up and gradient clipping. Training
+stops once a fixed held-out batch is answered at the recipe's target accuracy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..tasks.toy import LETTERS, VOCAB, toy_token_batch
+from .recipes import Recipe
+
+HELD_OUT_SEED = 10_000
+"""Generator seed offset of the quick held-out batch (training uses the recipe's seed)."""
+
+
+@dataclass
+class TrainResult:
+    model: Any
+    """The trained HF ``*ForCausalLM`` (eval mode)."""
+    steps: int
+    seconds: float
+    reached_target: bool
+    history: list[dict[str, float]] = field(default_factory=list)
+    """One row per evaluation: step, loss, held-out accuracy."""
+
+
+def build_model(recipe: Recipe) -> Any:
+    """The untrained model, initialised from the recipe's seed."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(recipe.seed)
+    config = AutoConfig.for_model(recipe.family, **recipe.config)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def _letter_ids(recipe: Recipe) -> torch.Tensor:
+    return torch.tensor([VOCAB.index(letter) for letter in LETTERS[: recipe.n_options]])
+
+
+@torch.no_grad()
+def quick_accuracy(model: Any, input_ids: torch.Tensor, answer_ids: torch.Tensor, letter_ids: torch.Tensor) -> float:
+    """Share of prompts whose highest-scoring answer letter is the correct one."""
+    was_training = model.training
+    model.eval()
+    final = model(input_ids=input_ids).logits[:, -1]
+    chosen = letter_ids[final[:, letter_ids].argmax(-1)]
+    model.train(was_training)
+    return float((chosen == answer_ids).float().mean())
+
+
+def _recipe_key(recipe: Recipe) -> dict[str, Any]:
+    """What a checkpoint must agree on to be resumed (the step limit may change)."""
+    return {k: v for k, v in dataclasses.asdict(recipe).items() if k not in ("max_steps", "notes")}
+
+
+def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    partial = path.with_name(path.name + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, path)  # atomic: an interrupted save never leaves a broken checkpoint
+
+
+def train(
+    recipe: Recipe,
+    *,
+    max_steps: int | None = None,
+    checkpoint: str | Path | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> TrainResult:
+    """Train ``recipe``'s model from scratch, or resume it from ``checkpoint``.
+
+    Args:
+        recipe: the row of `RECIPES`.
+        max_steps: override the recipe's step limit (e.g. for a short determinism check).
+        checkpoint: a file written at every evaluation (model, optimizer, schedule,
+            data-generator state); if it exists, training resumes from it, and the
+            result equals an uninterrupted run.
+        progress: show a tqdm bar.
+        log: where evaluation lines go.
+
+    Deterministic for a seed on a given machine and thread count: the weights, the
+    prompts and their order all come from the recipe's seed.
+    """
+    from tqdm.auto import tqdm
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(recipe.threads)
+    try:
+        model = build_model(recipe).train()
+        steps_limit = recipe.max_steps if max_steps is None else max_steps
+        data = torch.Generator().manual_seed(recipe.seed)
+        held_ids, held_answers = toy_token_batch(
+            512, torch.Generator().manual_seed(HELD_OUT_SEED + recipe.seed), recipe.n_options, recipe.words_per_option
+        )
+        letter_ids = _letter_ids(recipe)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / recipe.warmup_steps))
+        history: list[dict[str, float]] = []
+        first_step, elapsed = 1, 0.0
+        checkpoint = Path(checkpoint) if checkpoint is not None else None
+        if checkpoint is not None and checkpoint.is_file():
+            state = torch.load(checkpoint, weights_only=False)
+            if state["recipe"] != _recipe_key(recipe):
+                raise ValueError(f"checkpoint {str(checkpoint)!r} was written for another recipe: delete it or pass another path")
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            schedule.load_state_dict(state["schedule"])
+            data.set_state(state["data"])
+            history, first_step, elapsed = state["history"], state["step"] + 1, state["elapsed"]
+            log(f"{recipe.name}: resumed from {checkpoint} at step {state['step']}")
+        start = time.perf_counter() - elapsed
+        reached = bool(history) and history[-1]["accuracy"] >= recipe.target_accuracy
+        step = first_step - 1
+        bar = tqdm(total=steps_limit, initial=step, desc=f"train {recipe.name}", disable=not progress, leave=False)
+        for step in range(first_step, steps_limit + 1) if not reached else range(0):
+            input_ids, answers = toy_token_batch(recipe.batch_size, data, recipe.n_options, recipe.words_per_option)
+            loss = F.cross_entropy(model(input_ids=input_ids).logits[:, -1], answers)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+            optimizer.step()
+            schedule.step()
+            bar.update(1)
+            if step % recipe.eval_every == 0 or step == steps_limit:
+                accuracy = quick_accuracy(model, held_ids, held_answers, letter_ids)
+                history.append({"step": step, "loss": loss.item(), "accuracy": accuracy, "seconds": time.perf_counter() - start})
+                log(f"{recipe.name} step {step}: loss {loss.item():.4f}, held-out accuracy {accuracy:.3f}")
+                reached = accuracy >= recipe.target_accuracy
+                if checkpoint is not None:
+                    state = {
+                        "recipe": _recipe_key(recipe),
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "schedule": schedule.state_dict(),
+                        "data": data.get_state(),
+                        "history": history,
+                        "step": step,
+                        "elapsed": time.perf_counter() - start,
+                    }
+                    _save_checkpoint(checkpoint, state)
+                if reached:
+                    break
+        bar.close()
+        return TrainResult(model.eval(), step, time.perf_counter() - start, reached, history)
+    finally:
+        torch.set_num_threads(threads)

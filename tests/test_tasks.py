@@ -1,0 +1,299 @@
+"""Tasks: annotated positions decode to what they claim, for several tokenizers, with
+and without padding; MMLU's exact prompt format; toy prompts built as tensors equal the
+tokenized text. References: each prompt tokenized alone, offsets searched by brute force."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import gna_interp as gna
+from gna_interp.tasks.mcq import mcq_example
+from gna_interp.tasks.toy import toy_token_batch
+
+MMLU_ROWS = [
+    {"question": "What is 2 + 2?", "subject": "elementary_mathematics", "choices": ["3", "4", "5", "22"], "answer": 1},
+    {
+        "question": "  Which gas do plants absorb?  ",
+        "subject": "high_school_biology",
+        "choices": ["Oxygen", "Nitrogen", "Carbon dioxide.", "Helium"],
+        "answer": 2,
+    },
+    {
+        "question": "Who wrote Hamlet?",
+        "subject": "high_school_world_history",
+        "choices": ["Marlowe", "Shakespeare", "Jonson", "Kyd"],
+        "answer": 1,
+    },
+    {"question": "Pick D.", "subject": "elementary_mathematics", "choices": ["a", "b", "c", "d"], "answer": 3},
+]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def bpe_tokenizer(tmp_path_factory):
+    """A byte-level BPE trained here on prompts of every task (so merges cross words)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    corpus = gna.tasks.toy_mcq(200, seed=5).prompts + gna.tasks.kv_retrieval(6, n=50, seed=5).prompts
+    corpus += [mcq_example(f"Question about {r['subject']}.\n\n{r['question']}\n", r["choices"], r["answer"]).text for r in MMLU_ROWS] * 20
+    core = Tokenizer(models.BPE(unk_token=None))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    core.train_from_iterator(
+        corpus, trainers.BpeTrainer(vocab_size=600, special_tokens=["<pad>", "<bos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    )
+    core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
+    folder = tmp_path_factory.mktemp("bpe")
+    PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>").save_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def mmlu_task(tmp_path_factory):
+    return gna.tasks.mmlu(path=write_jsonl(tmp_path_factory.mktemp("mmlu") / "test.jsonl", MMLU_ROWS))
+
+
+def token_containing(tokenizer, text: str, char: int) -> int:
+    """Brute force over the offsets of ``text`` tokenized alone."""
+    offsets = tokenizer(text, return_offsets_mapping=True)["offset_mapping"]
+    hits = [i for i, (a, b) in enumerate(offsets) if a <= char < b]
+    assert len(hits) == 1, (text, char, offsets)
+    return hits[0]
+
+
+def tasks_for(tokenizer_name, mmlu_task):
+    return {
+        "toy_mcq": gna.tasks.toy_mcq(12, seed=1),
+        "toy_mcq_6": gna.tasks.toy_mcq(5, seed=2, n_options=6, words_per_option=3),
+        "kv": gna.tasks.kv_retrieval(5, n=6, seed=3),
+        "mmlu": mmlu_task,
+    }
+
+
+@pytest.mark.parametrize("tokenizer_name", ["toy", "bpe"])
+@pytest.mark.parametrize("task_name", ["toy_mcq", "toy_mcq_6", "kv", "mmlu"])
+def test_annotations_decode_to_what_they_claim(tokenizer_name, task_name, bpe_tokenizer, mmlu_task):
+    tokenizer = gna.tasks.toy_tokenizer() if tokenizer_name == "toy" else bpe_tokenizer
+    task = tasks_for(tokenizer_name, mmlu_task)[task_name]
+    encoded = task.encode(tokenizer)
+    ids, mask = encoded.batch.input_ids, encoded.batch.attention_mask
+    for row, example in enumerate(task):
+        pad = int((mask[row] == 0).sum())
+        alone = tokenizer(example.text)["input_ids"]
+        assert ids[row, pad:].tolist() == alone  # left padding, nothing else
+        assert (mask[row, :pad] == 0).all() and (mask[row, pad:] == 1).all()
+
+        def decode(position, row=row):
+            return tokenizer.decode([int(ids[row, position])])
+
+        assert int(encoded.final[row]) == ids.shape[1] - 1
+        assert example.text.endswith(decode(encoded.final[row]).strip())
+        for s, segment in enumerate(example.segments):
+            end, label = int(encoded.segment_ends[row, s]), int(encoded.labels[row, s])
+            assert end - pad == token_containing(tokenizer, example.text, segment.end)
+            assert label - pad == token_containing(tokenizer, example.text, segment.label)
+            assert "\n" in decode(end)
+            label_char = example.text[segment.label]
+            assert label_char in decode(label)
+            if task_name != "kv":
+                assert label_char == "ABCDEFGH"[s]
+            start, stop = encoded.spans[row, s].tolist()
+            assert start == label and stop == end + 1
+        if encoded.query is not None:
+            q0, q1 = encoded.query[row].tolist()
+            span_text = tokenizer.decode(ids[row, q0:q1].tolist())
+            assert example.text[example.query[0] : example.query[1]] in span_text
+
+
+def test_padding_does_not_shift_annotations(mmlu_task, bpe_tokenizer):
+    """Each row of a padded batch carries the annotations of the prompt encoded alone."""
+    together = mmlu_task.encode(bpe_tokenizer)
+    assert together.batch.attention_mask.min() == 0  # prompts differ in length: padding happened
+    for row in range(len(mmlu_task)):
+        alone = mmlu_task[row].encode(bpe_tokenizer)
+        pad = together.batch.n_pos - alone.batch.n_pos
+        assert torch.equal(together.segment_ends[row], alone.segment_ends[0] + pad)
+        assert torch.equal(together.labels[row], alone.labels[0] + pad)
+        assert torch.equal(together.spans[row], alone.spans[0] + pad)
+        assert together.candidates[row] == alone.candidates[0]
+
+
+def test_toy_tensor_batches_equal_tokenized_text():
+    tokenizer = gna.tasks.toy_tokenizer()
+    ids, answers = toy_token_batch(16, torch.Generator().manual_seed(3), n_options=4, words_per_option=2)
+    for row in range(16):
+        tokens = tokenizer.convert_ids_to_tokens(ids[row].tolist())
+        query = tokens[3]
+        options = [" ".join(tokens[7 + 5 * i : 9 + 5 * i]) for i in range(4)]
+        correct = next(i for i, option in enumerate(options) if query in option.split())
+        example = mcq_example(f"Query: {query}\n", options, correct)
+        assert tokenizer(example.text)["input_ids"] == ids[row].tolist()
+        assert tokenizer.convert_ids_to_tokens([int(answers[row])]) == ["ABCD"[correct]]
+        assert len(set(options[0].split() + options[1].split() + options[2].split() + options[3].split())) == 8
+
+
+def test_toy_task_is_seeded_and_answers_are_right():
+    a, b = gna.tasks.toy_mcq(30, seed=4), gna.tasks.toy_mcq(30, seed=4)
+    assert a.prompts == b.prompts and a.prompts != gna.tasks.toy_mcq(30, seed=5).prompts
+    for example in a:
+        query = example.text.split("\n")[0].removeprefix("Query: ")
+        lines = example.text.split("\n")[1:-1]
+        assert [query in line.split() for line in lines].index(True) == example.correct
+    assert sorted(set(a.correct.tolist())) == [0, 1, 2, 3]
+
+
+MMLU_FIRST = (
+    "The following are multiple choice questions (with answers) about elementary mathematics.\n\n"
+    "What is 2 + 2?\nA. 3\nB. 4\nC. 5\nD. 22\nAnswer:"
+)
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "csv", "parquet", "csv_letters", "folder"])
+def test_mmlu_local_files_load_in_the_exact_format(tmp_path, suffix):
+    import pandas as pd
+
+    frame = pd.DataFrame(MMLU_ROWS)
+    if suffix == "jsonl":
+        path = write_jsonl(tmp_path / "test.jsonl", MMLU_ROWS)
+    elif suffix == "parquet":
+        path = tmp_path / "test.parquet"
+        frame.to_parquet(path)
+    elif suffix == "csv":
+        path = tmp_path / "test.csv"
+        frame.assign(choices=frame.choices.map(json.dumps)).to_csv(path, index=False)
+    elif suffix == "csv_letters":
+        path = tmp_path / "test.csv"
+        letters = pd.DataFrame([dict(zip("ABCD", r["choices"], strict=True)) for r in MMLU_ROWS])
+        frame.drop(columns="choices").join(letters).assign(answer=[("ABCD"[r["answer"]]) for r in MMLU_ROWS]).to_csv(path, index=False)
+    else:  # cais/mmlu layout: <subject>/test-*.parquet, subject taken from the folder
+        for subject in {r["subject"] for r in MMLU_ROWS}:
+            (tmp_path / subject).mkdir()
+            frame[frame.subject == subject].drop(columns="subject").to_parquet(tmp_path / subject / "test-00000-of-00001.parquet")
+        path = tmp_path
+    task = gna.tasks.mmlu(subjects=["elementary_mathematics"], path=path)
+    assert len(task) == 2
+    first = next(e for e in task if "2 + 2" in e.text)
+    assert first.text == MMLU_FIRST
+    assert first.candidates == (" A", " B", " C", " D") and first.correct == 1
+    other = next(e for e in task if "Pick D" in e.text)
+    assert other.correct == 3 and other.text.endswith("D. d\nAnswer:")
+    everything = gna.tasks.mmlu(path=path, n=3)
+    assert len(everything) == 3
+
+
+def test_mmlu_question_whitespace_and_subject_spaces(mmlu_task):
+    example = next(e for e in mmlu_task if "plants" in e.text)
+    assert example.text.startswith("The following are multiple choice questions (with answers) about high school biology.\n\nWhich gas")
+    assert "C. Carbon dioxide.\nD. Helium\nAnswer:" in example.text and example.correct == 2
+
+
+def test_mmlu_hub_path_passes_configs_and_split(monkeypatch):
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(name, config, split):
+        calls.append((name, config, split))
+        return [dict(MMLU_ROWS[0], subject=config)]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    task = gna.tasks.mmlu(subjects=["anatomy", "virology"], split="validation")
+    assert calls == [("cais/mmlu", "anatomy", "validation"), ("cais/mmlu", "virology", "validation")]
+    assert "about anatomy." in task.prompts[0] and "about virology." in task.prompts[1]
+
+
+@pytest.mark.parametrize("task_fn", [lambda: gna.tasks.toy_mcq(8, seed=9), lambda: gna.tasks.kv_retrieval(6, n=8, seed=9)])
+def test_corrupted_keeps_lengths_and_changes_answers(task_fn, bpe_tokenizer, mmlu_task):
+    for task in (task_fn(), mmlu_task):
+        corrupt = task.corrupted()
+        for tokenizer in (gna.tasks.toy_tokenizer(), bpe_tokenizer):
+            clean_batch, corrupt_batch = task.encode(tokenizer).batch, corrupt.encode(tokenizer).batch
+            assert torch.equal(clean_batch.attention_mask, corrupt_batch.attention_mask)
+        for clean_example, corrupt_example in zip(task, corrupt, strict=True):
+            right = clean_example.candidates[clean_example.correct]
+            moved = corrupt_example.candidates[corrupt_example.correct]
+            assert (right != moved) or (clean_example.correct != corrupt_example.correct)
+            assert len(clean_example.text) == len(corrupt_example.text)
+
+
+def test_kv_format_and_answer():
+    task = gna.tasks.kv_retrieval(3, n=4, seed=0)
+    example = task.examples[0]
+    keys, values = example.meta["keys"], example.meta["values"]
+    expected = "Memorize the following dictionary:\n" + "".join(f"{k}:{v}\n" for k, v in zip(keys, values, strict=True))
+    expected += f"The value of the key '{keys[example.correct]}' is"
+    assert example.text == expected
+    assert example.candidates[example.correct] == f" {values[example.correct]}"
+    assert len(set(values)) == 3 and all(0 <= v < 100 for v in values)
+
+
+def test_task_is_valid_inputs_everywhere(bpe_tokenizer):
+    task = gna.tasks.toy_mcq(3, seed=0)
+    from gna_interp.models.inputs import make_batch
+
+    assert torch.equal(make_batch(task, bpe_tokenizer).input_ids, task.encode().batch.input_ids)  # toy task: its own tokenizer
+    kv = gna.tasks.kv_retrieval(3, n=2, seed=0)
+    assert torch.equal(make_batch(kv, bpe_tokenizer).input_ids, kv.encode(bpe_tokenizer).batch.input_ids)
+
+
+def test_subsets_and_shuffling(tmp_path, mmlu_task):
+    assert mmlu_task[1:3].prompts == mmlu_task.prompts[1:3]
+    path = write_jsonl(tmp_path / "test.jsonl", MMLU_ROWS)
+    shuffled = gna.tasks.mmlu(path=path, seed=3)
+    assert sorted(shuffled.prompts) == sorted(mmlu_task.prompts) and shuffled.prompts != mmlu_task.prompts
+    assert gna.tasks.mmlu(path=path, seed=3, n=2).prompts == shuffled.prompts[:2]
+
+
+@pytest.mark.parametrize(
+    "row,message",
+    [
+        ({"question": "q", "subject": "anatomy", "answer": 0}, r"test.jsonl row 1: missing field 'choices'"),
+        ({"question": "q", "subject": "anatomy", "choices": ["a", "b", "c"], "answer": 0}, r"test.jsonl row 1: 3 choices, expected 4"),
+        ({"question": "q", "subject": "anatomy", "choices": ["a", "b", "c", "d"], "answer": 4}, r"row 1: answer 4 out of range 0\.\.3"),
+        ({"question": "q", "subject": "anatomy", "choices": ["a", "b", "c", "d"], "answer": "E"}, r"row 1: answer 'E' is not an index"),
+        ({"subject": "anatomy", "choices": ["a", "b", "c", "d"], "answer": 1}, r"row 1: missing field 'question'"),
+    ],
+)
+def test_mmlu_malformed_rows_name_the_row(tmp_path, row, message):
+    path = write_jsonl(tmp_path / "test.jsonl", [MMLU_ROWS[0], row])
+    with pytest.raises(ValueError, match=message):
+        gna.tasks.mmlu(path=path)
+
+
+def test_mmlu_bad_arguments(tmp_path):
+    path = write_jsonl(tmp_path / "test.jsonl", MMLU_ROWS)
+    with pytest.raises(ValueError, match=r"unknown MMLU subject 'anatomyy' \(did you mean anatomy"):
+        gna.tasks.mmlu(subjects="anatomyy", path=path)
+    with pytest.raises(ValueError, match=r"no questions for subjects \['virology'\]"):
+        gna.tasks.mmlu(subjects="virology", path=path)
+    with pytest.raises(ValueError, match="unknown split 'tests'"):
+        gna.tasks.mmlu(path=path, split="tests")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        gna.tasks.mmlu(path=tmp_path / "missing")
+    with pytest.raises(ValueError, match=r"no 'validation' files"):
+        gna.tasks.mmlu(path=tmp_path, split="validation")
+    with pytest.raises(ValueError, match="n=0"):
+        gna.tasks.mmlu(path=path, n=0)
+
+
+def test_task_builders_reject_bad_shapes():
+    with pytest.raises(ValueError, match=r"n_options=9: expected 2\.\.8"):
+        gna.tasks.toy_mcq(4, n_options=9)
+    with pytest.raises(ValueError, match="n=0"):
+        gna.tasks.toy_mcq(0)
+    with pytest.raises(ValueError, match="n_pairs=1"):
+        gna.tasks.kv_retrieval(1)
+    with pytest.raises(ValueError, match="keys has duplicates"):
+        gna.tasks.kv_retrieval(2, keys=["a", "a", "b"])
+    with pytest.raises(ValueError, match=r"mixes examples with \[3, 4\] segments"):
+        gna.tasks.Task("mixed", [*gna.tasks.toy_mcq(1, n_options=3), *gna.tasks.toy_mcq(1, n_options=4)])
+    with pytest.raises(ValueError, match="has no tokenizer of its own"):
+        gna.tasks.kv_retrieval(3, n=2).encode()

@@ -1,0 +1,101 @@
+"""The bundled toy zoo: offline loading, card accuracy re-measured on fresh prompts,
+deterministic training, the size budget, and `gna-interp zoo train` end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import gna_interp as gna
+from gna_interp.zoo import recipe
+from gna_interp.zoo.store import ZOO_DIR
+from gna_interp.zoo.train import train
+
+NAMES = gna.toy_names()
+FRESH_SEED = 777  # neither the training stream nor the card's held-out prompts
+
+
+def test_the_zoo_is_bundled_and_small():
+    assert {"llama", "mamba2"} <= set(NAMES)
+    size = sum(p.stat().st_size for p in ZOO_DIR.rglob("*") if p.is_file())
+    assert size <= 5 * 2**20, f"zoo is {size / 2**20:.2f} MB"
+    for name in NAMES:
+        files = {p.name for p in (ZOO_DIR / name).iterdir()}
+        assert {"model.safetensors", "config.json", "tokenizer.json", "card.json", "README.md"} <= files
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_toy_model_reaches_its_card_accuracy_on_fresh_prompts(name):
+    card = gna.toy_card(name)
+    assert card["held_out_accuracy"] >= 0.95
+    assert card["seed"] == recipe(name).seed and card["family"] == recipe(name).family
+    model = gna.load_toy(name)
+    task = gna.tasks.toy_mcq(600, seed=FRESH_SEED)
+    accuracy = gna.evaluate(model, task).accuracy
+    assert abs(accuracy - card["held_out_accuracy"]) <= 0.02, (accuracy, card["held_out_accuracy"])
+    # The card's bottleneck claim, re-measured on the fresh prompts.
+    facts = card["ablation"]
+    head = gna.Head.parse(facts["best_single_head"])
+    ablated = gna.evaluate(model, task, [gna.Ablate([head])]).accuracy
+    assert abs(ablated - facts["best_single_head_accuracy"]) <= 0.04, (ablated, facts["best_single_head_accuracy"])
+
+
+def test_llama_toy_loads_on_both_backends_with_the_same_numbers():
+    task = gna.tasks.toy_mcq(40, seed=FRESH_SEED)
+    tlens = gna.evaluate(gna.load_toy("llama", backend="tlens"), task).scores
+    nnsight = gna.evaluate(gna.load_toy("llama", backend="nnsight"), task).scores
+    assert torch.allclose(tlens, nnsight, atol=1e-4)
+
+
+def test_training_is_deterministic_for_a_seed():
+    short = dataclasses.replace(recipe("mamba2"), max_steps=4, eval_every=2, batch_size=16)
+
+    def weights(r):
+        return {k: v.clone() for k, v in train(r, progress=False, log=lambda _: None).model.state_dict().items()}
+
+    first, second = weights(short), weights(short)
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    other = weights(dataclasses.replace(short, seed=short.seed + 1))
+    assert any(not torch.equal(first[k], other[k]) for k in first)
+
+
+def test_cli_zoo_train_end_to_end(tmp_path):
+    out = tmp_path / "toy"
+    command = [sys.executable, "-m", "gna_interp.cli", "zoo", "train", "llama", "--max-steps", "3", "--out", str(out), "--quiet"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    card = json.loads((out / "card.json").read_text())
+    assert card["steps"] == 3 and card["seed"] == recipe("llama").seed and 0 <= card["held_out_accuracy"] <= 1
+    model = gna.load(str(out))
+    assert model.n_layers == recipe("llama").config["num_hidden_layers"]
+    assert (out / "README.md").read_text().startswith("# Toy model `llama`")
+    assert "steps | 3 " in (out / "README.md").read_text()
+
+
+def test_cli_zoo_errors(tmp_path):
+    file = tmp_path / "a_file"
+    file.write_text("x")
+    for args, message in [
+        (["zoo", "train", "gpt5"], "unknown toy model 'gpt5'"),
+        (["zoo", "train", "llama", "--out", str(file)], "is an existing file"),
+    ]:
+        result = subprocess.run([sys.executable, "-m", "gna_interp.cli", *args], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
+    short = dataclasses.replace(recipe("llama"), max_steps=6, eval_every=2, batch_size=8, target_accuracy=2.0)
+    quiet = dict(progress=False, log=lambda _: None)
+    whole = train(short, **quiet).model.state_dict()
+    checkpoint = tmp_path / "run.pt"
+    train(short, max_steps=4, checkpoint=checkpoint, **quiet)  # "interrupted" after step 4
+    resumed = train(short, checkpoint=checkpoint, **quiet)
+    assert resumed.steps == 6 and [row["step"] for row in resumed.history] == [2, 4, 6]
+    assert all(torch.equal(whole[k], resumed.model.state_dict()[k]) for k in whole)
+    with pytest.raises(ValueError, match="written for another recipe"):
+        train(dataclasses.replace(short, lr=1.0), checkpoint=checkpoint, **quiet)
