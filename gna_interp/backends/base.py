@@ -26,6 +26,10 @@ class RunOutput:
 class Backend(Protocol):
     name: str
 
-    def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), reads: Sequence[Read] = ()) -> RunOutput:
-        """One forward over ``batch`` with ``plan`` applied. Leaves no hook behind."""
+    def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), reads: Sequence[Read] = (), grad: bool = False) -> RunOutput:
+        """One forward over ``batch`` with ``plan`` applied. Leaves no hook behind.
+
+        With ``grad=True`` autograd records the forward, and the captured activations are
+        the tensors the forward goes on with: the logits can be differentiated with
+        respect to them."""
         ...

@@ -9,6 +9,9 @@ Sites map to module paths in exactly one place, `NNsightBackend.steps`:
 - a skipped block ``l``: its output is replaced by its input;
 - a plan that starts at block ``l``: blocks ``0 .. l-1`` are skipped (not computed) and
   output the given residual stream;
+- an input stream of layer ``l`` (`SiteKind.STREAM`): columns of the output (or input) of
+  ``<layers>.l.<mixer>.<stream.module>``, as the architecture table lays them out, viewed
+  ``[batch, pos, unit, width]``; all streams of one module are edited in one step;
 - a `Read` at layer ``l``: ``PATTERN`` is item 1 of ``<layers>.l.<mixer>``'s output (the
   attention weights; HF computes them only with eager attention, so the model's
   ``config._attn_implementation`` is set to ``"eager"`` for that one trace and restored
@@ -18,6 +21,10 @@ Sites map to module paths in exactly one place, `NNsightBackend.steps`:
 The trace body uses nothing but torch and builtins on plain tensors and ints, so the
 same code runs locally, under nnsight's ``remote="local"`` simulation, and on NDIF.
 Modules are visited in execution order, as nnsight requires.
+
+With ``grad=True`` every captured activation is written back into the forward (even
+without edits), so it is the tensor the rest of the forward uses and
+``torch.autograd.grad`` can differentiate with respect to it.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ _SKIP_BLOCK = 2  # write a block's input over its output
 _NOT_RUN = 3  # do not run a block; it outputs a given value
 _READ_OUTPUT = 4  # a module's output (one item of a tuple output), index-selected
 _READ_PARAM = 5  # a module's parameter, index-selected
+_STREAMS = 6  # column blocks of a module's output or input, per unit
 
 
 class NNsightBackend:
@@ -59,17 +67,23 @@ class NNsightBackend:
         sorted in execution order. ``edits`` is a list of ``(mask, value)`` pairs;
         ``slot`` indexes the saved list (or -1); ``tensor`` is the skip's row mask
         (``_SKIP_BLOCK``) or the output of a block that is not run (``_NOT_RUN``);
-        ``spec`` is ``(item, attribute, selects)`` for reads (``None`` otherwise)."""
-        sites = sorted(set(plan.edits) | set(capture), key=lambda s: (s.layer, s.kind is SiteKind.HEADS))
+        ``spec`` is ``(item, attribute, selects)`` for reads, ``(is_input, blocks)`` for
+        streams (``None`` otherwise)."""
         order = {site: i for i, site in enumerate(sorted(capture))}
         steps: list[tuple] = []
-        for site in sites:
+        streams: dict[tuple[int, float, str, int], list[tuple]] = {}
+        for site in sorted(set(plan.edits) | set(capture)):
             edits = [(e.mask, e.value) for e in plan.edits.get(site, [])]
             slot = order.get(site, -1)
             if site.kind is SiteKind.HEADS:
                 steps.append((site.layer, 1, _READ_HEADS, self.spec.out_proj_path(site.layer), edits, slot, None, None))
-            else:
+            elif site.kind is SiteKind.RESID:
                 steps.append((site.layer, 0, _READ_INPUT, self._resid_path(site.layer), edits, slot, None, None))
+            else:
+                key, block = self._stream_block(site, edits, slot)
+                streams.setdefault(key, []).append(block)
+        for (layer, rank, path, is_input), blocks in streams.items():
+            steps.append((layer, rank, _STREAMS, path, [], -1, None, (is_input, sorted(blocks, key=lambda b: b[0]))))
         for layer, rows in plan.skips.items():
             path = f"{self.spec.layers_path}.{layer}"
             if not any(s[0] == layer and s[2] == _READ_INPUT for s in steps):
@@ -83,6 +97,21 @@ class NNsightBackend:
             steps += [(layer, -1, _NOT_RUN, f"{self.spec.layers_path}.{layer}", [], -1, resid, None) for layer in range(start_layer)]
         steps.sort(key=lambda s: (s[0], s[1]))  # stable: reads of one layer keep their order
         return [s[2:] for s in steps]
+
+    def _stream_block(self, site: Site, edits: list, slot: int) -> tuple[tuple[int, float, str, int], tuple]:
+        """Where a stream site lives (the step key: layer, order, module path, input?) and
+        its block ``(first column, units, width, edits, slot)``. Streams run inside the
+        mixer, before the out-projection (order 0.1 .. 0.4, by the table's module order)."""
+        stream = self.spec.stream(site.stream)
+        start, units, width = stream.layout(self.config)
+        path = f"{self.spec.mixer_path(site.layer)}.{stream.module}"
+        key = (site.layer, 0.1 + 0.01 * self.spec.stream_rank(stream), path, int(stream.io == "input"))
+        return key, (start, units, width, edits, slot)
+
+    @property
+    def config(self) -> Any:
+        """The HF config (also for a remote model, whose weights live on NDIF)."""
+        return self.envoy._module.config
 
     def _read_step(self, read: Read, slot: int) -> tuple:
         """Mixer internals run after the block's input and before the out-projection
@@ -130,6 +159,28 @@ class NNsightBackend:
                     envoy = model
                     for part in path.split("."):
                         envoy = envoy[int(part)] if part.isdigit() else getattr(envoy, part)
+                    if op == 6:  # column blocks of a module's output / input, viewed per unit
+                        full = envoy.input if spec[0] else envoy.output
+                        lead = (full.shape[0], full.shape[1])
+                        parts = []
+                        touched = grad
+                        for start, units, width, block_edits, block_slot in spec[1]:
+                            piece = full[:, :, start : start + units * width].reshape(lead[0], lead[1], units, width)
+                            for mask, value in block_edits:
+                                piece = torch.where(mask.to(piece.device), value.to(piece.device, piece.dtype), piece)
+                            touched = touched or len(block_edits) > 0
+                            if block_slot >= 0:
+                                saved[block_slot] = piece
+                            parts.append(piece)
+                        if touched:
+                            new = full.clone()
+                            for (start, units, width, _, _), piece in zip(spec[1], parts, strict=True):
+                                new[:, :, start : start + units * width] = piece.reshape(lead[0], lead[1], units * width)
+                            if spec[0]:
+                                envoy.input = new
+                            else:
+                                envoy.output = new
+                        continue
                     if op >= 4:
                         value = envoy.output if op == 4 else getattr(envoy, spec[1]).detach()
                         if spec[0] >= 0:
@@ -152,7 +203,7 @@ class NNsightBackend:
                         act = act.reshape(flat_shape[0], flat_shape[1], heads_shape[0], heads_shape[1])
                     for mask, value in edits:
                         act = torch.where(mask.to(act.device), value.to(act.device, act.dtype), act)
-                    if edits:
+                    if edits or grad:  # with grad: the captured tensor must be the one used downstream
                         envoy.input = act.reshape(flat_shape)
                     if slot >= 0:
                         saved[slot] = act

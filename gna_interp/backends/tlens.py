@@ -6,6 +6,10 @@ Sites map to hook names in exactly one place, `hook_name`:
   input of ``o_proj`` per head);
 - residual stream entering block ``l``: ``blocks.{l}.hook_resid_pre``, or
   ``ln_final.hook_in`` for ``l == n_layers``;
+- input stream ``q`` / ``k`` / ``v`` of layer ``l``: ``blocks.{l}.attn.hook_q`` /
+  ``hook_k`` / ``hook_v`` (``[batch, pos, head | kv_head, d_head]``, before RoPE: the
+  ``q_proj`` / ``k_proj`` / ``v_proj`` outputs per head, as the architecture table lays
+  them out);
 - a skipped block ``l`` stashes ``blocks.{l}.hook_resid_pre`` and writes it over
   ``blocks.{l}.hook_resid_post``;
 - a plan that starts at block ``l`` calls the bridge with ``start_at_layer=l``;
@@ -30,6 +34,9 @@ from .base import RunOutput
 
 HookFn = Callable[..., Tensor]
 
+# Input streams (`SiteKind.STREAM`) TransformerLens exposes, by table name.
+_STREAM_HOOKS = {"q": "hook_q", "k": "hook_k", "v": "hook_v"}
+
 
 class TLensBackend:
     name = "tlens"
@@ -41,6 +48,10 @@ class TLensBackend:
     def hook_name(self, site: Site) -> str:
         if site.kind is SiteKind.HEADS:
             return f"blocks.{site.layer}.attn.hook_z"
+        if site.kind is SiteKind.STREAM:
+            if site.stream not in _STREAM_HOOKS:
+                raise ValueError(f"backend 'tlens' has no input stream {site.stream!r}: expected one of {sorted(_STREAM_HOOKS)}")
+            return f"blocks.{site.layer}.attn.{_STREAM_HOOKS[site.stream]}"
         if site.layer == self.n_layers:
             return "ln_final.hook_in"
         return f"blocks.{site.layer}.hook_resid_pre"

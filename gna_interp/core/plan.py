@@ -9,6 +9,9 @@ At a site, every `Edit` applies ``act = torch.where(mask, value, act)`` in order
   of the out-projection viewed per head.
 - `SiteKind.RESID` at layer ``l``: ``act`` is ``[batch, pos, d_model]``, the residual
   stream entering block ``l`` (``l == n_layers``: entering the final norm).
+- `SiteKind.STREAM` at layer ``l`` with ``stream`` a name from the architecture's
+  `gna_interp.core.arch.Stream` table (``"q"``, ``"x"``, ``"B"``, ...): ``act`` is
+  ``[batch, pos, unit, width]``, that stream's columns of its module's output (or input).
 
 A skip at layer ``l`` makes block ``l`` output its own input on the rows given.
 
@@ -29,14 +32,17 @@ from torch import Tensor
 class SiteKind(str, Enum):
     RESID = "resid"
     HEADS = "heads"
+    STREAM = "stream"
 
 
 @dataclass(frozen=True, order=True)
 class Site:
-    """A layer-level activation: all heads of a layer, or the residual stream."""
+    """A layer-level activation: all heads of a layer, the residual stream, or one input
+    stream of all heads of a layer (``stream`` names it; empty for the other kinds)."""
 
     kind: SiteKind
     layer: int
+    stream: str = ""
 
 
 class ReadKind(str, Enum):

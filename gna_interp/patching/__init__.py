@@ -1,7 +1,21 @@
-"""Ablation, activation patching, and the batched variant runner they share."""
+"""Ablation, activation patching, path patching, attribution patching, and the batched
+variant runner they share."""
 
+from .attribution import attribution_patching
 from .metrics import candidate_accuracy, logit_diff, target_logprob
+from .paths import LOGITS, path_patching, path_patching_sweep
 from .results import SweepResult
 from .sweeps import ablation_sweep, patching_sweep
 
-__all__ = ["SweepResult", "ablation_sweep", "candidate_accuracy", "logit_diff", "patching_sweep", "target_logprob"]
+__all__ = [
+    "LOGITS",
+    "SweepResult",
+    "ablation_sweep",
+    "attribution_patching",
+    "candidate_accuracy",
+    "logit_diff",
+    "patching_sweep",
+    "path_patching",
+    "path_patching_sweep",
+    "target_logprob",
+]

@@ -1,0 +1,215 @@
+"""Benchmark: attribution patching against the full activation-patching sweep.
+
+What is compared
+----------------
+For each model, on one set of clean prompts and their same-length corruptions:
+
+``attribution``
+    ``gna.attribution_patching(model, clean, corrupt, metric)``: every head's effect to
+    first order, from a forward on ``clean``, a forward on ``corrupt`` with autograd and
+    one backward.
+``patching``
+    ``gna.patching_sweep(model, clean, corrupt, metric)``: every head patched alone (many
+    heads per stacked forward, the library's default memory budget).
+
+Both use ``direction="denoise"`` (run corrupt, patch in clean values) and the same metric.
+
+Models (nothing downloaded):
+
+- ``toy-mamba2``: the bundled toy model (``gna.load_toy("mamba2")``, trained on
+  ``toy_mcq``), on ``toy_mcq`` prompts; corrupt = ``task.corrupted()`` (options rotated);
+  metric = logit of the correct letter minus the corrupt prompt's correct letter.
+- ``toy-llama`` / ``toy-mamba`` when ``gna.toy_names()`` lists them; otherwise tiny
+  *random* models (so their heads have no learnt function): a Llama (4 layers x 8 heads
+  of 16, 2 key/value heads; ``tlens`` and ``nnsight``) and a Mamba-1 (4 layers x 128
+  channels), on random-word prompts with every third word replaced; metric =
+  ``logit_diff(5, 6)`` at the last position.
+
+How to read the output
+----------------------
+- ``attr s`` / ``patch s``: best of ``--repeats`` timed runs after one warm-up (wall clock).
+- ``speed-up``: ``patch s / attr s``.
+- ``spearman``: rank correlation of the two ``[layer, head]`` effect tables (all heads).
+- ``top-k``: of the ``k`` heads with the largest ``|effect|`` under patching, the fraction
+  also among attribution's top ``k``.
+
+Then, on ``toy-mamba2``, path patching of the G&A pair: the receiver is the last-layer
+head with the largest activation-patching effect; ``gna.path_patching_sweep`` scores every
+layer-0 head as its sender (``receiver_input="any"``, timed once), and the best sender is
+path-patched through each input stream alone. Figures are ``normalized`` (0 = clean,
+1 = the whole clean-to-corrupt change of the metric).
+
+Run: ``python benchmarks/attribution.py [--prompts 32] [--repeats 3] [--threads 1] [--json PATH]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import gna_interp as gna
+from gna_interp.models.tiny import tiny_model, word_tokenizer
+
+TOP_K = (5, 10)
+
+
+def best_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    result = fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return min(times), result
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Rank correlation of two flat tensors (continuous values: no ties to average)."""
+    ranks = [x.argsort().argsort().double() for x in (a, b)]
+    ra, rb = (r - r.mean() for r in ranks)
+    return float((ra * rb).sum() / (ra.norm() * rb.norm()))
+
+
+def top_k_overlap(attribution: torch.Tensor, exact: torch.Tensor, k: int) -> float:
+    k = min(k, exact.numel())
+    mine = set(attribution.abs().topk(k).indices.tolist())
+    true = set(exact.abs().topk(k).indices.tolist())
+    return len(mine & true) / k
+
+
+def toy_mamba2(n: int, seed: int) -> tuple[str, Any, Any, Any, Callable]:
+    task = gna.tasks.toy_mcq(n=n, seed=seed)
+    corrupt = task.corrupted(seed=seed)
+    encoded, corrupt_encoded = task.encode(), corrupt.encode()
+    rows = torch.arange(n)
+    right = encoded.candidate_ids[rows, encoded.correct]
+    wrong = corrupt_encoded.candidate_ids[rows, corrupt_encoded.correct]
+    return "toy-mamba2 (trained)", gna.load_toy("mamba2"), task, corrupt, gna.logit_diff(right, wrong)
+
+
+def word_pairs(n: int, length: int, seed: int) -> tuple[list[str], list[str]]:
+    """Random-word prompts (``length`` words) and copies with every third word replaced."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(7, 64)]
+    clean = [[rng.choice(words) for _ in range(length)] for _ in range(n)]
+    corrupt = [[rng.choice(words) if i % 3 == 1 else w for i, w in enumerate(row)] for row in clean]
+    return [" ".join(row) for row in clean], [" ".join(row) for row in corrupt]
+
+
+def random_models(n: int, seed: int) -> list[tuple[str, Any, Any, Any, Callable]]:
+    tokenizer = word_tokenizer()
+    clean, corrupt = word_pairs(n, 12, seed)
+    metric = gna.logit_diff(5, 6)
+    llama_cfg = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2)
+    out = []
+    if "llama" in gna.toy_names():
+        out += [(f"toy-llama ({b})", gna.load_toy("llama", backend=b), clean, corrupt, metric) for b in ("tlens", "nnsight")]
+    else:
+        hf = tiny_model("llama", seed=seed, **llama_cfg)
+        for backend in ("tlens", "nnsight"):
+            model = gna.load(
+                tiny_model("llama", seed=seed, **llama_cfg) if backend == "nnsight" else hf, tokenizer=tokenizer, backend=backend
+            )
+            out.append((f"random llama 4x8 ({backend})", model, clean, corrupt, metric))
+    if "mamba" in gna.toy_names():
+        out.append(("toy-mamba", gna.load_toy("mamba"), clean, corrupt, metric))
+    else:
+        hf = tiny_model("mamba", seed=seed, hidden_size=64, num_hidden_layers=4, state_size=8)
+        out.append(("random mamba-1 4x128", gna.load(hf, tokenizer=tokenizer), clean, corrupt, metric))
+    return out
+
+
+def measure(name: str, model: Any, clean: Any, corrupt: Any, metric: Callable, repeats: int) -> dict[str, Any]:
+    attr_s, attribution = best_time(lambda: gna.attribution_patching(model, clean, corrupt, metric), repeats)
+    patch_s, exact = best_time(lambda: gna.patching_sweep(model, clean, corrupt, metric, progress=False), repeats)
+    a, e = attribution.effects().flatten(), exact.effects().flatten()
+    row = {
+        "model": name,
+        "backend": model.backend_name,
+        "heads": e.numel(),
+        "attr_s": attr_s,
+        "patch_s": patch_s,
+        "speedup": patch_s / attr_s,
+        "spearman": spearman(a, e),
+        "max_abs_effect": float(e.abs().max()),
+    }
+    row.update({f"top{k}": top_k_overlap(a, e, k) for k in TOP_K})
+    return row
+
+
+def path_demo(model: Any, clean: Any, corrupt: Any, metric: Callable) -> dict[str, Any]:
+    """Path patching into the strongest last-layer head of ``model`` (see the module docstring)."""
+    exact = gna.patching_sweep(model, clean, corrupt, metric, direction="noise", progress=False)
+    last = model.n_layers - 1
+    receiver = gna.Head(last, int(exact.effects()[last].abs().argmax()))
+    start = time.perf_counter()
+    sweep = gna.path_patching_sweep(model, clean, corrupt, [receiver], metric, progress=False)
+    seconds = time.perf_counter() - start
+    normalized = sweep.normalized()
+    sender = sweep.top(1)[0][0]
+    span = sweep.reference - sweep.baseline
+    streams = {
+        name: (gna.path_patching(model, clean, corrupt, [sender], [receiver], metric, name) - sweep.baseline) / span
+        for name in (*model.arch.receiver_inputs, "any")
+    }
+    return {
+        "receiver": str(receiver),
+        "sweep_s": seconds,
+        "senders": {str(gna.Head(0, h)): float(normalized[0, h]) for h in range(model.n_heads)},
+        "best_sender": str(sender),
+        "by_stream": streams,
+        "activation_patching": {str(receiver): float(exact.normalized()[receiver.layer, receiver.head])},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    loads = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    print(
+        f"torch {torch.__version__}, gna_interp {gna.__version__}, transformers {importlib.metadata.version('transformers')}, "
+        f"{platform.machine()} with {os.cpu_count()} CPUs, {args.threads} torch thread(s), load average {loads[0]:.1f} at start "
+        f"(other jobs share the machine: times are indicative); {args.prompts} prompts, best of {args.repeats}"
+    )
+    cases = [toy_mamba2(args.prompts, args.seed), *random_models(args.prompts, args.seed)]
+    rows = [measure(*case, repeats=args.repeats) for case in cases]
+    header = f"{'model':<30} {'heads':>5} {'attr s':>8} {'patch s':>8} {'speed-up':>8} {'spearman':>8} " + " ".join(
+        f"{'top-' + str(k):>6}" for k in TOP_K
+    )
+    print(header)
+    for r in rows:
+        tops = " ".join(f"{r[f'top{k}']:>6.2f}" for k in TOP_K)
+        print(
+            f"{r['model']:<30} {r['heads']:>5} {r['attr_s']:>8.3f} {r['patch_s']:>8.3f} {r['speedup']:>7.1f}x {r['spearman']:>8.3f} {tops}"
+        )
+    demo = path_demo(*cases[0][1:])
+    print(
+        f"\npath patching on toy-mamba2 into {demo['receiver']} (noise-direction activation patching of it: "
+        f"{demo['activation_patching'][demo['receiver']]:.3f}); sweep of {len(demo['senders'])} layer-0 senders "
+        f"in {demo['sweep_s']:.3f} s"
+    )
+    print("  senders, normalized: " + ", ".join(f"{h} {v:.3f}" for h, v in demo["senders"].items()))
+    print(f"  {demo['best_sender']} -> {demo['receiver']} by stream: " + ", ".join(f"{k} {v:.3f}" for k, v in demo["by_stream"].items()))
+    if args.json:
+        settings = {"prompts": args.prompts, "repeats": args.repeats, "threads": args.threads, "seed": args.seed, "load_average": loads}
+        with open(args.json, "w") as handle:
+            json.dump({"settings": settings, "torch": torch.__version__, "rows": rows, "path_demo": demo}, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

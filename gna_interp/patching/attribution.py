@@ -1,0 +1,155 @@
+"""Attribution patching: every head's activation-patching effect, to first order, from
+one forward and one backward.
+
+Activation patching replaces one activation ``a`` (on the run's input) by its value
+``a'`` on the other input and measures the metric ``m``; a sweep costs one forward per
+head. To first order in ``a' - a`` that effect is
+
+    ``m(a') - m(a) ~= (a' - a) . dm/da``
+
+and one backward gives ``dm/da`` for every head at once (Nanda 2023; Syed et al. 2023).
+The estimate is exact where the metric is linear in the patched activation (the tests
+construct such a model) and can be far off where it is not (a saturated softmax, an SSM
+gate); use it to screen many heads, then confirm the top ones with `patching_sweep`.
+
+Directions follow `patching_sweep`: ``"denoise"`` (default) runs ``corrupt`` and
+estimates patching in ``clean`` values; ``"noise"`` runs ``clean`` and estimates patching
+in ``corrupt`` values. The result is a `SweepResult` whose ``scores`` are the baseline
+plus the estimated effect, so ``effects()``, ``top()``, ``normalized()`` and
+``to_frame()`` read the same as for activation patching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import Tensor
+
+from ..core.heads import Head
+from ..core.interventions import Intervention
+from ..core.plan import Site, SiteKind
+from .compile import check_aligned, compile_plan, heads_by_layer
+from .metrics import Metric, reduce_metric
+from .results import SweepResult
+
+if TYPE_CHECKING:
+    from ..models.handle import GnaModel
+
+
+def attribution_patching(
+    model: GnaModel,
+    clean: Any,
+    corrupt: Any,
+    metric: Metric,
+    sites: Literal["heads", "resid"] = "heads",
+    by_position: bool = False,
+    *,
+    direction: Literal["denoise", "noise"] = "denoise",
+    heads: Sequence[Head] | None = None,
+    interventions: Sequence[Intervention] = (),
+) -> SweepResult:
+    """First-order estimate of `patching_sweep` for every head (or residual site).
+
+    Args:
+        model: a `GnaModel` (local weights: the backward runs here).
+        clean, corrupt: inputs of the same token length (and rows, or one row).
+        metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` tensor (averaged),
+            differentiable in the logits (``logit_diff``, ``target_logprob``; not
+            ``candidate_accuracy``).
+        sites: ``"heads"`` (head outputs) or ``"resid"`` (residual stream entering each block).
+        by_position: one estimate per position.
+        direction: ``"denoise"`` or ``"noise"``, as in `patching_sweep`.
+        heads: heads to score (default every head; ``sites="heads"`` only).
+        interventions: applied to both runs, on top of active contexts.
+
+    Returns:
+        `SweepResult` of kind ``"attribution"``: ``scores`` = baseline + estimated effect,
+        ``[layer, head]``, ``[layer, head, pos]``, ``[layer]`` or ``[layer, pos]``;
+        ``baseline`` the metric of the run, ``reference`` that of the value source.
+    """
+    if sites not in ("heads", "resid"):
+        raise ValueError(f"sites={sites!r}: expected 'heads' or 'resid'")
+    if sites == "resid" and heads is not None:
+        raise ValueError("heads= selects heads to score; it has no meaning with sites='resid'")
+    if direction not in ("denoise", "noise"):
+        raise ValueError(f"direction={direction!r}: expected 'denoise' or 'noise'")
+    if getattr(model.backend, "remote", False):
+        raise ValueError("attribution_patching needs gradients of a local forward: load the model without remote=")
+    clean_batch, corrupt_batch = model.to_batch(clean), model.to_batch(corrupt)
+    if clean_batch.n_pos != corrupt_batch.n_pos:
+        raise ValueError(
+            f"clean has {clean_batch.n_pos} token positions and corrupt has {corrupt_batch.n_pos}: attribution patching "
+            "estimates replacing activations position by position, so both must tokenize to the same length"
+        )
+    target, source = (corrupt_batch, clean_batch) if direction == "denoise" else (clean_batch, corrupt_batch)
+    check_aligned(target, source, "clean/corrupt")
+    head_list = list(model.heads if heads is None else heads)
+    if sites == "heads" and not head_list:
+        raise ValueError("heads is empty: expected at least one Head (or None for every head)")
+    if sites == "heads":
+        site_list = [Site(SiteKind.HEADS, layer) for layer in sorted(heads_by_layer(model, head_list))]
+    else:
+        site_list = [Site(SiteKind.RESID, layer) for layer in range(model.n_layers)]
+    ambient = [*model.active_interventions, *interventions]
+    source_out = model.backend.run(source, compile_plan(model, source, ambient), capture=set(site_list))
+    reference = reduce_metric(metric(source_out.logits))
+    target_out = model.backend.run(target, compile_plan(model, target, ambient), capture=set(site_list), grad=True)
+    value = _scalar(metric(target_out.logits))
+    grads = _gradients(value, [target_out.acts[site] for site in site_list])
+    baseline = float(value.detach())
+    effects = {}
+    for site, grad in zip(site_list, grads, strict=True):
+        delta = source_out.acts[site].to(grad.dtype) - target_out.acts[site].detach()
+        per_token = (delta * grad).sum(-1)  # heads: [batch, pos, head]; resid: [batch, pos]
+        effects[site.layer] = per_token.sum(0) if by_position else per_token.sum((0, 1))
+    return _result(model, sites, head_list, effects, baseline, reference, target.n_pos, by_position, direction)
+
+
+def _scalar(value: Tensor | float) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"attribution patching needs a metric that returns a tensor computed from the logits, got {type(value).__name__}")
+    if value.numel() == 0:
+        raise ValueError("metric returned an empty tensor")
+    if not value.requires_grad:
+        raise ValueError(
+            "the metric's value does not depend differentiably on the logits (e.g. an argmax or a comparison): "
+            "attribution patching needs a differentiable metric such as logit_diff or target_logprob"
+        )
+    return value.float().mean()
+
+
+def _gradients(value: Tensor, acts: list[Tensor]) -> list[Tensor]:
+    """``d value / d act`` for each act; zero where the metric does not depend on it (a
+    skipped or truncated layer)."""
+    grads = torch.autograd.grad(value, acts, allow_unused=True)
+    return [torch.zeros_like(act) if grad is None else grad for act, grad in zip(acts, grads, strict=True)]
+
+
+def _result(
+    model: GnaModel,
+    sites: str,
+    heads: Sequence[Head],
+    effects: dict[int, Tensor],
+    baseline: float,
+    reference: float,
+    n_pos: int,
+    by_position: bool,
+    direction: str,
+) -> SweepResult:
+    """Scatter the per-site effects into a NaN table of scores (baseline + effect)."""
+    pos_axis: tuple[int, ...] = (n_pos,) if by_position else ()
+    dims: tuple[str, ...]
+    if sites == "heads":
+        scores = torch.full((model.n_layers, model.n_heads, *pos_axis), float("nan"))
+        for head in heads:
+            effect = effects[head.layer].detach().float().cpu()
+            scores[head.layer, head.head] = baseline + (effect[:, head.head] if by_position else effect[head.head])
+        dims = ("layer", "head")
+    else:
+        scores = torch.stack([baseline + effects[layer].detach().float().cpu() for layer in range(model.n_layers)])
+        dims = ("layer",)
+    dims = (*dims, "pos") if by_position else dims
+    meta = {"direction": direction, "sites": sites, "by_position": by_position, "method": "attribution"}
+    return SweepResult(scores, dims, baseline, reference=reference, kind="attribution", meta=meta)

@@ -1,0 +1,245 @@
+"""Path patching: how much of the senders' effect reaches the output *through* the receivers.
+
+Activation patching of a head measures everything its output does downstream. Path
+patching (Wang et al. 2022, the IOI paper) keeps only the part that flows through chosen
+**receivers**: the later heads that read the senders' output (through some of their
+input streams: a query, a key, an SSM head's ``x`` or ``B``), or the logits directly.
+The paper's Gather and Aggregate heads are a pair in exactly this sense: the Gather head
+matters because the Aggregate head reads it.
+
+The recipe, with ``clean`` the run measured and ``corrupt`` the source of the senders'
+values:
+
+1. run D: ``clean``, with the senders' outputs set to their ``corrupt`` values and every
+   other head, in every layer, attention or SSM, frozen to its clean output; MLPs and
+   norms are recomputed. Read the receivers' chosen input streams.
+2. run ``clean`` with only those streams of the receivers replaced by their D values,
+   and score it with the metric. For ``receivers="logits"``, D's own logits are scored.
+
+With receivers in several layers, a receiver may also read the change that an earlier
+receiver makes: "every other head frozen" then means frozen to its output in the
+patched run (`gna_interp.patching.path_chain` has the details). So the effect may flow
+along any path that enters a receiver through a chosen stream and meets no other head
+before it. Two identities follow, and the tests check both: every head after the
+sender plus ``"logits"`` as receivers gives plain activation patching of the sender;
+one receiver layer gives exactly the IOI recipe above.
+
+Input streams (``receiver_input``) come from the architecture table
+(`gna_interp.models.registry`): ``"q"``, ``"k"``, ``"v"`` for attention; ``"x"``,
+``"B"``, ``"C"``, ``"dt"``, ``"gate"`` for Mamba-1 and Mamba-2; ``"any"`` for all of
+them. Some are shared by several heads (grouped-query ``k`` / ``v``; Mamba-2 ``B`` / ``C``
+per group; Mamba-1 ``B`` / ``C`` / ``dt`` per layer): patching a receiver's shared stream
+patches it for every head that shares it, as the model computes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from tqdm.auto import tqdm
+
+from ..core.heads import Head
+from ..core.interventions import Intervention
+from ..core.plan import Site, SiteKind
+from .compile import check_aligned, compile_plan
+from .metrics import Metric, reduce_metric
+from .path_chain import PathSetup, path_scores, setup_sites
+from .results import SweepResult
+from .variants import rows_per_forward
+
+if TYPE_CHECKING:
+    from ..models.handle import GnaModel
+
+LOGITS = "logits"
+Receivers = Literal["logits"] | Sequence[Head | str]
+
+
+def path_patching(
+    model: GnaModel,
+    clean: Any,
+    corrupt: Any,
+    senders: Sequence[Head] | Head,
+    receivers: Receivers,
+    metric: Metric,
+    receiver_input: str | Sequence[str] = "any",
+    *,
+    interventions: Sequence[Intervention] = (),
+) -> float:
+    """The metric of ``clean`` when ``senders`` change to their ``corrupt`` outputs and that
+    change may reach the output only through ``receivers``.
+
+    Args:
+        model: a `GnaModel` (any backend, any architecture).
+        clean, corrupt: inputs of the same token length (and rows, or one corrupt row).
+        senders: heads whose output changes from clean to corrupt.
+        receivers: heads, ``"logits"`` (the direct path to the output), or a list mixing
+            both. Every sender must sit in a layer before the last receiver (``"logits"``
+            counts as the layer after the last block).
+        metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` (averaged).
+        receiver_input: which input streams of the receiver heads carry the change:
+            ``"any"`` (all), one name or a list of names from ``model.arch.receiver_inputs``
+            (attention: ``"q"``, ``"k"``, ``"v"``; SSMs: ``"x"``, ``"B"``, ``"C"``, ``"dt"``,
+            ``"gate"``).
+        interventions: applied to every run (e.g. ``Truncate``), on top of active contexts.
+
+    Returns:
+        the metric of the final patched run (not a difference from clean).
+    """
+    sender_list = check_senders(model, senders)
+    setup = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions)[0]
+    return path_scores(setup, [sender_list])[0]
+
+
+def path_patching_sweep(
+    model: GnaModel,
+    clean: Any,
+    corrupt: Any,
+    receivers: Receivers,
+    metric: Metric,
+    receiver_input: str | Sequence[str] = "any",
+    *,
+    senders: Sequence[Head] | None = None,
+    interventions: Sequence[Intervention] = (),
+    max_rows: int | None = None,
+    memory_budget_mb: float | None = None,
+    progress: bool = True,
+) -> SweepResult:
+    """`path_patching` of each head alone as the sender, for one fixed receiver set.
+
+    Args:
+        senders: heads to score (default: every head in a layer before the last receiver).
+        max_rows / memory_budget_mb: rows per stacked forward, given or estimated (each
+            sender is one copy of the batch in a stacked forward).
+        progress: show a progress bar.
+        Others: as in `path_patching`.
+
+    Returns:
+        `SweepResult` of kind ``"path_patching"``: ``scores`` ``[layer, head]`` (NaN where a
+        head was not scored), ``baseline`` the clean metric, ``reference`` the corrupt one.
+    """
+    if senders is None:
+        parsed = parse_receivers(model, receivers)
+        last = model.n_layers if parsed[1] else max(parsed[0])
+        sender_list = [head for head in model.heads if head.layer < last]
+    else:
+        sender_list = check_senders(model, senders)
+    setup, baseline, reference = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions)
+    ordered = sorted(sender_list)  # by layer: chunks start late when their senders do
+    per_chunk = max(1, rows_per_forward(model, setup.batch.n_pos, max_rows, memory_budget_mb) // setup.batch.n_rows)
+    scores = torch.full((model.n_layers, model.n_heads), float("nan"))
+    with tqdm(total=len(ordered), desc="path patching", disable=not progress, leave=False) as bar:
+        for offset in range(0, len(ordered), per_chunk):
+            chunk = ordered[offset : offset + per_chunk]
+            for head, score in zip(chunk, path_scores(setup, [[head] for head in chunk]), strict=True):
+                scores[head.layer, head.head] = score
+            bar.update(len(chunk))
+    meta = {"receivers": describe_receivers(setup), "receiver_input": list(setup.streams), "n_prompts": setup.batch.n_rows}
+    return SweepResult(scores, ("layer", "head"), baseline, reference=reference, kind="path_patching", meta=meta)
+
+
+# ----- input checks ------------------------------------------------------------------------
+
+
+def check_senders(model: GnaModel, senders: Sequence[Head] | Head) -> list[Head]:
+    items = [senders] if isinstance(senders, Head) else list(senders)
+    if not items:
+        raise ValueError("senders is empty: expected at least one gna_interp.Head")
+    for head in items:
+        model.check_head(head)
+    return items
+
+
+def parse_receivers(model: GnaModel, receivers: Receivers) -> tuple[dict[int, tuple[int, ...]], bool]:
+    """``(layer -> receiver head indices, whether "logits" is a receiver)``."""
+    items = [receivers] if isinstance(receivers, (str, Head)) else list(receivers)
+    if not items:
+        raise ValueError("receivers is empty: expected gna_interp.Head values and/or 'logits'")
+    heads: dict[int, list[int]] = {}
+    to_logits = False
+    for item in items:
+        if isinstance(item, str):
+            if item != LOGITS:
+                raise ValueError(f"receivers has {item!r}: the only string receiver is 'logits' (the direct path to the output)")
+            to_logits = True
+        elif isinstance(item, Head):
+            model.check_head(item)
+            heads.setdefault(item.layer, []).append(item.head)
+        else:
+            raise TypeError(f"receivers must be gna_interp.Head values or 'logits', got {item!r} ({type(item).__name__})")
+    return {layer: tuple(sorted(set(hs))) for layer, hs in sorted(heads.items())}, to_logits
+
+
+def parse_streams(model: GnaModel, receiver_input: str | Sequence[str]) -> tuple[str, ...]:
+    names = model.arch.receiver_inputs
+    if receiver_input == "any":
+        return names
+    items = [receiver_input] if isinstance(receiver_input, str) else list(receiver_input)
+    if not items:
+        raise ValueError(f"receiver_input is empty: expected 'any' or names from {names}")
+    for item in items:
+        if item not in names:
+            raise ValueError(
+                f"receiver_input={item!r} is not an input stream of {model.arch.family} heads "
+                f"({model.arch.layer_kind.value}): expected 'any' or one of {names}"
+            )
+    return tuple(dict.fromkeys(items))
+
+
+def check_reach(model: GnaModel, senders: Sequence[Head], heads: dict[int, tuple[int, ...]], to_logits: bool) -> None:
+    """Every sender must sit before some receiver, or its output could reach none."""
+    last = model.n_layers if to_logits else max(heads)
+    for head in senders:
+        if head.layer >= last:
+            where = "'logits'" if to_logits else f"layer {last}"
+            raise ValueError(
+                f"sender {head} is in layer {head.layer}, at or after every receiver (the last is {where}): "
+                "its output cannot reach them; senders must precede a receiver"
+            )
+
+
+def describe_receivers(setup: PathSetup) -> list[str]:
+    return [str(Head(layer, h)) for layer, hs in setup.receivers.items() for h in hs] + ([LOGITS] if setup.to_logits else [])
+
+
+def prepare(
+    model: GnaModel,
+    clean: Any,
+    corrupt: Any,
+    senders: Sequence[Head],
+    receivers: Receivers,
+    metric: Metric,
+    receiver_input: str | Sequence[str],
+    interventions: Sequence[Intervention],
+) -> tuple[PathSetup, float, float]:
+    """Check the inputs, run clean and corrupt once, and return the shared `PathSetup`
+    with the clean (baseline) and corrupt (reference) metrics."""
+    heads, to_logits = parse_receivers(model, receivers)
+    streams = parse_streams(model, receiver_input)
+    check_reach(model, senders, heads, to_logits)
+    sender_layers = {head.layer for head in senders}
+    clean_batch, corrupt_batch = model.to_batch(clean), model.to_batch(corrupt)
+    if clean_batch.n_pos != corrupt_batch.n_pos:
+        raise ValueError(
+            f"clean has {clean_batch.n_pos} token positions and corrupt has {corrupt_batch.n_pos}: path patching "
+            "replaces activations position by position, so both must tokenize to the same length"
+        )
+    check_aligned(clean_batch, corrupt_batch, "corrupt")
+    ambient = [*model.active_interventions, *interventions]
+    base = compile_plan(model, clean_batch, ambient)
+    clean_out = model.backend.run(clean_batch, base, capture=setup_sites(model, heads, streams, sender_layers))
+    corrupt_sites = {Site(SiteKind.HEADS, layer) for layer in sender_layers}
+    corrupt_out = model.backend.run(corrupt_batch, compile_plan(model, corrupt_batch, ambient), capture=corrupt_sites)
+    setup = PathSetup(
+        model=model,
+        batch=clean_batch,
+        base=base,
+        receivers=heads,
+        to_logits=to_logits,
+        streams=streams,
+        clean=clean_out.acts,
+        corrupt_heads={site.layer: value for site, value in corrupt_out.acts.items()},
+        metric=metric,
+    )
+    return setup, reduce_metric(metric(clean_out.logits)), reduce_metric(metric(corrupt_out.logits))
