@@ -10,15 +10,19 @@ Everything a user needs is importable from here::
 from . import attention, tasks, viz
 from .attention import attention_pattern, entropy, mass_on, top1_mass
 from .core import Ablate, ArchSpec, Head, LayerKind, Patch, Resid, SkipLayers, Truncate
+from .discovery import GnACircuit, discover, write_report
 from .evaluation import Evaluation, evaluate
 from .models import GnaModel, load
 from .models.registry import ARCHITECTURES
 from .patching import (
     SweepResult,
     ablation_sweep,
+    attribution_patching,
     candidate_accuracy,
     logit_diff,
     patching_sweep,
+    path_patching,
+    path_patching_sweep,
     target_logprob,
 )
 from .zoo import load_toy, toy_card, toy_names
@@ -30,6 +34,7 @@ __all__ = [
     "Ablate",
     "ArchSpec",
     "Evaluation",
+    "GnACircuit",
     "GnaModel",
     "Head",
     "LayerKind",
@@ -41,7 +46,9 @@ __all__ = [
     "ablation_sweep",
     "attention",
     "attention_pattern",
+    "attribution_patching",
     "candidate_accuracy",
+    "discover",
     "entropy",
     "evaluate",
     "load",
@@ -49,10 +56,13 @@ __all__ = [
     "logit_diff",
     "mass_on",
     "patching_sweep",
+    "path_patching",
+    "path_patching_sweep",
     "target_logprob",
     "tasks",
     "top1_mass",
     "toy_card",
     "toy_names",
     "viz",
+    "write_report",
 ]

@@ -1,67 +1,14 @@
-"""The ``gna-interp`` command."""
+"""The ``gna-interp`` command: argument parsing; the work is in `gna_interp.commands`.
+
+Every subcommand has ``--help``; bad arguments give a one-line error and exit status 2.
+"""
 
 from __future__ import annotations
 
 import argparse
-import runpy
 import sys
-from pathlib import Path
 
-
-def _demo(args: argparse.Namespace) -> int:
-    """Until the toy-model demo exists, run the offline quickstart on tiny random models."""
-    script = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
-    if script.is_file():
-        runpy.run_path(str(script), run_name="__main__")
-        return 0
-    from . import _smoke
-
-    _smoke.run()
-    return 0
-
-
-def _zoo_list(args: argparse.Namespace) -> int:
-    from .zoo import toy_card, toy_names
-    from .zoo.store import zoo_table_markdown
-
-    if args.markdown:
-        print(zoo_table_markdown(), end="")
-        return 0
-    for name in toy_names():
-        card = toy_card(name)
-        facts = card["ablation"]
-        print(
-            f"{name:8s} {card['family']:8s} {card['parameters']:>8,} params  held-out accuracy {card['held_out_accuracy']:.3f}  "
-            f"best single head {facts['best_single_head']} -> {facts['best_single_head_accuracy']:.3f}"
-        )
-    return 0
-
-
-def _zoo_train(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from .zoo import recipe
-    from .zoo.build import build_toy
-
-    chosen = recipe(args.name)
-    if args.seed is not None:
-        chosen = dataclasses.replace(chosen, seed=args.seed)
-    if args.max_steps is not None:
-        if args.max_steps < 1:
-            raise ValueError(f"--max-steps {args.max_steps}: expected a positive number of steps")
-        chosen = dataclasses.replace(chosen, max_steps=args.max_steps)
-    out = Path(args.out or f"gna-zoo/{args.name}")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {str(out)!r} is an existing file: expected a folder")
-    print(f"training {chosen.name} ({chosen.family}), seed {chosen.seed}, at most {chosen.max_steps} steps, into {out}/")
-    card = build_toy(chosen, out, progress=not args.quiet)
-    facts = card["ablation"]
-    print(
-        f"done: {card['steps']} steps in {card['train_seconds']:.0f} s; held-out accuracy {card['held_out_accuracy']:.3f}; "
-        f"best single-head ablation {facts['best_single_head']} -> {facts['best_single_head_accuracy']:.3f}"
-    )
-    print(f"model card: {out / 'README.md'}")
-    return 0
+from . import commands as cmd
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -69,25 +16,65 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
+def _model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="a bundled toy model (llama, mamba2), a local folder, or a hub id")
+    parser.add_argument("--backend", choices=("tlens", "nnsight"), help="default: tlens for Transformers, nnsight otherwise")
+    parser.add_argument("--remote", action="store_true", help="run on NDIF (nnsight; needs NDIF_API_KEY)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _task_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", choices=("toy", "mmlu", "kv"), default="toy", help="toy_mcq, MMLU or KV retrieval (default: toy)")
+    parser.add_argument("--n", type=int, help=f"number of prompts (default {cmd.DEMO_PROMPTS}; MMLU: all)")
+    parser.add_argument("--seed", type=int, default=0, help="prompt seed (toy, kv)")
+    parser.add_argument("--subjects", nargs="+", help="MMLU subjects")
+    parser.add_argument("--mmlu-path", help="local MMLU files (parquet / JSONL / CSV); default: the hub through `datasets`")
+    parser.add_argument("--kv-pairs", type=int, default=10, help="KV retrieval dictionary size (default 10)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gna-interp", description="Gather-and-Aggregate interpretability for Transformers and SSMs.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = commands.add_parser("demo", help="offline demo on tiny models (CPU, no downloads)")
-    demo.set_defaults(func=_demo)
+    demo = commands.add_parser("demo", help="G&A discovery on the bundled toy Transformer and SSM; writes an offline report")
+    demo.add_argument("--out", default="gna-report", help="report folder (default: gna-report)")
+    demo.add_argument("--quiet", action="store_true", help="no progress bars")
+    demo.set_defaults(func=cmd.demo)
+
+    discover = commands.add_parser("discover", help="find the Gather and Aggregate heads of a model on a task")
+    _model_arguments(discover)
+    _task_arguments(discover)
+    discover.add_argument("--out", help="write an offline HTML report into this folder")
+    discover.add_argument("--json", action="store_true", help="print the circuit as JSON")
+    discover.set_defaults(func=cmd.discover_command)
+
+    ablate = commands.add_parser("ablate", help="accuracy on a task before and after ablating heads")
+    _model_arguments(ablate)
+    ablate.add_argument("--head", action="append", required=True, help="head as L.H (e.g. 16.22); repeat for several")
+    ablate.add_argument("--how", choices=("zero", "mean"), default="zero", help="zero or mean ablation (mean over the task's tokens)")
+    _task_arguments(ablate)
+    ablate.set_defaults(func=cmd.ablate_command)
+
+    patterns = commands.add_parser("patterns", help="attention patterns (softmax or implicit) of heads, as offline HTML or PNG")
+    _model_arguments(patterns)
+    patterns.add_argument("--head", action="append", required=True, help="head as L.H; repeat for several")
+    patterns.add_argument("--prompt", help="the prompt (default: the first prompt of --task)")
+    patterns.add_argument("--out", required=True, help="output file: .html (circuitsvis, offline) or .png (heatmap)")
+    _task_arguments(patterns)
+    patterns.set_defaults(func=cmd.patterns_command)
 
     zoo = commands.add_parser("zoo", help="the bundled toy models: list them, or reproduce their training")
     zoo.set_defaults(func=lambda _: _usage(zoo))
     zoo_commands = zoo.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND")
     listing = zoo_commands.add_parser("list", help="bundled toy models and their cards")
     listing.add_argument("--markdown", action="store_true", help="one markdown table (as in the docs)")
-    listing.set_defaults(func=_zoo_list)
+    listing.set_defaults(func=cmd.zoo_list)
     train = zoo_commands.add_parser("train", help="train a toy model on CPU from its recipe (deterministic for a seed)")
     train.add_argument("name", help="toy model name: llama, mamba2 or mamba")
     train.add_argument("--out", help="output folder (default: gna-zoo/NAME)")
     train.add_argument("--seed", type=int, help="override the recipe's seed")
     train.add_argument("--max-steps", type=int, help="override the recipe's step limit")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
-    train.set_defaults(func=_zoo_train)
+    train.set_defaults(func=cmd.zoo_train)
     return parser
 
 
@@ -98,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        cmd.quiet_libraries()
         return int(args.func(args))
-    except (ValueError, TypeError, FileNotFoundError) as error:
+    except (ValueError, TypeError, KeyError, OSError, ImportError) as error:
         print(f"gna-interp: error: {error}", file=sys.stderr)
         return 2
 

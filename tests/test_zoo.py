@@ -99,3 +99,22 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
     assert all(torch.equal(whole[k], resumed.model.state_dict()[k]) for k in whole)
     with pytest.raises(ValueError, match="written for another recipe"):
         train(dataclasses.replace(short, lr=1.0), checkpoint=checkpoint, **quiet)
+
+
+def test_docs_quote_the_cards():
+    """The zoo table in the docs is generated from the bundled cards (`gna-interp zoo list --markdown`)."""
+    from pathlib import Path
+
+    from gna_interp.zoo.store import zoo_table_markdown
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "tasks.md").read_text()
+    assert zoo_table_markdown() in docs
+
+
+def test_learning_rate_schedule():
+    from gna_interp.zoo.train import lr_factor
+
+    plain = dataclasses.replace(recipe("mamba2"), warmup_steps=10, decay_start=None)
+    assert [lr_factor(plain, s) for s in (0, 4, 9, 500)] == [0.1, 0.5, 1.0, 1.0]
+    decayed = dataclasses.replace(plain, decay_start=100, decay_steps=50)
+    assert [lr_factor(decayed, s) for s in (99, 100, 125, 150, 400)] == [1.0, 1.0, 0.5, 0.0, 0.0]

@@ -23,6 +23,10 @@ class Recipe:
     max_steps: int
     batch_size: int = 128
     warmup_steps: int = 200
+    decay_start: int | None = None
+    """Step after which the learning rate decays linearly to 0 over ``decay_steps``
+    (``None``: constant after warm-up)."""
+    decay_steps: int = 0
     grad_clip: float = 1.0
     weight_decay: float = 0.01
     eval_every: int = 200
@@ -53,7 +57,10 @@ RECIPES: dict[str, Recipe] = {
             ),
             seed=0,
             lr=2e-3,
-            max_steps=12_000,
+            max_steps=34_000,
+            decay_start=30_000,
+            decay_steps=4_000,
+            target_accuracy=0.97,
             notes="2 layers x 4 heads of 16: few heads, so retrieval must flow through one or two of them.",
         ),
         Recipe(

@@ -60,9 +60,24 @@ def quick_accuracy(model: Any, input_ids: torch.Tensor, answer_ids: torch.Tensor
     return float((chosen == answer_ids).float().mean())
 
 
+def lr_factor(recipe: Recipe, step: int) -> float:
+    """Learning-rate multiplier after ``step`` optimizer steps: linear warm-up, constant,
+    then (if the recipe says so) linear decay to 0."""
+    factor = min(1.0, (step + 1) / recipe.warmup_steps)
+    if recipe.decay_start is not None and step >= recipe.decay_start:
+        factor *= max(0.0, 1.0 - (step - recipe.decay_start) / max(1, recipe.decay_steps))
+    return factor
+
+
 def _recipe_key(recipe: Recipe) -> dict[str, Any]:
-    """What a checkpoint must agree on to be resumed (the step limit may change)."""
-    return {k: v for k, v in dataclasses.asdict(recipe).items() if k not in ("max_steps", "notes")}
+    """What a checkpoint must agree on to be resumed: everything that shapes the
+    trajectory (the step limit, the stopping accuracy and the notes may change)."""
+    return {k: v for k, v in dataclasses.asdict(recipe).items() if k not in ("max_steps", "target_accuracy", "notes")}
+
+
+def _schedule_agrees(recipe: Recipe, step: int) -> bool:
+    """A decay that starts before the checkpoint would have changed its past."""
+    return recipe.decay_start is None or recipe.decay_start >= step
 
 
 def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -106,13 +121,15 @@ def train(
         )
         letter_ids = _letter_ids(recipe)
         optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / recipe.warmup_steps))
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(recipe, step))
         history: list[dict[str, float]] = []
         first_step, elapsed = 1, 0.0
         checkpoint = Path(checkpoint) if checkpoint is not None else None
         if checkpoint is not None and checkpoint.is_file():
             state = torch.load(checkpoint, weights_only=False)
-            if state["recipe"] != _recipe_key(recipe):
+            key, stored = _recipe_key(recipe), state["recipe"]
+            shared = set(key) & set(stored)  # fields added to Recipe later count as unchanged
+            if any(key[k] != stored[k] for k in shared) or not _schedule_agrees(recipe, int(state["step"])):
                 raise ValueError(f"checkpoint {str(checkpoint)!r} was written for another recipe: delete it or pass another path")
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,37 @@
+"""Wall time of `gna-interp demo` (the README's main command), end to end in a subprocess.
+
+Target: at most 2 minutes on 2 CPU cores. Prints the time of each run and the median.
+
+    python benchmarks/demo.py --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    times = []
+    for run in range(args.runs):
+        with tempfile.TemporaryDirectory() as folder:
+            start = time.perf_counter()
+            result = subprocess.run(
+                [sys.executable, "-m", "gna_interp.cli", "demo", "--quiet", "--out", folder], capture_output=True, text=True
+            )
+            times.append(time.perf_counter() - start)
+        if result.returncode != 0:
+            sys.exit(f"demo failed:\n{result.stderr[-2000:]}")
+        print(f"run {run + 1}: {times[-1]:.1f} s")
+    print(f"gna-interp demo: median {statistics.median(times):.1f} s over {args.runs} runs (target <= 120 s on 2 cores)")
+
+
+if __name__ == "__main__":
+    main()

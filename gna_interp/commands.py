@@ -1,0 +1,197 @@
+"""What each ``gna-interp`` subcommand does (the parser lives in `gna_interp.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from pathlib import Path
+from typing import Any
+
+DEMO_PROMPTS = 200
+DEMO_SEED = 2026
+
+
+def quiet_libraries() -> None:
+    """The CLI prints its own progress: silence transformers' info logs and bars."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
+def load_model(name: str, backend: str | None = None, remote: bool = False) -> Any:
+    """A bundled toy name (``llama``, ``mamba2``...), a local folder, or a hub id."""
+    from .models.loading import load
+    from .zoo import load_toy, toy_names
+
+    if name in toy_names() and not remote:
+        return load_toy(name, backend=backend)
+    if not remote and not Path(name).exists() and ("/" not in name or name.startswith((".", "/", "~"))):
+        raise ValueError(f"unknown model {name!r}: expected a bundled toy model {toy_names()}, a local folder or a hub id")
+    return load(name, backend=backend, remote=bool(remote))
+
+
+def build_task(args: argparse.Namespace) -> Any:
+    from . import tasks
+
+    if args.n is not None and args.n < 1:
+        raise ValueError(f"--n {args.n}: expected a positive number of prompts")
+    n = args.n or DEMO_PROMPTS
+    if args.task == "toy":
+        return tasks.toy_mcq(n, seed=args.seed)
+    if args.task == "kv":
+        return tasks.kv_retrieval(args.kv_pairs, n=n, seed=args.seed)
+    return tasks.mmlu(subjects=args.subjects, n=args.n, path=args.mmlu_path)
+
+
+def parse_heads(texts: list[str], model: Any) -> list[Any]:
+    from .core.heads import Head
+
+    heads = [Head.parse(text) for text in texts]
+    for head in heads:
+        model.check_head(head)
+    return heads
+
+
+def check_out_dir(path: str) -> Path:
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--out {path!r} is an existing file: expected a folder")
+    return folder
+
+
+def summary_table(circuits: list[Any]) -> str:
+    header = f"{'model':14s} {'gather':22s} {'aggregate':22s} {'clean':>6s} {'-gather':>8s} {'-aggr':>6s} {'-both':>6s}"
+    lines = [header, "-" * len(header)]
+    for c in circuits:
+        acc = c.accuracy
+
+        def cell(key: str, acc: dict[str, float] = acc) -> str:
+            return f"{acc[key]:.3f}" if key in acc else "-"
+
+        gather = ",".join(map(str, c.gather)) or "-"
+        aggregate = ",".join(map(str, c.aggregate)) or "-"
+        scores = f"{cell('clean'):>6s} {cell('-gather'):>8s} {cell('-aggregate'):>6s} {cell('-both'):>6s}"
+        lines.append(f"{c.model:14s} {gather:22s} {aggregate:22s} {scores}")
+    return "\n".join(lines)
+
+
+def demo(args: argparse.Namespace) -> int:
+    """Discovery on the bundled Transformer and SSM toy models, summary, offline report."""
+    from .discovery import discover, write_report
+    from .tasks import toy_mcq
+    from .zoo import load_toy, toy_names
+
+    out = check_out_dir(args.out)
+    task = toy_mcq(DEMO_PROMPTS, seed=DEMO_SEED)
+    items = []
+    for name in [n for n in ("llama", "mamba2") if n in toy_names()]:
+        model = load_toy(name)
+        print(f"discovering G&A heads in toy {name} ({model.backend_name}, {model.n_layers} layers x {model.n_heads} heads) ...")
+        items.append((discover(model, task, progress=not args.quiet), model, task))
+    circuits = [item[0] for item in items]
+    print()
+    print(summary_table(circuits))
+    for circuit in circuits:
+        for role, need in circuit.needs.items():
+            verdict = "to chance" if need.reached_chance else "not to chance"
+            print(f"{circuit.model}: {role} needs {len(need.heads)} head(s) ({need.accuracy:.3f}, {verdict})")
+    index = write_report(items, out)
+    print(f"\nreport: {index} (opens offline)")
+    return 0
+
+
+def discover_command(args: argparse.Namespace) -> int:
+    from .discovery import discover, write_report
+
+    out = check_out_dir(args.out) if args.out else None  # fail before any work
+    model = load_model(args.model, args.backend, args.remote)
+    task = build_task(args)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        circuit = discover(model, task, progress=not args.quiet)
+    for warning in caught:
+        print(f"warning: {warning.message}")
+    if args.json:
+        print(circuit.to_json())
+    else:
+        print(circuit.summary())
+    if out is not None:
+        print(f"report: {write_report([(circuit, model, task)], out)}")
+    return 0
+
+
+def ablate_command(args: argparse.Namespace) -> int:
+    from .core.interventions import Ablate
+    from .evaluation import evaluate
+
+    model = load_model(args.model, args.backend, args.remote)
+    heads = parse_heads(args.head, model)
+    task = build_task(args)
+    before = evaluate(model, task)
+    reference = task if args.how == "mean" else None
+    after = evaluate(model, task, [Ablate(heads, how=args.how, reference=reference)])
+    names = ", ".join(map(str, heads))
+    print(f"{model.name} on {task.name} ({len(task)} prompts, chance {before.chance:.3f})")
+    print(f"accuracy clean {before.accuracy:.3f} -> {after.accuracy:.3f} with {names} {args.how}-ablated")
+    return 0
+
+
+def patterns_command(args: argparse.Namespace) -> int:
+    from .viz import attention_view
+
+    model = load_model(args.model, args.backend, args.remote)
+    heads = parse_heads(args.head, model)
+    inputs: Any = args.prompt if args.prompt is not None else build_task(args)
+    out = Path(args.out)
+    if out.is_dir():
+        raise ValueError(f"--out {args.out!r} is a folder: expected a file name ending in .html or .png")
+    if out.suffix.lower() not in (".html", ".png"):
+        raise ValueError(f"--out {args.out!r}: expected a file name ending in .html or .png")
+    view = attention_view(model, inputs, heads, row=0)
+    print(f"wrote {view.save(out)}")
+    return 0
+
+
+def zoo_list(args: argparse.Namespace) -> int:
+    from .zoo import toy_card, toy_names
+    from .zoo.store import zoo_table_markdown
+
+    if args.markdown:
+        print(zoo_table_markdown(), end="")
+        return 0
+    for name in toy_names():
+        card = toy_card(name)
+        facts = card["ablation"]
+        print(
+            f"{name:8s} {card['family']:8s} {card['parameters']:>8,} params  held-out accuracy {card['held_out_accuracy']:.3f}  "
+            f"best single head {facts['best_single_head']} -> {facts['best_single_head_accuracy']:.3f}"
+        )
+    return 0
+
+
+def zoo_train(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from .zoo import recipe
+    from .zoo.build import build_toy
+
+    chosen = recipe(args.name)
+    if args.seed is not None:
+        chosen = dataclasses.replace(chosen, seed=args.seed)
+    if args.max_steps is not None:
+        if args.max_steps < 1:
+            raise ValueError(f"--max-steps {args.max_steps}: expected a positive number of steps")
+        chosen = dataclasses.replace(chosen, max_steps=args.max_steps)
+    out = Path(args.out or f"gna-zoo/{args.name}")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is an existing file: expected a folder")
+    print(f"training {chosen.name} ({chosen.family}), seed {chosen.seed}, at most {chosen.max_steps} steps, into {out}/")
+    card = build_toy(chosen, out, progress=not args.quiet)
+    facts = card["ablation"]
+    print(
+        f"done: {card['steps']} steps in {card['train_seconds']:.0f} s; held-out accuracy {card['held_out_accuracy']:.3f}; "
+        f"best single-head ablation {facts['best_single_head']} -> {facts['best_single_head_accuracy']:.3f}"
+    )
+    print(f"model card: {out / 'README.md'}")
+    return 0

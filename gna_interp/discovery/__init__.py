@@ -1,0 +1,18 @@
+"""G&A discovery: find, label and confirm the Gather and Aggregate heads of a model."""
+
+from .circuit import GnACircuit, HeadEvidence, RoleNeed
+from .pipeline import STAGES, NoRetrievalWarning, discover
+from .report import write_report
+from .roles import RoleScores, RoleThresholds
+
+__all__ = [
+    "STAGES",
+    "GnACircuit",
+    "HeadEvidence",
+    "NoRetrievalWarning",
+    "RoleNeed",
+    "RoleScores",
+    "RoleThresholds",
+    "discover",
+    "write_report",
+]

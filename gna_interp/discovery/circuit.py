@@ -1,0 +1,193 @@
+"""`GnACircuit`: what discovery found, with its evidence; JSON round-trips exactly."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..core.heads import Head
+from .roles import RoleScores, scores_from_dict
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .report import ReportLike
+
+
+@dataclass
+class HeadEvidence:
+    """One examined head."""
+
+    head: Head
+    role: str | None
+    """``"gather"``, ``"aggregate"`` or ``None`` (examined, no role)."""
+    ablated_accuracy: float | None
+    """Task accuracy with this head zero-ablated alone (``None``: not measured)."""
+    verified: bool
+    """Ablated alone (``False``: only screened as part of a group)."""
+    scores: RoleScores | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "head": str(self.head),
+            "role": self.role,
+            "ablated_accuracy": self.ablated_accuracy,
+            "verified": self.verified,
+            "scores": None if self.scores is None else self.scores.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HeadEvidence:
+        scores = None if data["scores"] is None else scores_from_dict(data["scores"])
+        return cls(Head.parse(data["head"]), data["role"], data["ablated_accuracy"], bool(data["verified"]), scores)
+
+
+@dataclass
+class RoleNeed:
+    """How many heads of a role, ablated together, collapse accuracy."""
+
+    heads: list[Head]
+    accuracy: float
+    reached_chance: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"heads": [str(h) for h in self.heads], "accuracy": self.accuracy, "reached_chance": self.reached_chance}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RoleNeed:
+        return cls([Head.parse(h) for h in data["heads"]], data["accuracy"], bool(data["reached_chance"]))
+
+
+@dataclass
+class GnACircuit:
+    """The Gather and Aggregate heads of a model on a task, with the evidence.
+
+    Attributes:
+        gather, aggregate: the heads in each role, most harmful (when ablated) first.
+        heads: every examined head with its role, ablation accuracy and pattern scores.
+        accuracy: the confirmation table: ``clean``, ``-gather``, ``-aggregate``,
+            ``-both``, ``only_gna`` (every other head of the G&A layers ablated), ``chance``.
+        needs: per role, the smallest prefix of its heads whose joint ablation brings
+            accuracy to ``chance + chance_margin`` (at most ``max_heads_per_role``).
+        truncation, layer_scan: per layer, accuracy keeping layers ``0..l`` / skipping ``l``.
+        head_scan: ``[layer][head]`` single-ablation accuracy (``None``: not scanned).
+        critical_layer: from the truncation scan (``None``: no jump found).
+        path_patching: the Gather -> Aggregate edge: the clean and corrupt logit difference
+            (clean answer minus corrupted answer), the metric when only that path carries
+            the Gather heads' corruption, and the share of the effect it carries.
+        settings: thresholds and knobs used.
+    """
+
+    model: str
+    family: str
+    task: str
+    n_prompts: int
+    gather: list[Head]
+    aggregate: list[Head]
+    heads: list[HeadEvidence]
+    accuracy: dict[str, float]
+    needs: dict[str, RoleNeed]
+    truncation: list[float] | None = None
+    layer_scan: list[float] | None = None
+    head_scan: list[list[float | None]] | None = None
+    critical_layer: int | None = None
+    warnings: list[str] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    path_patching: dict[str, float] | None = None
+
+    # ----- tables and serialisation ---------------------------------------------
+    def evidence(self, head: Head) -> HeadEvidence:
+        for item in self.heads:
+            if item.head == head:
+                return item
+        raise KeyError(f"{head} was not examined")
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per examined head: role, ablation accuracy, pattern scores."""
+        import pandas as pd
+
+        rows = []
+        for item in self.heads:
+            row = {"head": str(item.head), "layer": item.head.layer, "index": item.head.head, "role": item.role}
+            row |= {"ablated_accuracy": item.ablated_accuracy, "verified": item.verified}
+            row |= item.scores.to_dict() if item.scores is not None else {}
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def accuracy_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame([{"condition": k, "accuracy": v} for k, v in self.accuracy.items()])
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["gather"] = [str(h) for h in self.gather]
+        data["aggregate"] = [str(h) for h in self.aggregate]
+        data["heads"] = [item.to_dict() for item in self.heads]
+        data["needs"] = {role: need.to_dict() for role, need in self.needs.items()}
+        return _finite(data)
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=1, allow_nan=False)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> GnACircuit:
+        text = str(text_or_path)
+        if not text.lstrip().startswith("{"):
+            text = Path(text).read_text()
+        data = json.loads(text)
+        data["gather"] = [Head.parse(h) for h in data["gather"]]
+        data["aggregate"] = [Head.parse(h) for h in data["aggregate"]]
+        data["heads"] = [HeadEvidence.from_dict(item) for item in data["heads"]]
+        data["needs"] = {role: RoleNeed.from_dict(need) for role, need in data["needs"].items()}
+        return cls(**data)
+
+    # ----- views -------------------------------------------------------------------
+    def summary(self) -> str:
+        acc = self.accuracy
+        parts = [
+            f"{self.model} on {self.task} ({self.n_prompts} prompts)",
+            f"  gather    {', '.join(map(str, self.gather)) or '-'}",
+            f"  aggregate {', '.join(map(str, self.aggregate)) or '-'}",
+            "  accuracy  " + "  ".join(f"{k} {v:.3f}" for k, v in acc.items()),
+        ]
+        for role, need in self.needs.items():
+            verdict = "collapses to chance" if need.reached_chance else "does not reach chance"
+            parts.append(f"  {role:9s} needs {len(need.heads)} head(s): {verdict} ({need.accuracy:.3f})")
+        if self.path_patching is not None:
+            share = self.path_patching["fraction_of_effect"]
+            parts.append(f"  path patching gather -> aggregate carries {share:.1%} of the clean - corrupt logit difference")
+        return "\n".join(parts)
+
+    def show(self, model: Any, task: Any, row: int = 0) -> Any:
+        """circuitsvis view (offline) of the Gather and Aggregate heads on one prompt."""
+        from ..viz import attention_view
+
+        heads = [*self.gather, *self.aggregate]
+        if not heads:
+            raise ValueError("the circuit has no Gather or Aggregate head to show")
+        return attention_view(model, task, heads, row=row, title=f"{self.model}: G&A heads")
+
+    def report(self, directory: str | Path, model: Any = None, task: Any = None) -> Path:
+        """An offline HTML report (``index.html``, PNGs, ``circuit.json``) in ``directory``."""
+        from .report import write_report
+
+        items: list[ReportLike] = [(self, model, task)]
+        return write_report(items, directory)
+
+
+def _finite(value: Any) -> Any:
+    """NaN / inf -> None, recursively (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value

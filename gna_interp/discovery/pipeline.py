@@ -1,0 +1,214 @@
+"""`discover`: find, label and confirm the Gather and Aggregate heads of a model.
+
+The stages follow the paper's procedure (causal, not by attention scores), then label
+roles from the patterns and confirm them:
+
+1. **baseline**: task accuracy; near chance there is no retrieval to explain (warning).
+2. **truncation scan** and critical layer (`scans.truncation_scan`).
+3. **layer scan**: leave one layer out.
+4. **head scan**: single-head zero-ablation of the candidate layers (every layer by
+   default), with a grouped pre-screen where a layer has very many heads.
+5. **roles**: pattern scores of the examined heads (`roles`), labelled by thresholds.
+6. **confirmation**: accuracy with the Gather heads ablated, the Aggregate heads, both,
+   and with only the G&A heads kept in their layers; per role, how many heads are needed
+   to collapse accuracy to chance.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..core.heads import Head
+from ..core.interventions import Ablate
+from ..evaluation import evaluate
+from ..patching.metrics import logit_diff, reduce_metric
+from ..patching.paths import path_patching
+from ..tasks.base import Task
+from . import scans
+from .circuit import GnACircuit, HeadEvidence, RoleNeed
+from .roles import RoleThresholds, label, role_scores
+
+if TYPE_CHECKING:
+    from ..models.handle import GnaModel
+
+
+class NoRetrievalWarning(UserWarning):
+    """The model answers the task at about chance: there is no retrieval to explain."""
+
+
+STAGES = ("truncation", "layers", "heads", "roles", "confirm")
+
+
+def discover(
+    model: GnaModel,
+    task: Task,
+    *,
+    stages: Sequence[str] = STAGES,
+    layers: Sequence[int] | None = None,
+    max_candidates: int = 16,
+    max_heads_per_role: int = 5,
+    chance_margin: float = 0.10,
+    thresholds: RoleThresholds | None = None,
+    pattern_prompts: int = 64,
+    screen_above: int = 64,
+    progress: bool = True,
+) -> GnACircuit:
+    """Find the G&A heads of ``model`` on ``task``.
+
+    Args:
+        model: any `GnaModel` (attention or SSM heads, any backend).
+        task: a `Task` with segments (options / dictionary lines).
+        stages: which optional stages to run (``"heads"`` and ``"roles"`` are needed
+            for any head to be found).
+        layers: layers to head-scan; default every layer.
+        max_candidates: heads examined for roles: the most harmful ones when ablated
+            (every head of the scanned layers, if there are at most this many).
+        max_heads_per_role: largest head set tried when measuring what a role needs.
+        chance_margin: "collapsed" means accuracy at most chance + this.
+        thresholds: role-label thresholds (`RoleThresholds`).
+        pattern_prompts: prompts used for the pattern scores.
+        screen_above: layers with more heads are pre-screened in groups.
+        progress: progress bars.
+
+    Returns:
+        a `GnACircuit`.
+    """
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise ValueError(f"unknown stages {unknown}: expected a subset of {STAGES}")
+    if not isinstance(task, Task):
+        raise TypeError(f"discover needs a gna_interp Task (prompts with annotated segments), got {type(task).__name__}")
+    if task.n_segments < 2:
+        raise ValueError(f"task {task.name!r} has {task.n_segments} segment(s): G&A discovery needs at least 2 options to retrieve from")
+    thresholds = thresholds or RoleThresholds()
+    scan_layers = list(range(model.n_layers)) if layers is None else list(layers)
+    for layer in scan_layers:
+        model.check_layer(layer)
+
+    clean = evaluate(model, task)
+    chance = clean.chance
+    notes = []
+    if clean.accuracy < chance + chance_margin:
+        notes.append(f"clean accuracy {clean.accuracy:.3f} is near chance ({chance:.3f}): there is no retrieval to explain")
+        warnings.warn(notes[-1], NoRetrievalWarning, stacklevel=2)
+    circuit = GnACircuit(
+        model=model.name,
+        family=model.arch.family,
+        task=task.name,
+        n_prompts=len(task),
+        gather=[],
+        aggregate=[],
+        heads=[],
+        accuracy={"clean": clean.accuracy, "chance": chance},
+        needs={},
+        warnings=notes,
+        settings={
+            "stages": list(stages),
+            "layers": scan_layers,
+            "max_candidates": max_candidates,
+            "max_heads_per_role": max_heads_per_role,
+            "chance_margin": chance_margin,
+            "thresholds": thresholds.to_dict(),
+            "pattern_prompts": pattern_prompts,
+        },
+    )
+    if "truncation" in stages:
+        circuit.truncation = scans.truncation_scan(model, task, progress=progress)
+        circuit.critical_layer = scans.critical_layer(circuit.truncation, clean.accuracy, chance)
+    if "layers" in stages:
+        circuit.layer_scan = scans.layer_scan(model, task, progress=progress)
+    if "heads" not in stages:
+        return circuit
+    scan = scans.head_scan(model, task, scan_layers, screen_above=screen_above, progress=progress)
+    circuit.head_scan = [[None if v != v else float(v) for v in row] for row in scan.accuracy.tolist()]
+    candidates = _candidates(scan.accuracy, scan.verified, max_candidates)
+    evidence = {h: HeadEvidence(h, None, float(scan.accuracy[h.layer, h.head]), bool(scan.verified[h.layer, h.head])) for h in candidates}
+    if "roles" in stages and candidates:
+        encoded = task.encode(task.tokenizer_for(model.tokenizer))
+        for head, scores in role_scores(model, encoded, candidates, pattern_prompts).items():
+            evidence[head].scores = scores
+            ablated = evidence[head].ablated_accuracy
+            harmful = ablated is not None and clean.accuracy - ablated >= thresholds.min_effect
+            evidence[head].role = label(scores, thresholds) if harmful else None
+        _gather_before_aggregate(evidence)
+    circuit.heads = sorted(evidence.values(), key=lambda e: e.head)
+    by_harm = sorted(evidence.values(), key=lambda e: (e.ablated_accuracy if e.ablated_accuracy is not None else 1.0, e.head))
+    circuit.gather = [e.head for e in by_harm if e.role == "gather"]
+    circuit.aggregate = [e.head for e in by_harm if e.role == "aggregate"]
+    if "confirm" in stages:
+        _confirm(model, task, circuit, chance + chance_margin, max_heads_per_role)
+    return circuit
+
+
+def _candidates(accuracy: torch.Tensor, verified: torch.Tensor, limit: int) -> list[Head]:
+    """Verified heads, most harmful first, at most ``limit``."""
+    found = [(float(accuracy[layer, head]), Head(layer, head)) for layer, head in verified.nonzero().tolist()]
+    return sorted(head for _, head in sorted(found)[:limit])
+
+
+def _gather_before_aggregate(evidence: dict[Head, HeadEvidence]) -> None:
+    """A Gather head feeds an Aggregate head: drop Gather labels at or after the last
+    Aggregate layer (a segment-local head there cannot feed the readout)."""
+    aggregate_layers = [e.head.layer for e in evidence.values() if e.role == "aggregate"]
+    if not aggregate_layers:
+        return
+    last = max(aggregate_layers)
+    for item in evidence.values():
+        if item.role == "gather" and item.head.layer >= last:
+            item.role = None
+
+
+def _confirm(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float, max_heads: int) -> None:
+    def accuracy_without(heads: list[Head]) -> float:
+        return evaluate(model, task, [Ablate(heads)]).accuracy if heads else circuit.accuracy["clean"]
+
+    circuit.accuracy["-gather"] = accuracy_without(circuit.gather)
+    circuit.accuracy["-aggregate"] = accuracy_without(circuit.aggregate)
+    circuit.accuracy["-both"] = accuracy_without([*circuit.gather, *circuit.aggregate])
+    kept = {*circuit.gather, *circuit.aggregate}
+    if kept:
+        layers = {h.layer for h in kept}
+        others = [Head(layer, h) for layer in sorted(layers) for h in range(model.heads_per_layer[layer]) if Head(layer, h) not in kept]
+        circuit.accuracy["only_gna"] = accuracy_without(others)
+    for role, heads in (("gather", circuit.gather), ("aggregate", circuit.aggregate)):
+        if heads:
+            chosen, accuracy, reached = scans.collapsing_set(model, task, heads, threshold, max_heads)
+            circuit.needs[role] = RoleNeed(chosen, accuracy, reached)
+    circuit.path_patching = _gather_to_aggregate(model, task, circuit)
+
+
+def _gather_to_aggregate(model: GnaModel, task: Task, circuit: GnACircuit) -> dict[str, float] | None:
+    """Path patching of the edge: the Gather heads switched to a corrupted prompt (another
+    correct option), their change allowed to reach the output only through the Aggregate
+    heads of later layers. Metric: logit of the clean answer minus the corrupted one."""
+    if not circuit.gather or not circuit.aggregate:
+        return None
+    last_gather = max(h.layer for h in circuit.gather)
+    receivers = [h for h in circuit.aggregate if h.layer > last_gather]
+    if not receivers:
+        return None
+    corrupt = task.corrupted()
+    tokenizer = task.tokenizer_for(model.tokenizer)
+    clean_enc, corrupt_enc = task.encode(tokenizer), corrupt.encode(tokenizer)
+    if not (clean_enc.single_token and corrupt_enc.single_token):
+        return None
+    if clean_enc.batch.n_pos != corrupt_enc.batch.n_pos:
+        return None
+    rows = torch.arange(len(task))
+    right = clean_enc.candidate_ids[rows, clean_enc.correct]
+    wrong = corrupt_enc.candidate_ids[rows, corrupt_enc.correct]
+    metric = logit_diff(right, wrong)
+    clean_value = reduce_metric(metric(model.logits(task)))
+    corrupt_value = reduce_metric(metric(model.logits(corrupt)))
+    path = path_patching(model, task, corrupt, circuit.gather, receivers, metric)
+    span = clean_value - corrupt_value
+    return {
+        "clean": clean_value,
+        "corrupt": corrupt_value,
+        "gather->aggregate": path,
+        "fraction_of_effect": (clean_value - path) / span if abs(span) > 1e-9 else float("nan"),
+    }

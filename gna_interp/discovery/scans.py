@@ -1,0 +1,127 @@
+"""The causal scans of G&A discovery, each measured as task accuracy.
+
+1. `truncation_scan`: keep layers ``0..k-1`` (then the final norm and unembedding) for
+   every ``k``; the *critical layer* is the last kept layer of the first truncation that
+   recovers at least half of the clean accuracy above chance (the paper's MMLU jump).
+2. `layer_scan`: leave one layer out at a time.
+3. `head_scan`: zero-ablate heads one at a time (batched sweep). Layers with more heads
+   than ``screen_above`` (Mamba-1: every channel is a head) are pre-screened by ablating
+   contiguous groups of heads; only heads of the most harmful groups are then ablated
+   one by one (*verified*); the others keep their group's accuracy (*screened*).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from ..core.heads import Head
+from ..core.interventions import Ablate, SkipLayers, Truncate
+from ..evaluation import evaluate
+from ..patching.metrics import candidate_accuracy
+from ..patching.sweeps import ablation_sweep
+
+if TYPE_CHECKING:
+    from ..models.handle import GnaModel
+    from ..tasks.base import Task
+
+
+def _progress(items: Sequence[Any], show: bool, desc: str) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, disable=not show, leave=False)
+
+
+def truncation_scan(model: GnaModel, task: Task, *, progress: bool = True) -> list[float]:
+    """Accuracy keeping the first ``k`` layers, for ``k = 1 .. n_layers`` (index ``k - 1``)."""
+    return [evaluate(model, task, [Truncate(k)]).accuracy for k in _progress(range(1, model.n_layers + 1), progress, "truncation scan")]
+
+
+def critical_layer(truncation: Sequence[float], clean: float, chance: float) -> int | None:
+    """The last kept layer of the first truncation that recovers half the clean accuracy
+    above chance; ``None`` when no truncation does (or clean is at chance)."""
+    if clean - chance <= 0:
+        return None
+    for k, accuracy in enumerate(truncation):
+        if accuracy - chance >= 0.5 * (clean - chance):
+            return k
+    return None
+
+
+def layer_scan(model: GnaModel, task: Task, *, progress: bool = True) -> list[float]:
+    """Accuracy with layer ``l`` skipped (its block passes the residual through), per layer."""
+    return [evaluate(model, task, [SkipLayers([layer])]).accuracy for layer in _progress(range(model.n_layers), progress, "layer scan")]
+
+
+@dataclass
+class HeadScan:
+    accuracy: Tensor
+    """``[layer, head]`` accuracy with that head zero-ablated; NaN where not scanned."""
+    verified: Tensor
+    """``[layer, head]`` bool: measured alone (not only through its group)."""
+
+
+def head_scan(
+    model: GnaModel,
+    task: Task,
+    layers: Sequence[int],
+    *,
+    screen_above: int = 64,
+    group_size: int = 16,
+    verify_groups: int = 4,
+    progress: bool = True,
+) -> HeadScan:
+    """Single-head zero-ablation accuracy for every head of ``layers`` (see module docs)."""
+    accuracy = torch.full((model.n_layers, model.n_heads), float("nan"))
+    verified = torch.zeros(model.n_layers, model.n_heads, dtype=torch.bool)
+    direct: list[Head] = []
+    for layer in layers:
+        heads = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
+        if len(heads) <= screen_above:
+            direct += heads
+            continue
+        groups = [heads[i : i + group_size] for i in range(0, len(heads), group_size)]
+        scores = [evaluate(model, task, [Ablate(g)]).accuracy for g in _progress(groups, progress, f"screening layer {layer}")]
+        for group, score in zip(groups, scores, strict=True):
+            for head in group:
+                accuracy[head.layer, head.head] = score
+        for index in sorted(range(len(groups)), key=scores.__getitem__)[:verify_groups]:
+            direct += groups[index]
+    for head, value in _single_ablations(model, task, direct, progress).items():
+        accuracy[head.layer, head.head] = value
+        verified[head.layer, head.head] = True
+    return HeadScan(accuracy, verified)
+
+
+def _single_ablations(model: GnaModel, task: Task, heads: list[Head], progress: bool) -> dict[Head, float]:
+    if not heads:
+        return {}
+    encoded = task.encode(task.tokenizer_for(model.tokenizer))
+    if encoded.single_token:  # one batched sweep, scored by candidate accuracy
+        metric = candidate_accuracy(encoded.candidate_ids, encoded.correct)
+        sweep = ablation_sweep(model, task, metric, heads=heads, progress=progress)
+        return {h: float(sweep.scores[h.layer, h.head]) for h in heads}
+    return {h: evaluate(model, task, [Ablate([h])]).accuracy for h in _progress(heads, progress, "head scan")}
+
+
+def collapsing_set(
+    model: GnaModel, task: Task, ordered: Sequence[Head], threshold: float, max_heads: int
+) -> tuple[list[Head], float, bool]:
+    """Ablate ``ordered`` heads cumulatively until accuracy is at most ``threshold``.
+
+    Returns:
+        the heads used, the accuracy with all of them ablated, and whether the
+        threshold was reached within ``max_heads``.
+    """
+    chosen: list[Head] = []
+    accuracy = evaluate(model, task).accuracy
+    for head in list(ordered)[:max_heads]:
+        chosen.append(head)
+        accuracy = evaluate(model, task, [Ablate(chosen)]).accuracy
+        if accuracy <= threshold:
+            return chosen, accuracy, True
+    return chosen, accuracy, False

@@ -1,0 +1,101 @@
+"""The `gna-interp` command end to end, in subprocesses, on the bundled toy models."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+import gna_interp as gna
+from gna_interp.cli import main
+
+
+def cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "gna_interp.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_demo_writes_an_offline_report(tmp_path):
+    result = cli("demo", "--out", str(tmp_path / "rep"), "--quiet")
+    assert result.returncode == 0, result.stderr[-2000:]
+    for name in gna.toy_names():
+        if name in ("llama", "mamba2"):
+            assert f"toy-{name}" in result.stdout
+    assert "clean" in result.stdout and "-gather" in result.stdout
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert all((tmp_path / "rep" / img).is_file() for img in re.findall(r'<img src="([^"]+)"', page))
+
+
+def test_discover_json_and_report(tmp_path):
+    result = cli("discover", "--model", "mamba2", "--n", "80", "--json", "--out", str(tmp_path / "d"), "--quiet")
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])
+    assert data["family"] == "mamba2" and data["n_prompts"] == 80 and data["aggregate"]
+    assert (tmp_path / "d" / "index.html").is_file()
+
+
+def test_ablate_prints_accuracy_before_and_after():
+    result = cli("ablate", "--model", "mamba2", "--head", "0.0", "--n", "100")
+    assert result.returncode == 0, result.stderr[-2000:]
+    before, after = map(float, re.search(r"accuracy clean ([\d.]+) -> ([\d.]+)", result.stdout).groups())
+    model = gna.load_toy("mamba2")
+    task = gna.tasks.toy_mcq(100, seed=0)
+    assert before == pytest.approx(gna.evaluate(model, task).accuracy, abs=1e-3)
+    assert after == pytest.approx(gna.evaluate(model, task, [gna.Ablate([gna.Head(0, 0)])]).accuracy, abs=1e-3)
+
+
+@pytest.mark.parametrize("suffix", ["html", "png"])
+def test_patterns_file(tmp_path, suffix):
+    out = tmp_path / f"p.{suffix}"
+    result = cli(
+        "patterns",
+        "--model",
+        "mamba2",
+        "--head",
+        "1.4",
+        "--head",
+        "L0H0",
+        "--prompt",
+        "Query: apple\nA. apple lamp\nB. river stone\nAnswer:",
+        "--out",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = out.read_bytes()
+    assert data.startswith(b"\x89PNG") if suffix == "png" else (b"L1H4" in data and b"apple" in data)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["ablate", "--model", "mamba2", "--head", "1-4"], "cannot parse head '1-4'"),
+        (["ablate", "--model", "mamba2", "--head", "1.9"], "head L1H9 out of range"),
+        (["ablate", "--model", "./no/such/model", "--head", "0.0"], "unknown model './no/such/model'"),
+        (["ablate", "--model", "nosuchmodel", "--head", "0.0"], "unknown model 'nosuchmodel'"),
+        (["discover", "--model", "mamba2", "--n", "0"], "--n 0: expected a positive number"),
+        (["patterns", "--model", "mamba2", "--head", "0.0", "--out", "x.txt"], "expected a file name ending in .html or .png"),
+        (["discover", "--model", "mamba2", "--task", "mmlu", "--subjects", "astrology", "--mmlu-path", "."], "unknown MMLU subject"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(args, message, capsys):
+    assert main(args) == 2  # in-process: the same code path as the console script, faster
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_out_dir_that_is_a_file(tmp_path, capsys):
+    file = tmp_path / "taken"
+    file.write_text("x")
+    for args in (["demo", "--out", str(file)], ["discover", "--model", "mamba2", "--n", "40", "--out", str(file), "--quiet"]):
+        assert main(args) == 2
+        assert "is an existing file" in capsys.readouterr().err
+
+
+def test_help_everywhere(capsys):
+    for command in ([], ["demo"], ["discover"], ["ablate"], ["patterns"], ["zoo"], ["zoo", "train"], ["zoo", "list"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*command, "--help"])
+        assert exit_info.value.code == 0 and "usage: gna-interp" in capsys.readouterr().out

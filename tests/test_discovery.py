@@ -1,0 +1,130 @@
+"""G&A discovery on the bundled toy models: found heads re-measured independently through
+`evaluate` and `attention_pattern`; JSON round trip; the offline report; bad input."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+
+import gna_interp as gna
+from gna_interp.discovery import GnACircuit, NoRetrievalWarning, discover, write_report
+
+TASK_SEED = 4242  # fresh prompts: neither training nor the cards used them
+
+
+@pytest.fixture(scope="module", params=gna.toy_names())
+def found(request):
+    model = gna.load_toy(request.param)
+    task = gna.tasks.toy_mcq(200, seed=TASK_SEED)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a trained toy model must not look like chance
+        circuit = discover(model, task, progress=False)
+    return model, task, circuit
+
+
+def test_both_roles_found_and_the_bottleneck_reproduced(found):
+    model, task, circuit = found
+    assert circuit.gather and circuit.aggregate, circuit.summary()
+    clean = gna.evaluate(model, task).accuracy
+    assert clean >= 0.95
+    found_heads = [*circuit.gather, *circuit.aggregate]
+    single = {h: gna.evaluate(model, task, [gna.Ablate([h])]).accuracy for h in found_heads}
+    assert min(single.values()) <= 0.40, single
+    aggregate_set = circuit.needs["aggregate"].heads
+    assert len(aggregate_set) <= 5
+    assert gna.evaluate(model, task, [gna.Ablate(aggregate_set)]).accuracy <= 0.35
+    # the circuit's own accuracy table is what evaluate measures
+    assert circuit.accuracy["-aggregate"] == pytest.approx(gna.evaluate(model, task, [gna.Ablate(circuit.aggregate)]).accuracy)
+    assert circuit.accuracy["clean"] == pytest.approx(clean)
+
+
+def _masks(encoded, n_pos):
+    cols = torch.arange(n_pos)
+    own = (cols >= encoded.spans[..., :1]) & (cols < encoded.spans[..., 1:2] - 1)  # label..text, "\n" excluded
+    with_end = (cols >= encoded.spans[..., :1]) & (cols < encoded.spans[..., 1:2])
+    return own, with_end
+
+
+def test_role_labels_agree_with_the_patterns(found):
+    """Recomputed here from raw patterns: Gather rows stay in their own segment; the
+    Aggregate final row puts more mass on the correct option than a uniform row."""
+    model, task, circuit = found
+    encoded = task.encode()
+    own, with_end = _masks(encoded, encoded.batch.n_pos)
+    n = 64
+    for head in circuit.gather:
+        rows = gna.attention_pattern(model, task, [head], query_positions=encoded.segment_ends)[:n, 0].abs()
+        p = rows / rows.sum(-1, keepdim=True)
+        inside = (p * own[:n]).sum(-1).mean()
+        assert inside >= 0.5, (head, float(inside))
+    for head in circuit.aggregate:
+        row = gna.attention_pattern(model, task, [head], query_positions=[-1])[:, 0, 0].abs()
+        p = row / row.sum(-1, keepdim=True)
+        correct = with_end[torch.arange(len(task)), encoded.correct]
+        uniform = correct.sum(-1) / encoded.batch.attention_mask.sum(-1)
+        assert (p * correct).sum(-1).mean() > uniform.mean(), head
+
+
+def test_json_round_trip(found, tmp_path):
+    circuit = found[2]
+    assert GnACircuit.from_json(circuit.to_json()) == circuit
+    circuit.to_json(tmp_path / "c.json")
+    assert GnACircuit.from_json(tmp_path / "c.json") == circuit
+    frame = circuit.to_frame()
+    assert set(frame["head"]) == {str(e.head) for e in circuit.heads}
+
+
+def test_report_is_offline_and_complete(found, tmp_path):
+    model, task, circuit = found
+    index = write_report([(circuit, model, task)], tmp_path / "report")
+    page = index.read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page), "external reference in the report"
+    assert "unpkg" not in page and "cdn" not in page.lower()
+    images = re.findall(r'<img src="([^"]+)"', page)
+    assert images and all((index.parent / name).is_file() for name in images)
+    assert (index.parent / f"{re.sub(r'[^a-z0-9]+', '-', circuit.model.lower())}.json").is_file()
+    assert "heads needed" in page and str(circuit.aggregate[0]) in page
+
+
+def test_bad_input():
+    model = gna.load_toy("mamba2")
+    one_option = gna.tasks.toy_mcq(4, n_options=2).examples
+    no_segments = gna.tasks.Task("flat", [gna.tasks.Example("Query: apple\nAnswer:", (), 0, (" A",))], tokenizer=gna.tasks.toy_tokenizer())
+    with pytest.raises(ValueError, match="has 0 segment"):
+        discover(model, no_segments, progress=False)
+    with pytest.raises(ValueError, match="unknown stages"):
+        discover(model, gna.tasks.Task("t", one_option), stages=["heads", "vibes"])
+    with pytest.raises(TypeError, match="needs a gna_interp Task"):
+        discover(model, ["Query: apple"])
+    with pytest.raises(ValueError, match="layer 5 out of range"):
+        discover(model, gna.tasks.toy_mcq(4), layers=[5])
+
+
+def test_near_chance_warns(tmp_path):
+    random_model = gna.load(gna.models.tiny.tiny_model("mamba2", seed=0, vocab_size=192), tokenizer=gna.tasks.toy_tokenizer())
+    with pytest.warns(NoRetrievalWarning, match="near chance"):
+        circuit = discover(random_model, gna.tasks.toy_mcq(40, seed=1), stages=["truncation"], progress=False)
+    assert circuit.warnings and circuit.truncation is not None and len(circuit.truncation) == random_model.n_layers
+
+
+def test_grouped_prescreen_verifies_the_worst_groups():
+    """Mamba-1 channels as heads: groups screened, the two worst verified one by one; the
+    verified values equal single ablations measured through evaluate."""
+    from gna_interp.discovery.scans import head_scan
+
+    model = gna.load(gna.models.tiny.tiny_model("mamba", seed=1, vocab_size=192), tokenizer=gna.tasks.toy_tokenizer())
+    task = gna.tasks.toy_mcq(16, seed=3)
+    scan = head_scan(model, task, [1], screen_above=16, group_size=16, verify_groups=1, progress=False)
+    groups = [scan.accuracy[1, i : i + 16] for i in range(0, model.n_heads, 16)]
+    assert int(scan.verified[1].sum()) == 16 and not bool(scan.verified[0].any())
+    assert bool(scan.accuracy[0].isnan().all())
+    worst = min(
+        range(len(groups)),
+        key=lambda g: float(gna.evaluate(model, task, [gna.Ablate([gna.Head(1, h) for h in range(16 * g, 16 * g + 16)])]).accuracy),
+    )
+    assert bool(scan.verified[1, 16 * worst : 16 * worst + 16].all())
+    for h in range(16 * worst, 16 * worst + 3):
+        assert float(scan.accuracy[1, h]) == pytest.approx(gna.evaluate(model, task, [gna.Ablate([gna.Head(1, h)])]).accuracy)

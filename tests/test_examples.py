@@ -1,0 +1,65 @@
+"""Every example runs: the offline ones as they are, the ones that need real weights on
+tiny random models of the same family through the same code path (env overrides)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gna_interp as gna
+from gna_interp.models.tiny import tiny_model
+from gna_interp.tasks.toy import VOCAB_SIZE
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+MMLU_ROWS = [
+    {"question": f"Question {i}?", "subject": "anatomy", "choices": ["apple", "river", "stone", "cloud"], "answer": i % 4}
+    for i in range(12)
+]
+
+
+def run(script: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, **env}
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=environment
+    )
+
+
+@pytest.fixture(scope="module")
+def mmlu_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mmlu") / "test.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in MMLU_ROWS))
+    return path
+
+
+def tiny_folder(tmp_path: Path, family: str) -> Path:
+    folder = tmp_path / family
+    tiny_model(family, seed=0, vocab_size=VOCAB_SIZE).save_pretrained(folder)
+    gna.tasks.toy_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("script", ["quickstart.py", "toy_zoo.py", "toy_demo.py"])
+def test_offline_examples(script, tmp_path):
+    result = run(script, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    if script == "toy_demo.py":
+        assert (tmp_path / "gna-report" / "index.html").is_file()
+
+
+@pytest.mark.parametrize(
+    "script,family,extra",
+    [
+        ("paper_llama31_8b.py", "llama", {}),
+        ("falcon_mamba_7b.py", "falcon_mamba", {}),
+        ("ndif_llama70b.py", "llama", {"GNA_EXAMPLE_REMOTE": "local"}),
+    ],
+)
+def test_examples_that_need_weights_run_on_tiny_models(script, family, extra, tmp_path, mmlu_file):
+    env = {"GNA_EXAMPLE_MODEL": str(tiny_folder(tmp_path, family)), "GNA_EXAMPLE_MMLU": str(mmlu_file), "GNA_EXAMPLE_N": "8", **extra}
+    result = run(script, tmp_path, **env)
+    assert result.returncode == 0, result.stderr[-3000:]
