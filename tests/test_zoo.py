@@ -118,3 +118,5 @@ def test_learning_rate_schedule():
     assert [lr_factor(plain, s) for s in (0, 4, 9, 500)] == [0.1, 0.5, 1.0, 1.0]
     decayed = dataclasses.replace(plain, decay_start=100, decay_steps=50)
     assert [lr_factor(decayed, s) for s in (99, 100, 125, 150, 400)] == [1.0, 1.0, 0.5, 0.0, 0.0]
+    restarted = dataclasses.replace(decayed, more_phases=((20, 0.5, 0.5), (10, 0.5, 0.0)))
+    assert [lr_factor(restarted, s) for s in (149, 150, 169, 170, 175, 180, 500)] == pytest.approx([0.02, 0.5, 0.5, 0.5, 0.25, 0.0, 0.0])

@@ -27,6 +27,9 @@ class Recipe:
     """Step after which the learning rate decays linearly to 0 over ``decay_steps``
     (``None``: constant after warm-up)."""
     decay_steps: int = 0
+    more_phases: tuple[tuple[int, float, float], ...] = ()
+    """After the decay: ``(steps, start factor, end factor)`` phases, linear within each
+    (a warm restart, e.g. ``(6000, 0.5, 0.5), (3000, 0.5, 0.0)``)."""
     grad_clip: float = 1.0
     weight_decay: float = 0.01
     eval_every: int = 200
@@ -57,9 +60,10 @@ RECIPES: dict[str, Recipe] = {
             ),
             seed=0,
             lr=2e-3,
-            max_steps=34_000,
+            max_steps=43_000,
             decay_start=30_000,
             decay_steps=4_000,
+            more_phases=((6_000, 0.5, 0.5), (3_000, 0.5, 0.0)),
             target_accuracy=0.97,
             notes="2 layers x 4 heads of 16: few heads, so retrieval must flow through one or two of them.",
         ),

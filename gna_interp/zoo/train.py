@@ -64,9 +64,16 @@ def lr_factor(recipe: Recipe, step: int) -> float:
     """Learning-rate multiplier after ``step`` optimizer steps: linear warm-up, constant,
     then (if the recipe says so) linear decay to 0."""
     factor = min(1.0, (step + 1) / recipe.warmup_steps)
-    if recipe.decay_start is not None and step >= recipe.decay_start:
-        factor *= max(0.0, 1.0 - (step - recipe.decay_start) / max(1, recipe.decay_steps))
-    return factor
+    if recipe.decay_start is None or step < recipe.decay_start:
+        return factor
+    start = recipe.decay_start + recipe.decay_steps
+    if step < start or not recipe.more_phases:
+        return factor * max(0.0, 1.0 - (step - recipe.decay_start) / max(1, recipe.decay_steps))
+    for length, first, last in recipe.more_phases:
+        if step < start + length:
+            return first + (last - first) * (step - start) / length
+        start += length
+    return recipe.more_phases[-1][2]
 
 
 def _recipe_key(recipe: Recipe) -> dict[str, Any]:
@@ -75,9 +82,14 @@ def _recipe_key(recipe: Recipe) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(recipe).items() if k not in ("max_steps", "target_accuracy", "notes")}
 
 
-def _schedule_agrees(recipe: Recipe, step: int) -> bool:
-    """A decay that starts before the checkpoint would have changed its past."""
-    return recipe.decay_start is None or recipe.decay_start >= step
+def _schedule_agrees(recipe: Recipe, step: int, stored: dict[str, Any]) -> bool:
+    """The schedule up to the checkpoint must be the one that produced it."""
+    then = dataclasses.replace(recipe, **{k: stored[k] for k in ("decay_start", "decay_steps", "more_phases") if k in stored})
+    if "decay_start" not in stored:
+        then = dataclasses.replace(then, decay_start=None)
+    if "more_phases" not in stored:
+        then = dataclasses.replace(then, more_phases=())
+    return all(lr_factor(then, s) == lr_factor(recipe, s) for s in range(step))
 
 
 def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -129,7 +141,7 @@ def train(
             state = torch.load(checkpoint, weights_only=False)
             key, stored = _recipe_key(recipe), state["recipe"]
             shared = set(key) & set(stored)  # fields added to Recipe later count as unchanged
-            if any(key[k] != stored[k] for k in shared) or not _schedule_agrees(recipe, int(state["step"])):
+            if any(key[k] != stored[k] for k in shared) or not _schedule_agrees(recipe, int(state["step"]), stored):
                 raise ValueError(f"checkpoint {str(checkpoint)!r} was written for another recipe: delete it or pass another path")
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
