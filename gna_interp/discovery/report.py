@@ -58,6 +58,8 @@ def scan_png(circuit: GnACircuit) -> bytes | None:
             axes.plot(range(len(circuit.layer_scan)), circuit.layer_scan, "s--", label="skip layer l")
         axes.axhline(circuit.accuracy["clean"], color="green", lw=0.8, label="clean")
         axes.axhline(circuit.accuracy["chance"], color="gray", lw=0.8, ls=":", label="chance")
+        n_layers = len(circuit.truncation or circuit.layer_scan or [])
+        axes.set_xticks(range(n_layers))
         axes.set_xlabel("layer")
         axes.set_ylabel("accuracy")
         axes.set_ylim(0, 1.02)
