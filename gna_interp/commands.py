@@ -183,9 +183,7 @@ def zoo_train(args: argparse.Namespace) -> int:
         if args.max_steps < 1:
             raise ValueError(f"--max-steps {args.max_steps}: expected a positive number of steps")
         chosen = dataclasses.replace(chosen, max_steps=args.max_steps)
-    out = Path(args.out or f"gna-zoo/{args.name}")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {str(out)!r} is an existing file: expected a folder")
+    out = check_out_dir(args.out or f"gna-zoo/{args.name}")
     print(f"training {chosen.name} ({chosen.family}), seed {chosen.seed}, at most {chosen.max_steps} steps, into {out}/")
     card = build_toy(chosen, out, progress=not args.quiet)
     facts = card["ablation"]

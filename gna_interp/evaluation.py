@@ -104,13 +104,13 @@ def evaluate(
         raise ValueError(f"batch_size={batch_size!r}: expected a positive int")
     encoded = task.encode(task.tokenizer_for(model.tokenizer))
     check_context(model, encoded)
-    everything = [*model.active_interventions, *interventions]
-    if any(_row_paired(item) for item in everything):
+    row_paired = any(_row_paired(item) for item in [*model.active_interventions, *interventions])
+    if row_paired:
         batch_size = encoded.batch.n_rows
     if encoded.single_token:
         scores = _single_token_scores(model, encoded, interventions, batch_size, progress)
     else:
-        if any(_row_paired(item) for item in everything):
+        if row_paired:
             raise ValueError("multi-token candidates are scored over re-padded batches, which a Patch / resample Ablate cannot follow")
         scores = _continuation_scores(model, encoded, interventions, batch_size, progress)
     return Evaluation(scores=scores, correct=encoded.correct.clone())
@@ -131,12 +131,16 @@ def check_context(model: GnaModel, encoded: EncodedTask) -> None:
         raise ValueError(f"prompt {longest} has {int(lengths[longest])} tokens, more than {model.name}'s context of {limit}")
 
 
-def _chunks(n_rows: int, size: int, progress: bool | None, what: str) -> Any:
+def progress_bar(items: Sequence[Any], show: bool, desc: str) -> Any:
+    """A transient tqdm bar over ``items`` (hidden when ``show`` is false)."""
     from tqdm.auto import tqdm
 
+    return tqdm(items, desc=desc, disable=not show, leave=False)
+
+
+def _chunks(n_rows: int, size: int, progress: bool | None, what: str) -> Any:
     starts = range(0, n_rows, size)
-    show = len(starts) > 4 if progress is None else progress
-    return tqdm(starts, desc=what, disable=not show, leave=False)
+    return progress_bar(starts, len(starts) > 4 if progress is None else progress, what)
 
 
 def _slice(batch: Batch, start: int, stop: int) -> Batch:

@@ -176,7 +176,7 @@ def _confirm(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float,
         circuit.accuracy["only_gna"] = accuracy_without(others)
     for role, heads in (("gather", circuit.gather), ("aggregate", circuit.aggregate)):
         if heads:
-            chosen, accuracy, reached = scans.collapsing_set(model, task, heads, threshold, max_heads)
+            chosen, accuracy, reached = scans.collapsing_set(model, task, heads, threshold, max_heads, circuit.accuracy["clean"])
             circuit.needs[role] = RoleNeed(chosen, accuracy, reached)
     circuit.path_patching = _gather_to_aggregate(model, task, circuit)
 

@@ -37,6 +37,7 @@ from torch import Tensor
 from ..attention.pattern import attention_pattern
 from ..attention.sharpness import entropy, top1_mass
 from ..core.heads import Head
+from ..models.inputs import Batch
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
@@ -90,8 +91,6 @@ def _span_masks(encoded: EncodedTask, rows: slice, n_pos: int, with_end: bool) -
 def role_scores(model: GnaModel, encoded: EncodedTask, heads: Sequence[Head], n_prompts: int = 64) -> dict[Head, RoleScores]:
     """Scores of ``heads`` on the first ``n_prompts`` prompts of an encoded task."""
     rows = slice(0, min(n_prompts, encoded.batch.n_rows))
-    from ..models.inputs import Batch
-
     batch = Batch(encoded.batch.input_ids[rows], encoded.batch.attention_mask[rows])
     ends = encoded.segment_ends[rows]
     n_rows, n_segments = ends.shape

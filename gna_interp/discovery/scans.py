@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from ..core.heads import Head
 from ..core.interventions import Ablate, SkipLayers, Truncate
-from ..evaluation import evaluate
+from ..evaluation import evaluate, progress_bar
 from ..patching.metrics import candidate_accuracy
 from ..patching.sweeps import ablation_sweep
 
@@ -30,15 +30,9 @@ if TYPE_CHECKING:
     from ..tasks.base import Task
 
 
-def _progress(items: Sequence[Any], show: bool, desc: str) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(items, desc=desc, disable=not show, leave=False)
-
-
 def truncation_scan(model: GnaModel, task: Task, *, progress: bool = True) -> list[float]:
     """Accuracy keeping the first ``k`` layers, for ``k = 1 .. n_layers`` (index ``k - 1``)."""
-    return [evaluate(model, task, [Truncate(k)]).accuracy for k in _progress(range(1, model.n_layers + 1), progress, "truncation scan")]
+    return [evaluate(model, task, [Truncate(k)]).accuracy for k in progress_bar(range(1, model.n_layers + 1), progress, "truncation scan")]
 
 
 def critical_layer(truncation: Sequence[float], clean: float, chance: float) -> int | None:
@@ -54,7 +48,7 @@ def critical_layer(truncation: Sequence[float], clean: float, chance: float) -> 
 
 def layer_scan(model: GnaModel, task: Task, *, progress: bool = True) -> list[float]:
     """Accuracy with layer ``l`` skipped (its block passes the residual through), per layer."""
-    return [evaluate(model, task, [SkipLayers([layer])]).accuracy for layer in _progress(range(model.n_layers), progress, "layer scan")]
+    return [evaluate(model, task, [SkipLayers([layer])]).accuracy for layer in progress_bar(range(model.n_layers), progress, "layer scan")]
 
 
 @dataclass
@@ -85,7 +79,7 @@ def head_scan(
             direct += heads
             continue
         groups = [heads[i : i + group_size] for i in range(0, len(heads), group_size)]
-        scores = [evaluate(model, task, [Ablate(g)]).accuracy for g in _progress(groups, progress, f"screening layer {layer}")]
+        scores = [evaluate(model, task, [Ablate(g)]).accuracy for g in progress_bar(groups, progress, f"screening layer {layer}")]
         for group, score in zip(groups, scores, strict=True):
             for head in group:
                 accuracy[head.layer, head.head] = score
@@ -105,20 +99,23 @@ def _single_ablations(model: GnaModel, task: Task, heads: list[Head], progress: 
         metric = candidate_accuracy(encoded.candidate_ids, encoded.correct)
         sweep = ablation_sweep(model, task, metric, heads=heads, progress=progress)
         return {h: float(sweep.scores[h.layer, h.head]) for h in heads}
-    return {h: evaluate(model, task, [Ablate([h])]).accuracy for h in _progress(heads, progress, "head scan")}
+    return {h: evaluate(model, task, [Ablate([h])]).accuracy for h in progress_bar(heads, progress, "head scan")}
 
 
 def collapsing_set(
-    model: GnaModel, task: Task, ordered: Sequence[Head], threshold: float, max_heads: int
+    model: GnaModel, task: Task, ordered: Sequence[Head], threshold: float, max_heads: int, clean: float
 ) -> tuple[list[Head], float, bool]:
     """Ablate ``ordered`` heads cumulatively until accuracy is at most ``threshold``.
+
+    Args:
+        clean: the accuracy with nothing ablated (returned when ``ordered`` is empty).
 
     Returns:
         the heads used, the accuracy with all of them ablated, and whether the
         threshold was reached within ``max_heads``.
     """
     chosen: list[Head] = []
-    accuracy = evaluate(model, task).accuracy
+    accuracy = clean
     for head in list(ordered)[:max_heads]:
         chosen.append(head)
         accuracy = evaluate(model, task, [Ablate(chosen)]).accuracy

@@ -30,7 +30,7 @@ from torch import Tensor
 from ..core.heads import Head
 from ..core.interventions import Intervention
 from ..core.plan import Site, SiteKind
-from .compile import check_aligned, compile_plan, heads_by_layer
+from .compile import check_aligned, clean_corrupt_batches, compile_plan, heads_by_layer
 from .metrics import Metric, reduce_metric
 from .results import SweepResult
 
@@ -77,12 +77,7 @@ def attribution_patching(
         raise ValueError(f"direction={direction!r}: expected 'denoise' or 'noise'")
     if getattr(model.backend, "remote", False):
         raise ValueError("attribution_patching needs gradients of a local forward: load the model without remote=")
-    clean_batch, corrupt_batch = model.to_batch(clean), model.to_batch(corrupt)
-    if clean_batch.n_pos != corrupt_batch.n_pos:
-        raise ValueError(
-            f"clean has {clean_batch.n_pos} token positions and corrupt has {corrupt_batch.n_pos}: attribution patching "
-            "estimates replacing activations position by position, so both must tokenize to the same length"
-        )
+    clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "attribution patching (an estimate of patching)")
     target, source = (corrupt_batch, clean_batch) if direction == "denoise" else (clean_batch, corrupt_batch)
     check_aligned(target, source, "clean/corrupt")
     head_list = list(model.heads if heads is None else heads)

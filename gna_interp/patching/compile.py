@@ -81,6 +81,23 @@ def check_aligned(batch: Batch, other: Batch, what: str) -> None:
         raise ValueError(f"{what} has {other.n_rows} rows but the inputs have {batch.n_rows}: expected {batch.n_rows} or 1")
 
 
+def clean_corrupt_batches(model: GnaModel, clean: Any, corrupt: Any, what: str, detail: str = "") -> tuple[Batch, Batch]:
+    """Tokenize a clean / corrupt pair and check they can be patched into each other.
+
+    Args:
+        what: the method, for the error (``"patching"``, ``"path patching"``...).
+        detail: appended to the error's first clause (e.g. the option that matters).
+    """
+    clean_batch, corrupt_batch = model.to_batch(clean), model.to_batch(corrupt)
+    if clean_batch.n_pos != corrupt_batch.n_pos:
+        raise ValueError(
+            f"clean has {clean_batch.n_pos} token positions and corrupt has {corrupt_batch.n_pos}{detail}: {what} "
+            "replaces activations position by position, so both must tokenize to the same length"
+        )
+    check_aligned(clean_batch, corrupt_batch, "corrupt")
+    return clean_batch, corrupt_batch
+
+
 def ablation_values(model: GnaModel, batch: Batch, layers: Sequence[int], how: str, reference: Any) -> dict[int, Tensor]:
     """Per layer, the replacement for its heads: ``[]`` zero, ``[1, 1, head, d_head]``
     mean, or ``[batch | 1, pos, head, d_head]`` resample."""

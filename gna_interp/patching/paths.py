@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from ..core.heads import Head
 from ..core.interventions import Intervention
 from ..core.plan import Site, SiteKind
-from .compile import check_aligned, compile_plan
+from .compile import clean_corrupt_batches, compile_plan
 from .metrics import Metric, reduce_metric
 from .path_chain import PathSetup, path_scores, setup_sites
 from .results import SweepResult
@@ -219,13 +219,7 @@ def prepare(
     streams = parse_streams(model, receiver_input)
     check_reach(model, senders, heads, to_logits)
     sender_layers = {head.layer for head in senders}
-    clean_batch, corrupt_batch = model.to_batch(clean), model.to_batch(corrupt)
-    if clean_batch.n_pos != corrupt_batch.n_pos:
-        raise ValueError(
-            f"clean has {clean_batch.n_pos} token positions and corrupt has {corrupt_batch.n_pos}: path patching "
-            "replaces activations position by position, so both must tokenize to the same length"
-        )
-    check_aligned(clean_batch, corrupt_batch, "corrupt")
+    clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "path patching")
     ambient = [*model.active_interventions, *interventions]
     base = compile_plan(model, clean_batch, ambient)
     clean_out = model.backend.run(clean_batch, base, capture=setup_sites(model, heads, streams, sender_layers))

@@ -26,7 +26,7 @@ from torch import Tensor
 from ..core.heads import Head
 from ..core.interventions import ABLATION_KINDS, Intervention
 from ..core.plan import Edit, Site, SiteKind
-from .compile import ablation_values, check_aligned, compile_plan, head_mask, heads_by_layer
+from .compile import ablation_values, check_aligned, clean_corrupt_batches, compile_plan, head_mask, heads_by_layer
 from .metrics import Metric, reduce_metric
 from .results import SweepResult
 from .variants import Variant, score_table
@@ -119,13 +119,7 @@ def patching_sweep(
         raise ValueError("heads= selects heads to patch; it has no meaning with sites='resid'")
     if direction not in ("denoise", "noise"):
         raise ValueError(f"direction={direction!r}: expected 'denoise' or 'noise'")
-    clean_batch, corrupt_batch = model.to_batch(clean), model.to_batch(corrupt)
-    if clean_batch.n_pos != corrupt_batch.n_pos:
-        raise ValueError(
-            f"clean has {clean_batch.n_pos} token positions and corrupt has {corrupt_batch.n_pos}"
-            f"{' (by_position=True)' if by_position else ''}: patching replaces activations position by "
-            "position, so both must tokenize to the same length"
-        )
+    clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "patching", " (by_position=True)" if by_position else "")
     target, source = (corrupt_batch, clean_batch) if direction == "denoise" else (clean_batch, corrupt_batch)
     check_aligned(target, source, "clean/corrupt")
     ambient = [*model.active_interventions, *interventions]

@@ -185,9 +185,6 @@ class Task:
         """The protocol `make_batch` uses, so a task is valid ``inputs`` everywhere."""
         return self.encode(self.tokenizer_for(tokenizer)).batch
 
-    def with_examples(self, examples: Sequence[Example]) -> Task:
-        return Task(self.name, examples, tokenizer=self.tokenizer, corrupter=self._corrupter)
-
 
 def _encode(task: Task, tokenizer: Any) -> EncodedTask:
     if not getattr(tokenizer, "is_fast", False):

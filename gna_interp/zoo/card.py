@@ -7,10 +7,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..core.heads import Head
-from ..core.interventions import Ablate
+from ..discovery.scans import collapsing_set, head_scan
 from ..evaluation import evaluate
-from ..patching.metrics import candidate_accuracy
-from ..patching.sweeps import ablation_sweep
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
@@ -42,21 +40,14 @@ class AblationFacts:
 def ablation_facts(model: GnaModel, task: Task, *, progress: bool = False) -> AblationFacts:
     """Clean accuracy, every head's single ablation, and the smallest collapsing set per layer."""
     clean = evaluate(model, task)
-    encoded = task.encode(task.tokenizer_for(model.tokenizer))
-    metric = candidate_accuracy(encoded.candidate_ids, encoded.correct)
-    sweep = ablation_sweep(model, task, metric, progress=progress)
-    single = {str(Head(layer, head)): float(sweep.scores[layer, head]) for layer in range(model.n_layers) for head in range(model.n_heads)}
+    layers = range(model.n_layers)
+    scan = head_scan(model, task, layers, screen_above=model.n_heads, progress=progress)
+    single = {str(Head(layer, head)): float(scan.accuracy[layer, head]) for layer in layers for head in range(model.n_heads)}
     best = min(single, key=single.__getitem__)
     threshold = clean.chance + CHANCE_MARGIN
     sets: dict[int, dict[str, Any]] = {}
-    for layer in range(model.n_layers):
-        order = sorted(range(model.n_heads), key=lambda h: float(sweep.scores[layer, h]))
-        chosen: list[Head] = []
-        accuracy = clean.accuracy
-        for head in order:
-            chosen.append(Head(layer, head))
-            accuracy = evaluate(model, task, [Ablate(chosen)]).accuracy
-            if accuracy <= threshold:
-                break
-        sets[layer] = {"heads": [str(h) for h in chosen], "accuracy": accuracy, "reached_chance": accuracy <= threshold}
+    for layer in layers:
+        order = sorted((Head(layer, h) for h in range(model.n_heads)), key=lambda h: float(scan.accuracy[h.layer, h.head]))
+        chosen, accuracy, reached = collapsing_set(model, task, order, threshold, model.n_heads, clean.accuracy)
+        sets[layer] = {"heads": [str(h) for h in chosen], "accuracy": accuracy, "reached_chance": reached}
     return AblationFacts(clean.accuracy, clean.chance, single, best, single[best], sets)
