@@ -9,11 +9,12 @@ Everything a user needs is importable from here::
 
 from . import attention, tasks, viz
 from .attention import attention_pattern, entropy, mass_on, top1_mass
-from .core import Ablate, ArchSpec, Head, LayerKind, Patch, Resid, SkipLayers, Truncate
+from .core import Ablate, ArchSpec, Head, LayerKind, MaskAttentionRows, Patch, Resid, SkipLayers, Truncate, keep_attention_rows
 from .discovery import GnACircuit, discover, write_report
 from .evaluation import Evaluation, evaluate
 from .models import GnaModel, load
 from .models.registry import ARCHITECTURES
+from .models.swap import swap_layers
 from .patching import (
     SweepResult,
     ablation_sweep,
@@ -38,6 +39,7 @@ __all__ = [
     "GnaModel",
     "Head",
     "LayerKind",
+    "MaskAttentionRows",
     "Patch",
     "Resid",
     "SkipLayers",
@@ -51,6 +53,7 @@ __all__ = [
     "discover",
     "entropy",
     "evaluate",
+    "keep_attention_rows",
     "load",
     "load_toy",
     "logit_diff",
@@ -58,6 +61,7 @@ __all__ = [
     "patching_sweep",
     "path_patching",
     "path_patching_sweep",
+    "swap_layers",
     "target_logprob",
     "tasks",
     "top1_mass",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from .core.interventions import Ablate, Intervention, Patch
+from .core.interventions import Ablate, Intervention, MaskAttentionRows, Patch
 from .models.inputs import Batch, make_batch
 from .tasks.base import EncodedTask, Task
 
@@ -111,13 +111,20 @@ def evaluate(
         scores = _single_token_scores(model, encoded, interventions, batch_size, progress)
     else:
         if row_paired:
-            raise ValueError("multi-token candidates are scored over re-padded batches, which a Patch / resample Ablate cannot follow")
+            raise ValueError(
+                "multi-token candidates are scored over re-padded batches, which a Patch, MaskAttentionRows, "
+                "or a resample or positional Ablate cannot follow"
+            )
         scores = _continuation_scores(model, encoded, interventions, batch_size, progress)
     return Evaluation(scores=scores, correct=encoded.correct.clone())
 
 
 def _row_paired(item: Intervention) -> bool:
-    return isinstance(item, Patch) or (isinstance(item, Ablate) and item.how == "resample")
+    """Interventions tied to the batch's rows or columns, which re-padded continuation
+    batches would misplace."""
+    if isinstance(item, Ablate):
+        return item.how == "resample" or item.positions is not None
+    return isinstance(item, (Patch, MaskAttentionRows))
 
 
 def check_context(model: GnaModel, encoded: EncodedTask) -> None:

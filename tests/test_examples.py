@@ -57,6 +57,7 @@ def test_offline_examples(script, tmp_path):
         ("paper_llama31_8b.py", "llama", {}),
         ("falcon_mamba_7b.py", "falcon_mamba", {}),
         ("ndif_llama70b.py", "llama", {"GNA_EXAMPLE_REMOTE": "local"}),
+        ("zamba2_hybrid.py", "zamba2", {}),
     ],
 )
 def test_examples_that_need_weights_run_on_tiny_models(script, family, extra, tmp_path, mmlu_file):

@@ -1,18 +1,24 @@
 """What implicit attention needs, read from a real forward: each SSM layer's ``dt``,
 ``A``, ``B``, ``C`` and ``D`` for the requested heads.
 
-One recipe per family says which mixer outputs and parameters to read (a `Read` each,
+One recipe per SSM flavour says which mixer outputs and parameters to read (a `Read` each,
 in execution order) and how to finish them into `SSMInputs`. Only the columns the
 requested heads need are read, so little travels (this also runs on NDIF):
 
-- Mamba-2: the ``in_proj`` output's ``B`` / ``C`` columns of the heads' groups and the
-  heads' ``dt`` columns. ``B`` and ``C`` pass through the mixer's depthwise causal conv
-  and activation inside HF's forward as plain functions (no module to hook), so the conv
-  is applied here to the read columns with the read conv weights; then padding positions
-  are zeroed exactly as HF does (``apply_mask_to_padding_states`` after the conv).
+- Mamba-2 (also the Mamba-2 mixers of Zamba2, Bamba, GraniteMoeHybrid, NemotronH and
+  FalconH1): the ``in_proj`` output's ``B`` / ``C`` columns of the heads' groups and the
+  heads' ``dt`` columns (FalconH1: times the same columns of its ``mup_vector``). ``B``
+  and ``C`` pass through the mixer's depthwise causal conv and activation inside HF's
+  forward as plain functions (no module to hook), so the conv is applied here to the
+  read columns with the read conv weights; then padding positions are zeroed exactly as
+  HF does (``apply_mask_to_padding_states`` after the conv).
 - Mamba-1: the ``x_proj`` output (low-rank ``dt``, ``B``, ``C``; its input is already
-  masked on padding); FalconMamba: the outputs of its ``dt`` / ``B`` / ``C`` RMS norms.
+  masked on padding); FalconMamba and Jamba: the outputs of their ``dt`` / ``B`` / ``C``
+  RMS norms.
   ``dt = softplus(dt_proj.weight @ dt_low + dt_proj.bias)`` for the requested channels.
+- Gated DeltaNet (Qwen3-Next): the ``in_proj_qkvz`` columns of the query / key heads
+  the value heads use, their conv, the ``b`` / ``a`` columns of ``in_proj_ba``, and
+  ``A_log``, ``dt_bias`` (`DeltaInputs`).
 
 Tests check every field against the arguments of HF's own scan call.
 """
@@ -20,12 +26,12 @@ Tests check every field against the arguments of HF's own scan call.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..core.arch import DeltaNetDims, Mamba1Dims, Mamba2Dims
 from ..core.plan import Read, ReadKind
 
 
@@ -58,72 +64,148 @@ class SSMInputs:
 class Mamba2Recipe:
     """``in_proj`` output = ``[gate | x | B (groups x state) | C (groups x state) | dt (heads)]``."""
 
-    def _layout(self, config: Any, heads: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        inner = int(config.expand * config.hidden_size)
-        n_groups, n_state = int(config.n_groups), int(config.state_size)
-        groups = torch.unique(heads // (int(config.num_heads) // n_groups))
-        state = torch.arange(n_state)
-        b_cols = (2 * inner + groups[:, None] * n_state + state).flatten()
-        columns = torch.cat([b_cols, b_cols + n_groups * n_state, 2 * inner + 2 * n_groups * n_state + heads])
-        return groups, columns, columns[: 2 * len(b_cols)] - inner  # conv channels of the B / C columns
+    def _layout(self, d: Mamba2Dims, heads: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        groups = torch.unique(heads // (d.heads // d.groups))
+        state = torch.arange(d.state)
+        b_cols = (2 * d.inner + groups[:, None] * d.state + state).flatten()
+        columns = torch.cat([b_cols, b_cols + d.groups * d.state, 2 * d.inner + 2 * d.groups * d.state + heads])
+        return groups, columns, columns[: 2 * len(b_cols)] - d.inner  # conv channels of the B / C columns
 
-    def reads(self, config: Any, layer: int, heads: Tensor) -> list[Read]:
-        _, columns, channels = self._layout(config, heads)
-        reads = [Read(ReadKind.OUTPUT, layer, "in_proj", ((-1, columns),)), Read(ReadKind.PARAM, layer, "conv1d.weight", ((0, channels),))]
-        if config.use_conv_bias:
-            reads.append(Read(ReadKind.PARAM, layer, "conv1d.bias", ((0, channels),)))
-        return reads + [Read(ReadKind.PARAM, layer, name, ((0, heads),)) for name in ("dt_bias", "A_log", "D")]
+    def reads(self, d: Mamba2Dims, layer: int, mixer: int, heads: Tensor) -> list[Read]:
+        _, columns, channels = self._layout(d, heads)
+        reads = [
+            Read(ReadKind.OUTPUT, layer, "in_proj", ((-1, columns),), mixer),
+            Read(ReadKind.PARAM, layer, "conv1d.weight", ((0, channels),), mixer),
+        ]
+        if d.conv_bias:
+            reads.append(Read(ReadKind.PARAM, layer, "conv1d.bias", ((0, channels),), mixer))
+        if d.in_scale:
+            reads.append(Read(ReadKind.PARAM, layer, "mup_vector", ((2, columns),), mixer))
+        return reads + [Read(ReadKind.PARAM, layer, name, ((0, heads),), mixer) for name in ("dt_bias", "A_log", "D")]
 
-    def build(self, config: Any, values: list[Tensor], heads: Tensor, mask: Tensor) -> SSMInputs:
+    def build(self, d: Mamba2Dims, values: list[Tensor], heads: Tensor, mask: Tensor) -> SSMInputs:
         from transformers.activations import ACT2FN
 
         projected, weight, *rest = (value.float() for value in values)
-        bias = rest.pop(0) if config.use_conv_bias else None
+        bias = rest.pop(0) if d.conv_bias else None
+        if d.in_scale:
+            projected = projected * rest.pop(0)
         dt_bias, a_log, skip = rest
-        groups, _, channels = self._layout(config, heads)
+        groups, _, channels = self._layout(d, heads)
         n_pos, n_bc = projected.shape[1], len(channels)
         conv = F.conv1d(projected[..., :n_bc].transpose(1, 2), weight, bias, padding=weight.shape[-1] - 1, groups=n_bc)
-        bc = ACT2FN[config.hidden_act](conv[..., :n_pos]).transpose(1, 2) * mask[..., None]
-        b_state, c_state = bc.unflatten(-1, (2, len(groups), int(config.state_size))).unbind(2)
-        which = torch.searchsorted(groups, heads // (int(config.num_heads) // int(config.n_groups)))
-        low, high = config.time_step_limit
+        bc = ACT2FN[d.act](conv[..., :n_pos]).transpose(1, 2) * mask[..., None]
+        b_state, c_state = bc.unflatten(-1, (2, len(groups), d.state)).unbind(2)
+        which = torch.searchsorted(groups, heads // (d.heads // d.groups))
+        low, high = d.dt_limit
         dt = F.softplus(projected[..., n_bc:] + dt_bias).clamp(low, high)
         return SSMInputs(dt, -torch.exp(a_log), b_state[:, :, which], c_state[:, :, which], skip, mask)
 
 
 class Mamba1Recipe:
-    """Mamba-1 reads ``x_proj``'s output; FalconMamba (``norms=True``) its three RMS norms'."""
+    """Mamba-1 reads ``x_proj``'s output; FalconMamba and Jamba (``norms=True``) the outputs
+    of their ``dt`` / ``B`` / ``C`` RMS norms."""
 
     def __init__(self, norms: bool) -> None:
         self.norms = norms
 
-    def reads(self, config: Any, layer: int, heads: Tensor) -> list[Read]:
+    def reads(self, d: Mamba1Dims, layer: int, mixer: int, heads: Tensor) -> list[Read]:
         names = ("dt_layernorm", "b_layernorm", "c_layernorm") if self.norms else ("x_proj",)
-        outputs = [Read(ReadKind.OUTPUT, layer, name) for name in names]
-        return outputs + [Read(ReadKind.PARAM, layer, name, ((0, heads),)) for name in ("dt_proj.weight", "dt_proj.bias", "A_log", "D")]
+        outputs = [Read(ReadKind.OUTPUT, layer, name, mixer=mixer) for name in names]
+        params = ("dt_proj.weight", "dt_proj.bias", "A_log", "D")
+        return outputs + [Read(ReadKind.PARAM, layer, name, ((0, heads),), mixer) for name in params]
 
-    def build(self, config: Any, values: list[Tensor], heads: Tensor, mask: Tensor) -> SSMInputs:
+    def build(self, d: Mamba1Dims, values: list[Tensor], heads: Tensor, mask: Tensor) -> SSMInputs:
         floats = [value.float() for value in values]
         if self.norms:
             dt_low, b_state, c_state = floats[:3]
         else:
-            n_state = int(config.state_size)
-            dt_low, b_state, c_state = floats[0].split([floats[0].shape[-1] - 2 * n_state, n_state, n_state], dim=-1)
+            dt_low, b_state, c_state = floats[0].split([d.rank, d.state, d.state], dim=-1)
         weight, bias, a_log, skip = floats[-4:]
         dt = F.softplus(dt_low @ weight.T + bias)
         return SSMInputs(dt, -torch.exp(a_log), b_state, c_state, skip, mask)
 
 
-SSM_RECIPES: dict[str, Mamba2Recipe | Mamba1Recipe] = {
+@dataclass
+class DeltaInputs:
+    """A gated DeltaNet layer (Qwen3-Next's linear attention) for ``head`` = the requested
+    value heads, in float32. Its state ``S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} +
+    beta_t k_t v_t^T`` is linear in the values, so ``o_t = sum_s M[t, s] v_s`` with
+    ``M[t, s] = beta_s k_s^T A_{s+1} ... A_t q_t``, ``A_r = alpha_r (I - beta_r k_r k_r^T)``.
+
+    Attributes:
+        q, k: ``[batch, pos, head, k_dim]``, after the conv, the L2 norm and (``q``) the
+            ``1 / sqrt(k_dim)`` scale, each value head's key head.
+        beta: ``[batch, pos, head]`` write strengths (``sigmoid(b)``).
+        log_alpha: ``[batch, pos, head]`` decays, ``-exp(A_log) softplus(a + dt_bias)``.
+        mask: ``[batch, pos]`` bool, True on real tokens.
+    """
+
+    q: Tensor
+    k: Tensor
+    beta: Tensor
+    log_alpha: Tensor
+    mask: Tensor
+
+
+class DeltaNetRecipe:
+    """``in_proj_qkvz`` output, per key head ``j``: ``[q | k | v (group) | z (group)]``;
+    ``in_proj_ba`` output, per key head: ``[b (group) | a (group)]``. The depthwise conv
+    runs on ``[q (all key heads) | k | v]`` inside HF's forward as a plain function, so it
+    is applied here to the read ``q`` / ``k`` columns with the read conv weights."""
+
+    def _layout(self, d: DeltaNetDims, heads: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        keys = torch.unique(heads // d.group)  # the key heads the value heads use
+        span = 2 * d.k_dim + 2 * d.group * d.v_dim  # in_proj_qkvz columns per key head
+        dims = torch.arange(d.k_dim)
+        q_cols = (keys[:, None] * span + dims).flatten()
+        qk_cols = torch.cat([q_cols, q_cols + d.k_dim])
+        q_chan = (keys[:, None] * d.k_dim + dims).flatten()
+        channels = torch.cat([q_chan, q_chan + d.k_heads * d.k_dim])  # conv channels of those columns
+        b_cols = (heads // d.group) * 2 * d.group + heads % d.group
+        return keys, qk_cols, channels, torch.cat([b_cols, b_cols + d.group])
+
+    def reads(self, d: DeltaNetDims, layer: int, mixer: int, heads: Tensor) -> list[Read]:
+        _, qk_cols, channels, ba_cols = self._layout(d, heads)
+        return [
+            Read(ReadKind.OUTPUT, layer, "in_proj_qkvz", ((-1, qk_cols),), mixer),
+            Read(ReadKind.OUTPUT, layer, "in_proj_ba", ((-1, ba_cols),), mixer),
+            Read(ReadKind.PARAM, layer, "conv1d.weight", ((0, channels),), mixer),
+            *(Read(ReadKind.PARAM, layer, name, ((0, heads),), mixer) for name in ("A_log", "dt_bias")),
+        ]
+
+    def build(self, d: DeltaNetDims, values: list[Tensor], heads: Tensor, mask: Tensor) -> DeltaInputs:
+        from transformers.activations import ACT2FN
+
+        projected, ba, weight, a_log, dt_bias = (value.float() for value in values)
+        keys = self._layout(d, heads)[0]
+        n_pos, n_keys = projected.shape[1], len(keys)
+        conv = F.conv1d(projected.transpose(1, 2), weight, None, padding=weight.shape[-1] - 1, groups=projected.shape[-1])
+        qk = ACT2FN[d.act](conv[..., :n_pos]).transpose(1, 2) * mask[..., None]
+        q, k = qk.unflatten(-1, (2, n_keys, d.k_dim)).unbind(2)  # [batch, pos, key head, k_dim]
+        q, k = (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (q, k))  # HF's l2norm
+        which = torch.searchsorted(keys, heads // d.group)
+        b, a = ba.split(len(heads), dim=-1)
+        log_alpha = -torch.exp(a_log) * F.softplus(a + dt_bias)
+        return DeltaInputs(q[:, :, which] * d.k_dim**-0.5, k[:, :, which], torch.sigmoid(b), log_alpha, mask)
+
+
+Recipe = Mamba2Recipe | Mamba1Recipe | DeltaNetRecipe
+
+SSM_RECIPES: dict[str, Recipe] = {
     "mamba2": Mamba2Recipe(),
     "mamba": Mamba1Recipe(norms=False),
     "falcon_mamba": Mamba1Recipe(norms=True),
+    "jamba": Mamba1Recipe(norms=True),
+    "gated_deltanet": DeltaNetRecipe(),
 }
-"""Family (``ArchSpec.family``) -> how to read its SSM. A new SSM family is a row here."""
+"""Recipe name (`gna_interp.core.arch.MixerSpec.recipe`) -> how to read that SSM. Every
+Mamba-2 flavour (Mamba-2, Zamba2, Bamba, GraniteMoeHybrid, NemotronH, FalconH1) shares
+one recipe; their config fields differ, and `Mamba2Dims` carries the sizes."""
 
 
-def recipe_for(family: str) -> Mamba2Recipe | Mamba1Recipe:
-    recipe = SSM_RECIPES.get(family)
+def recipe_for(name: str) -> Recipe:
+    recipe = SSM_RECIPES.get(name)
     if recipe is None:
-        raise ValueError(f"implicit attention is not implemented for the {family!r} family: supported are {sorted(SSM_RECIPES)}")
+        raise ValueError(f"implicit attention is not implemented for the {name!r} SSM: supported are {sorted(SSM_RECIPES)}")
     return recipe

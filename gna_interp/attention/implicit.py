@@ -7,6 +7,8 @@ is a causal linear map of its inputs: ``y_t = sum_s M[t, s] x_s + D x_t`` with
   ``M_h[t, s] = (C_t . B_s) * exp(A_h * sum_{k=s+1..t} dt_{k,h}) * dt_{s,h}``;
 - Mamba-1 (a head is a channel ``c``; ``A`` diagonal over the state ``n``):
   ``M_c[t, s] = sum_n C_{t,n} exp(A_{c,n} * sum_{k=s+1..t} dt_{k,c}) B_{s,n} dt_{s,c}``;
+- gated DeltaNet (Qwen3-Next; a head is a value head, ``A_r = alpha_r (I - beta_r k_r k_r^T)``):
+  ``M[t, s] = beta_s k_s^T A_{s+1} ... A_t q_t`` and ``o_t = sum_s M[t, s] v_s``;
 
 and ``M[t, s] = 0`` for ``s > t``. Only the requested query rows are built: memory is
 ``O(head x query x key)``, so one row per prompt costs ``O(T)``, never ``T x T``.
@@ -28,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .capture import SSMInputs
+from .capture import DeltaInputs, SSMInputs
 
 
 def gather_rows(x: Tensor, rows: Tensor) -> Tensor:
@@ -111,14 +113,36 @@ def _mamba1_full(ssm: SSMInputs, block: int) -> Tensor:
     return full[:, :, :n_pos, :n_pos]
 
 
-def implicit_rows(ssm: SSMInputs, rows: Tensor, include_skip: bool = False, block: int = 64) -> Tensor:
+def _delta_rows(delta: DeltaInputs, rows: Tensor) -> Tensor:
+    """Gated DeltaNet: ``M[t, s] = beta_s k_s^T A_{s+1} ... A_t q_t`` with
+    ``A_r = alpha_r (I - beta_r k_r k_r^T)``. Walking back from each query row, ``u``
+    holds ``A_{s+1} ... A_t q_t`` and each step is a rank-one update, ``O(k_dim)``: a row
+    costs ``O(T k_dim)`` per head, never a ``k_dim x k_dim`` matrix product. The loop
+    runs over offsets ``t - s`` (every row at once)."""
+    n_rows, n_pos, n_heads, _ = delta.k.shape
+    u = gather_rows(delta.q, rows)  # [batch, query, head, k_dim]
+    alpha = delta.log_alpha.exp()
+    out = torch.zeros(n_rows, rows.shape[1], n_heads, n_pos, device=u.device)
+    for offset in range(int(rows.max()) + 1):
+        keys = rows - offset  # [batch, query]: the key s of each row at this step
+        valid = (keys >= 0)[..., None]
+        keys = keys.clamp(min=0)
+        k, beta = gather_rows(delta.k, keys), gather_rows(delta.beta, keys) * valid  # [b, q, h, k_dim], [b, q, h]
+        written = beta * (k * u).sum(-1)  # beta_s k_s . u
+        out.scatter_add_(3, keys[:, :, None, None].expand(-1, -1, n_heads, 1), written[..., None])
+        u = gather_rows(alpha, keys)[..., None] * (u - written[..., None] * k)  # u <- A_s u
+    return out.permute(0, 2, 1, 3)
+
+
+def implicit_rows(ssm: SSMInputs | DeltaInputs, rows: Tensor, include_skip: bool = False, block: int = 64) -> Tensor:
     """Rows of the implicit attention matrix.
 
     Args:
-        ssm: one layer's `SSMInputs` for ``head`` heads.
+        ssm: one layer's `SSMInputs` (or `DeltaInputs`) for ``head`` heads.
         rows: ``[batch, query]`` absolute query positions.
         include_skip: add ``D_h`` on the diagonal (key = query), so that
-            ``y_t = sum_s M[t, s] x_s`` with no separate skip term.
+            ``y_t = sum_s M[t, s] x_s`` with no separate skip term (a gated DeltaNet
+            has none: its ``M`` alone gives ``o_t = sum_s M[t, s] v_s``).
         block: Mamba-1 only: block size of the full-matrix path (`_mamba1_full`), used
             when ``rows`` are all positions in order.
 
@@ -126,6 +150,9 @@ def implicit_rows(ssm: SSMInputs, rows: Tensor, include_skip: bool = False, bloc
         ``[batch, head, query, key]`` float32; zero above the diagonal, on padding keys
         and on padding queries.
     """
+    if isinstance(ssm, DeltaInputs):  # no skip term: y = M v exactly
+        rows = rows.to(ssm.k.device)
+        return _delta_rows(ssm, rows) * allowed_keys(rows, ssm.mask)
     rows = rows.to(ssm.dt.device)
     n_pos = ssm.mask.shape[1]
     if ssm.scalar_decay:

@@ -1,9 +1,12 @@
 """`attention_pattern`: one call for every kind of head.
 
 Attention heads give their softmax probabilities; SSM heads (Mamba-2 heads, Mamba-1 /
-FalconMamba channels) give their implicit attention (see `gna_interp.attention.implicit`).
-Everything is read in one forward of the model through its backend, with the model's
-active interventions (``model.ablated(...)``) and ``interventions`` applied.
+FalconMamba / Jamba channels) give their implicit attention (see
+`gna_interp.attention.implicit`). One list may mix both kinds (a hybrid's attention and
+SSM heads, even two mixers of one FalconH1 layer): the result is one ``[batch, head,
+query, key]`` tensor, heads in the order given. Everything is read in one forward of the
+model through its backend, with the model's active interventions (``model.ablated(...)``)
+and ``interventions`` applied.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from torch import Tensor
 from ..core.arch import LayerKind
 from ..core.heads import Head
 from ..core.interventions import Intervention
-from ..core.plan import Read
+from ..core.plan import Read, Site
 from .capture import SSMInputs, recipe_for
 from .implicit import implicit_rows, work_bytes
 from .positions import QueryPositions, query_rows
@@ -51,7 +54,8 @@ def attention_pattern(
     Args:
         model: a loaded `GnaModel` (any backend; SSM heads need ``nnsight``).
         inputs: prompts or token ids, as for `GnaModel.logits` (left-padded).
-        heads: a `Head` or a list of them, from any layers.
+        heads: a `Head` or a list of them, from any layers; attention and SSM heads may
+            be mixed.
         query_positions: the query rows to compute (see `QueryPositions`): ``None`` for
             all ``T`` rows, ``[-1]`` for every prompt's final token, a ``[batch]`` or
             ``[batch, query]`` tensor for per-prompt rows (e.g. segment ends). Each row
@@ -60,7 +64,8 @@ def attention_pattern(
         normalize: ``None`` (raw values: probabilities for softmax heads, signed
             ``M[t, s]`` for SSM heads), ``"abs"`` (``|M|``) or ``"row"`` (``|M|`` divided by
             its row sum: a distribution over keys, for display).
-        kind: ``"softmax"`` or ``"implicit"`` to insist on that kind of head.
+        kind: ``"softmax"`` or ``"implicit"`` to insist on that kind of head (default:
+            each head gives its own kind).
         interventions: applied during the forward, after the model's active ones.
         max_bytes: memory budget; a larger request raises before any work.
 
@@ -71,14 +76,17 @@ def attention_pattern(
     if normalize not in NORMALIZE_OPTIONS:
         raise ValueError(f"normalize={normalize!r}: expected one of {NORMALIZE_OPTIONS}")
     heads = _as_heads(model, heads)
-    kinds = _check_kinds(model, heads, kind, include_skip)
+    _check_kinds(model, heads, kind, include_skip)
     batch = model.to_batch(inputs)
     rows = query_rows(query_positions, batch.n_rows, batch.n_pos)
     _check_budget(batch, len(heads), rows, query_positions, max_bytes)
-    layers = sorted({head.layer for head in heads})
-    per_layer = {layer: sorted({h.head for h in heads if h.layer == layer}) for layer in layers}
-    computed = _compute(model, batch, per_layer, kinds, rows, interventions, include_skip)
-    columns = [computed[head.layer][:, per_layer[head.layer].index(head.head)] for head in heads]
+    located = {head: model.head_site(head) for head in heads}
+    per_site: dict[Site, list[int]] = {}
+    for site, index in sorted(located.values()):
+        if index not in per_site.setdefault(site, []):
+            per_site[site].append(index)
+    computed = _compute(model, batch, per_site, rows, interventions, include_skip)
+    columns = [computed[site][:, per_site[site].index(index)] for site, index in (located[head] for head in heads)]
     return normalize_rows(torch.stack(columns, dim=1), normalize)
 
 
@@ -95,18 +103,18 @@ def _as_heads(model: GnaModel, heads: Head | Iterable[Head]) -> list[Head]:
     return items
 
 
-def _check_kinds(model: GnaModel, heads: list[Head], kind: HeadKind | None, include_skip: bool) -> dict[int, HeadKind]:
-    kinds = {head.layer: KINDS[model.layer_kinds[head.layer]] for head in heads}
+def _check_kinds(model: GnaModel, heads: list[Head], kind: HeadKind | None, include_skip: bool) -> None:
+    kinds = {head: KINDS[model.head_kind(head)] for head in heads}
     if kind is not None and kind not in KINDS.values():
         raise ValueError(f"kind={kind!r}: expected 'softmax', 'implicit' or None")
     if kind is not None and any(k != kind for k in kinds.values()):
-        present = sorted(set(KINDS[k] for k in model.layer_kinds))
-        wrong = [str(h) for h in heads if kinds[h.layer] != kind]
-        raise ValueError(f"kind={kind!r} but heads {wrong} are not {kind} heads: {model.name} has {' and '.join(present)} heads only")
+        present = sorted({KINDS[model.head_kind(h)] for h in model.heads})
+        wrong = [str(h) for h in heads if kinds[h] != kind]
+        have = " and ".join(present) + ("" if len(present) > 1 else " heads only")
+        raise ValueError(f"kind={kind!r} but heads {wrong} are not {kind} heads: {model.name} has {have}")
     if include_skip and any(k == "softmax" for k in kinds.values()):
-        wrong = [str(h) for h in heads if kinds[h.layer] == "softmax"]
+        wrong = [str(h) for h in heads if kinds[h] == "softmax"]
         raise ValueError(f"include_skip=True adds an SSM's D on the diagonal, but heads {wrong} are softmax attention heads")
-    return kinds
 
 
 def _check_budget(batch: Batch, n_heads: int, rows: Tensor, query_positions: QueryPositions, max_bytes: int) -> None:
@@ -126,54 +134,61 @@ def ssm_inputs(
     model: GnaModel, inputs: Any, layer: int, heads: Sequence[int] | None = None, interventions: Sequence[Intervention] = ()
 ) -> SSMInputs:
     """The `SSMInputs` (``dt``, ``A``, ``B``, ``C``, ``D``, padding mask) of one SSM layer,
-    read from a real forward, for ``heads`` (head indices in the layer; default: all)."""
+    read from a real forward, for ``heads`` (head numbers in the layer, as in `Head`;
+    default: every SSM head of the layer). In a hybrid layer the heads must all be SSM
+    heads (of its one SSM mixer); the result indexes them in the order given."""
     model.check_layer(layer)
-    indices = list(range(model.n_heads)) if heads is None else list(heads)
-    for index in indices:
-        model.check_head(Head(layer, index))
-    if KINDS[model.layer_kinds[layer]] != "implicit":
-        raise ValueError(f"layer {layer} of {model.name} is an attention layer: SSM inputs exist only in SSM layers")
+    ssm = [mixer for mixer in model.layer_specs[layer].mixers if mixer.kind is LayerKind.SSM]
+    if not ssm:
+        raise ValueError(f"layer {layer} of {model.name} is an {model.layer_kinds[layer].value} layer: SSM inputs exist only in SSM layers")
+    numbers = list(range(ssm[0].offset, ssm[0].offset + ssm[0].n_heads)) if heads is None else list(heads)
+    sites = [model.head_site(Head(layer, number)) for number in numbers]
+    wrong = [str(Head(layer, n)) for n, (site, _) in zip(numbers, sites, strict=True) if model.mixer(site).kind is not LayerKind.SSM]
+    if wrong:
+        raise ValueError(f"heads {wrong} of {model.name} are attention heads: SSM inputs exist only for SSM heads")
+    site = sites[0][0]
     batch = model.to_batch(inputs)
     rows = torch.zeros(batch.n_rows, 1, dtype=torch.long)
-    return _compute(model, batch, {layer: indices}, {layer: "implicit"}, rows, interventions, finish=False)[layer]
+    return _compute(model, batch, {site: [index for _, index in sites]}, rows, interventions, finish=False)[site]
 
 
 def _compute(
     model: GnaModel,
     batch: Batch,
-    per_layer: dict[int, list[int]],
-    kinds: dict[int, HeadKind],
+    per_site: dict[Site, list[int]],
     rows: Tensor,
     interventions: Sequence[Intervention],
     include_skip: bool = False,
     finish: bool = True,
-) -> dict[int, Any]:
-    """One forward reading every layer's inputs; ``layer -> [batch, head, query, key]``
-    (or ``layer -> SSMInputs`` with ``finish=False``)."""
+) -> dict[Site, Any]:
+    """One forward reading every mixer's inputs; ``head site -> [batch, head, query, key]``
+    (or ``site -> SSMInputs`` with ``finish=False``), heads in ``per_site`` order."""
     from ..patching.compile import compile_plan
 
-    config = model.hf_model.config
     reads: list[Read] = []
-    spans: dict[int, tuple[int, int, Tensor | None]] = {}
-    for layer, indices in per_layer.items():
+    spans: dict[Site, tuple[int, int, Tensor | None]] = {}
+    for site, indices in per_site.items():
+        mixer = model.mixer(site)
         index = torch.tensor(indices, dtype=torch.long)
-        if kinds[layer] == "softmax":
-            read, union = softmax_read(layer, index, rows)
+        if mixer.kind is LayerKind.ATTENTION:
+            read, union = softmax_read(site.layer, index, rows, mixer.index)
             layer_reads, extra = [read], union
         else:
-            layer_reads, extra = recipe_for(model.arch.family).reads(config, layer, index), None
-        spans[layer] = (len(reads), len(reads) + len(layer_reads), extra)
+            layer_reads, extra = recipe_for(mixer.spec.recipe).reads(mixer.dims, site.layer, mixer.index, index), None  # type: ignore[arg-type]
+        spans[site] = (len(reads), len(reads) + len(layer_reads), extra)
         reads += layer_reads
     plan = compile_plan(model, batch, [*model.active_interventions, *interventions])
     with torch.no_grad():
         values = model.backend.run(batch, plan, reads=reads).reads
     mask = batch.attention_mask.bool()
-    out: dict[int, Any] = {}
-    for layer, (start, stop, query_union) in spans.items():
+    out: dict[Site, Any] = {}
+    for site, (start, stop, query_union) in spans.items():
         if query_union is not None:
-            out[layer] = softmax_rows(values[start], rows, query_union, mask)
+            out[site] = softmax_rows(values[start], rows, query_union, mask)
             continue
-        index = torch.tensor(per_layer[layer], dtype=torch.long)
-        ssm = recipe_for(model.arch.family).build(config, [v.to(mask.device) for v in values[start:stop]], index, mask)
-        out[layer] = implicit_rows(ssm, rows, include_skip) if finish else ssm
+        mixer = model.mixer(site)
+        index = torch.tensor(per_site[site], dtype=torch.long)
+        recipe = recipe_for(mixer.spec.recipe)
+        ssm = recipe.build(mixer.dims, [v.to(mask.device) for v in values[start:stop]], index, mask)  # type: ignore[arg-type]
+        out[site] = implicit_rows(ssm, rows, include_skip) if finish else ssm
     return out

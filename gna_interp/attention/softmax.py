@@ -18,10 +18,11 @@ from ..core.plan import Read, ReadKind
 from .implicit import allowed_keys
 
 
-def softmax_read(layer: int, heads: Tensor, rows: Tensor) -> tuple[Read, Tensor]:
-    """A `Read` of the heads' probabilities on the union of the query rows, and that union."""
+def softmax_read(layer: int, heads: Tensor, rows: Tensor, mixer: int = 0) -> tuple[Read, Tensor]:
+    """A `Read` of the heads' probabilities (indices in the layer's attention mixer
+    ``mixer``) on the union of the query rows, and that union."""
     union = torch.unique(rows)
-    return Read(ReadKind.PATTERN, layer, selects=((1, heads), (2, union))), union
+    return Read(ReadKind.PATTERN, layer, selects=((1, heads), (2, union)), mixer=mixer), union
 
 
 def softmax_rows(value: Tensor, rows: Tensor, union: Tensor, mask: Tensor) -> Tensor:

@@ -2,17 +2,19 @@
 
 Sites map to module paths in exactly one place, `NNsightBackend.steps`:
 
-- heads of layer ``l``: the input of ``<layers>.l.<mixer>.<out_proj>``, viewed
-  ``[batch, pos, head, d_head]``;
+- heads of mixer ``m`` of layer ``l``: the input of ``<layers>.l.<mixer m>.<out_proj>``,
+  viewed ``[batch, pos, head, d_head]``;
 - residual stream entering block ``l``: the input of ``<layers>.l`` (``l == n_layers``:
   the input of the final norm);
-- a skipped block ``l``: its output is replaced by its input;
+- a skipped block ``l``: its output (its hidden state, for blocks that return a tuple)
+  is replaced by its input;
 - a plan that starts at block ``l``: blocks ``0 .. l-1`` are skipped (not computed) and
   output the given residual stream;
-- an input stream of layer ``l`` (`SiteKind.STREAM`): columns of the output (or input) of
-  ``<layers>.l.<mixer>.<stream.module>``, as the architecture table lays them out, viewed
-  ``[batch, pos, unit, width]``; all streams of one module are edited in one step;
-- a `Read` at layer ``l``: ``PATTERN`` is item 1 of ``<layers>.l.<mixer>``'s output (the
+- an input stream of mixer ``m`` of layer ``l`` (`SiteKind.STREAM`): columns of the
+  output (or input) of ``<layers>.l.<mixer m>.<stream.module>``, as the architecture
+  table lays them out, viewed ``[batch, pos, unit, width]``; all streams of one module
+  are edited in one step;
+- a `Read` at layer ``l``: ``PATTERN`` is item 1 of ``<layers>.l.<mixer m>``'s output (the
   attention weights; HF computes them only with eager attention, so the model's
   ``config._attn_implementation`` is set to ``"eager"`` for that one trace and restored
   after it, exceptions included); ``OUTPUT`` is the output of ``<layers>.l.<mixer>.<name>``;
@@ -20,7 +22,18 @@ Sites map to module paths in exactly one place, `NNsightBackend.steps`:
 
 The trace body uses nothing but torch and builtins on plain tensors and ints, so the
 same code runs locally, under nnsight's ``remote="local"`` simulation, and on NDIF.
-Modules are visited in execution order, as nnsight requires.
+Modules are visited in execution order, as nnsight requires: by layer, then by the
+order the block runs its mixers (`gna_interp.core.arch.MixerSpec.runs`).
+
+**Modules called more than once per forward.** A module object registered in several
+blocks (a shared attention block, as Zamba2 builds it when one module serves every
+hybrid layer) runs once per block, and nnsight reaches all those calls through one
+envoy. Each call is one *occurrence* of the module's input / output; a step at layer
+``l`` addresses occurrence ``k`` = the number of earlier blocks (from the first block
+that runs) holding the same module object, through ``tracer.iter[k]``. A head of such a
+module therefore names one application, and editing it leaves the other applications
+alone. (transformers 5.x builds Zamba2 with one module per hybrid layer and tied
+weights, where every occurrence is 0; both layouts work.)
 
 With ``grad=True`` every captured activation is written back into the forward (even
 without edits), so it is the tensor the rest of the forward uses and
@@ -36,7 +49,7 @@ from typing import Any
 import nnsight
 import torch
 
-from ..core.arch import ArchSpec
+from ..core.arch import ArchSpec, LayerMixer, LayerSpec
 from ..core.plan import Plan, Read, ReadKind, Site, SiteKind
 from ..models.inputs import Batch
 from .base import RunOutput
@@ -54,21 +67,22 @@ _STREAMS = 6  # column blocks of a module's output or input, per unit
 class NNsightBackend:
     name = "nnsight"
 
-    def __init__(self, envoy: Any, spec: ArchSpec, n_layers: int, n_heads: int, head_dim: int, remote: bool | str = False) -> None:
+    def __init__(self, envoy: Any, spec: ArchSpec, layers: Sequence[LayerSpec], remote: bool | str = False) -> None:
         self.envoy = envoy
         self.spec = spec
-        self.n_layers = n_layers
-        self.n_heads = n_heads
-        self.head_dim = head_dim
+        self.layers = tuple(layers)
+        self.n_layers = len(self.layers)
         self.remote = remote
+        self._shared: tuple[Any, dict[int, tuple[int, ...]]] | None = None
 
     def steps(self, plan: Plan, capture: Collection[Site], reads: Sequence[Read] = ()) -> list[tuple]:
-        """The plan as a list of plain tuples ``(op, path, edits, slot, tensor, spec)``,
+        """The plan as a list of plain tuples ``(op, path, edits, slot, tensor, spec, occurrence)``,
         sorted in execution order. ``edits`` is a list of ``(mask, value)`` pairs;
         ``slot`` indexes the saved list (or -1); ``tensor`` is the skip's row mask
         (``_SKIP_BLOCK``) or the output of a block that is not run (``_NOT_RUN``);
         ``spec`` is ``(item, attribute, selects)`` for reads, ``(is_input, blocks)`` for
-        streams (``None`` otherwise)."""
+        streams, ``(n_heads, head_dim)`` for heads (``None`` otherwise); ``occurrence``
+        is which call of the module the step addresses (see the module docs)."""
         order = {site: i for i, site in enumerate(sorted(capture))}
         steps: list[tuple] = []
         streams: dict[tuple[int, float, str, int], list[tuple]] = {}
@@ -76,7 +90,9 @@ class NNsightBackend:
             edits = [(e.mask, e.value) for e in plan.edits.get(site, [])]
             slot = order.get(site, -1)
             if site.kind is SiteKind.HEADS:
-                steps.append((site.layer, 1, _READ_HEADS, self.spec.out_proj_path(site.layer), edits, slot, None, None))
+                mixer = self._mixer(site.layer, site.mixer)
+                shape = (mixer.n_heads, mixer.head_dim)
+                steps.append((site.layer, self._stage(mixer, 0.7), _READ_HEADS, mixer.out_proj_path, edits, slot, None, shape))
             elif site.kind is SiteKind.RESID:
                 steps.append((site.layer, 0, _READ_INPUT, self._resid_path(site.layer), edits, slot, None, None))
             else:
@@ -85,27 +101,40 @@ class NNsightBackend:
         for (layer, rank, path, is_input), blocks in streams.items():
             steps.append((layer, rank, _STREAMS, path, [], -1, None, (is_input, sorted(blocks, key=lambda b: b[0]))))
         for layer, rows in plan.skips.items():
-            path = f"{self.spec.layers_path}.{layer}"
+            path = self.spec.block_path(layer)
             if not any(s[0] == layer and s[2] == _READ_INPUT for s in steps):
                 steps.append((layer, 0, _READ_INPUT, path, [], -1, None, None))
-            steps.append((layer, 2, _SKIP_BLOCK, path, [], -1, rows, None))
+            steps.append((layer, 99, _SKIP_BLOCK, path, [], -1, rows, None))
         for i, read in enumerate(reads):
             steps.append(self._read_step(read, len(capture) + i))
+        start_layer = 0
         if plan.start is not None:
             start_layer, resid = plan.start
             steps = [s for s in steps if s[0] >= start_layer]
-            steps += [(layer, -1, _NOT_RUN, f"{self.spec.layers_path}.{layer}", [], -1, resid, None) for layer in range(start_layer)]
+            steps += [(layer, -1, _NOT_RUN, self.spec.block_path(layer), [], -1, resid, None) for layer in range(start_layer)]
         steps.sort(key=lambda s: (s[0], s[1]))  # stable: reads of one layer keep their order
-        return [s[2:] for s in steps]
+        return [(*s[2:], self._occurrence(s[3], s[0], start_layer)) for s in steps]
+
+    def _mixer(self, layer: int, index: int) -> LayerMixer:
+        mixers = self.layers[layer].mixers
+        if not 0 <= index < len(mixers):
+            raise ValueError(f"layer {layer} has {len(mixers)} mixer(s): no mixer {index}")
+        return mixers[index]
+
+    @staticmethod
+    def _stage(mixer: LayerMixer, within: float) -> float:
+        """Order key inside a block: its input (0), then each mixer in the order the block
+        runs them (streams 0.1 .. 0.4, internal reads 0.5, heads 0.7, mixer output 0.9)."""
+        return 1 + mixer.spec.runs + within
 
     def _stream_block(self, site: Site, edits: list, slot: int) -> tuple[tuple[int, float, str, int], tuple]:
         """Where a stream site lives (the step key: layer, order, module path, input?) and
-        its block ``(first column, units, width, edits, slot)``. Streams run inside the
-        mixer, before the out-projection (order 0.1 .. 0.4, by the table's module order)."""
-        stream = self.spec.stream(site.stream)
-        start, units, width = stream.layout(self.config)
-        path = f"{self.spec.mixer_path(site.layer)}.{stream.module}"
-        key = (site.layer, 0.1 + 0.01 * self.spec.stream_rank(stream), path, int(stream.io == "input"))
+        its block ``(first column, units, width, edits, slot)``."""
+        mixer = self._mixer(site.layer, site.mixer)
+        stream = mixer.stream(site.stream)
+        start, units, width = stream.layout(mixer.dims)
+        path = f"{mixer.path}.{stream.module}"
+        key = (site.layer, self._stage(mixer, 0.1 + 0.01 * mixer.stream_rank(stream)), path, int(stream.io == "input"))
         return key, (start, units, width, edits, slot)
 
     @property
@@ -114,20 +143,42 @@ class NNsightBackend:
         return self.envoy._module.config
 
     def _read_step(self, read: Read, slot: int) -> tuple:
-        """Mixer internals run after the block's input and before the out-projection
-        (order key 0.5); attention weights come out of the mixer after it (1.5)."""
-        mixer = f"{self.spec.layers_path}.{read.layer}.{self.spec.mixer_attr}"
+        """Mixer internals run after the block's input and before the out-projection;
+        attention weights come out of the mixer after it."""
+        mixer = self._mixer(read.layer, read.mixer)
         if read.kind is ReadKind.PATTERN:
-            return (read.layer, 1.5, _READ_OUTPUT, mixer, [], slot, None, (1, "", read.selects))
+            return (read.layer, self._stage(mixer, 0.9), _READ_OUTPUT, mixer.path, [], slot, None, (1, "", read.selects))
         if read.kind is ReadKind.OUTPUT:
-            return (read.layer, 0.5, _READ_OUTPUT, f"{mixer}.{read.name}", [], slot, None, (-1, "", read.selects))
-        owner, _, attr = f"{mixer}.{read.name}".rpartition(".")
-        return (read.layer, 0.5, _READ_PARAM, owner, [], slot, None, (-1, attr, read.selects))
+            return (read.layer, self._stage(mixer, 0.5), _READ_OUTPUT, f"{mixer.path}.{read.name}", [], slot, None, (-1, "", read.selects))
+        owner, _, attr = f"{mixer.path}.{read.name}".rpartition(".")
+        return (read.layer, self._stage(mixer, 0.5), _READ_PARAM, owner, [], slot, None, (-1, attr, read.selects))
 
     def _resid_path(self, layer: int) -> str:
         if layer == self.n_layers:
             return self.spec.final_norm_path
-        return f"{self.spec.layers_path}.{layer}"
+        return self.spec.block_path(layer)
+
+    def _shared_modules(self) -> dict[int, tuple[int, ...]]:
+        """``id(module) -> layers`` for every module object registered in more than one
+        block (recomputed when the envoy changes)."""
+        if self._shared is None or self._shared[0] is not self.envoy:
+            root = self.envoy._module
+            where: dict[int, list[int]] = {}
+            blocks = root.get_submodule(self.spec.layers_path)
+            for layer, block in enumerate(blocks):
+                for module in block.modules():
+                    where.setdefault(id(module), []).append(layer)
+            self._shared = (self.envoy, {key: tuple(layers) for key, layers in where.items() if len(layers) > 1})
+        return self._shared[1]
+
+    def _occurrence(self, path: str, layer: int, start_layer: int) -> int:
+        """Which call of the module at ``path`` runs in block ``layer`` (0 unless the module
+        object is shared between blocks)."""
+        shared = self._shared_modules()
+        if not shared or not path.startswith(self.spec.layers_path + "."):
+            return 0
+        layers = shared.get(id(self.envoy._module.get_submodule(path)), ())
+        return sum(1 for other in layers if start_layer <= other < layer)
 
     @contextmanager
     def _eager_attention(self, needed: bool) -> Iterator[None]:
@@ -148,67 +199,70 @@ class NNsightBackend:
         steps = self.steps(plan, capture, reads)
         n_saved = len(capture) + len(reads)
         model = self.envoy
-        heads_shape = (self.n_heads, self.head_dim)
+        block_items = self.spec.block_output  # 0: blocks return a tensor; n: a tuple of n items
         # Two statements on purpose: nnsight captures the source of the trace block itself.
         patterns = any(read.kind is ReadKind.PATTERN for read in reads)
         with torch.set_grad_enabled(grad), self._eager_attention(patterns):  # noqa: SIM117
-            with model.trace(input_ids=batch.input_ids, attention_mask=batch.attention_mask, remote=self.remote):
+            with model.trace(input_ids=batch.input_ids, attention_mask=batch.attention_mask, remote=self.remote) as tracer:
                 saved = nnsight.save([None] * n_saved)
                 stash = batch.input_ids  # replaced by a block's input before any skip reads it
-                for op, path, edits, slot, rows, spec in steps:
+                for op, path, edits, slot, rows, spec, occurrence in steps:
                     envoy = model
                     for part in path.split("."):
                         envoy = envoy[int(part)] if part.isdigit() else getattr(envoy, part)
-                    if op == 6:  # column blocks of a module's output / input, viewed per unit
-                        full = envoy.input if spec[0] else envoy.output
-                        lead = (full.shape[0], full.shape[1])
-                        parts = []
-                        touched = grad
-                        for start, units, width, block_edits, block_slot in spec[1]:
-                            piece = full[:, :, start : start + units * width].reshape(lead[0], lead[1], units, width)
-                            for mask, value in block_edits:
-                                piece = torch.where(mask.to(piece.device), value.to(piece.device, piece.dtype), piece)
-                            touched = touched or len(block_edits) > 0
-                            if block_slot >= 0:
-                                saved[block_slot] = piece
-                            parts.append(piece)
-                        if touched:
-                            new = full.clone()
-                            for (start, units, width, _, _), piece in zip(spec[1], parts, strict=True):
-                                new[:, :, start : start + units * width] = piece.reshape(lead[0], lead[1], units * width)
-                            if spec[0]:
-                                envoy.input = new
-                            else:
-                                envoy.output = new
-                        continue
-                    if op >= 4:
-                        value = envoy.output if op == 4 else getattr(envoy, spec[1]).detach()
-                        if spec[0] >= 0:
-                            value = value[spec[0]]
-                        if value is not None:
-                            for dim, index in spec[2]:
-                                value = value.index_select(dim, index.to(value.device))
-                        saved[slot] = value
-                        continue
-                    if op == 3:
-                        envoy.skip(rows)  # a captured residual, already on the model's device
-                        continue
-                    if op == 2:
-                        output = envoy.output
-                        envoy.output = torch.where(rows.to(output.device).view(-1, 1, 1), stash, output)
-                        continue
-                    act = envoy.input
-                    flat_shape = act.shape
-                    if op == 1:
-                        act = act.reshape(flat_shape[0], flat_shape[1], heads_shape[0], heads_shape[1])
-                    for mask, value in edits:
-                        act = torch.where(mask.to(act.device), value.to(act.device, act.dtype), act)
-                    if edits or grad:  # with grad: the captured tensor must be the one used downstream
-                        envoy.input = act.reshape(flat_shape)
-                    if slot >= 0:
-                        saved[slot] = act
-                    if op == 0:
-                        stash = act
+                    for _ in tracer.iter[occurrence] if occurrence else (0,):  # which call of a shared module
+                        if op == 6:  # column blocks of a module's output / input, viewed per unit
+                            full = envoy.input if spec[0] else envoy.output
+                            lead = (full.shape[0], full.shape[1])
+                            parts = []
+                            touched = grad
+                            for start, units, width, block_edits, block_slot in spec[1]:
+                                piece = full[:, :, start : start + units * width].reshape(lead[0], lead[1], units, width)
+                                for mask, value in block_edits:
+                                    piece = torch.where(mask.to(piece.device), value.to(piece.device, piece.dtype), piece)
+                                touched = touched or len(block_edits) > 0
+                                if block_slot >= 0:
+                                    saved[block_slot] = piece
+                                parts.append(piece)
+                            if touched:
+                                new = full.clone()
+                                for (start, units, width, _, _), piece in zip(spec[1], parts, strict=True):
+                                    new[:, :, start : start + units * width] = piece.reshape(lead[0], lead[1], units * width)
+                                if spec[0]:
+                                    envoy.input = new
+                                else:
+                                    envoy.output = new
+                            continue
+                        if op >= 4:
+                            value = envoy.output if op == 4 else getattr(envoy, spec[1]).detach()
+                            if spec[0] >= 0:
+                                value = value[spec[0]]
+                            if value is not None:
+                                for dim, index in spec[2]:
+                                    value = value.index_select(dim, index.to(value.device))
+                            saved[slot] = value
+                            continue
+                        if op == 3:  # a captured residual, already on the model's device
+                            envoy.skip(rows if block_items == 0 else (rows, *([None] * (block_items - 1))))
+                            continue
+                        if op == 2:
+                            output = envoy.output
+                            hidden = output if block_items == 0 else output[0]
+                            hidden = torch.where(rows.to(hidden.device).view(-1, 1, 1), stash, hidden)
+                            envoy.output = hidden if block_items == 0 else (hidden, *output[1:])
+                            continue
+                        act = envoy.input
+                        flat_shape = act.shape
+                        if op == 1:
+                            act = act.reshape(flat_shape[0], flat_shape[1], spec[0], spec[1])
+                        for mask, value in edits:
+                            act = torch.where(mask.to(act.device), value.to(act.device, act.dtype), act)
+                        if edits or grad:  # with grad: the captured tensor must be the one used downstream
+                            envoy.input = act.reshape(flat_shape)
+                        if slot >= 0:
+                            saved[slot] = act
+                        if op == 0:
+                            stash = act
                 logits = model.output.logits.save()
         acts = {site: saved[i] for i, site in enumerate(sorted(capture))}
         values = [saved[len(capture) + i] for i in range(len(reads))]

@@ -2,7 +2,17 @@
 
 from .arch import ArchSpec, LayerKind
 from .heads import Head, Resid, Target
-from .interventions import ABLATION_KINDS, Ablate, Intervention, Patch, Positions, SkipLayers, Truncate
+from .interventions import (
+    ABLATION_KINDS,
+    Ablate,
+    Intervention,
+    MaskAttentionRows,
+    Patch,
+    Positions,
+    SkipLayers,
+    Truncate,
+    keep_attention_rows,
+)
 
 __all__ = [
     "ABLATION_KINDS",
@@ -11,10 +21,12 @@ __all__ = [
     "Head",
     "Intervention",
     "LayerKind",
+    "MaskAttentionRows",
     "Patch",
     "Positions",
     "Resid",
     "SkipLayers",
     "Target",
     "Truncate",
+    "keep_attention_rows",
 ]

@@ -1,11 +1,24 @@
 """Per-architecture facts, as data: where the blocks, mixers and out-projections are,
 how many heads of what width each layer has, and where each head's input streams are.
 
+A block holds zero, one or two **mixers** (`MixerSpec`): the modules that mix tokens
+(attention, a Mamba-1 / Mamba-2 SSM). Pure families have one mixer of one kind in every
+block; hybrids mix them per layer (Jamba, Bamba, GraniteMoeHybrid, NemotronH, Zamba2),
+run two side by side in one block (FalconH1), or have blocks with no mixer at all
+(NemotronH's MLP / MoE layers: 0 heads). `ArchSpec.resolve` turns a family row and a
+HF config into one `LayerSpec` per layer.
+
+Heads are numbered per layer across its mixers, **attention first, then SSM**: in a
+FalconH1 layer with 8 attention heads and 24 Mamba-2 heads, heads 0..7 are attention
+heads and 8..31 SSM heads, whatever order the block runs them in.
+
 Input streams (`Stream`) are what path patching patches on a receiver head: blocks of
 columns of a mixer submodule's output (or input), viewed ``[batch, pos, unit, width]``.
 A unit belongs to one head (``units == n_heads``), to a group of heads (grouped-query
-``k`` / ``v``, Mamba-2 ``B`` / ``C``), or to every head of the layer (Mamba-1 ``B`` /
+``k`` / ``v``, Mamba-2 ``B`` / ``C``), or to every head of the mixer (Mamba-1 ``B`` /
 ``C`` / ``dt``): unit ``u`` serves heads ``h`` with ``h * units // n_heads == u``.
+Layouts are functions of the mixer's sizes (`AttentionDims`, `Mamba2Dims`,
+`Mamba1Dims`), which each family reads from its own config fields.
 """
 
 from __future__ import annotations
@@ -17,10 +30,16 @@ from typing import Any
 
 
 class LayerKind(str, Enum):
-    """What mixes tokens in a block."""
+    """What mixes tokens in a block (`MixerSpec.kind` is ``ATTENTION`` or ``SSM``; ``SSM``
+    covers every recurrent mixer with an implicit attention: Mamba-1, Mamba-2, gated
+    DeltaNet)."""
 
     ATTENTION = "attention"
     SSM = "ssm"
+    HYBRID = "hybrid"
+    """A block with an attention mixer and an SSM mixer (FalconH1, Zamba2's hybrid layers)."""
+    MLP = "mlp"
+    """A block with no token mixer, so no heads (NemotronH's MLP and MoE layers)."""
 
 
 def _config_int(config: Any, name: str) -> int:
@@ -39,107 +58,180 @@ def attention_head_dim(config: Any) -> int:
     return int(head_dim) if head_dim else _config_int(config, "hidden_size") // attention_heads(config)
 
 
-def mamba1_channels(config: Any) -> int:
-    """Mamba-1: every inner channel is a head (head_dim 1), as the paper treats Falcon-Mamba."""
-    return _config_int(config, "intermediate_size")
-
-
-def one(config: Any) -> int:
-    return 1
-
-
-def mamba2_heads(config: Any) -> int:
-    return _config_int(config, "num_heads")
-
-
-def mamba2_head_dim(config: Any) -> int:
-    return _config_int(config, "head_dim")
-
-
 def attention_kv_heads(config: Any) -> int:
     value = getattr(config, "num_key_value_heads", None)
     return int(value) if value else attention_heads(config)
 
 
-# ----- input-stream layouts: config -> (first column, units, columns per unit) ----------
+# ----- mixer sizes ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionDims:
+    """Softmax attention: ``heads`` query heads of ``head_dim``, ``kv_heads`` key/value heads."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def n_heads(self) -> int:
+        return self.heads
+
+    @property
+    def width(self) -> int:
+        return self.head_dim
+
+
+@dataclass(frozen=True)
+class Mamba2Dims:
+    """A Mamba-2 mixer: ``in_proj`` output = ``[gate z | x | B | C | dt]``.
+
+    Attributes:
+        heads, head_dim: SSM heads and their width (``inner = heads * head_dim``).
+        groups, state: ``B`` / ``C`` groups and state size.
+        conv_bias: whether the depthwise conv has a bias.
+        act: the activation after the conv (a ``transformers.activations`` name).
+        dt_limit: ``(low, high)`` clamp of ``dt`` after the softplus.
+        in_scale: FalconH1: ``in_proj``'s output is multiplied by the mixer's
+            ``mup_vector`` buffer before use.
+    """
+
+    heads: int
+    head_dim: int
+    groups: int
+    state: int
+    conv_bias: bool = True
+    act: str = "silu"
+    dt_limit: tuple[float, float] = (0.0, float("inf"))
+    in_scale: bool = False
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def n_heads(self) -> int:
+        return self.heads
+
+    @property
+    def width(self) -> int:
+        return self.head_dim
+
+
+@dataclass(frozen=True)
+class Mamba1Dims:
+    """A Mamba-1 mixer: every inner channel is a head (head_dim 1), as the paper treats
+    Falcon-Mamba; ``x_proj`` outputs the low-rank ``dt`` (``rank``), ``B`` and ``C`` (``state``)."""
+
+    channels: int
+    rank: int
+    state: int
+
+    @property
+    def n_heads(self) -> int:
+        return self.channels
+
+    @property
+    def width(self) -> int:
+        return 1
+
+
+@dataclass(frozen=True)
+class DeltaNetDims:
+    """A gated DeltaNet mixer (Qwen3-Next's linear attention): ``k_heads`` query/key heads
+    of ``k_dim``, each serving ``v_heads // k_heads`` value heads of ``v_dim``; a head is
+    a value head. ``in_proj_qkvz`` outputs, per key head, ``[q | k | v (group) | z (group)]``
+    and ``in_proj_ba``, per key head, ``[b (group) | a (group)]``."""
+
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    act: str = "silu"
+
+    @property
+    def group(self) -> int:
+        return self.v_heads // self.k_heads
+
+    @property
+    def n_heads(self) -> int:
+        return self.v_heads
+
+    @property
+    def width(self) -> int:
+        return self.v_dim
+
+
+Dims = AttentionDims | Mamba2Dims | Mamba1Dims | DeltaNetDims
+
+
+# ----- input-stream layouts: dims -> (first column, units, columns per unit) -------------
 Layout = Callable[[Any], tuple[int, int, int]]
 
 
-def q_columns(config: Any) -> tuple[int, int, int]:
+def q_columns(d: AttentionDims) -> tuple[int, int, int]:
     """``q_proj`` output: one unit per query head."""
-    return 0, attention_heads(config), attention_head_dim(config)
+    return 0, d.heads, d.head_dim
 
 
-def kv_columns(config: Any) -> tuple[int, int, int]:
+def kv_columns(d: AttentionDims) -> tuple[int, int, int]:
     """``k_proj`` / ``v_proj`` output: one unit per key/value head (shared by its query group)."""
-    return 0, attention_kv_heads(config), attention_head_dim(config)
+    return 0, d.kv_heads, d.head_dim
 
 
-def _mamba2_sizes(config: Any) -> tuple[int, int, int, int, int]:
-    """``(inner, heads, head_dim, groups, state)`` of a Mamba-2 mixer."""
-    heads, head_dim = mamba2_heads(config), mamba2_head_dim(config)
-    return heads * head_dim, heads, head_dim, _config_int(config, "n_groups"), _config_int(config, "state_size")
-
-
-def mamba2_gate(config: Any) -> tuple[int, int, int]:
+def mamba2_gate(d: Mamba2Dims) -> tuple[int, int, int]:
     """``in_proj`` output = ``[gate z | x | B | C | dt]``; ``z`` per head."""
-    _, heads, head_dim, _, _ = _mamba2_sizes(config)
-    return 0, heads, head_dim
+    return 0, d.heads, d.head_dim
 
 
-def mamba2_x(config: Any) -> tuple[int, int, int]:
-    inner, heads, head_dim, _, _ = _mamba2_sizes(config)
-    return inner, heads, head_dim
+def mamba2_x(d: Mamba2Dims) -> tuple[int, int, int]:
+    return d.inner, d.heads, d.head_dim
 
 
-def mamba2_b(config: Any) -> tuple[int, int, int]:
+def mamba2_b(d: Mamba2Dims) -> tuple[int, int, int]:
     """``B`` per group of heads."""
-    inner, _, _, groups, state = _mamba2_sizes(config)
-    return 2 * inner, groups, state
+    return 2 * d.inner, d.groups, d.state
 
 
-def mamba2_c(config: Any) -> tuple[int, int, int]:
-    inner, _, _, groups, state = _mamba2_sizes(config)
-    return 2 * inner + groups * state, groups, state
+def mamba2_c(d: Mamba2Dims) -> tuple[int, int, int]:
+    return 2 * d.inner + d.groups * d.state, d.groups, d.state
 
 
-def mamba2_dt(config: Any) -> tuple[int, int, int]:
-    inner, heads, _, groups, state = _mamba2_sizes(config)
-    return 2 * inner + 2 * groups * state, heads, 1
+def mamba2_dt(d: Mamba2Dims) -> tuple[int, int, int]:
+    return 2 * d.inner + 2 * d.groups * d.state, d.heads, 1
 
 
-def mamba1_x(config: Any) -> tuple[int, int, int]:
+def mamba1_x(d: Mamba1Dims) -> tuple[int, int, int]:
     """``in_proj`` output = ``[x | gate z]``, one column per channel."""
-    return 0, mamba1_channels(config), 1
+    return 0, d.channels, 1
 
 
-def mamba1_gate(config: Any) -> tuple[int, int, int]:
-    channels = mamba1_channels(config)
-    return channels, channels, 1
+def mamba1_gate(d: Mamba1Dims) -> tuple[int, int, int]:
+    return d.channels, d.channels, 1
 
 
-def mamba1_dt(config: Any) -> tuple[int, int, int]:
+def mamba1_dt(d: Mamba1Dims) -> tuple[int, int, int]:
     """``x_proj`` output = ``[dt (rank) | B (state) | C (state)]``, shared by every channel."""
-    return 0, 1, _config_int(config, "time_step_rank")
+    return 0, 1, d.rank
 
 
-def mamba1_b(config: Any) -> tuple[int, int, int]:
-    return _config_int(config, "time_step_rank"), 1, _config_int(config, "state_size")
+def mamba1_b(d: Mamba1Dims) -> tuple[int, int, int]:
+    return d.rank, 1, d.state
 
 
-def mamba1_c(config: Any) -> tuple[int, int, int]:
-    rank, state = _config_int(config, "time_step_rank"), _config_int(config, "state_size")
-    return rank + state, 1, state
+def mamba1_c(d: Mamba1Dims) -> tuple[int, int, int]:
+    return d.rank + d.state, 1, d.state
 
 
 @dataclass(frozen=True)
 class Stream:
-    """One input stream of a layer's heads: columns of a mixer submodule's output or input.
+    """One input stream of a mixer's heads: columns of a mixer submodule's output or input.
 
     Attributes:
         name: what users pass as ``receiver_input`` (``"q"``, ``"x"``, ``"B"``, ...).
         module: the submodule, relative to the mixer (``"q_proj"``, ``"in_proj"``).
-        layout: config -> ``(first column, units, columns per unit)``.
+        layout: the mixer's dims -> ``(first column, units, columns per unit)``.
         io: ``"output"`` or ``"input"`` of ``module``.
         public: ``False`` for helper streams that only `holds` names.
         holds: streams that keep their unpatched value when this one is patched. Mamba-1's
@@ -160,51 +252,210 @@ class Stream:
 
 
 @dataclass(frozen=True)
+class MixerSpec:
+    """One token mixer of a block, as a table entry.
+
+    Attributes:
+        kind: ``LayerKind.ATTENTION`` or ``LayerKind.SSM``.
+        path: attribute path from the block (``"self_attn"``, ``"mamba"``,
+            ``"shared_transformer.self_attn"``).
+        out_proj: the out-projection, relative to the mixer; its input, viewed
+            ``[batch, pos, head, d_head]``, holds the heads' outputs.
+        dims: HF config -> the mixer's sizes (`AttentionDims`, `Mamba2Dims`, `Mamba1Dims`,
+            `DeltaNetDims`).
+        streams: the heads' input streams, in the order the mixer computes them.
+        recipe: SSM mixers: the implicit-attention recipe
+            (`gna_interp.attention.capture.SSM_RECIPES`: ``"mamba2"``, ``"mamba"``,
+            ``"falcon_mamba"``, ``"jamba"``, ``"gated_deltanet"``); empty for attention.
+        runs: position in the block's execution order (FalconH1 runs its SSM before its
+            attention, Zamba2's shared attention runs before the layer's Mamba-2).
+        stage: dataflow inside the block: mixers of one stage read the same input
+            (FalconH1's two mixers, side by side); a later stage reads what the earlier
+            ones wrote (a Zamba2 hybrid layer's Mamba-2, stage 1, reads the output of the
+            shared attention block, stage 0). Path patching orders heads by
+            ``(layer, stage)``.
+        shared: the mixer's weights are shared with other layers (Zamba2's shared
+            attention block): a head still names one application, its layer.
+    """
+
+    kind: LayerKind
+    path: str
+    out_proj: str
+    dims: Callable[[Any], Dims]
+    streams: tuple[Stream, ...] = ()
+    recipe: str = ""
+    runs: int = 0
+    stage: int = 0
+    shared: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in (LayerKind.ATTENTION, LayerKind.SSM):
+            raise ValueError(f"MixerSpec kind must be ATTENTION or SSM, got {self.kind}")
+        if self.kind is LayerKind.SSM and not self.recipe:
+            raise ValueError(f"SSM mixer {self.path!r} needs an implicit-attention recipe")
+
+
+@dataclass(frozen=True)
+class LayerMixer:
+    """One mixer of one layer, resolved against a config (`ArchSpec.resolve`).
+
+    Attributes:
+        layer: the block index.
+        index: the mixer's position in the layer's head numbering (`Site.mixer`).
+        spec: the table entry.
+        path: attribute path of the mixer from the ``*ForCausalLM`` object.
+        dims: its sizes.
+        offset: the layer-level number of its first head.
+    """
+
+    layer: int
+    index: int
+    spec: MixerSpec
+    path: str
+    dims: Dims
+    offset: int
+
+    @property
+    def kind(self) -> LayerKind:
+        return self.spec.kind
+
+    @property
+    def n_heads(self) -> int:
+        return self.dims.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.dims.width
+
+    @property
+    def out_proj_path(self) -> str:
+        return f"{self.path}.{self.spec.out_proj}"
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """``(layer, stage)``: where the mixer's heads sit in the model's dataflow."""
+        return self.layer, self.spec.stage
+
+    @property
+    def receiver_inputs(self) -> tuple[str, ...]:
+        """Names of the public input streams (what ``receiver_input`` accepts, besides ``"any"``)."""
+        return tuple(s.name for s in self.spec.streams if s.public)
+
+    def stream(self, name: str) -> Stream:
+        for item in self.spec.streams:
+            if item.name == name:
+                return item
+        raise ValueError(
+            f"{name!r} is not an input stream of the {self.kind.value} heads of layer {self.layer}: expected one of {self.receiver_inputs}"
+        )
+
+    def stream_rank(self, stream: Stream) -> int:
+        """Execution order of ``stream``'s ``(module, io)`` among this mixer's streams."""
+        seen: list[tuple[str, str]] = []
+        for item in self.spec.streams:
+            if (item.module, item.io) not in seen:
+                seen.append((item.module, item.io))
+        return seen.index((stream.module, stream.io))
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer: its mixers in head-numbering order (attention first, then SSM)."""
+
+    layer: int
+    mixers: tuple[LayerMixer, ...]
+
+    @property
+    def n_heads(self) -> int:
+        return sum(mixer.n_heads for mixer in self.mixers)
+
+    @property
+    def kind(self) -> LayerKind:
+        kinds = {mixer.kind for mixer in self.mixers}
+        if not kinds:
+            return LayerKind.MLP
+        return kinds.pop() if len(kinds) == 1 else LayerKind.HYBRID
+
+    def locate(self, head: int) -> tuple[LayerMixer, int]:
+        """The mixer holding layer-level head ``head`` and the head's index in it."""
+        for mixer in self.mixers:
+            if mixer.offset <= head < mixer.offset + mixer.n_heads:
+                return mixer, head - mixer.offset
+        raise ValueError(f"layer {self.layer} has no head {head} (it has {self.n_heads})")
+
+    def describe(self) -> str:
+        """``"heads 0..7 (attention 0..3, ssm 4..7)"``, ``"0 heads (no token mixer)"``."""
+        if not self.mixers:
+            return "0 heads (no attention or SSM mixer: an MLP / MoE-only layer)"
+        text = f"heads 0..{self.n_heads - 1}"
+        if len(self.mixers) > 1:
+            parts = [f"{m.kind.value} {m.offset}..{m.offset + m.n_heads - 1}" for m in self.mixers]
+            text += f" ({', '.join(parts)})"
+        return text
+
+
+MixerTable = Callable[[Any, int], tuple[MixerSpec, ...]]
+"""``(config, layer) -> the layer's mixers``."""
+
+
+def uniform(mixer: MixerSpec) -> MixerTable:
+    """Every layer has the same one mixer (pure families)."""
+
+    def table(config: Any, layer: int) -> tuple[MixerSpec, ...]:
+        return (mixer,)
+
+    return table
+
+
+_KIND_ORDER = {LayerKind.ATTENTION: 0, LayerKind.SSM: 1}
+
+
+@dataclass(frozen=True)
 class ArchSpec:
     """One architecture family: a row of `gna_interp.models.registry.ARCHITECTURES`.
 
     Paths are attribute paths from the HF ``*ForCausalLM`` object.
+
+    Attributes:
+        family: the row's name.
+        model_types: HF ``config.model_type`` values it covers.
+        layer_kind: the family's kind: ``ATTENTION``, ``SSM`` or ``HYBRID`` (per-layer
+            kinds: `GnaModel.layer_kinds`).
+        layers_path: the ``ModuleList`` of blocks.
+        final_norm_path: the norm after the last block.
+        mixers: ``(config, layer) -> the layer's mixers``.
+        tlens: whether TransformerLens's TransformerBridge supports this family.
+        block_output: ``0`` if a block returns its hidden state as a tensor, else the
+            length of the tuple it returns (hidden state first; the rest ``None`` when a
+            block is not run).
     """
 
     family: str
     model_types: tuple[str, ...]
     layer_kind: LayerKind
     layers_path: str
-    mixer_attr: str
-    out_proj_attr: str
     final_norm_path: str
-    n_heads: Callable[[Any], int]
-    head_dim: Callable[[Any], int]
+    mixers: MixerTable
     tlens: bool
-    """Whether TransformerLens's TransformerBridge supports this family."""
-    streams: tuple[Stream, ...] = ()
-    """The heads' input streams, in the order the mixer computes them."""
+    block_output: int = 0
 
     @property
     def default_backend(self) -> str:
         return "tlens" if self.tlens else "nnsight"
 
-    def out_proj_path(self, layer: int) -> str:
-        return f"{self.layers_path}.{layer}.{self.mixer_attr}.{self.out_proj_attr}"
+    def block_path(self, layer: int) -> str:
+        return f"{self.layers_path}.{layer}"
 
-    def mixer_path(self, layer: int) -> str:
-        return f"{self.layers_path}.{layer}.{self.mixer_attr}"
-
-    @property
-    def receiver_inputs(self) -> tuple[str, ...]:
-        """Names of the public input streams (what ``receiver_input`` accepts, besides ``"any"``)."""
-        return tuple(s.name for s in self.streams if s.public)
-
-    def stream(self, name: str) -> Stream:
-        for item in self.streams:
-            if item.name == name:
-                return item
-        raise ValueError(f"{name!r} is not an input stream of {self.family} heads: expected one of {self.receiver_inputs}")
-
-    def stream_rank(self, stream: Stream) -> int:
-        """Execution order of ``stream``'s ``(module, io)`` among this row's streams."""
-        seen: list[tuple[str, str]] = []
-        for item in self.streams:
-            if (item.module, item.io) not in seen:
-                seen.append((item.module, item.io))
-        return seen.index((stream.module, stream.io))
+    def resolve(self, config: Any, n_layers: int) -> tuple[LayerSpec, ...]:
+        """One `LayerSpec` per layer, sizes read from ``config``."""
+        layers = []
+        for layer in range(n_layers):
+            specs = sorted(self.mixers(config, layer), key=lambda m: _KIND_ORDER[m.kind])  # attention first (stable)
+            mixers, offset = [], 0
+            for index, spec in enumerate(specs):
+                dims = spec.dims(config)
+                path = f"{self.block_path(layer)}.{spec.path}"
+                mixers.append(LayerMixer(layer, index, spec, path, dims, offset))
+                offset += dims.n_heads
+            layers.append(LayerSpec(layer, tuple(mixers)))
+        return tuple(layers)

@@ -45,13 +45,18 @@ class Ablate:
             tokenize to the same ``[batch, pos]`` as the inputs, or to one row).
         reference: inputs for ``mean`` / ``resample``; activations are taken from a
             forward with no interventions.
+        positions: where to ablate (see `Positions`); ``None``, every position. A head's
+            output at position ``t`` feeds only the residual stream at ``t``, so this
+            tells which positions a head's effect enters through (e.g. each prompt's
+            final position, or its segment ends).
     """
 
     heads: tuple[Head, ...]
     how: AblationKind = "zero"
     reference: Any = None
+    positions: Positions = None
 
-    def __init__(self, heads: Head | Iterable[Head], how: str = "zero", reference: Any = None) -> None:
+    def __init__(self, heads: Head | Iterable[Head], how: str = "zero", reference: Any = None, positions: Positions = None) -> None:
         if how not in ABLATION_KINDS:
             raise ValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
         if how != "zero" and reference is None:
@@ -59,6 +64,7 @@ class Ablate:
         object.__setattr__(self, "heads", _as_heads(heads, "Ablate heads"))
         object.__setattr__(self, "how", how)
         object.__setattr__(self, "reference", reference)
+        object.__setattr__(self, "positions", positions)
 
 
 @dataclass(frozen=True)
@@ -118,4 +124,65 @@ class Truncate:
             raise ValueError(f"Truncate n_layers must be a non-negative int, got {self.n_layers!r}")
 
 
-Intervention = Ablate | Patch | SkipLayers | Truncate
+@dataclass(frozen=True)
+class MaskAttentionRows:
+    """Zero chosen query rows of the attention weights, after the softmax and without
+    renormalising (the paper's Zamba2 experiment masked each prompt's final row in every
+    attention call).
+
+    A row of weights that is all zero makes that head's attention output exactly zero at
+    that query position (``0 @ V = 0``), so this is applied as a zero-ablation of the
+    attention heads' outputs (the out-projection input) at those positions. It needs no
+    particular attention implementation and gives the same numbers on every backend,
+    locally and remotely. SSM heads are never touched.
+
+    Args:
+        positions: the query rows (see `Positions`); default ``-1``, each prompt's final
+            position (left padding keeps it in the last column). ``[]`` masks nothing.
+        layers: attention layers to mask (default: every attention layer).
+        heads: only these attention heads (default: every attention head of ``layers``).
+            Give ``layers`` or ``heads``, not both.
+        keep: ``True`` inverts the rows: keep only ``positions`` and zero every other
+            query row (`keep_attention_rows`).
+    """
+
+    positions: Positions = -1
+    layers: tuple[int, ...] | None = None
+    heads: tuple[Head, ...] | None = None
+    keep: bool = False
+
+    def __init__(
+        self,
+        positions: Positions = -1,
+        layers: int | Iterable[int] | None = None,
+        heads: Head | Iterable[Head] | None = None,
+        keep: bool = False,
+    ) -> None:
+        if positions is None:
+            raise ValueError("MaskAttentionRows positions=None is ambiguous: give the rows to mask (e.g. -1) or [] for none")
+        if layers is not None and heads is not None:
+            raise ValueError("MaskAttentionRows takes layers= or heads=, not both")
+        if layers is not None:
+            items = (layers,) if isinstance(layers, int) else tuple(layers)
+            for layer in items:
+                if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+                    raise ValueError(f"MaskAttentionRows layers must be non-negative ints, got {layer!r}")
+            object.__setattr__(self, "layers", tuple(sorted(set(items))))
+        else:
+            object.__setattr__(self, "layers", None)
+        object.__setattr__(self, "heads", None if heads is None else _as_heads(heads, "MaskAttentionRows heads"))
+        if not isinstance(keep, bool):
+            raise TypeError(f"MaskAttentionRows keep must be a bool, got {keep!r}")
+        object.__setattr__(self, "positions", positions)
+        object.__setattr__(self, "keep", keep)
+
+
+def keep_attention_rows(
+    positions: Positions = -1, layers: int | Iterable[int] | None = None, heads: Head | Iterable[Head] | None = None
+) -> MaskAttentionRows:
+    """The opposite of `MaskAttentionRows`: keep only ``positions`` and zero every other
+    query row of the chosen attention layers / heads."""
+    return MaskAttentionRows(positions, layers=layers, heads=heads, keep=True)
+
+
+Intervention = Ablate | Patch | SkipLayers | Truncate | MaskAttentionRows

@@ -5,13 +5,16 @@ ints, so the nnsight backend can ship it to a remote server unchanged.
 
 At a site, every `Edit` applies ``act = torch.where(mask, value, act)`` in order:
 
-- `SiteKind.HEADS` at layer ``l``: ``act`` is ``[batch, pos, head, d_head]``, the input
-  of the out-projection viewed per head.
+- `SiteKind.HEADS` at layer ``l``, mixer ``m``: ``act`` is ``[batch, pos, head, d_head]``,
+  the input of that mixer's out-projection viewed per head (``head`` indexes the mixer's
+  own heads; a layer with an attention and an SSM mixer has two head sites, see
+  `gna_interp.core.arch.LayerSpec`).
 - `SiteKind.RESID` at layer ``l``: ``act`` is ``[batch, pos, d_model]``, the residual
   stream entering block ``l`` (``l == n_layers``: entering the final norm).
 - `SiteKind.STREAM` at layer ``l`` with ``stream`` a name from the architecture's
-  `gna_interp.core.arch.Stream` table (``"q"``, ``"x"``, ``"B"``, ...): ``act`` is
-  ``[batch, pos, unit, width]``, that stream's columns of its module's output (or input).
+  `gna_interp.core.arch.Stream` table (``"q"``, ``"x"``, ``"B"``, ...) of mixer ``m``:
+  ``act`` is ``[batch, pos, unit, width]``, that stream's columns of its module's output
+  (or input).
 
 A skip at layer ``l`` makes block ``l`` output its own input on the rows given.
 
@@ -37,12 +40,15 @@ class SiteKind(str, Enum):
 
 @dataclass(frozen=True, order=True)
 class Site:
-    """A layer-level activation: all heads of a layer, the residual stream, or one input
-    stream of all heads of a layer (``stream`` names it; empty for the other kinds)."""
+    """A layer-level activation: all heads of one mixer of a layer, the residual stream,
+    or one input stream of all heads of one mixer (``stream`` names it; empty for the
+    other kinds). ``mixer`` indexes the layer's mixers in head-numbering order (0 in
+    every layer of a pure family)."""
 
     kind: SiteKind
     layer: int
     stream: str = ""
+    mixer: int = 0
 
 
 class ReadKind(str, Enum):
@@ -58,9 +64,9 @@ class ReadKind(str, Enum):
 class Read:
     """A value read during a forward besides the sites: what attention analysis needs.
 
-    ``name`` is a dotted path relative to the layer's mixer (``OUTPUT``: a submodule;
-    ``PARAM``: ``submodule.parameter`` or a parameter of the mixer itself); unused for
-    ``PATTERN``. ``selects`` are ``index_select(dim, index)`` calls applied in order
+    ``name`` is a dotted path relative to the layer's mixer number ``mixer`` (``OUTPUT``:
+    a submodule; ``PARAM``: ``submodule.parameter`` or a parameter or buffer of the mixer
+    itself); unused for ``PATTERN``. ``selects`` are ``index_select(dim, index)`` calls applied in order
     where the value is read (so only the selected part travels, e.g. from NDIF).
     """
 
@@ -68,6 +74,7 @@ class Read:
     layer: int
     name: str = ""
     selects: tuple[tuple[int, Tensor], ...] = ()
+    mixer: int = 0
 
 
 @dataclass

@@ -29,6 +29,14 @@ class HeadEvidence:
     verified: bool
     """Ablated alone (``False``: only screened as part of a group)."""
     scores: RoleScores | None = None
+    entry: dict[str, float] | None = None
+    """Where the head's effect enters the residual stream: accuracy with the head ablated
+    only at the ``final`` position, and only on the ``segments`` (every option token, its
+    ``\n`` included); ``None``: not measured."""
+    pattern_agrees: bool | None = None
+    """Whether the pattern shows the role: a Gather head's segment-end rows favour their
+    own segment over a uniform row (``gather_ratio > 1``); an Aggregate head's final row
+    puts more mass on the correct option than a uniform row (``uniform_ratio > 1``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -37,12 +45,17 @@ class HeadEvidence:
             "ablated_accuracy": self.ablated_accuracy,
             "verified": self.verified,
             "scores": None if self.scores is None else self.scores.to_dict(),
+            "entry": self.entry,
+            "pattern_agrees": self.pattern_agrees,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HeadEvidence:
         scores = None if data["scores"] is None else scores_from_dict(data["scores"])
-        return cls(Head.parse(data["head"]), data["role"], data["ablated_accuracy"], bool(data["verified"]), scores)
+        item = cls(Head.parse(data["head"]), data["role"], data["ablated_accuracy"], bool(data["verified"]), scores)
+        item.entry = data.get("entry")
+        item.pattern_agrees = data.get("pattern_agrees")
+        return item
 
 
 @dataclass
@@ -113,6 +126,8 @@ class GnACircuit:
         for item in self.heads:
             row = {"head": str(item.head), "layer": item.head.layer, "index": item.head.head, "role": item.role}
             row |= {"ablated_accuracy": item.ablated_accuracy, "verified": item.verified}
+            row |= {f"{where}_ablated_accuracy": value for where, value in (item.entry or {}).items()}
+            row |= {"pattern_agrees": item.pattern_agrees}
             row |= item.scores.to_dict() if item.scores is not None else {}
             rows.append(row)
         return pd.DataFrame(rows)

@@ -8,8 +8,11 @@ roles from the patterns and confirm them:
 3. **layer scan**: leave one layer out.
 4. **head scan**: single-head zero-ablation of the candidate layers (every layer by
    default), with a grouped pre-screen where a layer has very many heads.
-5. **roles**: pattern scores of the examined heads (`roles`), labelled by thresholds.
-6. **confirmation**: accuracy with the Gather heads ablated, the Aggregate heads, both,
+5. **entry**: where each candidate's effect enters: accuracy with the head ablated only
+   at the final position, and only on the segment tokens.
+6. **roles**: pattern scores of the examined heads (`roles`); labels from the entry
+   shares (or the patterns alone without the entry stage), by `RoleThresholds`.
+7. **confirmation**: accuracy with the Gather heads ablated, the Aggregate heads, both,
    and with only the G&A heads kept in their layers; per role, how many heads are needed
    to collapse accuracy to chance.
 """
@@ -30,7 +33,7 @@ from ..patching.paths import path_patching
 from ..tasks.base import Task
 from . import scans
 from .circuit import GnACircuit, HeadEvidence, RoleNeed
-from .roles import RoleThresholds, label, role_scores
+from .roles import RoleThresholds, entry_shares, label, pattern_agrees, role_scores
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
@@ -40,7 +43,7 @@ class NoRetrievalWarning(UserWarning):
     """The model answers the task at about chance: there is no retrieval to explain."""
 
 
-STAGES = ("truncation", "layers", "heads", "roles", "confirm")
+STAGES = ("truncation", "layers", "heads", "entry", "roles", "confirm")
 
 
 def discover(
@@ -127,14 +130,23 @@ def discover(
     circuit.head_scan = [[None if v != v else float(v) for v in row] for row in scan.accuracy.tolist()]
     candidates = _candidates(scan.accuracy, scan.verified, max_candidates)
     evidence = {h: HeadEvidence(h, None, float(scan.accuracy[h.layer, h.head]), bool(scan.verified[h.layer, h.head])) for h in candidates}
+    encoded = task.encode(task.tokenizer_for(model.tokenizer))
+    harmful = [
+        h for h, e in evidence.items() if e.ablated_accuracy is not None and clean.accuracy - e.ablated_accuracy >= thresholds.min_effect
+    ]
+    if "entry" in stages:
+        for head, entry in scans.entry_scan(model, task, encoded, harmful, progress=progress).items():
+            evidence[head].entry = entry
     if "roles" in stages and candidates:
-        encoded = task.encode(task.tokenizer_for(model.tokenizer))
         for head, scores in role_scores(model, encoded, candidates, pattern_prompts).items():
-            evidence[head].scores = scores
-            ablated = evidence[head].ablated_accuracy
-            harmful = ablated is not None and clean.accuracy - ablated >= thresholds.min_effect
-            evidence[head].role = label(scores, thresholds) if harmful else None
+            item = evidence[head]
+            item.scores = scores
+            if head in harmful:
+                shares = None if item.entry is None else entry_shares(clean.accuracy, item.ablated_accuracy, item.entry)  # type: ignore[arg-type]
+                item.role = label(scores, thresholds, shares)
         _gather_before_aggregate(evidence)
+        for item in evidence.values():
+            item.pattern_agrees = None if item.scores is None else pattern_agrees(item.role, item.scores)
     circuit.heads = sorted(evidence.values(), key=lambda e: e.head)
     by_harm = sorted(evidence.values(), key=lambda e: (e.ablated_accuracy if e.ablated_accuracy is not None else 1.0, e.head))
     circuit.gather = [e.head for e in by_harm if e.role == "gather"]

@@ -124,6 +124,7 @@ def contrast_rows(circuits: list[GnACircuit]) -> list[dict[str, Any]]:
                     "accuracy with them ablated": None if need is None else need.accuracy,
                     "mean entropy (nats)": sum(entropies) / len(entropies) if entropies else None,
                     "mean top-1 mass": sum(tops) / len(tops) if tops else None,
+                    "pattern shows the role": f"{sum(bool(circuit.evidence(h).pattern_agrees) for h in heads)} of {len(heads)}",
                 }
             )
     return rows

@@ -8,15 +8,20 @@ so softmax and SSM heads are scored on one scale. With ``S_i`` the tokens of opt
 - **gather score**: the mass of row ``end_i`` (each option's segment end) on ``S_i``,
   averaged over options and prompts. A Gather head summarises its own segment into the
   segment end: high score. Uniform causal attention gives about ``|S_i| / end_i``.
+- **gather ratio**: the same mass divided by what a uniform causal row puts on ``S_i``
+  (``|S_i|`` over the real keys up to ``end_i``), averaged. It does not favour early
+  options, whose rows have fewer keys. 1 = no preference for the own segment.
 - **aggregate mass**: the mass of the final row on all options ``S_i+``.
 - **end mass**: the final row's mass on the segment-end tokens themselves (the paper's
   Aggregate pattern: reading the segment summaries).
 - **selectivity**: the final row's mass on the correct option's ``S_c+`` divided by the
   aggregate mass (``1 / n_options`` for a row spread evenly over the options).
 - **lift**: position-controlled selectivity: for each option slot ``j``, the mean mass on
-  ``S_j+`` over prompts where ``j`` is correct divided by the mean over prompts where it
-  is not, averaged over slots. 1 = the row does not depend on which option is correct
-  (e.g. a recency-biased SSM row), above 1 = it prefers the correct option.
+  ``S_j+`` over prompts where ``j`` is correct and over prompts where it is not; lift is
+  the sum over slots of the first divided by the sum of the second. 1 = the row does not
+  depend on which option is correct (a recency-biased SSM row, or a head that always
+  reads one fixed slot), above 1 = it prefers the correct option. Pooling over slots
+  keeps slots the row never reads from dominating with ratios of tiny masses.
 - **uniform ratio**: the correct option's mass divided by what a uniform causal row
   would put there (``|S_c+|`` over the number of real keys).
 - **sharpness** of the row a role uses (segment-end rows for Gather, the final row for
@@ -46,18 +51,32 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RoleThresholds:
-    """How scores become labels. Only heads whose single ablation costs at least
-    ``min_effect`` accuracy get a role. A head is an **Aggregate** head if its final row
-    reads the options (``aggregate_mass``) and either reads the segment ends (``end_mass``,
-    the paper's pattern) or puts clearly more mass on the correct option than a uniform
-    row would (``uniform_ratio``). Otherwise it is a **Gather** head if its segment-end
-    rows stay in their own segment (``gather``) and it sits before the last Aggregate layer."""
+    """How evidence becomes labels. Only heads whose single ablation costs at least
+    ``min_effect`` accuracy get a role.
+
+    With the entry stage (the default), roles follow where a head's effect enters the
+    residual stream, as the mechanism says: an Aggregate head writes the answer at the
+    final position, a Gather head writes summaries into the segments. ``share_final`` /
+    ``share_segments`` are the fractions of the head's ablation effect reproduced by
+    ablating it only there:
+
+    - **Aggregate**: ``share_final >= entry_share``, ``share_final >= share_segments``
+      and the final row reads the options (``aggregate_mass``);
+    - **Gather**: ``share_segments >= entry_share``, ``share_segments > share_final``,
+      in a layer before the last Aggregate layer.
+
+    Without it, the pattern alone decides: Aggregate if the final row reads the options
+    and either reads the segment ends (``end_mass``, the paper's pattern) or prefers the
+    correct option (``lift``); otherwise Gather if its segment-end rows favour their own
+    segment (``gather_ratio``). Either way, `HeadEvidence.pattern_agrees` records whether
+    the pattern shows the role."""
 
     min_effect: float = 0.02
-    gather: float = 0.5
+    entry_share: float = 0.5
     aggregate_mass: float = 0.3
+    gather_ratio: float = 1.5
     end_mass: float = 0.5
-    uniform_ratio: float = 1.5
+    lift: float = 1.5
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -66,6 +85,7 @@ class RoleThresholds:
 @dataclass
 class RoleScores:
     gather: float
+    gather_ratio: float
     aggregate_mass: float
     selectivity: float
     end_mass: float
@@ -100,7 +120,11 @@ def role_scores(model: GnaModel, encoded: EncodedTask, heads: Sequence[Head], n_
     p = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
     own = _span_masks(encoded, rows, batch.n_pos, with_end=False)  # [batch, segment, key]
     options = _span_masks(encoded, rows, batch.n_pos, with_end=True)
-    gather = (p[:, :, :n_segments] * own[:, None]).sum(-1).mean((0, 2))  # [head]
+    own_mass = (p[:, :, :n_segments] * own[:, None]).sum(-1)  # [batch, head, segment]
+    gather = own_mass.mean((0, 2))  # [head]
+    first_real = batch.attention_mask.long().argmax(1, keepdim=True)  # [batch, 1] (left padding)
+    uniform_own = own.sum(-1).float() / (ends - first_real + 1).float()  # [batch, segment]
+    gather_ratio = (own_mass / uniform_own[:, None]).mean((0, 2))
     final = p[:, :, n_segments]  # [batch, head, key]
     per_option = (final[:, :, None] * options[:, None]).sum(-1)  # [batch, head, segment]
     total = per_option.sum(-1)
@@ -123,6 +147,7 @@ def role_scores(model: GnaModel, encoded: EncodedTask, heads: Sequence[Head], n_
     for i, head in enumerate(heads):
         out[head] = RoleScores(
             gather=float(gather[i]),
+            gather_ratio=float(gather_ratio[i]),
             aggregate_mass=float(total.mean(0)[i]),
             selectivity=float(selectivity[i]),
             end_mass=float(end_mass[i]),
@@ -134,29 +159,53 @@ def role_scores(model: GnaModel, encoded: EncodedTask, heads: Sequence[Head], n_
 
 
 def _lift(per_option: Tensor, correct: Tensor) -> Tensor:
-    """``[head]``: mean over option slots of mass(slot | correct) / mass(slot | not correct)."""
-    ratios = []
+    """``[head]``: sum over option slots of mean mass(slot | correct), divided by the sum
+    over slots of mean mass(slot | not correct)."""
+    right, wrong = [], []
     for slot in range(per_option.shape[-1]):
         is_correct = correct == slot
         if bool(is_correct.any()) and bool((~is_correct).any()):
-            right = per_option[is_correct, :, slot].mean(0)
-            wrong = per_option[~is_correct, :, slot].mean(0)
-            ratios.append(right / wrong.clamp_min(1e-30))
-    if not ratios:
+            right.append(per_option[is_correct, :, slot].mean(0))
+            wrong.append(per_option[~is_correct, :, slot].mean(0))
+    if not right:
         return torch.full((per_option.shape[1],), float("nan"))
-    return torch.stack(ratios).mean(0)
+    return torch.stack(right).sum(0) / torch.stack(wrong).sum(0).clamp_min(1e-30)
 
 
-def label(scores: RoleScores, thresholds: RoleThresholds) -> str | None:
-    """``"aggregate"``, ``"gather"`` or ``None`` from a head's pattern scores (the layer
-    order and causal checks are applied by `discover`)."""
+def entry_shares(clean: float, ablated: float, entry: dict[str, float]) -> tuple[float, float]:
+    """``(share_final, share_segments)``: the fractions of a head's ablation effect
+    (``clean - ablated``) that ablating it only at the final position / on the segments
+    reproduces."""
+    effect = clean - ablated
+    return (clean - entry["final"]) / effect, (clean - entry["segments"]) / effect
+
+
+def label(scores: RoleScores, thresholds: RoleThresholds, shares: tuple[float, float] | None = None) -> str | None:
+    """``"aggregate"``, ``"gather"`` or ``None`` from a head's entry shares (see
+    `entry_shares`) and pattern scores, or from the pattern alone when ``shares`` is
+    ``None``. The minimum effect and the layer order are applied by `discover`."""
     reads_options = scores.aggregate_mass >= thresholds.aggregate_mass
-    if reads_options and (scores.end_mass >= thresholds.end_mass or scores.uniform_ratio >= thresholds.uniform_ratio):
+    if shares is not None:
+        final, segments = shares
+        if final >= segments:
+            return "aggregate" if final >= thresholds.entry_share and reads_options else None
+        return "gather" if segments >= thresholds.entry_share else None
+    if reads_options and (scores.end_mass >= thresholds.end_mass or scores.lift >= thresholds.lift):
         return "aggregate"
-    if scores.gather >= thresholds.gather:
+    if scores.gather_ratio >= thresholds.gather_ratio:
         return "gather"
     return None
 
 
 def scores_from_dict(data: dict[str, Any]) -> RoleScores:
     return RoleScores(**{k: float(v) for k, v in data.items()})
+
+
+def pattern_agrees(role: str | None, scores: RoleScores) -> bool | None:
+    """Whether the pattern shows ``role`` (``None`` for no role): Gather rows favour their
+    own segment over a uniform row; the Aggregate final row favours the correct option."""
+    if role == "gather":
+        return scores.gather_ratio > 1.0
+    if role == "aggregate":
+        return scores.uniform_ratio > 1.0
+    return None

@@ -8,6 +8,9 @@
    than ``screen_above`` (Mamba-1: every channel is a head) are pre-screened by ablating
    contiguous groups of heads; only heads of the most harmful groups are then ablated
    one by one (*verified*); the others keep their group's accuracy (*screened*).
+4. `entry_scan`: ablate a head only at the final position, then only on the segment
+   tokens; a head's output at position ``t`` enters the residual stream at ``t`` alone,
+   so this says where its effect comes in.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from ..patching.sweeps import ablation_sweep
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
-    from ..tasks.base import Task
+    from ..tasks.base import EncodedTask, Task
 
 
 def truncation_scan(model: GnaModel, task: Task, *, progress: bool = True) -> list[float]:
@@ -100,6 +103,28 @@ def _single_ablations(model: GnaModel, task: Task, heads: list[Head], progress: 
         sweep = ablation_sweep(model, task, metric, heads=heads, progress=progress)
         return {h: float(sweep.scores[h.layer, h.head]) for h in heads}
     return {h: evaluate(model, task, [Ablate([h])]).accuracy for h in progress_bar(heads, progress, "head scan")}
+
+
+def segment_positions(encoded: EncodedTask) -> Tensor:
+    """``[batch, pos]`` bool: every token of every segment (label to ``\n``, inclusive)."""
+    cols = torch.arange(encoded.batch.n_pos)
+    inside = (cols >= encoded.spans[..., :1]) & (cols < encoded.spans[..., 1:2])  # [batch, segment, pos]
+    return inside.any(1)
+
+
+def entry_scan(
+    model: GnaModel, task: Task, encoded: EncodedTask, heads: Sequence[Head], *, progress: bool = True
+) -> dict[Head, dict[str, float]]:
+    """Per head: task accuracy with it ablated only at each prompt's ``final`` position
+    and only on its ``segments`` (`segment_positions`). Empty when candidates span
+    several tokens: their continuation batches are re-padded, so positions move."""
+    if not encoded.single_token or not heads:
+        return {}
+    where = {"final": encoded.final, "segments": segment_positions(encoded)}
+    out: dict[Head, dict[str, float]] = {}
+    for head in progress_bar(list(heads), progress, "entry scan"):
+        out[head] = {name: evaluate(model, task, [Ablate([head], positions=positions)]).accuracy for name, positions in where.items()}
+    return out
 
 
 def collapsing_set(

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..core.arch import ArchSpec, LayerKind
+from ..core.arch import ArchSpec, LayerKind, LayerMixer, LayerSpec
 from ..core.heads import Head, Resid, Target
 from ..core.interventions import Ablate, Intervention
 from ..core.plan import Site, SiteKind
@@ -25,6 +25,13 @@ class GnaModel:
         tokenizer: the HF tokenizer.
         arch: the architecture table row.
         backend: the backend object (``.name`` is ``"tlens"`` or ``"nnsight"``).
+
+    Heads are numbered per layer over the layer's mixers, attention heads first, then
+    SSM heads (a FalconH1 layer, or a Zamba2 hybrid layer: the shared attention block's
+    heads at that application, then the layer's Mamba-2 heads). ``heads_per_layer`` can
+    differ between layers and be 0 (NemotronH's MLP / MoE layers); ``n_heads`` is the
+    largest, so every ``[layer, head]`` table has ``n_heads`` columns and NaN where a
+    layer has no such head.
     """
 
     def __init__(self, hf_model: Any, tokenizer: Any, arch: ArchSpec, backend: Any, name: str = "") -> None:
@@ -35,11 +42,20 @@ class GnaModel:
         self.name = name or getattr(hf_model.config, "_name_or_path", "") or arch.family
         config = hf_model.config
         self.n_layers: int = int(config.num_hidden_layers)
-        self.n_heads: int = arch.n_heads(config)
-        self.head_dim: int = arch.head_dim(config)
+        self.layer_specs: tuple[LayerSpec, ...] = arch.resolve(config, self.n_layers)
+        """Per layer: its mixers (kind, path, heads, width), in head-numbering order."""
+        mixers = [mixer for spec in self.layer_specs for mixer in spec.mixers]
+        self.n_heads: int = max((spec.n_heads for spec in self.layer_specs), default=0)
+        """The most heads any layer has: the width of every ``[layer, head]`` table (NaN
+        where a layer has fewer heads)."""
+        self.head_dim: int = max((mixer.head_dim for mixer in mixers), default=0)
+        """The widest head (every head in pure families); `head_dim_of` for one head."""
         self.d_model: int = int(config.hidden_size)
         self.vocab_size: int = int(config.vocab_size)
         self._ambient: list[Intervention] = []
+        self.foreign_layers: dict[int, str] = {}
+        """Layers holding a block of another family (set by `swap_layers` for its context):
+        layer -> the donor's ``model_type``."""
 
     # ----- structure -------------------------------------------------------------
     @property
@@ -48,15 +64,17 @@ class GnaModel:
 
     @property
     def layer_kinds(self) -> tuple[LayerKind, ...]:
-        return (self.arch.layer_kind,) * self.n_layers
+        """Per layer: ``ATTENTION``, ``SSM``, ``HYBRID`` (both kinds of mixer in one block)
+        or ``MLP`` (no token mixer, 0 heads)."""
+        return tuple(spec.kind for spec in self.layer_specs)
 
     @property
     def heads_per_layer(self) -> tuple[int, ...]:
-        return (self.n_heads,) * self.n_layers
+        return tuple(spec.n_heads for spec in self.layer_specs)
 
     @property
     def heads(self) -> list[Head]:
-        """Every head, layer-major."""
+        """Every head, layer-major (within a layer: attention heads, then SSM heads)."""
         return [Head(layer, head) for layer in range(self.n_layers) for head in range(self.heads_per_layer[layer])]
 
     def check_layer(self, layer: int, *, allow_final: bool = False) -> None:
@@ -70,14 +88,51 @@ class GnaModel:
         if not isinstance(head, Head):
             raise TypeError(f"expected a gna_interp.Head, got {head!r} ({type(head).__name__})")
         self.check_layer(head.layer)
-        n = self.heads_per_layer[head.layer]
-        if head.head >= n:
-            raise ValueError(f"head {head} out of range: layer {head.layer} of {self.name} has heads 0..{n - 1}")
+        if head.layer in self.foreign_layers:
+            raise ValueError(
+                f"head {head}: layer {head.layer} of {self.name} holds a swapped-in {self.foreign_layers[head.layer]} block "
+                "(swap_layers), whose heads the architecture table does not describe; use Resid sites or SkipLayers at that layer"
+            )
+        spec = self.layer_specs[head.layer]
+        if not spec.mixers:
+            raise ValueError(f"head {head} out of range: layer {head.layer} of {self.name} has {spec.describe()}")
+        if head.head >= spec.n_heads:
+            raise ValueError(f"head {head} out of range: layer {head.layer} of {self.name} has {spec.describe()}")
+
+    def mixer_of(self, head: Head) -> tuple[LayerMixer, int]:
+        """The mixer that holds ``head`` and the head's index among that mixer's heads."""
+        self.check_head(head)
+        return self.layer_specs[head.layer].locate(head.head)
+
+    def head_kind(self, head: Head) -> LayerKind:
+        """``ATTENTION`` or ``SSM``."""
+        return self.mixer_of(head)[0].kind
+
+    def head_position(self, head: Head) -> tuple[int, int]:
+        """``(layer, stage)``: a head at a later position can read this head's output
+        (`gna_interp.core.arch.MixerSpec.stage`; a Zamba2 hybrid layer's Mamba-2 heads
+        come after its shared-attention heads)."""
+        return self.mixer_of(head)[0].position
+
+    def head_dim_of(self, head: Head) -> int:
+        return self.mixer_of(head)[0].head_dim
+
+    def head_site(self, head: Head) -> tuple[Site, int]:
+        """The site of ``head``'s mixer and the head's index in that site's ``head`` axis."""
+        mixer, index = self.mixer_of(head)
+        return Site(SiteKind.HEADS, head.layer, mixer=mixer.index), index
+
+    def head_sites(self, layer: int) -> list[Site]:
+        """One head site per mixer of ``layer`` (none for a layer without heads)."""
+        return [Site(SiteKind.HEADS, layer, mixer=mixer.index) for mixer in self.layer_specs[layer].mixers]
+
+    def mixer(self, site: Site) -> LayerMixer:
+        """The mixer a head or stream site belongs to."""
+        return self.layer_specs[site.layer].mixers[site.mixer]
 
     def site_of(self, target: Target) -> Site:
         if isinstance(target, Head):
-            self.check_head(target)
-            return Site(SiteKind.HEADS, target.layer)
+            return self.head_site(target)[0]
         if isinstance(target, Resid):
             self.check_layer(target.layer, allow_final=True)
             return Site(SiteKind.RESID, target.layer)
@@ -85,7 +140,10 @@ class GnaModel:
 
     def site_shape(self, site: Site) -> tuple[int, ...]:
         """Per-position shape of a site's activation."""
-        return (self.n_heads, self.head_dim) if site.kind is SiteKind.HEADS else (self.d_model,)
+        if site.kind is SiteKind.HEADS:
+            mixer = self.mixer(site)
+            return (mixer.n_heads, mixer.head_dim)
+        return (self.d_model,)
 
     # ----- running ---------------------------------------------------------------
     @property
@@ -121,8 +179,11 @@ class GnaModel:
         out = self.backend.run(batch, plan, capture=sites)
         acts: dict[Target, Tensor] = {}
         for target in targets:
-            value = out.acts[self.site_of(target)]
-            acts[target] = value[:, :, target.head] if isinstance(target, Head) else value
+            if isinstance(target, Head):
+                site, index = self.head_site(target)
+                acts[target] = out.acts[site][:, :, index]
+            else:
+                acts[target] = out.acts[self.site_of(target)]
         return out.logits, acts
 
     def logits(self, inputs: Any, interventions: Sequence[Intervention] = ()) -> Tensor:
@@ -139,7 +200,7 @@ class GnaModel:
         in the model; leaving the block (normally or by an exception) ends it."""
         for item in interventions:
             if not isinstance(item, Intervention):  # type: ignore[arg-type, misc]
-                raise TypeError(f"expected an intervention (Ablate, Patch, SkipLayers, Truncate), got {item!r}")
+                raise TypeError(f"expected an intervention (Ablate, Patch, SkipLayers, Truncate, MaskAttentionRows), got {item!r}")
         depth = len(self._ambient)
         self._ambient.extend(interventions)
         try:
@@ -161,7 +222,9 @@ class GnaModel:
         return tuple(self._ambient)
 
     def __repr__(self) -> str:
-        return (
-            f"GnaModel({self.name!r}, family={self.arch.family}, backend={self.backend_name}, "
-            f"layers={self.n_layers}, heads={self.n_heads}x{self.head_dim})"
-        )
+        if self.arch.layer_kind is LayerKind.HYBRID:
+            kinds = ",".join(f"{kind.value}:{sum(k is kind for k in self.layer_kinds)}" for kind in LayerKind if kind in self.layer_kinds)
+            heads = f"heads<={self.n_heads} ({kinds})"
+        else:
+            heads = f"heads={self.n_heads}x{self.head_dim}"
+        return f"GnaModel({self.name!r}, family={self.arch.family}, backend={self.backend_name}, layers={self.n_layers}, {heads})"

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..core.arch import ArchSpec
+from ..core.arch import ArchSpec, LayerKind
 from .handle import GnaModel
 from .registry import spec_for
 
@@ -33,7 +33,8 @@ def load(
             ``config.json`` and weights, or a ``transformers.PreTrainedModel``.
         backend: ``"tlens"`` (TransformerLens ``TransformerBridge``) or ``"nnsight"``.
             Default: ``tlens`` for Transformer families it supports, ``nnsight`` for
-            SSMs, hybrids and ``remote=True``.
+            SSMs, hybrids (Zamba2, Jamba, Bamba, GraniteMoeHybrid, NemotronH, FalconH1;
+            ``tlens`` refuses them) and ``remote=True``.
         tokenizer: a HF tokenizer or a path/id; default: loaded from ``model``.
         device, dtype: placement of the weights.
         remote: ``True`` runs every trace on NDIF (nnsight only; ``model`` must be a hub
@@ -63,9 +64,8 @@ def load(
 
 def _check_backend(spec: ArchSpec, backend: str) -> None:
     if backend == "tlens" and not spec.tlens:
-        raise ValueError(
-            f"backend='tlens' does not support the {spec.family!r} family ({spec.layer_kind.value} layers): use backend='nnsight'"
-        )
+        what = "hybrid attention / SSM" if spec.layer_kind is LayerKind.HYBRID else spec.layer_kind.value
+        raise ValueError(f"backend='tlens' does not support the {spec.family!r} family ({what} layers): use backend='nnsight'")
 
 
 def _hf_model(model: Any, device: Any, dtype: Any, hf_kwargs: dict[str, Any]) -> tuple[Any, str]:
@@ -132,7 +132,7 @@ def _nnsight_backend(hf_model: Any, tokenizer: Any, spec: ArchSpec, remote: bool
 
     config = hf_model.config
     envoy = TransformersModel(hf_model, tokenizer=tokenizer)
-    return NNsightBackend(envoy, spec, int(config.num_hidden_layers), spec.n_heads(config), spec.head_dim(config), remote)
+    return NNsightBackend(envoy, spec, spec.resolve(config, int(config.num_hidden_layers)), remote)
 
 
 def ndif_api_key() -> str | None:
@@ -166,5 +166,5 @@ def _load_remote(model: Any, tokenizer: Any) -> GnaModel:
     envoy = TransformersModel(model, tokenizer=tokenizer) if tokenizer is not None else TransformersModel(model)
     config = envoy.config
     spec = spec_for(config)
-    backend = NNsightBackend(envoy, spec, int(config.num_hidden_layers), spec.n_heads(config), spec.head_dim(config), True)
+    backend = NNsightBackend(envoy, spec, spec.resolve(config, int(config.num_hidden_layers)), True)
     return GnaModel(envoy._module, envoy.tokenizer, spec, backend, model)

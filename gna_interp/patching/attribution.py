@@ -30,7 +30,7 @@ from torch import Tensor
 from ..core.heads import Head
 from ..core.interventions import Intervention
 from ..core.plan import Site, SiteKind
-from .compile import check_aligned, clean_corrupt_batches, compile_plan, heads_by_layer
+from .compile import check_aligned, clean_corrupt_batches, compile_plan, heads_by_site
 from .metrics import Metric, reduce_metric
 from .results import SweepResult
 
@@ -84,7 +84,7 @@ def attribution_patching(
     if sites == "heads" and not head_list:
         raise ValueError("heads is empty: expected at least one Head (or None for every head)")
     if sites == "heads":
-        site_list = [Site(SiteKind.HEADS, layer) for layer in sorted(heads_by_layer(model, head_list))]
+        site_list = sorted(heads_by_site(model, head_list))
     else:
         site_list = [Site(SiteKind.RESID, layer) for layer in range(model.n_layers)]
     ambient = [*model.active_interventions, *interventions]
@@ -98,7 +98,7 @@ def attribution_patching(
     for site, grad in zip(site_list, grads, strict=True):
         delta = source_out.acts[site].to(grad.dtype) - target_out.acts[site].detach()
         per_token = (delta * grad).sum(-1)  # heads: [batch, pos, head]; resid: [batch, pos]
-        effects[site.layer] = per_token.sum(0) if by_position else per_token.sum((0, 1))
+        effects[site] = per_token.sum(0) if by_position else per_token.sum((0, 1))
     return _result(model, sites, head_list, effects, baseline, reference, target.n_pos, by_position, direction)
 
 
@@ -126,7 +126,7 @@ def _result(
     model: GnaModel,
     sites: str,
     heads: Sequence[Head],
-    effects: dict[int, Tensor],
+    effects: dict[Site, Tensor],
     baseline: float,
     reference: float,
     n_pos: int,
@@ -139,11 +139,12 @@ def _result(
     if sites == "heads":
         scores = torch.full((model.n_layers, model.n_heads, *pos_axis), float("nan"))
         for head in heads:
-            effect = effects[head.layer].detach().float().cpu()
-            scores[head.layer, head.head] = baseline + (effect[:, head.head] if by_position else effect[head.head])
+            site, index = model.head_site(head)
+            effect = effects[site].detach().float().cpu()
+            scores[head.layer, head.head] = baseline + (effect[:, index] if by_position else effect[index])
         dims = ("layer", "head")
     else:
-        scores = torch.stack([baseline + effects[layer].detach().float().cpu() for layer in range(model.n_layers)])
+        scores = torch.stack([baseline + effects[Site(SiteKind.RESID, layer)].detach().float().cpu() for layer in range(model.n_layers)])
         dims = ("layer",)
     dims = (*dims, "pos") if by_position else dims
     meta = {"direction": direction, "sites": sites, "by_position": by_position, "method": "attribution"}

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from ..core.arch import LayerKind
 from ..core.heads import Head, Resid
-from ..core.interventions import Ablate, Intervention, Patch, Positions, SkipLayers, Truncate
-from ..core.plan import Edit, Plan, Site, SiteKind
+from ..core.interventions import Ablate, Intervention, MaskAttentionRows, Patch, Positions, SkipLayers, Truncate
+from ..core.plan import Edit, Plan, Site
 from ..models.inputs import Batch
 
 if TYPE_CHECKING:
@@ -38,22 +39,26 @@ def compile_plan(model: GnaModel, batch: Batch, interventions: Sequence[Interven
                 raise ValueError(f"Truncate({item.n_layers}) exceeds the model's {model.n_layers} layers")
             for layer in range(item.n_layers, model.n_layers):
                 plan.add_skip(layer, torch.ones(1, dtype=torch.bool))
+        elif isinstance(item, MaskAttentionRows):
+            _compile_row_mask(model, batch, item, plan)
         else:
-            raise TypeError(f"expected an intervention (Ablate, Patch, SkipLayers, Truncate), got {item!r}")
+            raise TypeError(f"expected an intervention (Ablate, Patch, SkipLayers, Truncate, MaskAttentionRows), got {item!r}")
     return plan
 
 
-def heads_by_layer(model: GnaModel, heads: Sequence[Head]) -> dict[int, list[int]]:
-    grouped: dict[int, list[int]] = defaultdict(list)
+def heads_by_site(model: GnaModel, heads: Sequence[Head]) -> dict[Site, list[int]]:
+    """Heads grouped by their site (one per mixer of a layer), as indices into that
+    site's ``head`` axis. Attention and SSM heads may be mixed freely."""
+    grouped: dict[Site, list[int]] = defaultdict(list)
     for head in heads:
-        model.check_head(head)
-        grouped[head.layer].append(head.head)
+        site, index = model.head_site(head)
+        grouped[site].append(index)
     return dict(grouped)
 
 
-def head_mask(model: GnaModel, head_indices: Sequence[int]) -> Tensor:
-    """``[1, 1, head, 1]`` bool, True on the given heads."""
-    mask = torch.zeros(1, 1, model.n_heads, 1, dtype=torch.bool)
+def head_mask(model: GnaModel, site: Site, head_indices: Sequence[int]) -> Tensor:
+    """``[1, 1, head, 1]`` bool over ``site``'s heads, True on the given ones."""
+    mask = torch.zeros(1, 1, model.site_shape(site)[0], 1, dtype=torch.bool)
     mask[0, 0, list(head_indices), 0] = True
     return mask
 
@@ -98,23 +103,25 @@ def clean_corrupt_batches(model: GnaModel, clean: Any, corrupt: Any, what: str, 
     return clean_batch, corrupt_batch
 
 
-def ablation_values(model: GnaModel, batch: Batch, layers: Sequence[int], how: str, reference: Any) -> dict[int, Tensor]:
-    """Per layer, the replacement for its heads: ``[]`` zero, ``[1, 1, head, d_head]``
+def ablation_values(model: GnaModel, batch: Batch, sites: Sequence[Site], how: str, reference: Any) -> dict[Site, Tensor]:
+    """Per head site, the replacement for its heads: ``[]`` zero, ``[1, 1, head, d_head]``
     mean, or ``[batch | 1, pos, head, d_head]`` resample."""
     if how == "zero":
-        return {layer: torch.zeros(()) for layer in layers}
-    ref_batch, acts = capture_sites(model, reference, {Site(SiteKind.HEADS, layer) for layer in layers})
+        return {site: torch.zeros(()) for site in sites}
+    ref_batch, acts = capture_sites(model, reference, set(sites))
     if how == "mean":
-        return {layer: token_mean(acts[Site(SiteKind.HEADS, layer)], ref_batch.attention_mask)[None, None] for layer in layers}
+        return {site: token_mean(acts[site], ref_batch.attention_mask)[None, None] for site in sites}
     check_aligned(batch, ref_batch, "resample reference")
-    return {layer: acts[Site(SiteKind.HEADS, layer)] for layer in layers}
+    return {site: acts[site] for site in sites}
 
 
 def _compile_ablate(model: GnaModel, batch: Batch, item: Ablate, plan: Plan) -> None:
-    grouped = heads_by_layer(model, item.heads)
+    grouped = heads_by_site(model, item.heads)
     values = ablation_values(model, batch, sorted(grouped), item.how, item.reference)
-    for layer, indices in grouped.items():
-        plan.add(Site(SiteKind.HEADS, layer), Edit(head_mask(model, indices), values[layer]))
+    rows = None if item.positions is None else position_mask(item.positions, batch)[:, :, None, None]
+    for site, indices in grouped.items():
+        mask = head_mask(model, site, indices) if rows is None else rows & head_mask(model, site, indices)
+        plan.add(site, Edit(mask, values[site]))
 
 
 def position_mask(positions: Positions, batch: Batch) -> Tensor:
@@ -149,7 +156,8 @@ def _check_positions(items: list[int], n_pos: int) -> None:
 def site_mask(model: GnaModel, target: Head | Resid, positions: Tensor) -> Tensor:
     """Mask for one target at ``positions`` (``[batch | 1, pos]``), shaped for its site."""
     if isinstance(target, Head):
-        return positions[:, :, None, None] & head_mask(model, [target.head])
+        site, index = model.head_site(target)
+        return positions[:, :, None, None] & head_mask(model, site, [index])
     return positions[:, :, None]
 
 
@@ -161,3 +169,38 @@ def _compile_patch(model: GnaModel, batch: Batch, item: Patch, plan: Plan) -> No
     for target in item.targets:
         site = model.site_of(target)
         plan.add(site, Edit(site_mask(model, target, positions), acts[site]))
+
+
+def attention_heads_of(model: GnaModel, layers: Sequence[int] | None = None) -> list[Head]:
+    """The attention (softmax) heads of ``layers`` (default: every layer)."""
+    chosen = range(model.n_layers) if layers is None else layers
+    return [head for head in model.heads if head.layer in chosen and model.head_kind(head) is LayerKind.ATTENTION]
+
+
+def _compile_row_mask(model: GnaModel, batch: Batch, item: MaskAttentionRows, plan: Plan) -> None:
+    """Zero rows of the attention weights == zero those heads' outputs at those rows."""
+    if item.heads is not None:
+        heads = list(item.heads)
+        allowed = set(attention_heads_of(model, sorted({h.layer for h in heads if h.layer < model.n_layers})))
+        for head in heads:
+            model.check_head(head)
+            if head not in allowed:
+                kind = model.head_kind(head).value
+                raise ValueError(f"MaskAttentionRows: {head} is not an attention head ({model.name} layer {head.layer}: {kind})")
+    else:
+        for layer in item.layers or ():
+            model.check_layer(layer)
+            if not attention_heads_of(model, [layer]):
+                kind = model.layer_kinds[layer].value
+                raise ValueError(
+                    f"MaskAttentionRows: layer {layer} of {model.name} is an {kind} layer with no attention weights; "
+                    f"attention layers are {sorted({h.layer for h in attention_heads_of(model)})}"
+                )
+        heads = attention_heads_of(model, item.layers)
+        if not heads:
+            raise ValueError(f"MaskAttentionRows: {model.name} has no attention layers (it is an SSM); use Ablate on its heads instead")
+    rows = position_mask(item.positions, batch)  # [batch | 1, pos]
+    rows = ~rows if item.keep else rows
+    zero = torch.zeros(())
+    for site, indices in heads_by_site(model, heads).items():
+        plan.add(site, Edit(rows[:, :, None, None] & head_mask(model, site, indices), zero))

@@ -10,7 +10,11 @@ Two copies of the clean run take part (see `gna_interp.patching.paths` for why):
   ``"logits"`` among the receivers, D's logits are scored instead of C's.
 
 C at receiver layer ``l`` needs D's streams at ``l``, and D below ``l`` needs C's head
-outputs below ``l``, so the runs alternate, one receiver layer at a time:
+outputs below ``l``, so the runs alternate, one receiver layer at a time. (Precisely:
+one receiver *position* ``(layer, stage)`` at a time. A Zamba2 hybrid layer runs the
+shared attention block and then its Mamba-2, which reads the attention's output: its
+Mamba-2 heads come after its attention heads, in the same layer. FalconH1's two mixers
+read the same input: one position.)
 
 1. ``D_1``: heads frozen to clean (C is clean below the first receiver layer), senders
    corrupt; read the chosen streams at receiver layer ``l_1``.
@@ -38,6 +42,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from ..core.arch import LayerKind
 from ..core.heads import Head
 from ..core.plan import Edit, Plan, Site, SiteKind
 from ..models.inputs import Batch
@@ -57,36 +62,79 @@ class PathSetup:
     base: Plan
     """The ambient interventions, compiled for the clean batch."""
     receivers: dict[int, tuple[int, ...]]
-    """Receiver layer -> head indices."""
+    """Receiver layer -> head numbers (layer-level, as in `gna_interp.Head`)."""
     to_logits: bool
     streams: tuple[str, ...]
-    """Chosen input streams of the receivers."""
+    """Chosen input streams of the receivers (each receiver uses those its mixer has)."""
     clean: dict[Site, Tensor]
     """Clean run: head outputs of every layer, residual stream at the start layers, and the
     held streams at the receiver layers."""
-    corrupt_heads: dict[int, Tensor]
-    """Corrupt run: head outputs ``[batch, pos, head, d_head]`` of every sender layer."""
+    corrupt_heads: dict[Site, Tensor]
+    """Corrupt run: head outputs ``[batch, pos, head, d_head]`` of every sender site."""
     metric: Metric
+
+
+def receiver_streams(model: GnaModel, layer: int, heads: Sequence[int], streams: Sequence[str]) -> dict[Site, list[int]]:
+    """The stream sites that carry the change into the receivers ``heads`` of ``layer``:
+    for each receiver's mixer, the chosen streams it has, with the receivers' indices in
+    that mixer. A receiver whose mixer has none of ``streams`` is an error."""
+    chosen: dict[Site, list[int]] = {}
+    for head in heads:
+        mixer, index = model.mixer_of(Head(layer, head))
+        names = [name for name in streams if name in mixer.receiver_inputs]
+        if not names:
+            have = mixer.receiver_inputs or "none (see the architecture table)"
+            kind = "an attention" if mixer.kind is LayerKind.ATTENTION else "an SSM"
+            raise ValueError(
+                f"receiver {Head(layer, head)} is {kind} head whose input streams are {have}: "
+                f"receiver_input={list(streams)} names none of them"
+            )
+        for name in names:
+            chosen.setdefault(Site(SiteKind.STREAM, layer, name, mixer.index), []).append(index)
+    return chosen
+
+
+def held_sites(model: GnaModel, chosen: dict[Site, list[int]]) -> dict[Site, list[int]]:
+    """Streams that keep their unpatched value when the ``chosen`` ones are patched
+    (`gna_interp.core.arch.Stream.holds`), for the same receivers."""
+    held: dict[Site, list[int]] = {}
+    for site, heads in chosen.items():
+        for name in model.mixer(site).stream(site.stream).holds:
+            target = held.setdefault(Site(SiteKind.STREAM, site.layer, name, site.mixer), [])
+            target += [h for h in heads if h not in target]
+    return held
+
+
+Position = tuple[int, int]
+"""``(layer, stage)`` of a head (`gna_interp.GnaModel.head_position`): heads at later
+positions can read its output."""
+
+
+def receiver_positions(model: GnaModel, receivers: dict[int, tuple[int, ...]]) -> dict[Position, list[int]]:
+    """Receivers grouped by position, in order: ``(layer, stage) -> head numbers``."""
+    grouped: dict[Position, list[int]] = {}
+    for layer, heads in receivers.items():
+        for head in heads:
+            grouped.setdefault(model.head_position(Head(layer, head)), []).append(head)
+    return dict(sorted(grouped.items()))
 
 
 def setup_sites(model: GnaModel, receivers: dict[int, tuple[int, ...]], streams: Sequence[str], sender_layers: set[int]) -> set[Site]:
     """The sites the clean run must capture for `PathSetup.clean`."""
-    sites = {Site(SiteKind.HEADS, layer) for layer in range(min(sender_layers), model.n_layers)}
+    sites = {site for layer in range(min(sender_layers), model.n_layers) for site in model.head_sites(layer)}
     sites |= {Site(SiteKind.RESID, layer) for layer in sender_layers | set(receivers) if 0 < layer < model.n_layers}
-    sites |= {Site(SiteKind.STREAM, layer, held) for layer in receivers for held in held_streams(model, streams)}
+    for layer, heads in receivers.items():
+        sites |= set(held_sites(model, receiver_streams(model, layer, heads, streams)))
     return sites
 
 
-def held_streams(model: GnaModel, streams: Sequence[str]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(held for name in streams for held in model.arch.stream(name).holds))
-
-
-def unit_mask(model: GnaModel, stream: str, heads: Sequence[int]) -> Tensor:
-    """``[1, 1, unit, 1]`` bool: the units of ``stream`` that feed ``heads`` (a shared unit
-    feeds every head of its group)."""
-    _, units, _ = model.arch.stream(stream).layout(model.hf_model.config)
+def unit_mask(model: GnaModel, site: Site, heads: Sequence[int]) -> Tensor:
+    """``[1, 1, unit, 1]`` bool: the units of stream ``site`` that feed ``heads`` (indices
+    in the site's mixer; a shared unit feeds every head of its group)."""
+    mixer = model.mixer(site)
+    _, units, _ = mixer.stream(site.stream).layout(mixer.dims)
     mask = torch.zeros(1, 1, units, 1, dtype=torch.bool)
-    mask[0, 0, [head * units // model.n_heads for head in heads], 0] = True
+    mask[0, 0, [head * units // mixer.n_heads for head in heads], 0] = True
     return mask
 
 
@@ -101,29 +149,30 @@ class _Chunk:
 
     def __init__(self, setup: PathSetup, sender_sets: Sequence[Sequence[Head]]) -> None:
         self.s = setup
+        model = setup.model
         self.n_rows, self.copies = setup.batch.n_rows, len(sender_sets)
         self.batch = setup.batch.repeat(self.copies)
         self.base = setup.base.tiled(self.n_rows, self.copies)
-        self.first = min(head.layer for senders in sender_sets for head in senders)
-        n_heads = setup.model.n_heads
-        by_layer: dict[int, Tensor] = {}
+        self.first = min(model.head_position(head) for senders in sender_sets for head in senders)
+        by_site: dict[Site, Tensor] = {}
         for copy, senders in enumerate(sender_sets):
             for head in senders:
-                by_layer.setdefault(head.layer, torch.zeros(self.copies, n_heads, dtype=torch.bool))[copy, head.head] = True
-        # layer -> ([rows, 1, head, 1] bool: sender heads of each copy, [rows, pos, head, d_head] corrupt outputs)
+                site, index = model.head_site(head)
+                by_site.setdefault(site, torch.zeros(self.copies, model.site_shape(site)[0], dtype=torch.bool))[copy, index] = True
+        # head site -> ([rows, 1, head, 1] bool: sender heads of each copy, [rows, pos, head, d_head] corrupt outputs)
         self.swap = {
-            layer: (mask.repeat_interleave(self.n_rows, 0)[:, None, :, None], self.stack(setup.corrupt_heads[layer]))
-            for layer, mask in by_layer.items()
+            site: (mask.repeat_interleave(self.n_rows, 0)[:, None, :, None], self.stack(setup.corrupt_heads[site]))
+            for site, mask in by_site.items()
         }
-        self.c_heads: dict[int, Tensor] = {}  # head outputs in C, where they differ from clean
+        self.c_heads: dict[Site, Tensor] = {}  # head outputs in C, where they differ from clean
 
     def stack(self, tensor: Tensor) -> Tensor:
         return _stack(tensor, self.n_rows, self.copies)
 
-    def c_head(self, layer: int) -> Tensor:
-        if layer not in self.c_heads:
-            self.c_heads[layer] = self.stack(self.s.clean[Site(SiteKind.HEADS, layer)])
-        return self.c_heads[layer]
+    def c_head(self, site: Site) -> Tensor:
+        if site not in self.c_heads:
+            self.c_heads[site] = self.stack(self.s.clean[site])
+        return self.c_heads[site]
 
     def plan(self, start: int) -> Plan:
         plan = Plan()
@@ -132,16 +181,22 @@ class _Chunk:
             plan.start = (start, self.stack(self.s.clean[Site(SiteKind.RESID, start)]))
         return plan
 
-    def d_run(self, upto: int, capture: set[Site]) -> tuple[Tensor, dict[Site, Tensor]]:
-        """D: every head of layers ``first .. upto - 1`` frozen to C, the senders swapped in."""
-        plan = self.plan(self.first)
+    def head_sites(self, start: Position, stop: Position) -> set[Site]:
+        """Head sites of every mixer at a position in ``[start, stop)``."""
+        specs = self.s.model.layer_specs
+        return {Site(SiteKind.HEADS, m.layer, mixer=m.index) for spec in specs for m in spec.mixers if start <= m.position < stop}
+
+    def d_run(self, upto: Position, capture: set[Site]) -> tuple[Tensor, dict[Site, Tensor]]:
+        """D: every head from the first sender's layer up to position ``upto`` frozen to C,
+        the senders swapped in."""
+        plan = self.plan(self.first[0])
         every = torch.ones((), dtype=torch.bool)
-        for layer in range(self.first, upto):
-            value = self.c_head(layer)
-            if layer in self.swap:
-                rows, corrupt = self.swap[layer]
+        for site in sorted(self.head_sites((self.first[0], 0), upto)):
+            value = self.c_head(site)
+            if site in self.swap:
+                rows, corrupt = self.swap[site]
                 value = torch.where(rows, corrupt, value)
-            plan.add(Site(SiteKind.HEADS, layer), Edit(every, value))
+            plan.add(site, Edit(every, value))
         out = self.s.model.backend.run(self.batch, plan, capture=capture)
         return out.logits, out.acts
 
@@ -154,31 +209,31 @@ class _Chunk:
 
     def scores(self) -> list[float]:
         s, model = self.s, self.s.model
-        layers = [layer for layer in sorted(s.receivers) if layer > self.first]  # earlier ones receive nothing
-        held = held_streams(model, s.streams)
+        grouped = receiver_positions(model, s.receivers)
+        positions = [p for p in grouped if p > self.first]  # earlier ones receive nothing
         patches: list[tuple[Site, Edit]] = []
-        for j, layer in enumerate(layers):
-            held_sites = {Site(SiteKind.STREAM, layer, name) for name in held}
+        for j, position in enumerate(positions):
+            chosen = receiver_streams(model, position[0], grouped[position], s.streams)
+            held = held_sites(model, chosen)
             if j == 0:  # C is the clean run up to here
-                held_values = {site: self.stack(s.clean[site]) for site in held_sites}
+                held_values = {site: self.stack(s.clean[site]) for site in held}
             else:
-                below = {Site(SiteKind.HEADS, lower) for lower in range(layers[0], layer)}
-                _, acts = self.c_run(layers[0], patches, below | held_sites)
-                self.c_heads.update({site.layer: acts[site] for site in below})
-                held_values = {site: acts[site] for site in held_sites}
-            chosen = {Site(SiteKind.STREAM, layer, name) for name in s.streams}
-            _, d_acts = self.d_run(layer, chosen)
-            heads = s.receivers[layer]
-            patches += [(site, Edit(unit_mask(model, site.stream, heads), d_acts[site])) for site in sorted(chosen)]
-            patches += [(site, Edit(unit_mask(model, site.stream, heads), held_values[site])) for site in sorted(held_sites)]
+                below = self.head_sites(positions[0], position)
+                _, acts = self.c_run(positions[0][0], patches, below | set(held))
+                self.c_heads.update({site: acts[site] for site in below})
+                held_values = {site: acts[site] for site in held}
+            _, d_acts = self.d_run(position, set(chosen))
+            patches += [(site, Edit(unit_mask(model, site, heads), d_acts[site])) for site, heads in sorted(chosen.items())]
+            patches += [(site, Edit(unit_mask(model, site, heads), held_values[site])) for site, heads in sorted(held.items())]
+        end = (model.n_layers, 0)
         if s.to_logits:
-            if layers:
-                every = {Site(SiteKind.HEADS, layer) for layer in range(layers[0], model.n_layers)}
-                _, acts = self.c_run(layers[0], patches, every)
-                self.c_heads.update({site.layer: acts[site] for site in every})
-            logits, _ = self.d_run(model.n_layers, set())
+            if positions:
+                every = self.head_sites(positions[0], end)
+                _, acts = self.c_run(positions[0][0], patches, every)
+                self.c_heads.update({site: acts[site] for site in every})
+            logits, _ = self.d_run(end, set())
         else:
-            logits, _ = self.c_run(layers[0], patches, set())
+            logits, _ = self.c_run(positions[0][0], patches, set())
         return [reduce_metric(s.metric(rows)) for rows in logits.split(self.n_rows)]
 
 

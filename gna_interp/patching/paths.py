@@ -27,9 +27,12 @@ one receiver layer gives exactly the IOI recipe above.
 Input streams (``receiver_input``) come from the architecture table
 (`gna_interp.models.registry`): ``"q"``, ``"k"``, ``"v"`` for attention; ``"x"``,
 ``"B"``, ``"C"``, ``"dt"``, ``"gate"`` for Mamba-1 and Mamba-2; ``"any"`` for all of
-them. Some are shared by several heads (grouped-query ``k`` / ``v``; Mamba-2 ``B`` / ``C``
-per group; Mamba-1 ``B`` / ``C`` / ``dt`` per layer): patching a receiver's shared stream
-patches it for every head that shares it, as the model computes it.
+them. In a hybrid, receivers may mix attention and SSM heads: each uses the chosen
+streams its own mixer has (``["q", "x"]``: the query of attention receivers, ``x`` of
+SSM receivers), and a receiver with none of them is an error. Some streams are shared
+by several heads (grouped-query ``k`` / ``v``; Mamba-2 ``B`` / ``C`` per group; Mamba-1
+``B`` / ``C`` / ``dt`` per layer): patching a receiver's shared stream patches it for
+every head that shares it, as the model computes it.
 """
 
 from __future__ import annotations
@@ -42,10 +45,9 @@ from tqdm.auto import tqdm
 
 from ..core.heads import Head
 from ..core.interventions import Intervention
-from ..core.plan import Site, SiteKind
 from .compile import clean_corrupt_batches, compile_plan
 from .metrics import Metric, reduce_metric
-from .path_chain import PathSetup, path_scores, setup_sites
+from .path_chain import PathSetup, path_scores, receiver_streams, setup_sites
 from .results import SweepResult
 from .variants import rows_per_forward
 
@@ -75,8 +77,10 @@ def path_patching(
         clean, corrupt: inputs of the same token length (and rows, or one corrupt row).
         senders: heads whose output changes from clean to corrupt.
         receivers: heads, ``"logits"`` (the direct path to the output), or a list mixing
-            both. Every sender must sit in a layer before the last receiver (``"logits"``
-            counts as the layer after the last block).
+            both. Every sender must sit before the last receiver: in an earlier layer,
+            or earlier in the same block where a later mixer reads an earlier one's
+            output (`GnaModel.head_position`; a Zamba2 hybrid layer's Mamba-2 heads read
+            its shared-attention heads). ``"logits"`` counts as after the last block.
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` (averaged).
         receiver_input: which input streams of the receiver heads carry the change:
             ``"any"`` (all), one name or a list of names from ``model.arch.receiver_inputs``
@@ -109,7 +113,7 @@ def path_patching_sweep(
     """`path_patching` of each head alone as the sender, for one fixed receiver set.
 
     Args:
-        senders: heads to score (default: every head in a layer before the last receiver).
+        senders: heads to score (default: every head before the last receiver).
         max_rows / memory_budget_mb: rows per stacked forward, given or estimated (each
             sender is one copy of the batch in a stacked forward).
         progress: show a progress bar.
@@ -120,9 +124,8 @@ def path_patching_sweep(
         head was not scored), ``baseline`` the clean metric, ``reference`` the corrupt one.
     """
     if senders is None:
-        parsed = parse_receivers(model, receivers)
-        last = model.n_layers if parsed[1] else max(parsed[0])
-        sender_list = [head for head in model.heads if head.layer < last]
+        last = last_position(model, *parse_receivers(model, receivers))
+        sender_list = [head for head in model.heads if model.head_position(head) < last]
     else:
         sender_list = check_senders(model, senders)
     setup, baseline, reference = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions)
@@ -172,7 +175,11 @@ def parse_receivers(model: GnaModel, receivers: Receivers) -> tuple[dict[int, tu
 
 
 def parse_streams(model: GnaModel, receiver_input: str | Sequence[str]) -> tuple[str, ...]:
-    names = model.arch.receiver_inputs
+    """The chosen stream names, checked against every mixer of the model (a hybrid's
+    attention and SSM heads have different streams; each receiver uses those its own
+    mixer has, see `gna_interp.patching.path_chain.receiver_streams`)."""
+    mixers = [mixer for spec in model.layer_specs for mixer in spec.mixers]
+    names = tuple(dict.fromkeys(name for mixer in mixers for name in mixer.receiver_inputs))
     if receiver_input == "any":
         return names
     items = [receiver_input] if isinstance(receiver_input, str) else list(receiver_input)
@@ -180,19 +187,26 @@ def parse_streams(model: GnaModel, receiver_input: str | Sequence[str]) -> tuple
         raise ValueError(f"receiver_input is empty: expected 'any' or names from {names}")
     for item in items:
         if item not in names:
+            kinds = ", ".join(dict.fromkeys(mixer.kind.value for mixer in mixers))
             raise ValueError(
-                f"receiver_input={item!r} is not an input stream of {model.arch.family} heads "
-                f"({model.arch.layer_kind.value}): expected 'any' or one of {names}"
+                f"receiver_input={item!r} is not an input stream of {model.arch.family} heads ({kinds}): expected 'any' or one of {names}"
             )
     return tuple(dict.fromkeys(items))
 
 
+def last_position(model: GnaModel, heads: dict[int, tuple[int, ...]], to_logits: bool) -> tuple[int, int]:
+    """The ``(layer, stage)`` of the last receiver (``"logits"``: after the last block)."""
+    if to_logits:
+        return model.n_layers, 0
+    return max(model.head_position(Head(layer, h)) for layer, hs in heads.items() for h in hs)
+
+
 def check_reach(model: GnaModel, senders: Sequence[Head], heads: dict[int, tuple[int, ...]], to_logits: bool) -> None:
     """Every sender must sit before some receiver, or its output could reach none."""
-    last = model.n_layers if to_logits else max(heads)
+    last = last_position(model, heads, to_logits)
     for head in senders:
-        if head.layer >= last:
-            where = "'logits'" if to_logits else f"layer {last}"
+        if model.head_position(head) >= last:
+            where = "'logits'" if to_logits else f"layer {last[0]}" + (f" (stage {last[1]} of its block)" if last[1] else "")
             raise ValueError(
                 f"sender {head} is in layer {head.layer}, at or after every receiver (the last is {where}): "
                 "its output cannot reach them; senders must precede a receiver"
@@ -218,12 +232,14 @@ def prepare(
     heads, to_logits = parse_receivers(model, receivers)
     streams = parse_streams(model, receiver_input)
     check_reach(model, senders, heads, to_logits)
+    for layer, indices in heads.items():
+        receiver_streams(model, layer, indices, streams)  # every receiver has a chosen stream
     sender_layers = {head.layer for head in senders}
     clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "path patching")
     ambient = [*model.active_interventions, *interventions]
     base = compile_plan(model, clean_batch, ambient)
     clean_out = model.backend.run(clean_batch, base, capture=setup_sites(model, heads, streams, sender_layers))
-    corrupt_sites = {Site(SiteKind.HEADS, layer) for layer in sender_layers}
+    corrupt_sites = {model.head_site(head)[0] for head in senders}
     corrupt_out = model.backend.run(corrupt_batch, compile_plan(model, corrupt_batch, ambient), capture=corrupt_sites)
     setup = PathSetup(
         model=model,
@@ -233,7 +249,7 @@ def prepare(
         to_logits=to_logits,
         streams=streams,
         clean=clean_out.acts,
-        corrupt_heads={site.layer: value for site, value in corrupt_out.acts.items()},
+        corrupt_heads=dict(corrupt_out.acts),
         metric=metric,
     )
     return setup, reduce_metric(metric(clean_out.logits)), reduce_metric(metric(corrupt_out.logits))

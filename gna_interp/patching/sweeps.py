@@ -26,7 +26,7 @@ from torch import Tensor
 from ..core.heads import Head
 from ..core.interventions import ABLATION_KINDS, Intervention
 from ..core.plan import Edit, Site, SiteKind
-from .compile import ablation_values, check_aligned, clean_corrupt_batches, compile_plan, head_mask, heads_by_layer
+from .compile import ablation_values, check_aligned, clean_corrupt_batches, compile_plan, head_mask, heads_by_site
 from .metrics import Metric, reduce_metric
 from .results import SweepResult
 from .variants import Variant, score_table
@@ -62,8 +62,9 @@ def ablation_sweep(
         progress: show a progress bar.
 
     Returns:
-        `SweepResult` with ``scores`` ``[layer, head]`` (NaN for heads not swept) and
-        ``baseline`` the metric with no head ablated.
+        `SweepResult` with ``scores`` ``[layer, head]`` (NaN for heads not swept, and for
+        heads a layer does not have: ``head`` runs to ``model.n_heads``, the most heads
+        any layer has) and ``baseline`` the metric with no head ablated.
     """
     if how not in ABLATION_KINDS:
         raise ValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
@@ -72,11 +73,14 @@ def ablation_sweep(
     heads = list(model.heads if heads is None else heads)
     if not heads:
         raise ValueError("heads is empty: expected at least one Head (or None for every head)")
-    grouped = heads_by_layer(model, heads)
+    grouped = heads_by_site(model, heads)
     batch = model.to_batch(inputs)
     base = compile_plan(model, batch, [*model.active_interventions, *interventions])
     values = ablation_values(model, batch, sorted(grouped), how, reference)
-    variants = [Variant([(Site(SiteKind.HEADS, head.layer), Edit(head_mask(model, [head.head]), values[head.layer]))]) for head in heads]
+    variants = []
+    for head in heads:
+        site, index = model.head_site(head)
+        variants.append(Variant([(site, Edit(head_mask(model, site, [index]), values[site]))]))
     cells = [(head.layer, head.head) for head in heads]
     chunking = dict(max_rows=max_rows, memory_budget_mb=memory_budget_mb, progress=progress, desc=f"ablation ({how})")
     baseline, scores = score_table(model, batch, base, variants, cells, (model.n_layers, model.n_heads), metric, **chunking)
@@ -129,7 +133,7 @@ def patching_sweep(
         head_list = list(model.heads if heads is None else heads)
         if not head_list:
             raise ValueError("heads is empty: expected at least one Head (or None for every head)")
-        layer_sites = {Site(SiteKind.HEADS, layer) for layer in heads_by_layer(model, head_list)}
+        layer_sites = set(heads_by_site(model, head_list))
     else:
         layer_sites = {Site(SiteKind.RESID, layer) for layer in range(model.n_layers)}
     source_out = model.backend.run(source, source_base, capture=layer_sites)
@@ -164,8 +168,8 @@ def _head_variants(
     variants, cells = [], []
     for suffix, pos_mask in _position_masks(n_pos, by_position):
         for head in heads:
-            site = Site(SiteKind.HEADS, head.layer)
-            mask = pos_mask[:, :, None, None] & head_mask(model, [head.head])
+            site, index = model.head_site(head)
+            mask = pos_mask[:, :, None, None] & head_mask(model, site, [index])
             variants.append(Variant([(site, Edit(mask, acts[site]))]))
             cells.append((head.layer, head.head, *suffix))
     return variants, cells
