@@ -37,6 +37,9 @@ class HeadEvidence:
     """Whether the pattern shows the role: a Gather head's segment-end rows favour their
     own segment over a uniform row (``gather_ratio > 1``); an Aggregate head's final row
     puts more mass on the correct option than a uniform row (``uniform_ratio > 1``)."""
+    joint: bool = False
+    """Given its role by the joint search: little harm alone, needed with the others (a
+    backup head)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -47,6 +50,7 @@ class HeadEvidence:
             "scores": None if self.scores is None else self.scores.to_dict(),
             "entry": self.entry,
             "pattern_agrees": self.pattern_agrees,
+            "joint": self.joint,
         }
 
     @classmethod
@@ -55,6 +59,7 @@ class HeadEvidence:
         item = cls(Head.parse(data["head"]), data["role"], data["ablated_accuracy"], bool(data["verified"]), scores)
         item.entry = data.get("entry")
         item.pattern_agrees = data.get("pattern_agrees")
+        item.joint = bool(data.get("joint", False))
         return item
 
 
@@ -83,8 +88,10 @@ class GnACircuit:
         heads: every examined head with its role, ablation accuracy and pattern scores.
         accuracy: the confirmation table: ``clean``, ``-gather``, ``-aggregate``,
             ``-both``, ``only_gna`` (every other head of the G&A layers ablated), ``chance``.
-        needs: per role, the smallest prefix of its heads whose joint ablation brings
-            accuracy to ``chance + chance_margin`` (at most ``max_heads_per_role``).
+        needs: per role, the heads whose joint ablation brings accuracy to ``chance +
+            chance_margin`` (at most ``max_heads_per_role``): from the joint search when
+            it ran, else the most harmful heads of the role, cumulatively. Its accuracy is
+            with those heads ablated at every position.
         truncation, layer_scan: per layer, accuracy keeping layers ``0..l`` / skipping ``l``.
         head_scan: ``[layer][head]`` single-ablation accuracy (``None``: not scanned).
         critical_layer: from the truncation scan (``None``: no jump found).
@@ -127,7 +134,7 @@ class GnACircuit:
             row = {"head": str(item.head), "layer": item.head.layer, "index": item.head.head, "role": item.role}
             row |= {"ablated_accuracy": item.ablated_accuracy, "verified": item.verified}
             row |= {f"{where}_ablated_accuracy": value for where, value in (item.entry or {}).items()}
-            row |= {"pattern_agrees": item.pattern_agrees}
+            row |= {"pattern_agrees": item.pattern_agrees, "joint": item.joint}
             row |= item.scores.to_dict() if item.scores is not None else {}
             rows.append(row)
         return pd.DataFrame(rows)

@@ -12,7 +12,11 @@ roles from the patterns and confirm them:
    at the final position, and only on the segment tokens.
 6. **roles**: pattern scores of the examined heads (`roles`); labels from the entry
    shares (or the patterns alone without the entry stage), by `RoleThresholds`.
-7. **confirmation**: accuracy with the Gather heads ablated, the Aggregate heads, both,
+7. **joint**: per role, a greedy search over the heads of the role's layers, ablated
+   together at the role's positions (final position / segments), for the set that
+   collapses accuracy: it adds backup heads, which do little alone because others
+   compensate, to the role.
+8. **confirmation**: accuracy with the Gather heads ablated, the Aggregate heads, both,
    and with only the G&A heads kept in their layers; per role, how many heads are needed
    to collapse accuracy to chance.
 """
@@ -30,7 +34,7 @@ from ..core.interventions import Ablate
 from ..evaluation import evaluate
 from ..patching.metrics import logit_diff, reduce_metric
 from ..patching.paths import path_patching
-from ..tasks.base import Task
+from ..tasks.base import EncodedTask, Task
 from . import scans
 from .circuit import GnACircuit, HeadEvidence, RoleNeed
 from .roles import RoleThresholds, entry_shares, label, pattern_agrees, role_scores
@@ -43,7 +47,7 @@ class NoRetrievalWarning(UserWarning):
     """The model answers the task at about chance: there is no retrieval to explain."""
 
 
-STAGES = ("truncation", "layers", "heads", "entry", "roles", "confirm")
+STAGES = ("truncation", "layers", "heads", "entry", "roles", "joint", "confirm")
 
 
 def discover(
@@ -147,13 +151,83 @@ def discover(
         _gather_before_aggregate(evidence)
         for item in evidence.values():
             item.pattern_agrees = None if item.scores is None else pattern_agrees(item.role, item.scores)
-    circuit.heads = sorted(evidence.values(), key=lambda e: e.head)
     by_harm = sorted(evidence.values(), key=lambda e: (e.ablated_accuracy if e.ablated_accuracy is not None else 1.0, e.head))
     circuit.gather = [e.head for e in by_harm if e.role == "gather"]
     circuit.aggregate = [e.head for e in by_harm if e.role == "aggregate"]
+    if "joint" in stages and "roles" in stages:
+        search = _JointSearch(model, task, encoded, evidence, scan, thresholds, pattern_prompts, screen_above, progress)
+        for role in ("aggregate", "gather"):
+            if getattr(circuit, role):
+                circuit.needs[role] = search.run(circuit, role, chance + chance_margin, max_heads_per_role)
+    circuit.heads = sorted(evidence.values(), key=lambda e: e.head)
     if "confirm" in stages:
         _confirm(model, task, circuit, chance + chance_margin, max_heads_per_role)
     return circuit
+
+
+class _JointSearch:
+    """The joint stage: per role, `scans.joint_set` over the heads of the role's layers
+    (only the examined ones in layers of more than ``screen_above`` heads), minus heads
+    of the other role. An Aggregate pool head must read the options from the final row
+    (``aggregate_mass``); a Gather pool head must sit before the last Aggregate layer.
+    Heads it adds get the role with ``joint=True``."""
+
+    def __init__(
+        self,
+        model: GnaModel,
+        task: Task,
+        encoded: EncodedTask,
+        evidence: dict[Head, HeadEvidence],
+        scan: scans.HeadScan,
+        thresholds: RoleThresholds,
+        pattern_prompts: int,
+        screen_above: int,
+        progress: bool,
+    ) -> None:
+        self.model, self.task, self.encoded, self.evidence, self.scan = model, task, encoded, evidence, scan
+        self.thresholds, self.pattern_prompts, self.screen_above, self.progress = thresholds, pattern_prompts, screen_above, progress
+
+    def pool(self, circuit: GnACircuit, role: str) -> list[Head]:
+        members: list[Head] = getattr(circuit, role)
+        other = "gather" if role == "aggregate" else "aggregate"
+        pool = []
+        for layer in sorted({h.layer for h in members}):
+            layer_heads = [h for h in self.model.heads if h.layer == layer]
+            if len(layer_heads) > self.screen_above:
+                layer_heads = [h for h in layer_heads if h in self.evidence]
+            pool += [h for h in layer_heads if h not in self.evidence or self.evidence[h].role != other]
+        unscored = [h for h in pool if h not in self.evidence or self.evidence[h].scores is None]
+        for head, scores in (role_scores(self.model, self.encoded, unscored, self.pattern_prompts) if unscored else {}).items():
+            if head not in self.evidence:
+                layer, index = head.layer, head.head
+                accuracy, verified = _float(self.scan.accuracy[layer, index]), bool(self.scan.verified[layer, index])
+                self.evidence[head] = HeadEvidence(head, None, accuracy, verified)
+            self.evidence[head].scores = scores
+        if role == "aggregate":
+            return [h for h in pool if h in members or self.evidence[h].scores.aggregate_mass >= self.thresholds.aggregate_mass]  # type: ignore[union-attr]
+        last_aggregate = max((h.layer for h in circuit.aggregate), default=self.model.n_layers)
+        return [h for h in pool if h in members or h.layer < last_aggregate]
+
+    def run(self, circuit: GnACircuit, role: str, threshold: float, max_heads: int) -> RoleNeed:
+        positions = self.encoded.final if role == "aggregate" else scans.segment_positions(self.encoded)
+        pool = self.pool(circuit, role)
+        chosen, _, _ = scans.joint_set(
+            self.model, self.task, pool, positions, threshold, max_heads, progress=self.progress, desc=f"joint {role}"
+        )
+        members: list[Head] = getattr(circuit, role)
+        for head in chosen:
+            item = self.evidence[head]
+            if item.role != role:
+                item.role, item.joint = role, True
+                item.pattern_agrees = None if item.scores is None else pattern_agrees(role, item.scores)
+                members.append(head)
+        accuracy = evaluate(self.model, self.task, [Ablate(chosen)]).accuracy if chosen else circuit.accuracy["clean"]
+        return RoleNeed(chosen, accuracy, accuracy <= threshold)
+
+
+def _float(value: torch.Tensor) -> float | None:
+    number = float(value)
+    return None if number != number else number
 
 
 def _candidates(accuracy: torch.Tensor, verified: torch.Tensor, limit: int) -> list[Head]:
@@ -187,7 +261,7 @@ def _confirm(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float,
         others = [Head(layer, h) for layer in sorted(layers) for h in range(model.heads_per_layer[layer]) if Head(layer, h) not in kept]
         circuit.accuracy["only_gna"] = accuracy_without(others)
     for role, heads in (("gather", circuit.gather), ("aggregate", circuit.aggregate)):
-        if heads:
+        if heads and role not in circuit.needs:
             chosen, accuracy, reached = scans.collapsing_set(model, task, heads, threshold, max_heads, circuit.accuracy["clean"])
             circuit.needs[role] = RoleNeed(chosen, accuracy, reached)
     circuit.path_patching = _gather_to_aggregate(model, task, circuit)

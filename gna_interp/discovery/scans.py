@@ -127,6 +127,43 @@ def entry_scan(
     return out
 
 
+def joint_set(
+    model: GnaModel,
+    task: Task,
+    pool: Sequence[Head],
+    positions: Tensor,
+    threshold: float,
+    max_heads: int,
+    *,
+    progress: bool = True,
+    desc: str = "joint search",
+) -> tuple[list[Head], float, bool]:
+    """Greedy search for heads that matter together: at each step, add the head of
+    ``pool`` whose ablation at ``positions``, jointly with the heads already chosen,
+    lowers accuracy most; stop at ``threshold``, at ``max_heads``, or when no head lowers
+    it further. Finds backup heads, which cost nothing alone because others compensate.
+
+    Returns:
+        the heads chosen (in order), the accuracy with them ablated at ``positions``, and
+        whether it reached ``threshold``.
+    """
+    chosen: list[Head] = []
+    accuracy = evaluate(model, task).accuracy
+    remaining = list(pool)
+    bar = progress_bar(range(min(max_heads, len(remaining))), progress, desc)
+    for _ in bar:
+        trials = {h: evaluate(model, task, [Ablate([*chosen, h], positions=positions)]).accuracy for h in remaining}
+        best = min(remaining, key=lambda h: (trials[h], h))
+        if trials[best] >= accuracy:
+            break
+        chosen.append(best)
+        remaining.remove(best)
+        accuracy = trials[best]
+        if accuracy <= threshold:
+            return chosen, accuracy, True
+    return chosen, accuracy, False
+
+
 def collapsing_set(
     model: GnaModel, task: Task, ordered: Sequence[Head], threshold: float, max_heads: int, clean: float
 ) -> tuple[list[Head], float, bool]:
