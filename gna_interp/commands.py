@@ -69,8 +69,8 @@ def summary_table(circuits: list[Any]) -> str:
         def cell(key: str, acc: dict[str, float] = acc) -> str:
             return f"{acc[key]:.3f}" if key in acc else "-"
 
-        gather = ",".join(map(str, c.gather)) or "-"
-        aggregate = ",".join(map(str, c.aggregate)) or "-"
+        gather = c.named(c.gather).replace(", ", ",")
+        aggregate = c.named(c.aggregate).replace(", ", ",")
         scores = f"{cell('clean'):>6s} {cell('-gather'):>8s} {cell('-aggregate'):>6s} {cell('-both'):>6s}"
         lines.append(f"{c.model:14s} {gather:22s} {aggregate:22s} {scores}")
     return "\n".join(lines)

@@ -40,6 +40,8 @@ class HeadEvidence:
     joint: bool = False
     """Given its role by the joint search: little harm alone, needed with the others (a
     backup head)."""
+    kind: str | None = None
+    """``"attention"`` or ``"ssm"``: which kind of mixer the head belongs to (in hybrids, both occur)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -51,6 +53,7 @@ class HeadEvidence:
             "entry": self.entry,
             "pattern_agrees": self.pattern_agrees,
             "joint": self.joint,
+            "kind": self.kind,
         }
 
     @classmethod
@@ -60,6 +63,7 @@ class HeadEvidence:
         item.entry = data.get("entry")
         item.pattern_agrees = data.get("pattern_agrees")
         item.joint = bool(data.get("joint", False))
+        item.kind = data.get("kind")
         return item
 
 
@@ -131,7 +135,7 @@ class GnACircuit:
 
         rows = []
         for item in self.heads:
-            row = {"head": str(item.head), "layer": item.head.layer, "index": item.head.head, "role": item.role}
+            row = {"head": str(item.head), "layer": item.head.layer, "index": item.head.head, "kind": item.kind, "role": item.role}
             row |= {"ablated_accuracy": item.ablated_accuracy, "verified": item.verified}
             row |= {f"{where}_ablated_accuracy": value for where, value in (item.entry or {}).items()}
             row |= {"pattern_agrees": item.pattern_agrees, "joint": item.joint}
@@ -171,12 +175,19 @@ class GnACircuit:
         return cls(**data)
 
     # ----- views -------------------------------------------------------------------
+    def named(self, heads: list[Head]) -> str:
+        """``"L0H1, L1H5"``; in a model with both kinds of heads, each with its kind
+        (``"L1H5 (ssm)"``)."""
+        kinds = {item.head: item.kind for item in self.heads}
+        mixed = len({kind for kind in kinds.values() if kind}) > 1
+        return ", ".join(f"{h} ({kinds[h]})" if mixed and kinds.get(h) else str(h) for h in heads) or "-"
+
     def summary(self) -> str:
         acc = self.accuracy
         parts = [
             f"{self.model} on {self.task} ({self.n_prompts} prompts)",
-            f"  gather    {', '.join(map(str, self.gather)) or '-'}",
-            f"  aggregate {', '.join(map(str, self.aggregate)) or '-'}",
+            f"  gather    {self.named(self.gather)}",
+            f"  aggregate {self.named(self.aggregate)}",
             "  accuracy  " + "  ".join(f"{k} {v:.3f}" for k, v in acc.items()),
         ]
         for role, need in self.needs.items():

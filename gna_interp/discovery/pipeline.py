@@ -159,6 +159,8 @@ def discover(
         for role in ("aggregate", "gather"):
             if getattr(circuit, role):
                 circuit.needs[role] = search.run(circuit, role, chance + chance_margin, max_heads_per_role)
+    for item in evidence.values():
+        item.kind = model.head_kind(item.head).value
     circuit.heads = sorted(evidence.values(), key=lambda e: e.head)
     if "confirm" in stages:
         _confirm(model, task, circuit, chance + chance_margin, max_heads_per_role)

@@ -118,7 +118,7 @@ def contrast_rows(circuits: list[GnACircuit]) -> list[dict[str, Any]]:
                 {
                     "model": circuit.model,
                     "role": role,
-                    "heads": ", ".join(map(str, heads)) or "-",
+                    "heads": circuit.named(heads),
                     "heads needed": None if need is None else len(need.heads),
                     "collapses to chance": None if need is None else ("yes" if need.reached_chance else "no"),
                     "accuracy with them ablated": None if need is None else need.accuracy,

@@ -89,6 +89,36 @@ RECIPES: dict[str, Recipe] = {
             notes="2 layers x 8 heads of 16, state 16.",
         ),
         Recipe(
+            name="falcon_h1",
+            family="falcon_h1",
+            config=dict(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                head_dim=16,
+                mamba_d_ssm=128,
+                mamba_n_heads=8,
+                mamba_d_head=16,
+                mamba_expand=2,
+                mamba_n_groups=1,
+                mamba_d_state=16,
+                mamba_chunk_size=32,
+                mamba_d_conv=4,
+                max_position_embeddings=128,
+                tie_word_embeddings=False,
+                **_TOKENS,
+            ),
+            seed=0,
+            lr=3e-3,
+            max_steps=16_000,
+            notes=(
+                "Hybrid, 2 layers, each running attention (4 heads of 16: heads 0-3) and Mamba-2 (8 heads of 16: "
+                "heads 4-11) in parallel, so either kind can take either role."
+            ),
+        ),
+        Recipe(
             name="mamba",
             family="mamba",
             config=dict(
