@@ -17,7 +17,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="a bundled toy model (llama, mamba2), a local folder, or a hub id")
+    parser.add_argument("--model", required=True, help="a bundled toy model (llama, mamba2, falcon_h1), a local folder, or a hub id")
     parser.add_argument("--backend", choices=("tlens", "nnsight"), help="default: tlens for Transformers, nnsight otherwise")
     parser.add_argument("--remote", action="store_true", help="run on NDIF (nnsight; needs NDIF_API_KEY)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -35,7 +35,7 @@ def _task_arguments(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gna-interp", description="Gather-and-Aggregate interpretability for Transformers and SSMs.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = commands.add_parser("demo", help="G&A discovery on the bundled toy Transformer and SSM; writes an offline report")
+    demo = commands.add_parser("demo", help="G&A discovery on the bundled toy Transformer, SSM and hybrid; writes an offline report")
     demo.add_argument("--out", default="gna-report", help="report folder (default: gna-report)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(func=cmd.demo)
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--markdown", action="store_true", help="one markdown table (as in the docs)")
     listing.set_defaults(func=cmd.zoo_list)
     train = zoo_commands.add_parser("train", help="train a toy model on CPU from its recipe (deterministic for a seed)")
-    train.add_argument("name", help="toy model name: llama, mamba2 or mamba")
+    train.add_argument("name", help="toy model name: llama, mamba2, falcon_h1 or mamba")
     train.add_argument("--out", help="output folder (default: gna-zoo/NAME)")
     train.add_argument("--seed", type=int, help="override the recipe's seed")
     train.add_argument("--max-steps", type=int, help="override the recipe's step limit")

@@ -9,6 +9,8 @@ from typing import Any
 
 DEMO_PROMPTS = 200
 DEMO_SEED = 2026
+DEMO_MODELS = ("llama", "mamba2", "falcon_h1")
+"""The bundled toy models the demo runs: a Transformer, an SSM and a hybrid."""
 
 
 def quiet_libraries() -> None:
@@ -61,23 +63,34 @@ def check_out_dir(path: str) -> Path:
 
 
 def summary_table(circuits: list[Any]) -> str:
-    header = f"{'model':14s} {'gather':22s} {'aggregate':22s} {'clean':>6s} {'-gather':>8s} {'-aggr':>6s} {'-both':>6s}"
-    lines = [header, "-" * len(header)]
-    for c in circuits:
-        acc = c.accuracy
+    """One row per circuit: its heads per role and the confirmation accuracies. In models
+    with both kinds of heads, each head is tagged ``(a)`` attention or ``(s)`` SSM."""
 
-        def cell(key: str, acc: dict[str, float] = acc) -> str:
-            return f"{acc[key]:.3f}" if key in acc else "-"
+    def heads(c: Any, role: str) -> str:
+        return c.named(getattr(c, role)).replace(" (attention)", "(a)").replace(" (ssm)", "(s)").replace(", ", ",")
 
-        gather = c.named(c.gather).replace(", ", ",")
-        aggregate = c.named(c.aggregate).replace(", ", ",")
-        scores = f"{cell('clean'):>6s} {cell('-gather'):>8s} {cell('-aggregate'):>6s} {cell('-both'):>6s}"
-        lines.append(f"{c.model:14s} {gather:22s} {aggregate:22s} {scores}")
+    def cell(acc: dict[str, float], key: str) -> str:
+        return f"{acc[key]:.3f}" if key in acc else "-"
+
+    rows = [
+        (c.model, heads(c, "gather"), heads(c, "aggregate"), *(cell(c.accuracy, k) for k in ("clean", "-gather", "-aggregate", "-both")))
+        for c in circuits
+    ]
+    names = ("model", "gather", "aggregate", "clean", "-gather", "-aggr", "-both")
+    widths = [max(len(str(r[i])) for r in [names, *rows]) for i in range(len(names))]
+    aligned = ["<", "<", "<", ">", ">", ">", ">"]
+
+    def line(row: tuple[str, ...]) -> str:
+        return "  ".join(f"{v:{a}{w}}" for v, a, w in zip(row, aligned, widths, strict=True))
+
+    lines = [line(names), "-" * len(line(names)), *(line(r) for r in rows)]
+    if any("(a)" in r[1] + r[2] or "(s)" in r[1] + r[2] for r in rows):
+        lines.append("(a) attention head, (s) SSM head")
     return "\n".join(lines)
 
 
 def demo(args: argparse.Namespace) -> int:
-    """Discovery on the bundled Transformer and SSM toy models, summary, offline report."""
+    """Discovery on the bundled Transformer, SSM and hybrid toy models, summary, offline report."""
     from .discovery import discover, write_report
     from .tasks import toy_mcq
     from .zoo import load_toy, toy_names
@@ -85,7 +98,7 @@ def demo(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out)
     task = toy_mcq(DEMO_PROMPTS, seed=DEMO_SEED)
     items = []
-    for name in [n for n in ("llama", "mamba2") if n in toy_names()]:
+    for name in [n for n in DEMO_MODELS if n in toy_names()]:
         model = load_toy(name)
         print(f"discovering G&A heads in toy {name} ({model.backend_name}, {model.n_layers} layers x {model.n_heads} heads) ...")
         items.append((discover(model, task, progress=not args.quiet), model, task))
