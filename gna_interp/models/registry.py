@@ -126,43 +126,42 @@ def _limit(value: Any) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def mamba2_dims(config: Any) -> Mamba2Dims:
+def _mamba2_sizes(config: Any, heads: str, head_dim: str, groups: str, state: str, **details: Any) -> Mamba2Dims:
+    """A Mamba-2 mixer's sizes, read from the family's own names for the four fields."""
+    read = _config_int
     return Mamba2Dims(
-        heads=_config_int(config, "num_heads"),
-        head_dim=_config_int(config, "head_dim"),
-        groups=_config_int(config, "n_groups"),
-        state=_config_int(config, "state_size"),
-        conv_bias=bool(config.use_conv_bias),
-        act=str(config.hidden_act),
-        dt_limit=_limit(config.time_step_limit),
+        heads=read(config, heads), head_dim=read(config, head_dim), groups=read(config, groups), state=read(config, state), **details
     )
+
+
+def mamba2_dims(config: Any) -> Mamba2Dims:
+    details = dict(conv_bias=bool(config.use_conv_bias), act=str(config.hidden_act), dt_limit=_limit(config.time_step_limit))
+    return _mamba2_sizes(config, "num_heads", "head_dim", "n_groups", "state_size", **details)
 
 
 def bamba_mamba_dims(config: Any) -> Mamba2Dims:
-    """Bamba, GraniteMoeHybrid and FalconH1 share the ``mamba_*`` field names."""
-    return Mamba2Dims(
-        heads=_config_int(config, "mamba_n_heads"),
-        head_dim=_config_int(config, "mamba_d_head"),
-        groups=_config_int(config, "mamba_n_groups"),
-        state=_config_int(config, "mamba_d_state"),
+    """Bamba, GraniteMoeHybrid and FalconH1 share the ``mamba_*`` field names. FalconH1
+    multiplies ``in_proj``'s output by its ``mup_vector`` buffer (``in_scale``)."""
+    details = dict(
         conv_bias=bool(config.mamba_conv_bias),
         act=str(config.hidden_act),
         dt_limit=_limit(config.time_step_limit),
-        in_scale=config.model_type == "falcon_h1",  # FalconH1's in_proj output times its mup_vector
+        in_scale=config.model_type == "falcon_h1",
     )
+    return _mamba2_sizes(config, "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", **details)
 
 
 def zamba2_mamba_dims(config: Any) -> Mamba2Dims:
     """Zamba2's mixer: conv bias always on, SiLU, ``dt`` clamped below at ``time_step_min``."""
-    return Mamba2Dims(
-        heads=_config_int(config, "n_mamba_heads"),
-        head_dim=_config_int(config, "mamba_headdim"),
-        groups=_config_int(config, "mamba_ngroups"),
-        state=_config_int(config, "mamba_d_state"),
-        conv_bias=True,
-        act="silu",
-        dt_limit=(float(config.time_step_min), float("inf")),
+    details = dict(conv_bias=True, act="silu", dt_limit=(float(config.time_step_min), float("inf")))
+    return _mamba2_sizes(config, "n_mamba_heads", "mamba_headdim", "mamba_ngroups", "mamba_d_state", **details)
+
+
+def nemotron_h_mamba_dims(config: Any) -> Mamba2Dims:
+    details = dict(
+        conv_bias=bool(config.use_conv_bias), act=str(config.mamba_hidden_act), dt_limit=(float(config.time_step_min), float("inf"))
     )
+    return _mamba2_sizes(config, "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", **details)
 
 
 def qwen3_next_deltanet_dims(config: Any) -> DeltaNetDims:
@@ -172,18 +171,6 @@ def qwen3_next_deltanet_dims(config: Any) -> DeltaNetDims:
         k_dim=_config_int(config, "linear_key_head_dim"),
         v_dim=_config_int(config, "linear_value_head_dim"),
         act=str(config.hidden_act),
-    )
-
-
-def nemotron_h_mamba_dims(config: Any) -> Mamba2Dims:
-    return Mamba2Dims(
-        heads=_config_int(config, "mamba_num_heads"),
-        head_dim=_config_int(config, "mamba_head_dim"),
-        groups=_config_int(config, "n_groups"),
-        state=_config_int(config, "ssm_state_size"),
-        conv_bias=bool(config.use_conv_bias),
-        act=str(config.mamba_hidden_act),
-        dt_limit=(float(config.time_step_min), float("inf")),
     )
 
 
