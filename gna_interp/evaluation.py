@@ -9,7 +9,7 @@ prompt followed by each candidate.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -95,7 +95,9 @@ def evaluate(
         task: a `Task`.
         interventions: applied to every forward (as are active ``model.ablated`` blocks).
         batch_size: prompts per forward. Interventions that pair rows with their
-            own data (a `Patch`, a resample `Ablate`) run all prompts in one forward.
+            own data (a `Patch`, a resample `Ablate`) run all prompts in one forward;
+            positional ones (`MaskAttentionRows`, `Ablate(positions=...)`) keep the
+            task's padded width, with per-row positions sliced along with the rows.
         progress: a tqdm bar over batches (default: when there are more than 4).
     """
     if not isinstance(task, Task):
@@ -104,13 +106,15 @@ def evaluate(
         raise ValueError(f"batch_size={batch_size!r}: expected a positive int")
     encoded = task.encode(task.tokenizer_for(model.tokenizer))
     check_context(model, encoded)
-    row_paired = any(_row_paired(item) for item in [*model.active_interventions, *interventions])
+    ambient = model.active_interventions
+    row_paired = any(_row_paired(item) for item in interventions) or any(_row_paired(i) or _per_row(i) for i in ambient)
+    positional = any(_positional(item) for item in [*ambient, *interventions])
     if row_paired:
         batch_size = encoded.batch.n_rows
     if encoded.single_token:
-        scores = _single_token_scores(model, encoded, interventions, batch_size, progress)
+        scores = _single_token_scores(model, encoded, interventions, batch_size, progress, keep_columns=positional)
     else:
-        if row_paired:
+        if row_paired or positional:
             raise ValueError(
                 "multi-token candidates are scored over re-padded batches, which a Patch, MaskAttentionRows, "
                 "or a resample or positional Ablate cannot follow"
@@ -120,11 +124,27 @@ def evaluate(
 
 
 def _row_paired(item: Intervention) -> bool:
-    """Interventions tied to the batch's rows or columns, which re-padded continuation
-    batches would misplace."""
-    if isinstance(item, Ablate):
-        return item.how == "resample" or item.positions is not None
-    return isinstance(item, (Patch, MaskAttentionRows))
+    """Interventions that pair each row with its own data: all prompts go in one forward."""
+    return isinstance(item, Patch) or (isinstance(item, Ablate) and item.how == "resample")
+
+
+def _positional(item: Intervention) -> bool:
+    """Interventions at chosen positions: batches keep the task's padded columns (so
+    positions mean the same), and re-padded continuation batches cannot follow them."""
+    return isinstance(item, MaskAttentionRows) or (isinstance(item, Ablate) and item.positions is not None)
+
+
+def _per_row(item: Intervention) -> bool:
+    """Positions given per row (a tensor): a chunk of rows needs its own slice of them."""
+    return _positional(item) and isinstance(getattr(item, "positions", None), Tensor) and item.positions.dim() >= 1  # type: ignore[union-attr]
+
+
+def _rows_of(item: Intervention, start: int, stop: int) -> Intervention:
+    """``item`` for rows ``start:stop`` of the batch (per-row positions sliced)."""
+    if isinstance(item, (Ablate, MaskAttentionRows)) and _per_row(item):
+        positions: Tensor = item.positions  # type: ignore[assignment]
+        return replace(item, positions=positions[start:stop])
+    return item
 
 
 def check_context(model: GnaModel, encoded: EncodedTask) -> None:
@@ -157,14 +177,25 @@ def _slice(batch: Batch, start: int, stop: int) -> Batch:
     return Batch(ids[:, first:], mask[:, first:])
 
 
-def _single_token_scores(model: GnaModel, encoded: EncodedTask, interventions: Sequence[Intervention], size: int, progress: Any) -> Tensor:
+def _single_token_scores(
+    model: GnaModel, encoded: EncodedTask, interventions: Sequence[Intervention], size: int, progress: Any, keep_columns: bool = False
+) -> Tensor:
+    """Log-probs ``[batch, candidate]`` of single-token candidates, ``size`` prompts per
+    forward. ``keep_columns``: chunks keep the task's padded width (positional
+    interventions index it) and per-row positions are sliced with the rows."""
     candidate_ids = encoded.candidate_ids
     parts = []
-    for start in _chunks(encoded.batch.n_rows, size, progress, "evaluate"):
-        stop = start + size
-        # A whole-task forward keeps the padded width that row-paired interventions expect.
-        rows = encoded.batch if size >= encoded.batch.n_rows else _slice(encoded.batch, start, stop)
-        logprobs = model.logits(rows, interventions)[:, -1].float().log_softmax(-1).cpu()
+    batch = encoded.batch
+    for start in _chunks(batch.n_rows, size, progress, "evaluate"):
+        stop = min(start + size, batch.n_rows)
+        if size >= batch.n_rows:  # one forward: the padded width row-paired interventions expect
+            rows, chunk = batch, list(interventions)
+        elif keep_columns:
+            rows = Batch(batch.input_ids[start:stop], batch.attention_mask[start:stop])
+            chunk = [_rows_of(item, start, stop) for item in interventions]
+        else:
+            rows, chunk = _slice(batch, start, stop), list(interventions)
+        logprobs = model.logits(rows, chunk)[:, -1].float().log_softmax(-1).cpu()
         parts.append(logprobs.gather(1, candidate_ids[start:stop]))
     return torch.cat(parts)
 

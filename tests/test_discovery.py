@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 
@@ -151,6 +152,32 @@ def test_near_chance_warns(tmp_path):
     with pytest.warns(NoRetrievalWarning, match="near chance"):
         circuit = discover(random_model, gna.tasks.toy_mcq(40, seed=1), stages=["truncation"], progress=False)
     assert circuit.warnings and circuit.truncation is not None and len(circuit.truncation) == random_model.n_layers
+
+
+def test_multi_token_candidates_fall_back_to_the_patterns():
+    """Candidates of several tokens are scored over re-padded batches, where positions
+    move: no entry or joint stage, labels from the patterns, needs from the role's heads."""
+    import dataclasses
+
+    base = gna.tasks.toy_mcq(40, seed=TASK_SEED)
+    examples = [dataclasses.replace(e, candidates=tuple(c + " ." for c in e.candidates)) for e in base.examples]
+    task = gna.tasks.Task("toy_multi", examples, tokenizer=gna.tasks.toy_tokenizer())
+    assert not task.encode().single_token
+    circuit = discover(gna.load_toy("mamba2"), task, stages=["heads", "entry", "roles", "joint", "confirm"], progress=False)
+    assert all(item.entry is None and not item.joint for item in circuit.heads)
+    for role, need in circuit.needs.items():
+        assert need.heads == getattr(circuit, role)[: len(need.heads)]
+
+
+def test_old_json_without_new_fields_loads(found):
+    data = json.loads(found[2].to_json())
+    for item in data["heads"]:
+        for key in ("entry", "pattern_agrees", "joint", "kind"):
+            item.pop(key)
+        if item["scores"] is not None:
+            item["scores"].pop("gather_ratio")
+    circuit = GnACircuit.from_json(json.dumps(data))
+    assert all(item.scores is None or item.scores.gather_ratio != item.scores.gather_ratio for item in circuit.heads)
 
 
 def test_joint_search_equals_a_brute_force_greedy():

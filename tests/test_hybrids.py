@@ -756,3 +756,19 @@ def test_failures_leave_no_residue(family, tokenizer):
     assert all(torch.equal(v, weights[k]) for k, v in hf.state_dict().items())
     assert no_hooks_anywhere(hf)
     assert hf.config._attn_implementation == implementation, "the eager switch for patterns was undone"
+
+
+def test_entry_stage_skips_heads_that_a_later_mixer_of_their_block_reads(tokenizer):
+    """Zamba2: a hybrid layer's Mamba-2 scans its shared attention's output across
+    positions, so those attention heads do not act only where they write; FalconH1's two
+    mixers run side by side, so all of its heads do."""
+    from gna_interp.discovery.pipeline import _acts_where_it_writes
+
+    zamba = gna.load(tiny_model("zamba2", seed=0), tokenizer=tokenizer, backend="nnsight")
+    for head in zamba.heads:
+        hybrid_layer = zamba.layer_kinds[head.layer] is gna.LayerKind.HYBRID
+        attention = zamba.head_kind(head) is gna.LayerKind.ATTENTION
+        assert _acts_where_it_writes(zamba, head) is not (hybrid_layer and attention), head
+    assert any(zamba.head_kind(h) is gna.LayerKind.ATTENTION for h in zamba.heads)
+    falcon = gna.load(tiny_model("falcon_h1", seed=0), tokenizer=tokenizer, backend="nnsight")
+    assert all(_acts_where_it_writes(falcon, head) for head in falcon.heads)

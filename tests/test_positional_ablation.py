@@ -76,3 +76,39 @@ def test_bad_positions(pair):
         model.logits(PROMPTS, [gna.Ablate([gna.Head(0, 0)], positions=99)])
     with pytest.raises(ValueError, match="positions mask has shape"):
         model.logits(PROMPTS, [gna.Ablate([gna.Head(0, 0)], positions=torch.ones(2, 3, dtype=torch.bool))])
+
+
+def test_evaluate_chunks_positional_interventions_like_one_forward():
+    """Per-row positions are sliced with the rows: small batches give the scores of one
+    whole-task forward, for per-row, [rows, k] and mask forms alike."""
+    model = gna.load_toy("mamba2")
+    task = gna.tasks.toy_mcq(23, seed=5)
+    encoded = task.encode()
+    n_rows, n_pos = encoded.batch.input_ids.shape
+    ends_mask = torch.zeros(n_rows, n_pos, dtype=torch.bool).scatter_(1, encoded.segment_ends, True)
+    head = gna.Head(0, 0)
+    for item in (
+        gna.Ablate([head], positions=encoded.final),
+        gna.Ablate([head], positions=encoded.segment_ends),
+        gna.Ablate([head], positions=ends_mask),
+        gna.Ablate([head], positions=[-1, -3]),
+    ):
+        whole = gna.evaluate(model, task, [item], batch_size=n_rows).scores
+        chunked = gna.evaluate(model, task, [item], batch_size=5).scores
+        assert torch.allclose(whole, chunked, atol=1e-5), item.positions
+    # [rows, k] positions mean the same as the mask they spell.
+    a = gna.evaluate(model, task, [gna.Ablate([head], positions=encoded.segment_ends)]).scores
+    b = gna.evaluate(model, task, [gna.Ablate([head], positions=ends_mask)]).scores
+    assert torch.equal(a, b)
+
+
+def test_positions_of_the_wrong_kind_are_refused(llama_nnsight):
+    head = [gna.Head(0, 0)]
+    with pytest.raises(TypeError, match="position True"):
+        llama_nnsight.logits(PROMPTS, [gna.Ablate(head, positions=[True, False])])
+    with pytest.raises(ValueError, match=r"dtype torch\.float32"):
+        llama_nnsight.logits(PROMPTS, [gna.Ablate(head, positions=torch.tensor([1.0, 2.0]))])
+    with pytest.raises(ValueError, match="with 2 rows"):
+        llama_nnsight.logits(PROMPTS, [gna.Ablate(head, positions=torch.tensor([[1], [2]]))])
+    with pytest.raises(ValueError, match="layers=\\[\\] is empty"):
+        llama_nnsight.logits(PROMPTS, [gna.MaskAttentionRows(-1, layers=[])])

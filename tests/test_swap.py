@@ -444,3 +444,118 @@ def test_cross_family_swap_on_a_hybrid_gna_model(family, tokenizer):
     with gna.swap_layers(model, donor, {0: 1}):
         assert (model.logits(PROMPTS) - expected)[real].abs().max() < 1e-5
         assert (model.logits(PROMPTS, [ablate]) - expected_ablated)[real].abs().max() < 1e-5
+
+
+# ----- foreign layers: what a GnaModel reports at a layer holding another family's block ----
+
+
+def zero_mamba2_head(head: int, head_dim: int = 16):
+    def hook(module, args):
+        x = args[0].clone()
+        x[..., head * head_dim : (head + 1) * head_dim] = 0
+        return (x,)
+
+    return hook
+
+
+def test_a_model_loaded_inside_the_context_knows_its_foreign_layer(tokenizer):
+    """The docstring's recipe: the loaded model finds the swapped-in block, reports no heads
+    there, refuses a head there clearly, and runs heads elsewhere, Resid and SkipLayers."""
+    target, donor = llama_width_mamba2(), tiny_model("llama", seed=1)
+    ablate = gna.Ablate([gna.Head(0, 3)])
+    with gna.swap_layers(target, donor, {1: 2}) as swapped:
+        model = gna.load(swapped, tokenizer=tokenizer)  # the default backend for Mamba-2 is nnsight
+        assert model.foreign_layers == {1: "llama"}
+        assert model.layer_kinds == (gna.LayerKind.SSM, gna.LayerKind.MLP)
+        assert model.heads_per_layer == (6, 0)
+        assert model.heads == [gna.Head(0, h) for h in range(6)]
+        assert model.n_heads == 6 and model.head_sites(1) == []
+        with pytest.raises(ValueError, match="holds a swapped-in llama block") as error:
+            model.logits(PROMPTS, [gna.Ablate([gna.Head(1, 0)])])
+        assert "Resid(1)" in str(error.value) and "SkipLayers(1)" in str(error.value)
+        with pytest.raises(ValueError, match="holds a swapped-in llama block"), model.ablated([gna.Head(1, 0)]):
+            pass
+        batch = model.to_batch(PROMPTS)
+        got, got_ablated = model.logits(PROMPTS), model.logits(PROMPTS, [ablate])
+        got_skipped = model.logits(PROMPTS, [gna.SkipLayers(1)])
+        resid = model.cache(PROMPTS, [gna.Resid(1), gna.Resid(2)])
+    ids, mask = batch.input_ids, batch.attention_mask
+    head_hook = [(layers_of(target)[0].mixer.out_proj, zero_mamba2_head(3))]
+    assert (got - donor_forward_reference(target, donor, 1, 2, ids, mask)).abs().max() < 1e-5
+    assert (got_ablated - donor_forward_reference(target, donor, 1, 2, ids, mask, target_pre_hooks=head_hook)).abs().max() < 1e-5
+    assert not torch.allclose(got, got_ablated)
+    skip = layers_of(target)[1].register_forward_hook(lambda m, args, out: args[0])
+    try:
+        assert (got_skipped - logits(target, ids, mask)).abs().max() < 1e-5
+    finally:
+        skip.remove()
+    assert resid[gna.Resid(1)].shape == resid[gna.Resid(2)].shape == (*ids.shape, 48)
+
+
+def test_transformer_lens_refuses_a_model_holding_another_familys_block(tokenizer):
+    target, donor = tiny_model("llama", seed=0), llama_width_mamba2()
+    with gna.swap_layers(target, donor, [1]) as swapped:
+        with pytest.raises(ValueError, match=r"backend='tlens' cannot wrap .*layer 1: mamba2.*backend='nnsight'"):
+            gna.load(swapped, tokenizer=tokenizer, backend="tlens")
+        model = gna.load(swapped, tokenizer=tokenizer)  # default: nnsight, where Llama's default is tlens
+        assert model.backend_name == "nnsight" and model.foreign_layers == {1: "mamba2"}
+        assert model.heads_per_layer == (6, 0, 6)
+    again = gna.load(target, tokenizer=tokenizer)
+    assert again.backend_name == "tlens" and again.foreign_layers == {} and again.heads_per_layer == (6, 6, 6)
+
+
+@pytest.mark.parametrize("how", ["swap a GnaModel", "load inside"])
+def test_ablation_sweep_skips_the_foreign_layer(how, tokenizer):
+    """Every head by default: NaN at the swapped layer, elsewhere each head ablated alone."""
+    hf, donor = tiny_model("mamba2", seed=2, hidden_size=48, num_heads=6, num_hidden_layers=3), tiny_model("llama", seed=1)
+
+    def metric(out):
+        return out[:, -1, 5] - out[:, -1, 7]
+
+    with gna.swap_layers(gna.load(hf, tokenizer=tokenizer) if how == "swap a GnaModel" else hf, donor, [1]) as swapped:
+        model = swapped if how == "swap a GnaModel" else gna.load(swapped, tokenizer=tokenizer)
+        sweep = gna.ablation_sweep(model, PROMPTS, metric, progress=False)
+        alone = {head: float(metric(model.logits(PROMPTS, [gna.Ablate([head])])).mean()) for head in model.heads}
+        baseline = float(metric(model.logits(PROMPTS)).mean())
+    assert sorted({head.layer for head in alone}) == [0, 2] and len(alone) == 12
+    assert sweep.scores.shape == (3, 6)
+    assert sweep.scores[1].isnan().all() and not sweep.scores[[0, 2]].isnan().any()
+    assert abs(sweep.baseline - baseline) < 1e-5
+    for head, value in alone.items():
+        assert abs(float(sweep.scores[head.layer, head.head]) - value) < 1e-5, head
+    assert len({round(v, 4) for v in alone.values()}) > 1  # ablations do differ
+
+
+def hybrid_with_two_attention_layers(family: str):
+    """Mamba-2 layers 0 and 2, attention layers 1 and 3, Llama's hidden size."""
+    if family == "bamba":
+        return tiny_model("bamba", seed=3, hidden_size=48, num_hidden_layers=4, attn_layer_indices=[1, 3])
+    kinds = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+    return tiny_model("granitemoehybrid", seed=3, hidden_size=48, num_hidden_layers=4, layer_types=kinds)
+
+
+@pytest.mark.parametrize("family", ["bamba", "granitemoehybrid"])
+@pytest.mark.parametrize("swapped_layer", [0, 1], ids=["into a mamba layer", "into an attention layer"])
+def test_mask_attention_rows_covers_the_remaining_attention_layers(family, swapped_layer, tokenizer):
+    model = gna.load(hybrid_with_two_attention_layers(family), tokenizer=tokenizer)
+    kinds, counts = model.layer_kinds, model.heads_per_layer
+    specs, heads = model.layer_specs, model.heads
+    assert [kind.value for kind in kinds] == ["ssm", "attention", "ssm", "attention"]
+    remaining = [layer for layer in (1, 3) if layer != swapped_layer]
+    with gna.swap_layers(model, tiny_model("llama", seed=1), [swapped_layer]):
+        assert model.foreign_layers == {swapped_layer: "llama"}
+        assert model.layer_kinds[swapped_layer] is gna.LayerKind.MLP and model.heads_per_layer[swapped_layer] == 0
+        assert all(head.layer != swapped_layer for head in model.heads)
+        clean = model.logits(PROMPTS)
+        masked = model.logits(PROMPTS, [gna.MaskAttentionRows(-1)])
+        explicit = model.logits(PROMPTS, [gna.MaskAttentionRows(-1, layers=remaining)])
+        assert torch.equal(masked, explicit)
+        assert (masked[:, -1] - clean[:, -1]).abs().max() > 1e-4
+        if swapped_layer in (1, 3):
+            with pytest.raises(ValueError, match="holds a swapped-in llama block"):
+                model.logits(PROMPTS, [gna.MaskAttentionRows(-1, layers=[swapped_layer])])
+    # Leaving the context: the model describes its own layers again.
+    assert model.foreign_layers == {}
+    assert model.layer_kinds == kinds and model.heads_per_layer == counts
+    assert model.layer_specs is specs and model.heads == heads
+    assert model.logits(PROMPTS, [gna.Ablate([gna.Head(swapped_layer, 0)])]).shape == clean.shape

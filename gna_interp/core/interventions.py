@@ -20,7 +20,8 @@ ABLATION_KINDS: tuple[str, ...] = ("zero", "mean", "resample")
 Positions = int | Sequence[int] | torch.Tensor | None
 """Where a patch applies: ``None`` (all positions), an int or list of ints (the same
 positions in every row; negative counts from the end), a 1-D ``[batch]`` long tensor
-(one position per row), or a ``[batch, pos]`` bool mask."""
+(one position per row), a 2-D ``[batch, k]`` long tensor (``k`` positions per row, e.g.
+an encoded task's ``segment_ends``), or a ``[batch, pos]`` bool mask."""
 
 
 def _as_heads(heads: Head | Iterable[Head], what: str) -> tuple[Head, ...]:

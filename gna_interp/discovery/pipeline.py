@@ -139,14 +139,15 @@ def discover(
         h for h, e in evidence.items() if e.ablated_accuracy is not None and clean.accuracy - e.ablated_accuracy >= thresholds.min_effect
     ]
     if "entry" in stages:
-        for head, entry in scans.entry_scan(model, task, encoded, harmful, progress=progress).items():
+        local = [h for h in harmful if _acts_where_it_writes(model, h)]
+        for head, entry in scans.entry_scan(model, task, encoded, local, progress=progress).items():
             evidence[head].entry = entry
     if "roles" in stages and candidates:
         for head, scores in role_scores(model, encoded, candidates, pattern_prompts).items():
             item = evidence[head]
             item.scores = scores
             if head in harmful:
-                shares = None if item.entry is None else entry_shares(clean.accuracy, item.ablated_accuracy, item.entry)  # type: ignore[arg-type]
+                shares = None if item.entry is None else entry_shares(clean.accuracy, item.ablated_accuracy or 0.0, item.entry)
                 item.role = label(scores, thresholds, shares)
         _gather_before_aggregate(evidence)
         for item in evidence.values():
@@ -154,11 +155,13 @@ def discover(
     by_harm = sorted(evidence.values(), key=lambda e: (e.ablated_accuracy if e.ablated_accuracy is not None else 1.0, e.head))
     circuit.gather = [e.head for e in by_harm if e.role == "gather"]
     circuit.aggregate = [e.head for e in by_harm if e.role == "aggregate"]
-    if "joint" in stages and "roles" in stages:
+    if "joint" in stages and "roles" in stages and encoded.single_token:  # positions need single-token scoring
         search = _JointSearch(model, task, encoded, evidence, scan, thresholds, pattern_prompts, screen_above, progress)
         for role in ("aggregate", "gather"):
             if getattr(circuit, role):
-                circuit.needs[role] = search.run(circuit, role, chance + chance_margin, max_heads_per_role)
+                need = search.run(circuit, role, chance + chance_margin, max_heads_per_role)
+                if need is not None:
+                    circuit.needs[role] = need
     for item in evidence.values():
         item.kind = model.head_kind(item.head).value
     circuit.heads = sorted(evidence.values(), key=lambda e: e.head)
@@ -210,12 +213,16 @@ class _JointSearch:
         last_aggregate = max((h.layer for h in circuit.aggregate), default=self.model.n_layers)
         return [h for h in pool if h in members or h.layer < last_aggregate]
 
-    def run(self, circuit: GnACircuit, role: str, threshold: float, max_heads: int) -> RoleNeed:
+    def run(self, circuit: GnACircuit, role: str, threshold: float, max_heads: int) -> RoleNeed | None:
+        """The role's joint set (``None`` if no head lowers accuracy at the role's positions:
+        confirmation then falls back to the most harmful heads of the role)."""
         positions = self.encoded.final if role == "aggregate" else scans.segment_positions(self.encoded)
         pool = self.pool(circuit, role)
         chosen, _, _ = scans.joint_set(
             self.model, self.task, pool, positions, threshold, max_heads, progress=self.progress, desc=f"joint {role}"
         )
+        if not chosen:
+            return None
         members: list[Head] = getattr(circuit, role)
         for head in chosen:
             item = self.evidence[head]
@@ -223,8 +230,17 @@ class _JointSearch:
                 item.role, item.joint = role, True
                 item.pattern_agrees = None if item.scores is None else pattern_agrees(role, item.scores)
                 members.append(head)
-        accuracy = evaluate(self.model, self.task, [Ablate(chosen)]).accuracy if chosen else circuit.accuracy["clean"]
+        accuracy = evaluate(self.model, self.task, [Ablate(chosen)]).accuracy
         return RoleNeed(chosen, accuracy, accuracy <= threshold)
+
+
+def _acts_where_it_writes(model: GnaModel, head: Head) -> bool:
+    """Whether the head's output at position ``t`` reaches only the residual stream at
+    ``t`` before the next layer: not so when a later mixer of its own block reads it (a
+    Zamba2 hybrid layer's Mamba-2 scans its shared attention's output across positions).
+    Such heads get no entry measurement; their labels come from the patterns."""
+    layer, stage = model.head_position(head)
+    return all(mixer.spec.stage <= stage for mixer in model.layer_specs[layer].mixers)
 
 
 def _float(value: torch.Tensor) -> float | None:
@@ -275,8 +291,8 @@ def _gather_to_aggregate(model: GnaModel, task: Task, circuit: GnACircuit) -> di
     heads of later layers. Metric: logit of the clean answer minus the corrupted one."""
     if not circuit.gather or not circuit.aggregate:
         return None
-    last_gather = max(h.layer for h in circuit.gather)
-    receivers = [h for h in circuit.aggregate if h.layer > last_gather]
+    last_gather = max(model.head_position(h) for h in circuit.gather)
+    receivers = [h for h in circuit.aggregate if model.head_position(h) > last_gather]
     if not receivers:
         return None
     corrupt = task.corrupted()

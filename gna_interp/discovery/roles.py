@@ -33,7 +33,7 @@ Thresholds (`RoleThresholds`) turn scores into labels; they are recorded in ever
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -172,11 +172,13 @@ def _lift(per_option: Tensor, correct: Tensor) -> Tensor:
     return torch.stack(right).sum(0) / torch.stack(wrong).sum(0).clamp_min(1e-30)
 
 
-def entry_shares(clean: float, ablated: float, entry: dict[str, float]) -> tuple[float, float]:
+def entry_shares(clean: float, ablated: float, entry: dict[str, float]) -> tuple[float, float] | None:
     """``(share_final, share_segments)``: the fractions of a head's ablation effect
     (``clean - ablated``) that ablating it only at the final position / on the segments
-    reproduces."""
+    reproduces; ``None`` for a head whose ablation does not lower accuracy."""
     effect = clean - ablated
+    if effect <= 0:
+        return None
     return (clean - entry["final"]) / effect, (clean - entry["segments"]) / effect
 
 
@@ -198,7 +200,9 @@ def label(scores: RoleScores, thresholds: RoleThresholds, shares: tuple[float, f
 
 
 def scores_from_dict(data: dict[str, Any]) -> RoleScores:
-    return RoleScores(**{k: float(v) for k, v in data.items()})
+    """Scores from JSON (``None`` is NaN; fields added since the file was written are NaN)."""
+    values = {k: float("nan") if v is None else float(v) for k, v in data.items()}
+    return RoleScores(**{f.name: values.get(f.name, float("nan")) for f in fields(RoleScores)})
 
 
 def pattern_agrees(role: str | None, scores: RoleScores) -> bool | None:

@@ -14,6 +14,7 @@ from ..core.heads import Head, Resid, Target
 from ..core.interventions import Ablate, Intervention
 from ..core.plan import Site, SiteKind
 from .inputs import Batch, make_batch
+from .swap_block import swapped_in_layers
 
 
 class GnaModel:
@@ -32,6 +33,10 @@ class GnaModel:
     differ between layers and be 0 (NemotronH's MLP / MoE layers); ``n_heads`` is the
     largest, so every ``[layer, head]`` table has ``n_heads`` columns and NaN where a
     layer has no such head.
+
+    A layer holding a block of another family (`foreign_layers`, see
+    `gna_interp.swap_layers`) has no heads the architecture table describes: it reports
+    0 heads and the kind ``MLP``, `heads` skips it, and a `Head` there raises.
     """
 
     def __init__(self, hf_model: Any, tokenizer: Any, arch: ArchSpec, backend: Any, name: str = "") -> None:
@@ -42,20 +47,22 @@ class GnaModel:
         self.name = name or getattr(hf_model.config, "_name_or_path", "") or arch.family
         config = hf_model.config
         self.n_layers: int = int(config.num_hidden_layers)
-        self.layer_specs: tuple[LayerSpec, ...] = arch.resolve(config, self.n_layers)
-        """Per layer: its mixers (kind, path, heads, width), in head-numbering order."""
-        mixers = [mixer for spec in self.layer_specs for mixer in spec.mixers]
-        self.n_heads: int = max((spec.n_heads for spec in self.layer_specs), default=0)
+        self._own_specs: tuple[LayerSpec, ...] = arch.resolve(config, self.n_layers)
+        self._specs_cache: tuple[frozenset[int], tuple[LayerSpec, ...]] = (frozenset(), self._own_specs)
+        mixers = [mixer for spec in self._own_specs for mixer in spec.mixers]
+        self.n_heads: int = max((spec.n_heads for spec in self._own_specs), default=0)
         """The most heads any layer has: the width of every ``[layer, head]`` table (NaN
-        where a layer has fewer heads)."""
+        where a layer has fewer heads). The model's own: a swap leaves it as it is."""
         self.head_dim: int = max((mixer.head_dim for mixer in mixers), default=0)
         """The widest head (every head in pure families); `head_dim_of` for one head."""
         self.d_model: int = int(config.hidden_size)
         self.vocab_size: int = int(config.vocab_size)
         self._ambient: list[Intervention] = []
-        self.foreign_layers: dict[int, str] = {}
-        """Layers holding a block of another family (set by `swap_layers` for its context):
-        layer -> the donor's ``model_type``."""
+        self.foreign_layers: dict[int, str] = swapped_in_layers(hf_model, arch.layers_path)
+        """Layers holding a block of another family: layer -> the donor's ``model_type``.
+        Set by `swap_layers` on a `GnaModel` target for its context, and found when a model
+        is loaded inside the context (its block list holds a `SwappedBlock`; such a
+        `GnaModel` describes the swapped model: use it inside the context)."""
 
     # ----- structure -------------------------------------------------------------
     @property
@@ -63,18 +70,33 @@ class GnaModel:
         return str(self.backend.name)
 
     @property
+    def layer_specs(self) -> tuple[LayerSpec, ...]:
+        """Per layer: its mixers (kind, path, heads, width), in head-numbering order. A
+        layer in `foreign_layers` has none: its block is not the one the table describes."""
+        if not self.foreign_layers:
+            return self._own_specs
+        key = frozenset(self.foreign_layers)
+        if self._specs_cache[0] != key:
+            specs = tuple(LayerSpec(spec.layer, ()) if spec.layer in key else spec for spec in self._own_specs)
+            self._specs_cache = (key, specs)
+        return self._specs_cache[1]
+
+    @property
     def layer_kinds(self) -> tuple[LayerKind, ...]:
         """Per layer: ``ATTENTION``, ``SSM``, ``HYBRID`` (both kinds of mixer in one block)
-        or ``MLP`` (no token mixer, 0 heads)."""
+        or ``MLP`` (no heads: no token mixer, or a swapped-in block of another family,
+        see `foreign_layers`)."""
         return tuple(spec.kind for spec in self.layer_specs)
 
     @property
     def heads_per_layer(self) -> tuple[int, ...]:
+        """Per layer: its head count (0 for a layer without a mixer and at `foreign_layers`)."""
         return tuple(spec.n_heads for spec in self.layer_specs)
 
     @property
     def heads(self) -> list[Head]:
-        """Every head, layer-major (within a layer: attention heads, then SSM heads)."""
+        """Every head, layer-major (within a layer: attention heads, then SSM heads);
+        none at `foreign_layers`."""
         return [Head(layer, head) for layer in range(self.n_layers) for head in range(self.heads_per_layer[layer])]
 
     def check_layer(self, layer: int, *, allow_final: bool = False) -> None:
@@ -91,7 +113,9 @@ class GnaModel:
         if head.layer in self.foreign_layers:
             raise ValueError(
                 f"head {head}: layer {head.layer} of {self.name} holds a swapped-in {self.foreign_layers[head.layer]} block "
-                "(swap_layers), whose heads the architecture table does not describe; use Resid sites or SkipLayers at that layer"
+                "(swap_layers), whose heads the architecture table does not describe, so head-level interventions there are "
+                f"not supported; residual-stream sites (Resid({head.layer}), Resid({head.layer + 1})) and SkipLayers({head.layer}) "
+                "work at that layer, and heads work at every other layer"
             )
         spec = self.layer_specs[head.layer]
         if not spec.mixers:

@@ -12,6 +12,7 @@ import torch
 from ..core.arch import ArchSpec, LayerKind
 from .handle import GnaModel
 from .registry import spec_for
+from .swap_block import swapped_in_layers
 
 BACKENDS = ("tlens", "nnsight")
 
@@ -34,7 +35,8 @@ def load(
         backend: ``"tlens"`` (TransformerLens ``TransformerBridge``) or ``"nnsight"``.
             Default: ``tlens`` for Transformer families it supports, ``nnsight`` for
             SSMs, hybrids (Zamba2, Jamba, Bamba, GraniteMoeHybrid, NemotronH, FalconH1;
-            ``tlens`` refuses them) and ``remote=True``.
+            ``tlens`` refuses them), ``remote=True`` and a model holding blocks of another
+            family (loaded inside `gna_interp.swap_layers`; ``tlens`` refuses it).
         tokenizer: a HF tokenizer or a path/id; default: loaded from ``model``.
         device, dtype: placement of the weights.
         remote: ``True`` runs every trace on NDIF (nnsight only; ``model`` must be a hub
@@ -53,8 +55,9 @@ def load(
 
     hf_model, name = _hf_model(model, device, dtype, hf_kwargs)
     spec = spec_for(hf_model.config)
-    backend = "nnsight" if remote else (backend or spec.default_backend)
-    _check_backend(spec, backend)
+    foreign = swapped_in_layers(hf_model, spec.layers_path)
+    backend = "nnsight" if remote or (foreign and backend is None) else (backend or spec.default_backend)
+    _check_backend(spec, backend, foreign)
     tokenizer = _tokenizer(tokenizer, model, name)
     hf_model.eval()
     if backend == "tlens":
@@ -62,10 +65,16 @@ def load(
     return GnaModel(hf_model, tokenizer, spec, _nnsight_backend(hf_model, tokenizer, spec, remote), name)
 
 
-def _check_backend(spec: ArchSpec, backend: str) -> None:
+def _check_backend(spec: ArchSpec, backend: str, foreign: dict[int, str]) -> None:
     if backend == "tlens" and not spec.tlens:
         what = "hybrid attention / SSM" if spec.layer_kind is LayerKind.HYBRID else spec.layer_kind.value
         raise ValueError(f"backend='tlens' does not support the {spec.family!r} family ({what} layers): use backend='nnsight'")
+    if backend == "tlens" and foreign:
+        blocks = ", ".join(f"layer {layer}: {donor}" for layer, donor in sorted(foreign.items()))
+        raise ValueError(
+            f"backend='tlens' cannot wrap this {spec.family} model: it holds swapped-in blocks of another family ({blocks}; "
+            "swap_layers), which TransformerLens's bridge does not know: use backend='nnsight'"
+        )
 
 
 def _hf_model(model: Any, device: Any, dtype: Any, hf_kwargs: dict[str, Any]) -> tuple[Any, str]:

@@ -32,9 +32,12 @@ forward passes (logits, ablations, patching) and ``generate(..., use_cache=False
 
 A `GnaModel` target works with the nnsight backend (its envoy is rebuilt over the
 swapped modules for the duration of the context) and, for same-family swaps, with
-TransformerLens. Head-level interventions at a layer holding a block of another family
-are not supported (the layer has the donor's heads, not the target's); residual-stream
-sites and `SkipLayers` there work.
+TransformerLens; a model loaded inside the context gets nnsight by default. A layer
+holding a block of another family is in the model's ``foreign_layers`` (set for the
+context on a `GnaModel` target, found by `load` inside it): it reports 0 heads and the
+kind ``MLP``, so ``model.heads``, sweeps and `MaskAttentionRows` pass over it. Head-level
+interventions there are not supported (the layer has the donor's heads, not the
+target's) and raise; residual-stream sites and `SkipLayers` there work.
 """
 
 from __future__ import annotations
@@ -295,7 +298,8 @@ def _swap_module(layers: nn.ModuleList, layer: int, block: nn.Module) -> Iterato
 def _fresh_trace(model: GnaModel, foreign: dict[int, str]) -> Iterator[None]:
     """nnsight instruments modules when its envoy is built: build one over the swapped
     modules for the context and put the original envoy back after. The swapped layers
-    are marked foreign, so head-level requests there get a clear error."""
+    are marked foreign for the context (`GnaModel.layer_specs` follows: no heads there),
+    so head-level requests there get a clear error."""
     from nnsight.modeling.transformers import TransformersModel
 
     backend = model.backend

@@ -105,6 +105,7 @@ class SwappedBlock(nn.Module):
         rotary: a copy of the donor model's rotary embedding (attention donors) or ``None``.
         calls: how the donor block is called.
         returns_pair: return ``(hidden, None)`` instead of the hidden states.
+        donor_type: the donor model's ``model_type`` (`GnaModel.foreign_layers` reports it).
     """
 
     def __init__(
@@ -115,6 +116,7 @@ class SwappedBlock(nn.Module):
         self.rotary = rotary
         self.calls = calls
         self.returns_pair = returns_pair
+        self.donor_type = str(getattr(config, "model_type", None) or "?")
         self._config = config
         self._donor_layer = donor_layer
         self._inputs = inputs
@@ -200,7 +202,22 @@ class SwappedBlock(nn.Module):
         self._caches_seen.add(cache)
 
     def extra_repr(self) -> str:
-        return f"donor={getattr(self._config, 'model_type', '?')} layer {self._donor_layer}, calls={self.calls.value}"
+        return f"donor={self.donor_type} layer {self._donor_layer}, calls={self.calls.value}"
+
+
+def swapped_in_layers(hf_model: Any, layers_path: str) -> dict[int, str]:
+    """``{layer: donor model_type}`` for every `SwappedBlock` in ``hf_model``'s block list
+    (at ``layers_path``; a block wrapped by TransformerLens's bridge counts by what it wraps)."""
+    try:
+        layers = attrgetter(layers_path)(hf_model)
+    except AttributeError:
+        return {}
+    found = {}
+    for layer, block in enumerate(layers):
+        block = getattr(block, "original_component", block)
+        if isinstance(block, SwappedBlock):
+            found[layer] = block.donor_type
+    return found
 
 
 def copy_rotary(rotary: nn.Module, config: Any) -> nn.Module:

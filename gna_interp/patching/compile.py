@@ -124,6 +124,12 @@ def _compile_ablate(model: GnaModel, batch: Batch, item: Ablate, plan: Plan) -> 
         plan.add(site, Edit(mask, values[site]))
 
 
+POSITION_FORMS = (
+    "None, an int or a list of ints (the same positions in every row), a [rows] long tensor (one position per row), "
+    "a [rows, k] long tensor (k positions per row) or a [rows, pos] bool mask"
+)
+
+
 def position_mask(positions: Positions, batch: Batch) -> Tensor:
     """``[batch | 1, pos]`` bool mask from a `Positions` value."""
     n_pos = batch.n_pos
@@ -133,6 +139,14 @@ def position_mask(positions: Positions, batch: Batch) -> Tensor:
         if tuple(positions.shape) != (batch.n_rows, n_pos):
             raise ValueError(f"positions mask has shape {tuple(positions.shape)}, expected {(batch.n_rows, n_pos)}")
         return positions
+    if isinstance(positions, Tensor) and positions.dim() == 2 and not positions.dtype.is_floating_point:
+        if positions.shape[0] != batch.n_rows:
+            rows = positions.shape[0]
+            raise ValueError(f"positions is a [rows, k] tensor with {rows} rows: expected one row per prompt ({batch.n_rows})")
+        _check_positions(positions.flatten().tolist(), n_pos)
+        return torch.zeros(batch.n_rows, n_pos, dtype=torch.bool).scatter_(1, positions.long() % n_pos, True)
+    if isinstance(positions, Tensor) and (positions.dim() > 2 or positions.dtype.is_floating_point):
+        raise ValueError(f"positions tensor of shape {tuple(positions.shape)} and dtype {positions.dtype}: expected {POSITION_FORMS}")
     if isinstance(positions, Tensor) and positions.dim() == 1:
         if positions.numel() != batch.n_rows:
             raise ValueError(f"positions is a 1-D tensor of {positions.numel()} entries: expected one position per row ({batch.n_rows})")
@@ -140,7 +154,16 @@ def position_mask(positions: Positions, batch: Batch) -> Tensor:
         mask = torch.zeros(batch.n_rows, n_pos, dtype=torch.bool)
         mask[torch.arange(batch.n_rows), positions.long() % n_pos] = True
         return mask
-    items = [positions] if isinstance(positions, int) else [int(p) for p in torch.as_tensor(positions).flatten().tolist()]
+    if isinstance(positions, bool) or not isinstance(positions, (int, list, tuple, range, Tensor)):
+        raise TypeError(f"positions={positions!r}: expected {POSITION_FORMS}")
+    if isinstance(positions, Tensor):
+        values = positions.flatten().tolist()  # 0-d: one position for every row
+    else:
+        values = [positions] if isinstance(positions, int) else list(positions)
+    for p in values:
+        if isinstance(p, bool) or not isinstance(p, int):
+            raise TypeError(f"position {p!r} in positions: expected ints ({POSITION_FORMS})")
+    items = [int(p) for p in values]
     _check_positions(items, n_pos)
     mask = torch.zeros(1, n_pos, dtype=torch.bool)
     mask[0, [p % n_pos for p in items]] = True
@@ -188,8 +211,15 @@ def _compile_row_mask(model: GnaModel, batch: Batch, item: MaskAttentionRows, pl
                 kind = model.head_kind(head).value
                 raise ValueError(f"MaskAttentionRows: {head} is not an attention head ({model.name} layer {head.layer}: {kind})")
     else:
+        if item.layers is not None and not item.layers:
+            raise ValueError("MaskAttentionRows layers=[] is empty: give attention layers, or None for every attention layer")
         for layer in item.layers or ():
             model.check_layer(layer)
+            if layer in model.foreign_layers:
+                raise ValueError(
+                    f"MaskAttentionRows: layer {layer} of {model.name} holds a swapped-in {model.foreign_layers[layer]} block "
+                    "(swap_layers), whose attention the architecture table does not describe"
+                )
             if not attention_heads_of(model, [layer]):
                 kind = model.layer_kinds[layer].value
                 raise ValueError(

@@ -83,7 +83,8 @@ def path_patching(
             its shared-attention heads). ``"logits"`` counts as after the last block.
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` (averaged).
         receiver_input: which input streams of the receiver heads carry the change:
-            ``"any"`` (all), one name or a list of names from ``model.arch.receiver_inputs``
+            ``"any"`` (all), one name or a list of names from each receiver's mixer
+            (``model.mixer_of(head)[0].receiver_inputs``)
             (attention: ``"q"``, ``"k"``, ``"v"``; SSMs: ``"x"``, ``"B"``, ``"C"``, ``"dt"``,
             ``"gate"``).
         interventions: applied to every run (e.g. ``Truncate``), on top of active contexts.

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..core.heads import Head
 from ..discovery.scans import collapsing_set, head_scan
 from ..evaluation import evaluate
 
@@ -42,12 +41,14 @@ def ablation_facts(model: GnaModel, task: Task, *, progress: bool = False) -> Ab
     clean = evaluate(model, task)
     layers = range(model.n_layers)
     scan = head_scan(model, task, layers, screen_above=model.n_heads, progress=progress)
-    single = {str(Head(layer, head)): float(scan.accuracy[layer, head]) for layer in layers for head in range(model.n_heads)}
+    single = {str(h): float(scan.accuracy[h.layer, h.head]) for h in model.heads}
     best = min(single, key=single.__getitem__)
     threshold = clean.chance + CHANCE_MARGIN
     sets: dict[int, dict[str, Any]] = {}
     for layer in layers:
-        order = sorted((Head(layer, h) for h in range(model.n_heads)), key=lambda h: float(scan.accuracy[h.layer, h.head]))
-        chosen, accuracy, reached = collapsing_set(model, task, order, threshold, model.n_heads, clean.accuracy)
+        order = sorted((h for h in model.heads if h.layer == layer), key=lambda h: float(scan.accuracy[h.layer, h.head]))
+        if not order:  # a layer without heads (an MLP-only layer)
+            continue
+        chosen, accuracy, reached = collapsing_set(model, task, order, threshold, len(order), clean.accuracy)
         sets[layer] = {"heads": [str(h) for h in chosen], "accuracy": accuracy, "reached_chance": reached}
     return AblationFacts(clean.accuracy, clean.chance, single, best, single[best], sets)
