@@ -219,7 +219,15 @@ class _JointSearch:
         positions = self.encoded.final if role == "aggregate" else scans.segment_positions(self.encoded)
         pool = self.pool(circuit, role)
         chosen, _, _ = scans.joint_set(
-            self.model, self.task, pool, positions, threshold, max_heads, progress=self.progress, desc=f"joint {role}"
+            self.model,
+            self.task,
+            pool,
+            positions,
+            threshold,
+            max_heads,
+            progress=self.progress,
+            desc=f"joint {role}",
+            clean=circuit.accuracy["clean"],
         )
         if not chosen:
             return None

@@ -137,18 +137,22 @@ def joint_set(
     *,
     progress: bool = True,
     desc: str = "joint search",
+    clean: float | None = None,
 ) -> tuple[list[Head], float, bool]:
     """Greedy search for heads that matter together: at each step, add the head of
     ``pool`` whose ablation at ``positions``, jointly with the heads already chosen,
     lowers accuracy most; stop at ``threshold``, at ``max_heads``, or when no head lowers
     it further. Finds backup heads, which cost nothing alone because others compensate.
 
+    Args:
+        clean: the accuracy with nothing ablated, if already known (else measured).
+
     Returns:
         the heads chosen (in order), the accuracy with them ablated at ``positions``, and
         whether it reached ``threshold``.
     """
     chosen: list[Head] = []
-    accuracy = evaluate(model, task).accuracy
+    accuracy = evaluate(model, task).accuracy if clean is None else clean
     remaining = list(pool)
     bar = progress_bar(range(min(max_heads, len(remaining))), progress, desc)
     for _ in bar:

@@ -202,9 +202,10 @@ def attention_heads_of(model: GnaModel, layers: Sequence[int] | None = None) -> 
 
 def _compile_row_mask(model: GnaModel, batch: Batch, item: MaskAttentionRows, plan: Plan) -> None:
     """Zero rows of the attention weights == zero those heads' outputs at those rows."""
+    attention = attention_heads_of(model)
     if item.heads is not None:
         heads = list(item.heads)
-        allowed = set(attention_heads_of(model, sorted({h.layer for h in heads if h.layer < model.n_layers})))
+        allowed = set(attention)
         for head in heads:
             model.check_head(head)
             if head not in allowed:
@@ -213,6 +214,7 @@ def _compile_row_mask(model: GnaModel, batch: Batch, item: MaskAttentionRows, pl
     else:
         if item.layers is not None and not item.layers:
             raise ValueError("MaskAttentionRows layers=[] is empty: give attention layers, or None for every attention layer")
+        attention_layers = sorted({h.layer for h in attention})
         for layer in item.layers or ():
             model.check_layer(layer)
             if layer in model.foreign_layers:
@@ -220,13 +222,13 @@ def _compile_row_mask(model: GnaModel, batch: Batch, item: MaskAttentionRows, pl
                     f"MaskAttentionRows: layer {layer} of {model.name} holds a swapped-in {model.foreign_layers[layer]} block "
                     "(swap_layers), whose attention the architecture table does not describe"
                 )
-            if not attention_heads_of(model, [layer]):
+            if layer not in attention_layers:
                 kind = model.layer_kinds[layer].value
                 raise ValueError(
                     f"MaskAttentionRows: layer {layer} of {model.name} is an {kind} layer with no attention weights; "
-                    f"attention layers are {sorted({h.layer for h in attention_heads_of(model)})}"
+                    f"attention layers are {attention_layers}"
                 )
-        heads = attention_heads_of(model, item.layers)
+        heads = attention if item.layers is None else [h for h in attention if h.layer in item.layers]
         if not heads:
             raise ValueError(f"MaskAttentionRows: {model.name} has no attention layers (it is an SSM); use Ablate on its heads instead")
     rows = position_mask(item.positions, batch)  # [batch | 1, pos]
