@@ -2,27 +2,26 @@
 # # G&A discovery on the bundled toy models (offline, CPU, about a minute)
 #
 # The same pipeline the paper's authors ran by hand: truncation scan, layer scan, head
-# ablation, then where each head acts (final position or segments), role labels checked
-# against (softmax or implicit) attention patterns, a joint search for backup heads, and
-# confirmation, on a Transformer, an SSM and a hybrid. `gna-interp demo` runs this and
-# writes the report.
+# ablation, then where each head acts (final position, segments, segment ends), role
+# labels checked against (softmax or implicit) attention patterns, a joint search for
+# backup heads, and confirmation, on a Transformer, an SSM and a hybrid. `gna-interp demo`
+# runs this and writes the report.
 
 # %%
 import gna_interp as gna
 
-task = gna.tasks.toy_mcq(n=200, seed=2026)
 circuits = []
 for name in gna.toy_names():
     if name not in ("llama", "mamba2", "falcon_h1"):
         continue
-    model = gna.load_toy(name)
-    circuit = gna.discover(model, task, progress=False)
+    model, task = gna.load_toy(name), gna.toy_task(name, n=200, seed=2026)
+    circuit = gna.discover(model, task, progress=False)  # warns: the toys answer by place
     circuits.append((circuit, model, task))
     print(circuit.summary(), "\n")
 
 # %% The evidence, per examined head, as a DataFrame.
-columns = ["head", "kind", "role", "ablated_accuracy", "final_ablated_accuracy", "segments_ablated_accuracy", "pattern_agrees"]
-print(circuits[0][0].to_frame()[columns])
+columns = ["head", "kind", "role", "ablated_accuracy", "final_ablated_accuracy", "segments_ablated_accuracy", "ends_ablated_accuracy"]
+print(circuits[0][0].to_frame()[[*columns, "pattern_agrees"]])
 
 # %% An offline report with scans, tables and circuitsvis patterns.
 print(gna.write_report(circuits, "gna-report"))

@@ -26,7 +26,7 @@ from .patching import (
     path_patching_sweep,
     target_logprob,
 )
-from .zoo import load_toy, toy_card, toy_names
+from .zoo import load_toy, toy_card, toy_names, toy_task
 
 __version__ = "0.1.0"
 
@@ -67,6 +67,7 @@ __all__ = [
     "top1_mass",
     "toy_card",
     "toy_names",
+    "toy_task",
     "viz",
     "write_report",
 ]

@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from . import commands as cmd
+from .zoo.recipes import RECIPES
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -69,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--markdown", action="store_true", help="one markdown table (as in the docs)")
     listing.set_defaults(func=cmd.zoo_list)
     train = zoo_commands.add_parser("train", help="train a toy model on CPU from its recipe (deterministic for a seed)")
-    train.add_argument("name", help="toy model name: llama, mamba2, falcon_h1 or mamba")
+    train.add_argument("name", help=f"a recipe: {', '.join(RECIPES)}")
     train.add_argument("--out", help="output folder (default: gna-zoo/NAME)")
     train.add_argument("--seed", type=int, help="override the recipe's seed")
     train.add_argument("--max-steps", type=int, help="override the recipe's step limit")

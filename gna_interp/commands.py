@@ -34,12 +34,16 @@ def load_model(name: str, backend: str | None = None, remote: bool = False) -> A
 
 
 def build_task(args: argparse.Namespace) -> Any:
+    """The ``--task`` prompts; ``toy`` with a bundled toy model is the task it was trained on."""
     from . import tasks
+    from .zoo import toy_names, toy_task
 
     if args.n is not None and args.n < 1:
         raise ValueError(f"--n {args.n}: expected a positive number of prompts")
     n = args.n or DEMO_PROMPTS
     if args.task == "toy":
+        if args.model in toy_names() and not getattr(args, "remote", False):
+            return toy_task(args.model, n, seed=args.seed)
         return tasks.toy_mcq(n, seed=args.seed)
     if args.task == "kv":
         return tasks.kv_retrieval(args.kv_pairs, n=n, seed=args.seed)
@@ -73,12 +77,17 @@ def summary_table(circuits: list[Any]) -> str:
         return f"{acc[key]:.3f}" if key in acc else "-"
 
     rows = [
-        (c.model, heads(c, "gather"), heads(c, "aggregate"), *(cell(c.accuracy, k) for k in ("clean", "-gather", "-aggregate", "-both")))
+        (
+            c.model,
+            heads(c, "gather"),
+            heads(c, "aggregate"),
+            *(cell(c.accuracy, k) for k in ("clean", "-gather", "-aggregate", "-both", "shuffled_labels")),
+        )
         for c in circuits
     ]
-    names = ("model", "gather", "aggregate", "clean", "-gather", "-aggr", "-both")
+    names = ("model", "gather", "aggregate", "clean", "-gather", "-aggr", "-both", "shuffled")
     widths = [max(len(str(r[i])) for r in [names, *rows]) for i in range(len(names))]
-    aligned = ["<", "<", "<", ">", ">", ">", ">"]
+    aligned = ["<", "<", "<", ">", ">", ">", ">", ">"]
 
     def line(row: tuple[str, ...]) -> str:
         return "  ".join(f"{v:{a}{w}}" for v, a, w in zip(row, aligned, widths, strict=True))
@@ -86,22 +95,24 @@ def summary_table(circuits: list[Any]) -> str:
     lines = [line(names), "-" * len(line(names)), *(line(r) for r in rows)]
     if any("(a)" in r[1] + r[2] or "(s)" in r[1] + r[2] for r in rows):
         lines.append("(a) attention head, (s) SSM head")
+    if any(r[-1] != "-" for r in rows):
+        lines.append("shuffled: clean accuracy with each prompt's labels in a random order (chance: answers by the option's place)")
     return "\n".join(lines)
 
 
 def demo(args: argparse.Namespace) -> int:
     """Discovery on the bundled Transformer, SSM and hybrid toy models, summary, offline report."""
     from .discovery import discover, write_report
-    from .tasks import toy_mcq
-    from .zoo import load_toy, toy_names
+    from .zoo import load_toy, toy_names, toy_task
 
     out = check_out_dir(args.out)
-    task = toy_mcq(DEMO_PROMPTS, seed=DEMO_SEED)
     items = []
     for name in [n for n in DEMO_MODELS if n in toy_names()]:
-        model = load_toy(name)
+        model, task = load_toy(name), toy_task(name, DEMO_PROMPTS, seed=DEMO_SEED)
         print(f"discovering G&A heads in toy {name} ({model.backend_name}, {model.n_layers} layers x {model.n_heads} heads) ...")
-        items.append((discover(model, task, progress=not args.quiet), model, task))
+        with warnings.catch_warnings():  # the circuit keeps its notes; printed below the table
+            warnings.simplefilter("ignore")
+            items.append((discover(model, task, progress=not args.quiet), model, task))
     circuits = [item[0] for item in items]
     print()
     print(summary_table(circuits))
@@ -109,6 +120,8 @@ def demo(args: argparse.Namespace) -> int:
         for role, need in circuit.needs.items():
             verdict = "to chance" if need.reached_chance else "not to chance"
             print(f"{circuit.model}: {role} needs {len(need.heads)} head(s) ({need.accuracy:.3f}, {verdict})")
+        for note in circuit.warnings:
+            print(f"{circuit.model}: note: {note}")
     index = write_report(items, out)
     print(f"\nreport: {index} (opens offline)")
     return 0

@@ -42,7 +42,7 @@ def test_ablate_prints_accuracy_before_and_after():
     assert result.returncode == 0, result.stderr[-2000:]
     before, after = map(float, re.search(r"accuracy clean ([\d.]+) -> ([\d.]+)", result.stdout).groups())
     model = gna.load_toy("mamba2")
-    task = gna.tasks.toy_mcq(100, seed=0)
+    task = gna.toy_task("mamba2", 100, seed=0)
     assert before == pytest.approx(gna.evaluate(model, task).accuracy, abs=1e-3)
     assert after == pytest.approx(gna.evaluate(model, task, [gna.Ablate([gna.Head(0, 0)])]).accuracy, abs=1e-3)
 

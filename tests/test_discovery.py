@@ -11,18 +11,21 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.discovery import GnACircuit, NoRetrievalWarning, discover, write_report
+from gna_interp.discovery import GnACircuit, NoRetrievalWarning, PositionalAnswerWarning, discover, write_report
 
 TASK_SEED = 4242  # fresh prompts: neither training nor the cards used them
+POSITIONAL_WARNINGS: dict[str, list] = {}  # per toy: the PositionalAnswerWarnings its discovery raised
 
 
 @pytest.fixture(scope="module", params=[name for name in ("llama", "mamba2") if name in gna.toy_names()])
 def found(request):
     model = gna.load_toy(request.param)
-    task = gna.tasks.toy_mcq(200, seed=TASK_SEED)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a trained toy model must not look like chance
+    task = gna.toy_task(request.param, 200, seed=TASK_SEED)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.simplefilter("error", NoRetrievalWarning)  # a trained toy model must not look like chance
         circuit = discover(model, task, progress=False)
+    POSITIONAL_WARNINGS[request.param] = [w for w in caught if issubclass(w.category, PositionalAnswerWarning)]
     return model, task, circuit
 
 
@@ -75,6 +78,12 @@ def test_roles_follow_where_the_effect_enters(found):
             whole = clean - gna.evaluate(model, task, [gna.Ablate([head])]).accuracy
             there = clean - gna.evaluate(model, task, [gna.Ablate([head], positions=positions)]).accuracy
             assert there >= 0.5 * whole, (role, head, there, whole)
+    # the recorded entry accuracies, segment ends included, are these same measurements
+    for head in circuit.gather[:2]:
+        entry = circuit.evidence(head).entry
+        assert entry is not None
+        for where, positions in (("final", encoded.final), ("segments", segments), ("ends", encoded.segment_ends)):
+            assert entry[where] == pytest.approx(gna.evaluate(model, task, [gna.Ablate([head], positions=positions)]).accuracy)
 
 
 def _masks(encoded, n_pos):
@@ -110,6 +119,20 @@ def test_role_labels_agree_with_the_patterns(found):
     for head, value in agrees.items():
         assert circuit.evidence(head).pattern_agrees is value, head
     assert any(agrees[h] for h in circuit.gather) and any(agrees[h] for h in circuit.aggregate), agrees
+
+
+def test_the_label_check_is_measured_independently(found):
+    """``accuracy["shuffled_labels"]`` equals `evaluate` on `shuffle_labels(task)`, and the
+    warning fires exactly when that is near chance. The bundled toys (labels in order
+    during training) answer by the option's place: with shuffled labels they fall to
+    chance, which is what their Gather heads' patterns reflect (see docs/discovery.md)."""
+    model, task, circuit = found
+    shuffled = gna.evaluate(model, gna.tasks.shuffle_labels(task)).accuracy
+    assert circuit.accuracy["shuffled_labels"] == pytest.approx(shuffled)
+    near_chance = shuffled < circuit.accuracy["chance"] + circuit.settings["chance_margin"]
+    assert bool(POSITIONAL_WARNINGS[model.name.removeprefix("toy-")]) == near_chance
+    assert any("labels shuffled" in note for note in circuit.warnings) == near_chance
+    assert near_chance, "a bundled toy now reads labels: update docs/discovery.md"
 
 
 def test_json_round_trip(found, tmp_path):
@@ -159,7 +182,7 @@ def test_multi_token_candidates_fall_back_to_the_patterns():
     move: no entry or joint stage, labels from the patterns, needs from the role's heads."""
     import dataclasses
 
-    base = gna.tasks.toy_mcq(40, seed=TASK_SEED)
+    base = gna.toy_task("mamba2", 40, seed=TASK_SEED)
     examples = [dataclasses.replace(e, candidates=tuple(c + " ." for c in e.candidates)) for e in base.examples]
     task = gna.tasks.Task("toy_multi", examples, tokenizer=gna.tasks.toy_tokenizer())
     assert not task.encode().single_token
@@ -185,7 +208,7 @@ def test_joint_search_equals_a_brute_force_greedy():
     from gna_interp.discovery.scans import joint_set
 
     model = gna.load_toy("mamba2")
-    task = gna.tasks.toy_mcq(60, seed=77)
+    task = gna.toy_task("mamba2", 60, seed=77)
     pool = [gna.Head(1, h) for h in range(8)]
     final = task.encode().final
     chosen, accuracy, reached = joint_set(model, task, pool, final, threshold=0.3, max_heads=3, progress=False)

@@ -18,9 +18,10 @@ pytestmark = pytest.mark.skipif("falcon_h1" not in gna.toy_names(), reason="hybr
 @pytest.fixture(scope="module")
 def found():
     model = gna.load_toy("falcon_h1")
-    task = gna.tasks.toy_mcq(200, seed=TASK_SEED)
+    task = gna.toy_task("falcon_h1", 200, seed=TASK_SEED)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        warnings.simplefilter("ignore", gna.discovery.PositionalAnswerWarning)  # see test_answers_by_place
         circuit = gna.discover(model, task, progress=False)
     return model, task, circuit
 
@@ -57,3 +58,12 @@ def test_which_kind_aggregates(found):
     assert masked > 0.6
     # Masking the final row of layer 1's attention is ablating its attention heads there.
     assert gna.evaluate(model, task, [gna.MaskAttentionRows(-1, layers=[1])]).accuracy == pytest.approx(without_attention)
+
+
+def test_answers_by_place(found):
+    """Like the other toys (trained with labels in order), the hybrid answers by the
+    option's place: with the labels shuffled, accuracy falls to chance."""
+    model, task, circuit = found
+    shuffled = gna.evaluate(model, gna.tasks.shuffle_labels(task)).accuracy
+    assert circuit.accuracy["shuffled_labels"] == pytest.approx(shuffled)
+    assert shuffled < circuit.accuracy["chance"] + circuit.settings["chance_margin"]

@@ -144,9 +144,7 @@ def test_remote_simulation_equals_local(llama_hf, tokenizer):
 
 def test_evaluate_under_row_mask_equals_logits(llama_nnsight):
     """`evaluate` with the mask scores the same logits as a direct call."""
-    from gna_interp.tasks import toy_mcq
-
-    task = toy_mcq(n=8, seed=3)
+    task = gna.toy_task("llama", 8, seed=3)
     model = gna.load_toy("llama")
     ev = gna.evaluate(model, task, [gna.MaskAttentionRows(-1)], progress=False)
     encoded = task.encode(model.tokenizer)

@@ -140,6 +140,81 @@ def test_toy_tensor_batches_equal_tokenized_text():
         assert len(set(options[0].split() + options[1].split() + options[2].split() + options[3].split())) == 8
 
 
+@pytest.mark.parametrize(
+    "layout, vary_lengths, shuffle_labels",
+    [("label_last", False, False), ("label_last", True, True), ("label_first", True, False), ("label_first", False, True)],
+)
+def test_toy_variants_tensors_equal_text(layout, vary_lengths, shuffle_labels):
+    """Every variant: the tensor batches equal the tokenized text of the same options and
+    labels, the answer is the label of the option holding the query, every prompt of a
+    batch has one length, and lengths / label orders really vary when asked to."""
+    tokenizer = gna.tasks.toy_tokenizer()
+    shape = dict(layout=layout, vary_lengths=vary_lengths, shuffle_labels=shuffle_labels)
+    ids, answers = toy_token_batch(32, torch.Generator().manual_seed(3), n_options=4, words_per_option=2, **shape)
+    sizes, orders = set(), set()
+    for row in range(32):
+        tokens = tokenizer.convert_ids_to_tokens(ids[row].tolist())
+        lines = " ".join(tokens[5:-2]).split("\n")[:-1]
+        parts = [line.split() for line in lines]
+        labels = [p[0] if layout == "label_first" else p[-1] for p in parts]
+        options = [" ".join(p[2:] if layout == "label_first" else p[:-1]) for p in parts]
+        correct = next(i for i, option in enumerate(options) if tokens[3] in option.split())
+        example = mcq_example(f"Query: {tokens[3]}\n", options, correct, layout=layout, labels=labels)
+        assert tokenizer(example.text)["input_ids"] == ids[row].tolist()
+        assert tokenizer.convert_ids_to_tokens([int(answers[row])]) == [labels[correct]]
+        sizes.add(tuple(len(o.split()) for o in options))
+        orders.add(tuple(labels))
+    assert (len(sizes) > 1) == vary_lengths and all(sum(s) == 8 and min(s) >= 1 and max(s) <= 3 for s in sizes)
+    assert (len(orders) > 1) == shuffle_labels and all(sorted(o) == list("ABCD") for o in orders)
+
+
+def test_label_last_positions_and_rotation():
+    """``w1 w2 A`` lines: the label is the segment end (the line's "\\n" lies outside the
+    span), candidates follow the prompt's label order, rotation keeps the labels."""
+    tokenizer = gna.tasks.toy_tokenizer()
+    task = gna.tasks.toy_mcq(6, seed=2, layout="label_last", vary_lengths=True, shuffle_labels=True)
+    encoded = task.encode()
+    for row, example in enumerate(task):
+        tokens = tokenizer.convert_ids_to_tokens(encoded.batch.input_ids[row].tolist())
+        lines = example.text.split("\n")[1:5]
+        assert [tokens[i] for i in encoded.segment_ends[row].tolist()] == [line.split()[-1] for line in lines]
+        assert [c.strip() for c in example.candidates] == [line.split()[-1] for line in lines]
+        assert torch.equal(encoded.labels[row], encoded.segment_ends[row])
+        assert torch.equal(encoded.spans[row, :, 1], encoded.segment_ends[row] + 1)
+        assert [tokens[i] for i in encoded.spans[row, :, 0].tolist()] == [line.split()[0] for line in lines]
+        assert example.query is not None and lines[example.correct].split().count(example.text[slice(*example.query)]) == 1
+    rotated = task.corrupted()
+    for before, after in zip(task, rotated, strict=True):
+        assert after.candidates == before.candidates and after.correct == (before.correct + 1) % 4
+        assert [line.split()[-1] for line in after.text.split("\n")[1:5]] == [c.strip() for c in before.candidates]
+    assert rotated.encode().batch.n_pos == encoded.batch.n_pos
+    with pytest.raises(ValueError, match="layout='sideways': expected one of"):
+        gna.tasks.toy_mcq(2, layout="sideways")
+    with pytest.raises(ValueError, match="expected 4 distinct labels"):
+        mcq_example("Q\n", ["a", "b", "c", "d"], 0, labels=["A", "A", "B", "C"])
+
+
+def test_shuffle_labels_keeps_options_and_answers():
+    """Each prompt's labels permuted (seeded), the options and the correct option in place,
+    the candidates in the new label order; MMLU-style prompts too; non-MCQ tasks refused."""
+    task = gna.tasks.toy_mcq(40, seed=8)
+    shuffled = gna.tasks.shuffle_labels(task, seed=1)
+    assert shuffled.prompts == gna.tasks.shuffle_labels(task, seed=1).prompts != gna.tasks.shuffle_labels(task, seed=2).prompts
+    moved = 0
+    for before, after in zip(task, shuffled, strict=True):
+        old_lines, new_lines = before.text.split("\n")[1:5], after.text.split("\n")[1:5]
+        assert [line[1:] for line in old_lines] == [line[1:] for line in new_lines]  # same options, same places
+        assert [line[0] for line in new_lines] == [c.strip() for c in after.candidates]
+        assert sorted(c.strip() for c in after.candidates) == list("ABCD") and after.correct == before.correct
+        moved += after.candidates[after.correct] != before.candidates[before.correct]
+    assert moved > 20  # the correct option's label changes in most prompts
+    assert (shuffled.corrupted().correct == (shuffled.correct + 1) % 4).all()
+    mmlu_like = gna.tasks.Task("m", [mcq_example("Q?\n", ["one", "two", "three", "four"], 2)])
+    assert gna.tasks.shuffle_labels(mmlu_like).examples[0].text.startswith("Q?\n")
+    with pytest.raises(ValueError, match="is not multiple choice"):
+        gna.tasks.shuffle_labels(gna.tasks.kv_retrieval(5, n=2))
+
+
 def test_toy_task_is_seeded_and_answers_are_right():
     a, b = gna.tasks.toy_mcq(30, seed=4), gna.tasks.toy_mcq(30, seed=4)
     assert a.prompts == b.prompts and a.prompts != gna.tasks.toy_mcq(30, seed=5).prompts

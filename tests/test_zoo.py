@@ -14,7 +14,7 @@ import torch
 import gna_interp as gna
 from gna_interp.zoo import recipe
 from gna_interp.zoo.store import ZOO_DIR
-from gna_interp.zoo.train import train
+from gna_interp.zoo.train import task_shape, train
 
 NAMES = gna.toy_names()
 FRESH_SEED = 777  # neither the training stream nor the card's held-out prompts
@@ -35,7 +35,7 @@ def test_toy_model_reaches_its_card_accuracy_on_fresh_prompts(name):
     assert card["held_out_accuracy"] >= 0.95
     assert card["seed"] == recipe(name).seed and card["family"] == recipe(name).family
     model = gna.load_toy(name)
-    task = gna.tasks.toy_mcq(600, seed=FRESH_SEED)
+    task = gna.toy_task(name, 600, seed=FRESH_SEED)
     accuracy = gna.evaluate(model, task).accuracy
     assert abs(accuracy - card["held_out_accuracy"]) <= 0.02, (accuracy, card["held_out_accuracy"])
     # The card's bottleneck claim, re-measured on the fresh prompts.
@@ -45,8 +45,26 @@ def test_toy_model_reaches_its_card_accuracy_on_fresh_prompts(name):
     assert abs(ablated - facts["best_single_head_accuracy"]) <= 0.04, (ablated, facts["best_single_head_accuracy"])
 
 
+def test_toy_task_is_the_cards_task(tmp_path, monkeypatch):
+    """`toy_task` builds the card's task shape; cards written before the field existed
+    get the default `toy_mcq`."""
+    from gna_interp.zoo import store
+
+    for name in NAMES:
+        assert gna.toy_task(name, 5, seed=1).prompts == gna.tasks.toy_mcq(5, seed=1, **gna.toy_card(name).get("task", {})).prompts
+    folder = tmp_path / "models" / "odd"
+    folder.mkdir(parents=True)
+    shape = {"layout": "label_last", "shuffle_labels": True, "vary_lengths": True, "n_options": 3, "words_per_option": 2}
+    (folder / "card.json").write_text(json.dumps({"task": shape}))
+    monkeypatch.setattr(store, "ZOO_DIR", tmp_path / "models")
+    task = gna.toy_task("odd", 4, seed=2)
+    assert task.name == "toy_mcq_label_last_varied_shuffled" and task.n_segments == 3
+    (folder / "card.json").write_text(json.dumps({}))
+    assert gna.toy_task("odd", 4, seed=2).prompts == gna.tasks.toy_mcq(4, seed=2).prompts
+
+
 def test_llama_toy_loads_on_both_backends_with_the_same_numbers():
-    task = gna.tasks.toy_mcq(40, seed=FRESH_SEED)
+    task = gna.toy_task("llama", 40, seed=FRESH_SEED)
     tlens = gna.evaluate(gna.load_toy("llama", backend="tlens"), task).scores
     nnsight = gna.evaluate(gna.load_toy("llama", backend="nnsight"), task).scores
     assert torch.allclose(tlens, nnsight, atol=1e-4)
@@ -71,6 +89,7 @@ def test_cli_zoo_train_end_to_end(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     card = json.loads((out / "card.json").read_text())
     assert card["steps"] == 3 and card["seed"] == recipe("llama").seed and 0 <= card["held_out_accuracy"] <= 1
+    assert card["task"] == task_shape(recipe("llama"))
     model = gna.load(str(out))
     assert model.n_layers == recipe("llama").config["num_hidden_layers"]
     assert (out / "README.md").read_text().startswith("# Toy model `llama`")

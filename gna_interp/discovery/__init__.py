@@ -1,7 +1,7 @@
 """G&A discovery: find, label and confirm the Gather and Aggregate heads of a model."""
 
 from .circuit import GnACircuit, HeadEvidence, RoleNeed
-from .pipeline import STAGES, NoRetrievalWarning, discover
+from .pipeline import STAGES, NoRetrievalWarning, PositionalAnswerWarning, discover
 from .report import write_report
 from .roles import RoleScores, RoleThresholds
 
@@ -10,6 +10,7 @@ __all__ = [
     "GnACircuit",
     "HeadEvidence",
     "NoRetrievalWarning",
+    "PositionalAnswerWarning",
     "RoleNeed",
     "RoleScores",
     "RoleThresholds",

@@ -196,6 +196,7 @@ class GnACircuit:
         if self.path_patching is not None:
             share = self.path_patching["fraction_of_effect"]
             parts.append(f"  path patching gather -> aggregate carries {share:.1%} of the clean - corrupt logit difference")
+        parts += [f"  note: {note}" for note in self.warnings]
         return "\n".join(parts)
 
     def show(self, model: Any, task: Any, row: int = 0) -> Any:

@@ -4,6 +4,8 @@ The stages follow the paper's procedure (causal, not by attention scores), then 
 roles from the patterns and confirm them:
 
 1. **baseline**: task accuracy; near chance there is no retrieval to explain (warning).
+   On multiple-choice tasks, also the accuracy with each prompt's labels shuffled: near
+   chance there, the model answers by the option's place, not by its label (warning).
 2. **truncation scan** and critical layer (`scans.truncation_scan`).
 3. **layer scan**: leave one layer out.
 4. **head scan**: single-head zero-ablation of the candidate layers (every layer by
@@ -35,6 +37,7 @@ from ..evaluation import evaluate
 from ..patching.metrics import logit_diff, reduce_metric
 from ..patching.paths import path_patching
 from ..tasks.base import EncodedTask, Task
+from ..tasks.mcq import is_multiple_choice, shuffle_labels
 from . import scans
 from .circuit import GnACircuit, HeadEvidence, RoleNeed
 from .roles import RoleThresholds, entry_shares, label, pattern_agrees, role_scores
@@ -45,6 +48,12 @@ if TYPE_CHECKING:
 
 class NoRetrievalWarning(UserWarning):
     """The model answers the task at about chance: there is no retrieval to explain."""
+
+
+class PositionalAnswerWarning(UserWarning):
+    """The model answers multiple-choice prompts by the option's place (counting lines),
+    not by reading its label: with the labels shuffled it falls to chance. Its heads may
+    then count options rather than gather and aggregate them."""
 
 
 STAGES = ("truncation", "layers", "heads", "entry", "roles", "joint", "confirm")
@@ -62,6 +71,7 @@ def discover(
     thresholds: RoleThresholds | None = None,
     pattern_prompts: int = 64,
     screen_above: int = 64,
+    check_labels: bool = True,
     progress: bool = True,
 ) -> GnACircuit:
     """Find the G&A heads of ``model`` on ``task``.
@@ -79,6 +89,8 @@ def discover(
         thresholds: role-label thresholds (`RoleThresholds`).
         pattern_prompts: prompts used for the pattern scores.
         screen_above: layers with more heads are pre-screened in groups.
+        check_labels: on multiple-choice tasks, measure the accuracy with the labels
+            shuffled (`tasks.shuffle_labels`), as ``accuracy["shuffled_labels"]``.
         progress: progress bars.
 
     Returns:
@@ -121,8 +133,11 @@ def discover(
             "chance_margin": chance_margin,
             "thresholds": thresholds.to_dict(),
             "pattern_prompts": pattern_prompts,
+            "check_labels": check_labels,
         },
     )
+    if check_labels and is_multiple_choice(task) and clean.accuracy >= chance + chance_margin:
+        _check_labels(model, task, circuit, chance + chance_margin)
     if "truncation" in stages:
         circuit.truncation = scans.truncation_scan(model, task, progress=progress)
         circuit.critical_layer = scans.critical_layer(circuit.truncation, clean.accuracy, chance)
@@ -240,6 +255,17 @@ class _JointSearch:
                 members.append(head)
         accuracy = evaluate(self.model, self.task, [Ablate(chosen)]).accuracy
         return RoleNeed(chosen, accuracy, accuracy <= threshold)
+
+
+def _check_labels(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float) -> None:
+    shuffled = evaluate(model, shuffle_labels(task)).accuracy
+    circuit.accuracy["shuffled_labels"] = shuffled
+    if shuffled < threshold:
+        circuit.warnings.append(
+            f"with the labels shuffled, accuracy falls from {circuit.accuracy['clean']:.3f} to {shuffled:.3f}: the model answers "
+            "by the option's place, not by its label, so its heads may count options rather than gather and aggregate them"
+        )
+        warnings.warn(circuit.warnings[-1], PositionalAnswerWarning, stacklevel=3)
 
 
 def _acts_where_it_writes(model: GnaModel, head: Head) -> bool:

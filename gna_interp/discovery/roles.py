@@ -2,8 +2,8 @@
 
 Every pattern row is first made a distribution over keys, ``p_s = |w_s| / sum_k |w_k|``,
 so softmax and SSM heads are scored on one scale. With ``S_i`` the tokens of option
-``i`` (label to text, ``[start_i, end_i)``, its ``\\n`` at ``end_i`` excluded) and
-``S_i+`` the same with the ``\\n``:
+``i`` without its segment end (``[start_i, end_i)``: label and text; the text alone in
+the label-last layout, whose segment end is the label) and ``S_i+`` the same with it:
 
 - **gather score**: the mass of row ``end_i`` (each option's segment end) on ``S_i``,
   averaged over options and prompts. A Gather head summarises its own segment into the

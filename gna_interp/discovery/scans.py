@@ -9,8 +9,8 @@
    contiguous groups of heads; only heads of the most harmful groups are then ablated
    one by one (*verified*); the others keep their group's accuracy (*screened*).
 4. `entry_scan`: ablate a head only at the final position, then only on the segment
-   tokens; a head's output at position ``t`` enters the residual stream at ``t`` alone,
-   so this says where its effect comes in.
+   tokens, then only at the segment ends; a head's output at position ``t`` enters the
+   residual stream at ``t`` alone, so this says where its effect comes in.
 """
 
 from __future__ import annotations
@@ -115,12 +115,15 @@ def segment_positions(encoded: EncodedTask) -> Tensor:
 def entry_scan(
     model: GnaModel, task: Task, encoded: EncodedTask, heads: Sequence[Head], *, progress: bool = True
 ) -> dict[Head, dict[str, float]]:
-    """Per head: task accuracy with it ablated only at each prompt's ``final`` position
-    and only on its ``segments`` (`segment_positions`). Empty when candidates span
-    several tokens: their continuation batches are re-padded, so positions move."""
+    """Per head: task accuracy with it ablated only at each prompt's ``final`` position,
+    only on its ``segments`` (`segment_positions`), and only at the segment ``ends`` (the
+    paper's Gather writes its summary there; a head writing elsewhere in the segments,
+    e.g. tagging each word with its label, shows a small ``ends`` effect). Empty when
+    candidates span several tokens: their continuation batches are re-padded, so
+    positions move."""
     if not encoded.single_token or not heads:
         return {}
-    where = {"final": encoded.final, "segments": segment_positions(encoded)}
+    where = {"final": encoded.final, "segments": segment_positions(encoded), "ends": encoded.segment_ends}
     out: dict[Head, dict[str, float]] = {}
     for head in progress_bar(list(heads), progress, "entry scan"):
         out[head] = {name: evaluate(model, task, [Ablate([head], positions=positions)]).accuracy for name, positions in where.items()}

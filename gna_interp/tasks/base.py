@@ -1,7 +1,8 @@
 """Tasks: prompts whose important positions are known.
 
 A retrieval prompt is a sequence of *segments* (MMLU's answer options ``A. <text>\\n``,
-the lines of a dictionary), each ending in a *segment-end* token (the line's ``\\n``),
+the lines of a dictionary), each ending in a *segment-end* token (the line's ``\\n``;
+the label in the toy task's label-last layout),
 followed by a *final position* (``Answer:``) from which the model must read the right
 segment. An `Example` records these places as character offsets, so it is independent
 of any tokenizer; `Task.encode` maps them to token positions of a left-padded batch.
@@ -30,7 +31,7 @@ class Segment:
     start: int
     """First character (the label, e.g. the ``A`` of ``A. text``)."""
     end: int
-    """The segment-end character: the line's ``\\n``."""
+    """The segment-end character: the line's ``\\n`` (the label in a label-last layout)."""
     label: int
     """The label character (``A``; a dictionary line's key)."""
 
@@ -58,11 +59,11 @@ class EncodedTask:
     final: Tensor
     """``[batch]`` the final prompt position (always ``pos - 1`` with left padding)."""
     segment_ends: Tensor
-    """``[batch, segment]`` the token holding each segment's ``\\n``."""
+    """``[batch, segment]`` the token holding each segment's end (its ``\\n``)."""
     labels: Tensor
     """``[batch, segment]`` the token holding each segment's label character."""
     spans: Tensor
-    """``[batch, segment, 2]`` ``[start, end)`` tokens of each segment, label to ``\\n`` inclusive."""
+    """``[batch, segment, 2]`` ``[start, end)`` tokens of each segment, first token to segment end inclusive."""
     correct: Tensor
     """``[batch]`` index of the correct candidate."""
     candidates: list[list[list[int]]]

@@ -7,6 +7,11 @@
     Answer:            -> " A" / " B" / ...
 
 One segment per option: from its label letter to the ``\\n`` ending its line.
+
+The toy task also has a *label-last* layout, ``<option> A`` per line: the label ends
+the segment (it is the segment-end token) and the line's ``\\n`` lies outside it. The
+option's words then cannot know their label, so a model can only answer through a
+summary of the segment written into its label: the Gather-and-Aggregate route.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
-from .base import Example, Segment
+from .base import Example, Segment, Task
 
 LETTERS = tuple(string.ascii_uppercase)
 ANSWER_PROMPT = "Answer:"
+LAYOUTS = ("label_first", "label_last")
+"""``label_first``: MMLU's ``A. <option>``; ``label_last``: ``<option> A``."""
 
 
 def mcq_example(
@@ -29,6 +36,8 @@ def mcq_example(
     *,
     query: tuple[int, int] | None = None,
     meta: dict[str, Any] | None = None,
+    layout: str = "label_first",
+    labels: Sequence[str] | None = None,
 ) -> Example:
     """Build one multiple-choice prompt and its annotations.
 
@@ -38,31 +47,77 @@ def mcq_example(
         correct: index of the correct option.
         query: ``[start, end)`` characters of the query inside ``header``, if any.
         meta: kept on the example (subject, ids, ...).
+        layout: one of `LAYOUTS`.
+        labels: the options' labels in prompt order (default ``A``, ``B``, ...); the
+            candidates follow that order, so ``correct`` indexes both.
     """
     if not 0 <= correct < len(options):
         raise ValueError(f"correct option {correct} out of range for {len(options)} options")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
     if len(options) > len(LETTERS):
         raise ValueError(f"{len(options)} options: at most {len(LETTERS)} labels exist")
+    labels = list(LETTERS[: len(options)] if labels is None else labels)
+    if len(labels) != len(options) or len(set(labels)) != len(labels):
+        raise ValueError(f"labels={labels!r}: expected {len(options)} distinct labels, one per option")
     pieces = [header]
     segments = []
     cursor = len(header)
-    for letter, option in zip(LETTERS, options, strict=False):
-        line = f"{letter}. {option}"
-        segments.append(Segment(start=cursor, end=cursor + len(line), label=cursor))
+    for letter, option in zip(labels, options, strict=True):
+        if layout == "label_first":
+            line = f"{letter}. {option}"
+            segments.append(Segment(start=cursor, end=cursor + len(line), label=cursor))
+        else:  # the label is the segment's last token; the "\n" lies outside
+            line = f"{option} {letter}"
+            segments.append(Segment(start=cursor, end=cursor + len(line) - 1, label=cursor + len(line) - 1))
         pieces.append(line + "\n")
         cursor += len(line) + 1
     text = "".join(pieces) + ANSWER_PROMPT
-    info = {"header": header, "options": list(options), **(meta or {})}
-    candidates = tuple(f" {letter}" for letter in LETTERS[: len(options)])
+    info = {"header": header, "options": list(options), "layout": layout, "labels": labels, **(meta or {})}
+    candidates = tuple(f" {letter}" for letter in labels)
     return Example(text=text, segments=tuple(segments), correct=correct, candidates=candidates, query=query, meta=info)
 
 
 def rotate_options(example: Example, rng: random.Random | None = None) -> Example:
-    """The same prompt with the option texts rotated by one place: the correct answer
-    moves to the next label and, since each line tokenizes on its own, the token
-    length stays the same."""
+    """The same prompt with the option texts rotated by one place (the labels stay): the
+    correct answer moves to the next label and, since each line tokenizes on its own,
+    the token length stays the same."""
     options = example.meta["options"]
     n = len(options)
     rotated = [options[(i - 1) % n] for i in range(n)]
-    meta = {k: v for k, v in example.meta.items() if k not in ("header", "options")}
-    return mcq_example(example.meta["header"], rotated, (example.correct + 1) % n, query=example.query, meta=meta)
+    meta = {k: v for k, v in example.meta.items() if k not in ("header", "options", "layout", "labels")}
+    layout, labels = example.meta.get("layout", "label_first"), example.meta.get("labels")
+    return mcq_example(
+        example.meta["header"], rotated, (example.correct + 1) % n, query=example.query, meta=meta, layout=layout, labels=labels
+    )
+
+
+def shuffle_labels(task: Task, seed: int = 0) -> Task:
+    """The same multiple-choice prompts with each prompt's labels in a random order
+    (``C. <option>``, ``A. <option>``, ...; the candidates follow the labels, the correct
+    option stays in its place).
+
+    A model that reads an option's label keeps its accuracy; one that answers by the
+    option's place (counting lines) falls to chance: its "Gather" heads then count
+    options rather than summarise them. `discover` measures this in its baseline.
+
+    Raises:
+        ValueError: for a task whose prompts were not built by `mcq_example`.
+    """
+    if not is_multiple_choice(task):
+        raise ValueError(f"task {task.name!r} is not multiple choice (built by mcq_example): its labels cannot be shuffled")
+    rng = random.Random(seed)
+    examples = []
+    for example in task.examples:
+        meta = {k: v for k, v in example.meta.items() if k not in ("header", "options", "layout", "labels")}
+        labels = list(example.meta.get("labels") or LETTERS[: len(example.meta["options"])])
+        rng.shuffle(labels)
+        layout = example.meta.get("layout", "label_first")
+        header, options = example.meta["header"], example.meta["options"]
+        examples.append(mcq_example(header, options, example.correct, query=example.query, meta=meta, layout=layout, labels=labels))
+    return Task(f"{task.name}:shuffled_labels", examples, tokenizer=task.tokenizer, corrupter=rotate_options)
+
+
+def is_multiple_choice(task: Task) -> bool:
+    """Whether every prompt of ``task`` was built by `mcq_example` (its labels can be shuffled)."""
+    return all("options" in e.meta and "header" in e.meta for e in task.examples)

@@ -9,6 +9,9 @@
     D. tiger music
     Answer:                -> " B"  (the option that contains the query word)
 
+or, with ``layout="label_last"``, each line ``apple stone A``: the label ends the segment,
+so the words cannot carry it and only a summary written into the label can answer.
+
 Every word, letter, ``.``, ``:`` and ``\\n`` is one token, so every prompt of a task has
 the same length. The tokenizer also covers `kv_retrieval` prompts over its words.
 """
@@ -24,7 +27,7 @@ import torch
 from torch import Tensor
 
 from .base import Task
-from .mcq import LETTERS, mcq_example, rotate_options
+from .mcq import LAYOUTS, LETTERS, mcq_example, rotate_options
 
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 STRUCTURE = ("\n", ".", ":", "'", "Query", "Answer")
@@ -67,55 +70,128 @@ def toy_tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(folder)
 
 
-def _check_shape(n: int, n_options: int, words_per_option: int) -> None:
+def _check_shape(n: int, n_options: int, words_per_option: int, layout: str = "label_first") -> None:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r}: expected a positive number of prompts")
     if not 2 <= n_options <= MAX_OPTIONS:
         raise ValueError(f"n_options={n_options}: expected 2..{MAX_OPTIONS}")
     if words_per_option < 1 or n_options * words_per_option > len(CONTENT_WORDS):
         raise ValueError(f"words_per_option={words_per_option}: expected 1..{len(CONTENT_WORDS) // n_options} for {n_options} options")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
 
 
-def toy_mcq(n: int = 200, seed: int = 0, n_options: int = 4, words_per_option: int = 2) -> Task:
+def toy_mcq(
+    n: int = 200,
+    seed: int = 0,
+    n_options: int = 4,
+    words_per_option: int = 2,
+    layout: str = "label_first",
+    vary_lengths: bool = False,
+    shuffle_labels: bool = False,
+) -> Task:
     """``n`` fresh toy multiple-choice prompts (see the module docstring).
 
     The query word sits at a random place in the correct option; all words of a prompt
     are distinct. ``task.corrupted()`` rotates the options (same query, another answer).
+
+    Args:
+        layout: ``"label_first"`` (MMLU's ``A. w1 w2``) or ``"label_last"`` (``w1 w2 A``).
+        vary_lengths: options of 1 to ``2 * words_per_option - 1`` words (their total
+            stays ``n_options * words_per_option``, so all prompts have one length):
+            a word's position no longer tells its option.
+        shuffle_labels: the labels ``A..`` in a random order per prompt: an option's
+            label is then told by the label token alone (not by its place, nor by the
+            label before it).
+
+    A bundled toy model's own task is `gna_interp.toy_task`.
     """
-    _check_shape(n, n_options, words_per_option)
+    _check_shape(n, n_options, words_per_option, layout)
     rng = random.Random(seed)
     examples = []
     for _ in range(n):
         words = rng.sample(CONTENT_WORDS, n_options * words_per_option)
-        options = [" ".join(words[i * words_per_option : (i + 1) * words_per_option]) for i in range(n_options)]
+        sizes = _option_sizes(rng, n_options, words_per_option) if vary_lengths else [words_per_option] * n_options
+        bounds = [sum(sizes[:i]) for i in range(n_options + 1)]
+        options = [" ".join(words[bounds[i] : bounds[i + 1]]) for i in range(n_options)]
         correct = rng.randrange(n_options)
-        query_word = words[correct * words_per_option + rng.randrange(words_per_option)]
+        query_word = words[bounds[correct] + rng.randrange(sizes[correct])]
         header = f"Query: {query_word}\n"
         start = header.index(query_word)
-        examples.append(mcq_example(header, options, correct, query=(start, start + len(query_word))))
-    return Task("toy_mcq", examples, tokenizer=toy_tokenizer(), corrupter=rotate_options)
+        labels = rng.sample(LETTERS[:n_options], n_options) if shuffle_labels else None
+        examples.append(mcq_example(header, options, correct, query=(start, start + len(query_word)), layout=layout, labels=labels))
+    variants = ("_label_last" if layout == "label_last" else "", "_varied" if vary_lengths else "", "_shuffled" if shuffle_labels else "")
+    name = "toy_mcq" + "".join(variants)
+    return Task(name, examples, tokenizer=toy_tokenizer(), corrupter=rotate_options)
 
 
-def toy_token_batch(n: int, generator: torch.Generator, n_options: int = 4, words_per_option: int = 2) -> tuple[Tensor, Tensor]:
+def _option_sizes(rng: random.Random, n_options: int, words_per_option: int) -> list[int]:
+    """A random split of ``n_options * words_per_option`` words into ``n_options`` options
+    of 1 to ``2 * words_per_option - 1`` words: words moved between random options."""
+    sizes = [words_per_option] * n_options
+    for _ in range(2 * n_options):
+        source, target = rng.randrange(n_options), rng.randrange(n_options)
+        if source != target and sizes[source] > 1 and sizes[target] < 2 * words_per_option - 1:
+            sizes[source] -= 1
+            sizes[target] += 1
+    return sizes
+
+
+def _option_sizes_tensor(n: int, generator: torch.Generator, n_options: int, words_per_option: int) -> Tensor:
+    """``[n, n_options]``: `_option_sizes` per row, drawn from a torch generator."""
+    sizes = torch.full((n, n_options), words_per_option)
+    rows = torch.arange(n)
+    for _ in range(2 * n_options):
+        source = torch.randint(n_options, (n,), generator=generator)
+        target = torch.randint(n_options, (n,), generator=generator)
+        movable = (sizes[rows, source] > 1) & (sizes[rows, target] < 2 * words_per_option - 1) & (source != target)
+        sizes[rows[movable], source[movable]] -= 1
+        sizes[rows[movable], target[movable]] += 1
+    return sizes
+
+
+def toy_token_batch(
+    n: int,
+    generator: torch.Generator,
+    n_options: int = 4,
+    words_per_option: int = 2,
+    layout: str = "label_first",
+    vary_lengths: bool = False,
+    shuffle_labels: bool = False,
+) -> tuple[Tensor, Tensor]:
     """Token ids of ``n`` toy prompts built directly as tensors (for training speed).
 
     Equal to tokenizing `toy_mcq`-style text with `toy_tokenizer` (a test checks this).
+    The random draws come from ``generator`` alone, in a fixed order.
 
     Returns:
         ``input_ids [n, pos]`` and ``answer_ids [n]`` (the correct letter's token).
     """
-    _check_shape(n, n_options, words_per_option)
+    _check_shape(n, n_options, words_per_option, layout)
     vocab = {token: i for i, token in enumerate(VOCAB)}
     content = torch.tensor([vocab[w] for w in CONTENT_WORDS])
-    n_words = n_options * words_per_option
-    words = content[torch.rand(n, len(CONTENT_WORDS), generator=generator).argsort(1)[:, :n_words]]  # distinct per row
+    rows = torch.arange(n)
+    words = content[
+        torch.rand(n, len(CONTENT_WORDS), generator=generator).argsort(1)[:, : n_options * words_per_option]
+    ]  # distinct per row
     correct = torch.randint(n_options, (n,), generator=generator)
-    pick = torch.randint(words_per_option, (n,), generator=generator)
-    query = words[torch.arange(n), correct * words_per_option + pick]
-    col = functools.partial(torch.full, (n, 1), dtype=torch.long)
-    parts = [col(vocab["<bos>"]), col(vocab["Query"]), col(vocab[":"]), query[:, None], col(vocab["\n"])]
-    for i in range(n_options):
-        parts += [col(vocab[LETTERS[i]]), col(vocab["."]), words[:, i * words_per_option : (i + 1) * words_per_option], col(vocab["\n"])]
-    parts += [col(vocab["Answer"]), col(vocab[":"])]
-    letters = torch.tensor([vocab[letter] for letter in LETTERS[:n_options]])
-    return torch.cat(parts, 1), letters[correct]
+    if vary_lengths:
+        sizes = _option_sizes_tensor(n, generator, n_options, words_per_option)
+        pick = (torch.rand(n, generator=generator) * sizes[rows, correct]).long()
+    else:
+        sizes = torch.full((n, n_options), words_per_option)
+        pick = torch.randint(words_per_option, (n,), generator=generator)
+    starts = sizes.cumsum(1) - sizes
+    query = words[rows, starts[rows, correct] + pick]
+    order = torch.rand(n, n_options, generator=generator).argsort(1) if shuffle_labels else torch.arange(n_options).expand(n, -1)
+    labels = torch.tensor([vocab[letter] for letter in LETTERS[:n_options]])[order]  # [n, option]
+    prompts = []
+    for row in range(n):
+        tokens = [vocab["<bos>"], vocab["Query"], vocab[":"], int(query[row]), vocab["\n"]]
+        for i in range(n_options):
+            option = words[row, starts[row, i] : starts[row, i] + sizes[row, i]].tolist()
+            label = int(labels[row, i])
+            tokens += [label, vocab["."], *option] if layout == "label_first" else [*option, label]
+            tokens.append(vocab["\n"])
+        prompts.append([*tokens, vocab["Answer"], vocab[":"]])
+    return torch.tensor(prompts), labels[rows, correct]

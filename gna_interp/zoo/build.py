@@ -14,7 +14,7 @@ from ..tasks.toy import toy_mcq, toy_tokenizer
 from .card import CHANCE_MARGIN, ablation_facts
 from .recipes import Recipe
 from .store import save_toy
-from .train import TrainResult, train
+from .train import TrainResult, task_shape, train
 
 HELD_OUT_PROMPTS = 500
 HELD_OUT_TASK_SEED = 20_000
@@ -39,12 +39,13 @@ def build_toy(recipe: Recipe, out: Path, *, progress: bool = True, log: Callable
 def finish_toy(recipe: Recipe, result: TrainResult, out: Path, *, progress: bool = False) -> dict[str, Any]:
     tokenizer = toy_tokenizer()
     model = load(result.model, tokenizer=tokenizer, backend="nnsight")
-    task = toy_mcq(HELD_OUT_PROMPTS, seed=HELD_OUT_TASK_SEED, n_options=recipe.n_options, words_per_option=recipe.words_per_option)
+    task = toy_mcq(HELD_OUT_PROMPTS, seed=HELD_OUT_TASK_SEED, **task_shape(recipe))
     facts = ablation_facts(model, task, progress=progress)
     card = {
         "name": recipe.name,
         "family": recipe.family,
         "notes": recipe.notes,
+        "task": task_shape(recipe),
         "parameters": sum(p.numel() for p in result.model.parameters()),
         "seed": recipe.seed,
         "steps": result.steps,

@@ -37,6 +37,12 @@ class Recipe:
     """Stop once a fixed held-out batch of 512 prompts is answered this well."""
     n_options: int = 4
     words_per_option: int = 2
+    layout: str = "label_first"
+    """`toy_mcq` layout: ``"label_first"`` (``A. w1 w2``) or ``"label_last"`` (``w1 w2 A``)."""
+    vary_lengths: bool = False
+    """`toy_mcq`'s option lengths vary (1 to ``2 * words_per_option - 1`` words)."""
+    shuffle_labels: bool = False
+    """`toy_mcq`'s labels come in a random order per prompt."""
     threads: int = 1
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -66,6 +72,30 @@ RECIPES: dict[str, Recipe] = {
             more_phases=((6_000, 0.5, 0.5), (3_000, 0.5, 0.0)),
             target_accuracy=0.97,
             notes="2 layers x 4 heads of 16: few heads, so retrieval must flow through one or two of them.",
+        ),
+        Recipe(
+            name="llama_label_last",
+            family="llama",
+            config=dict(
+                hidden_size=64,
+                intermediate_size=256,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                max_position_embeddings=128,
+                tie_word_embeddings=False,
+                **_TOKENS,
+            ),
+            seed=0,
+            lr=2e-3,
+            max_steps=80_000,
+            target_accuracy=0.97,
+            layout="label_last",
+            shuffle_labels=True,
+            notes=(
+                "2 layers x 4 heads of 16, on label-last options with shuffled labels: only a summary written into each "
+                "option's label can answer (no ordinal shortcut). Not bundled yet: training is long on CPU."
+            ),
         ),
         Recipe(
             name="mamba2",

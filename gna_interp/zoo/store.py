@@ -29,6 +29,20 @@ def toy_card(name: str) -> dict[str, Any]:
     return dict(json.loads((toy_path(name) / CARD).read_text()))
 
 
+def toy_task(name: str, n: int = 200, seed: int = 0) -> Any:
+    """``n`` fresh prompts of the task toy model ``name`` was trained on (`toy_mcq` with
+    the card's number of options, words per option and layout).
+
+    Example::
+
+        model, task = gna.load_toy("llama"), gna.toy_task("llama", n=200, seed=1)
+    """
+    from ..tasks.toy import toy_mcq
+
+    shape = toy_card(name).get("task", {})
+    return toy_mcq(n, seed=seed, **shape)
+
+
 def load_toy(name: str, backend: str | None = None) -> Any:
     """Load a bundled toy model offline.
 
@@ -88,8 +102,9 @@ def card_markdown(card: dict[str, Any]) -> str:
         "",
         card.get("notes", ""),
         "",
-        "Trained on `gna_interp.tasks.toy_mcq` (4 options, query first), fresh prompts every step, loss on the final",
-        "position only. Reproduce with `gna-interp zoo train " + card["name"] + "`.",
+        f"Trained on `gna_interp.tasks.toy_mcq` ({_task_words(card)}, query first), fresh prompts every step, loss on",
+        f"the final position only; `gna.toy_task({card['name']!r})` gives its prompts.",
+        f"Reproduce with `gna-interp zoo train {card['name']}`.",
         "",
         "| field | value |",
         "|---|---|",
@@ -110,3 +125,19 @@ def card_markdown(card: dict[str, Any]) -> str:
     for layer, row in facts["smallest_sets"].items():
         lines.append(f"| {layer} | {', '.join(row['heads'])} | {row['accuracy']:.3f} | {'yes' if row['reached_chance'] else 'no'} |")
     return "\n".join(lines) + "\n"
+
+
+def _task_words(card: dict[str, Any]) -> str:
+    shape = {
+        "n_options": 4,
+        "words_per_option": 2,
+        "layout": "label_first",
+        "vary_lengths": False,
+        "shuffle_labels": False,
+        **card.get("task", {}),
+    }
+    line = "`A. w1 w2`" if shape["layout"] == "label_first" else "`w1 w2 A`: label last"
+    per_option, total = shape["words_per_option"], shape["n_options"] * shape["words_per_option"]
+    words = f"1 to {2 * per_option - 1} words ({total} in all)" if shape["vary_lengths"] else f"{per_option} words"
+    order = ", labels in a random order" if shape["shuffle_labels"] else ""
+    return f"{shape['n_options']} options of {words}, each line {line}{order}"

@@ -45,6 +45,12 @@ def build_model(recipe: Recipe) -> Any:
     return AutoModelForCausalLM.from_config(config)
 
 
+def task_shape(recipe: Recipe) -> dict[str, Any]:
+    """The `toy_mcq` / `toy_token_batch` keywords of the recipe's task (also on its card)."""
+    fields = ("n_options", "words_per_option", "layout", "vary_lengths", "shuffle_labels")
+    return {name: getattr(recipe, name) for name in fields}
+
+
 def _letter_ids(recipe: Recipe) -> torch.Tensor:
     return torch.tensor([VOCAB.index(letter) for letter in LETTERS[: recipe.n_options]])
 
@@ -128,9 +134,7 @@ def train(
         model = build_model(recipe).train()
         steps_limit = recipe.max_steps if max_steps is None else max_steps
         data = torch.Generator().manual_seed(recipe.seed)
-        held_ids, held_answers = toy_token_batch(
-            512, torch.Generator().manual_seed(HELD_OUT_SEED + recipe.seed), recipe.n_options, recipe.words_per_option
-        )
+        held_ids, held_answers = toy_token_batch(512, torch.Generator().manual_seed(HELD_OUT_SEED + recipe.seed), **task_shape(recipe))
         letter_ids = _letter_ids(recipe)
         optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(recipe, step))
@@ -154,7 +158,7 @@ def train(
         step = first_step - 1
         bar = tqdm(total=steps_limit, initial=step, desc=f"train {recipe.name}", disable=not progress, leave=False)
         for step in range(first_step, steps_limit + 1) if not reached else range(0):
-            input_ids, answers = toy_token_batch(recipe.batch_size, data, recipe.n_options, recipe.words_per_option)
+            input_ids, answers = toy_token_batch(recipe.batch_size, data, **task_shape(recipe))
             loss = F.cross_entropy(model(input_ids=input_ids).logits[:, -1], answers)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
