@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ def load_model(name: str, backend: str | None = None, remote: bool = False) -> A
 
 
 def build_task(args: argparse.Namespace) -> Any:
-    """The ``--task`` prompts; ``toy`` with a bundled toy model is the task it was trained on."""
+    """The ``--task`` prompts; ``toy`` with a bundled toy, or a folder written by ``zoo
+    train``, is the task that model was trained on (its card's)."""
     from . import tasks
     from .zoo import toy_names, toy_task
 
@@ -42,8 +44,9 @@ def build_task(args: argparse.Namespace) -> Any:
         raise ValueError(f"--n {args.n}: expected a positive number of prompts")
     n = args.n or DEMO_PROMPTS
     if args.task == "toy":
-        if args.model in toy_names() and not getattr(args, "remote", False):
-            return toy_task(args.model, n, seed=args.seed)
+        trained_here = args.model in toy_names() or (Path(args.model) / "card.json").is_file()
+        if trained_here and not getattr(args, "remote", False):
+            return toy_task(args.model, n, seed=args.seed)  # the task the toy was trained on
         return tasks.toy_mcq(n, seed=args.seed)
     if args.task == "kv":
         return tasks.kv_retrieval(args.kv_pairs, n=n, seed=args.seed)
@@ -136,8 +139,9 @@ def discover_command(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         circuit = discover(model, task, progress=not args.quiet)
-    for warning in caught:
-        print(f"warning: {warning.message}")
+    for warning in caught:  # to stderr (stdout may be JSON); the summary repeats the circuit's own notes
+        if args.json or str(warning.message) not in circuit.warnings:
+            print(f"warning: {warning.message}", file=sys.stderr)
     if args.json:
         print(circuit.to_json())
     else:

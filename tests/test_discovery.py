@@ -22,8 +22,8 @@ def found(request):
     model = gna.load_toy(request.param)
     task = gna.toy_task(request.param, 200, seed=TASK_SEED)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        warnings.simplefilter("error", NoRetrievalWarning)  # a trained toy model must not look like chance
+        warnings.simplefilter("error")  # e.g. a trained toy model must not look like chance
+        warnings.simplefilter("always", PositionalAnswerWarning)  # recorded: test_the_label_check_...
         circuit = discover(model, task, progress=False)
     POSITIONAL_WARNINGS[request.param] = [w for w in caught if issubclass(w.category, PositionalAnswerWarning)]
     return model, task, circuit
@@ -122,8 +122,9 @@ def test_role_labels_agree_with_the_patterns(found):
 
 
 def test_the_label_check_is_measured_independently(found):
-    """``accuracy["shuffled_labels"]`` equals `evaluate` on `shuffle_labels(task)`, and the
-    warning fires exactly when that is near chance. The bundled toys (labels in order
+    """``accuracy["shuffled_labels"]`` equals `evaluate` on `shuffle_labels(task)` (whose
+    prompts test_tasks checks line by line), and the warning fires exactly when that is
+    near chance. The bundled toys (labels in order
     during training) answer by the option's place: with shuffled labels they fall to
     chance, which is what their Gather heads' patterns reflect (see docs/discovery.md)."""
     model, task, circuit = found

@@ -4,6 +4,7 @@ tokenized text. References: each prompt tokenized alone, offsets searched by bru
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -211,8 +212,25 @@ def test_shuffle_labels_keeps_options_and_answers():
     assert (shuffled.corrupted().correct == (shuffled.correct + 1) % 4).all()
     mmlu_like = gna.tasks.Task("m", [mcq_example("Q?\n", ["one", "two", "three", "four"], 2)])
     assert gna.tasks.shuffle_labels(mmlu_like).examples[0].text.startswith("Q?\n")
-    with pytest.raises(ValueError, match="is not multiple choice"):
+    with pytest.raises(ValueError, match="is not plain multiple choice"):
         gna.tasks.shuffle_labels(gna.tasks.kv_retrieval(5, n=2))
+    edited = [dataclasses.replace(e, candidates=tuple(c + " ." for c in e.candidates)) for e in task.examples]
+    with pytest.raises(ValueError, match="is not plain multiple choice"):  # rebuilding would drop the edit
+        gna.tasks.shuffle_labels(gna.tasks.Task("edited", edited, tokenizer=task.tokenizer))
+
+
+PINNED_CHECKSUM = (2877664, 1457)  # measured with the code that trained the bundled toys
+
+
+def test_default_toy_batches_are_pinned():
+    """The bundled toys were trained on these exact batches: the default stream must not
+    change (first prompt and answer of seed 0, and a checksum of a larger batch)."""
+    ids, answers = toy_token_batch(1, torch.Generator().manual_seed(0))
+    assert ids.tolist() == [[1, 8, 6, 130, 4, 10, 5, 139, 162, 4, 11, 5, 170, 154, 4, 12, 5, 129, 184, 4, 13, 5, 130, 171, 4, 9, 6]]
+    assert answers.tolist() == [13]
+    ids, answers = toy_token_batch(128, torch.Generator().manual_seed(1))
+    weights = torch.arange(1, ids.shape[1] + 1)
+    assert (int((ids * weights).sum()), int(answers.sum())) == PINNED_CHECKSUM
 
 
 def test_toy_task_is_seeded_and_answers_are_right():

@@ -59,8 +59,11 @@ def test_toy_task_is_the_cards_task(tmp_path, monkeypatch):
     monkeypatch.setattr(store, "ZOO_DIR", tmp_path / "models")
     task = gna.toy_task("odd", 4, seed=2)
     assert task.name == "toy_mcq_label_last_varied_shuffled" and task.n_segments == 3
+    assert gna.toy_task(folder, 4, seed=2).prompts == task.prompts  # a trained toy's folder, not bundled
     (folder / "card.json").write_text(json.dumps({}))
     assert gna.toy_task("odd", 4, seed=2).prompts == gna.tasks.toy_mcq(4, seed=2).prompts
+    with pytest.raises(ValueError, match="unknown toy model 'nowhere'"):
+        gna.toy_task("nowhere")
 
 
 def test_llama_toy_loads_on_both_backends_with_the_same_numbers():
@@ -118,6 +121,26 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
     assert all(torch.equal(whole[k], resumed.model.state_dict()[k]) for k in whole)
     with pytest.raises(ValueError, match="written for another recipe"):
         train(dataclasses.replace(short, lr=1.0), checkpoint=checkpoint, **quiet)
+
+
+def test_checkpoints_from_before_the_task_fields_resume_only_for_the_default_task(tmp_path):
+    """A checkpoint written before `Recipe` had ``layout`` / ``vary_lengths`` /
+    ``shuffle_labels`` was trained on the default task: it resumes under a default
+    recipe and is refused under another task."""
+    short = dataclasses.replace(recipe("llama"), max_steps=4, eval_every=2, batch_size=8, target_accuracy=2.0)
+    quiet = dict(progress=False, log=lambda _: None)
+    for name, variant, resumes in (("same.pt", short, True), ("other.pt", dataclasses.replace(short, layout="label_last"), False)):
+        checkpoint = tmp_path / name
+        train(short, max_steps=2, checkpoint=checkpoint, **quiet)
+        state = torch.load(checkpoint, weights_only=False)
+        for key in ("layout", "vary_lengths", "shuffle_labels"):
+            del state["recipe"][key]
+        torch.save(state, checkpoint)
+        if resumes:
+            assert train(variant, checkpoint=checkpoint, **quiet).steps == 4
+        else:
+            with pytest.raises(ValueError, match="written for another recipe"):
+                train(variant, checkpoint=checkpoint, **quiet)
 
 
 def test_docs_quote_the_cards():

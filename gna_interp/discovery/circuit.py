@@ -31,8 +31,8 @@ class HeadEvidence:
     scores: RoleScores | None = None
     entry: dict[str, float] | None = None
     """Where the head's effect enters the residual stream: accuracy with the head ablated
-    only at the ``final`` position, and only on the ``segments`` (every option token, its
-    ``\n`` included); ``None``: not measured."""
+    only at the ``final`` position, only on the ``segments`` (every option token, its
+    segment end included), and only at the segment ``ends``; ``None``: not measured."""
     pattern_agrees: bool | None = None
     """Whether the pattern shows the role: a Gather head's segment-end rows favour their
     own segment over a uniform row (``gather_ratio > 1``); an Aggregate head's final row

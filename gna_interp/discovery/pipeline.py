@@ -137,7 +137,7 @@ def discover(
         },
     )
     if check_labels and is_multiple_choice(task) and clean.accuracy >= chance + chance_margin:
-        _check_labels(model, task, circuit, chance + chance_margin)
+        _check_labels(model, task, circuit, chance + chance_margin, progress)
     if "truncation" in stages:
         circuit.truncation = scans.truncation_scan(model, task, progress=progress)
         circuit.critical_layer = scans.critical_layer(circuit.truncation, clean.accuracy, chance)
@@ -257,8 +257,8 @@ class _JointSearch:
         return RoleNeed(chosen, accuracy, accuracy <= threshold)
 
 
-def _check_labels(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float) -> None:
-    shuffled = evaluate(model, shuffle_labels(task)).accuracy
+def _check_labels(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float, progress: bool) -> None:
+    shuffled = evaluate(model, shuffle_labels(task), progress=progress).accuracy
     circuit.accuracy["shuffled_labels"] = shuffled
     if shuffled < threshold:
         circuit.warnings.append(

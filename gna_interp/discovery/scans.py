@@ -106,7 +106,7 @@ def _single_ablations(model: GnaModel, task: Task, heads: list[Head], progress: 
 
 
 def segment_positions(encoded: EncodedTask) -> Tensor:
-    """``[batch, pos]`` bool: every token of every segment (label to ``\n``, inclusive)."""
+    """``[batch, pos]`` bool: every token of every segment (first token to segment end, inclusive)."""
     cols = torch.arange(encoded.batch.n_pos)
     inside = (cols >= encoded.spans[..., :1]) & (cols < encoded.spans[..., 1:2])  # [batch, segment, pos]
     return inside.any(1)

@@ -128,6 +128,11 @@ class Task:
         return [e.text for e in self.examples]
 
     @property
+    def corrupter(self) -> Callable[[Example, random.Random], Example] | None:
+        """The rule `corrupted` applies to each example (``None``: none)."""
+        return self._corrupter
+
+    @property
     def n_segments(self) -> int:
         return len(self.examples[0].segments)
 

@@ -69,7 +69,7 @@ def mcq_example(
             segments.append(Segment(start=cursor, end=cursor + len(line), label=cursor))
         else:  # the label is the segment's last token; the "\n" lies outside
             line = f"{option} {letter}"
-            segments.append(Segment(start=cursor, end=cursor + len(line) - 1, label=cursor + len(line) - 1))
+            segments.append(Segment(start=cursor, end=cursor + len(line) - 1, label=cursor + len(option) + 1))
         pieces.append(line + "\n")
         cursor += len(line) + 1
     text = "".join(pieces) + ANSWER_PROMPT
@@ -92,32 +92,51 @@ def rotate_options(example: Example, rng: random.Random | None = None) -> Exampl
     )
 
 
+def _rebuild(example: Example, labels: Sequence[str] | None = None) -> Example:
+    """``example`` built again by `mcq_example` from its ``meta`` (other ``labels`` if given)."""
+    meta = {k: v for k, v in example.meta.items() if k not in ("header", "options", "layout", "labels")}
+    labels = labels if labels is not None else example.meta.get("labels")
+    header, options, layout = example.meta["header"], example.meta["options"], example.meta.get("layout", "label_first")
+    return mcq_example(header, options, example.correct, query=example.query, meta=meta, layout=layout, labels=labels)
+
+
 def shuffle_labels(task: Task, seed: int = 0) -> Task:
     """The same multiple-choice prompts with each prompt's labels in a random order
     (``C. <option>``, ``A. <option>``, ...; the candidates follow the labels, the correct
-    option stays in its place).
+    option stays in its place). The task keeps its corruption rule.
 
     A model that reads an option's label keeps its accuracy; one that answers by the
     option's place (counting lines) falls to chance: its "Gather" heads then count
     options rather than summarise them. `discover` measures this in its baseline.
 
     Raises:
-        ValueError: for a task whose prompts were not built by `mcq_example`.
+        ValueError: for a task whose prompts are not exactly what `mcq_example` builds
+            from their ``meta`` (other tasks, or examples edited afterwards, e.g. with
+            other candidates).
     """
     if not is_multiple_choice(task):
-        raise ValueError(f"task {task.name!r} is not multiple choice (built by mcq_example): its labels cannot be shuffled")
+        raise ValueError(
+            f"task {task.name!r} is not plain multiple choice (prompts as mcq_example builds them): its labels cannot be shuffled"
+        )
     rng = random.Random(seed)
     examples = []
     for example in task.examples:
-        meta = {k: v for k, v in example.meta.items() if k not in ("header", "options", "layout", "labels")}
         labels = list(example.meta.get("labels") or LETTERS[: len(example.meta["options"])])
         rng.shuffle(labels)
-        layout = example.meta.get("layout", "label_first")
-        header, options = example.meta["header"], example.meta["options"]
-        examples.append(mcq_example(header, options, example.correct, query=example.query, meta=meta, layout=layout, labels=labels))
-    return Task(f"{task.name}:shuffled_labels", examples, tokenizer=task.tokenizer, corrupter=rotate_options)
+        examples.append(_rebuild(example, labels))
+    return Task(f"{task.name}:shuffled_labels", examples, tokenizer=task.tokenizer, corrupter=task.corrupter)
 
 
 def is_multiple_choice(task: Task) -> bool:
-    """Whether every prompt of ``task`` was built by `mcq_example` (its labels can be shuffled)."""
-    return all("options" in e.meta and "header" in e.meta for e in task.examples)
+    """Whether every prompt of ``task`` is exactly what `mcq_example` builds from its
+    ``meta`` (same text, segments and candidates): its labels can then be shuffled."""
+    for example in task.examples:
+        if "options" not in example.meta or "header" not in example.meta:
+            return False
+        try:
+            rebuilt = _rebuild(example)
+        except (ValueError, TypeError):
+            return False
+        if (rebuilt.text, rebuilt.segments, rebuilt.candidates) != (example.text, example.segments, example.candidates):
+            return False
+    return True

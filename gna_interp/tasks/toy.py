@@ -70,7 +70,7 @@ def toy_tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(folder)
 
 
-def _check_shape(n: int, n_options: int, words_per_option: int, layout: str = "label_first") -> None:
+def _check_shape(n: int, n_options: int, words_per_option: int, layout: str = "label_first", vary_lengths: bool = False) -> None:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r}: expected a positive number of prompts")
     if not 2 <= n_options <= MAX_OPTIONS:
@@ -79,6 +79,8 @@ def _check_shape(n: int, n_options: int, words_per_option: int, layout: str = "l
         raise ValueError(f"words_per_option={words_per_option}: expected 1..{len(CONTENT_WORDS) // n_options} for {n_options} options")
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
+    if vary_lengths and words_per_option < 2:
+        raise ValueError(f"vary_lengths with words_per_option={words_per_option}: lengths can only vary from 2 words per option up")
 
 
 def toy_mcq(
@@ -106,7 +108,7 @@ def toy_mcq(
 
     A bundled toy model's own task is `gna_interp.toy_task`.
     """
-    _check_shape(n, n_options, words_per_option, layout)
+    _check_shape(n, n_options, words_per_option, layout, vary_lengths)
     rng = random.Random(seed)
     examples = []
     for _ in range(n):
@@ -167,13 +169,12 @@ def toy_token_batch(
     Returns:
         ``input_ids [n, pos]`` and ``answer_ids [n]`` (the correct letter's token).
     """
-    _check_shape(n, n_options, words_per_option, layout)
+    _check_shape(n, n_options, words_per_option, layout, vary_lengths)
     vocab = {token: i for i, token in enumerate(VOCAB)}
     content = torch.tensor([vocab[w] for w in CONTENT_WORDS])
     rows = torch.arange(n)
-    words = content[
-        torch.rand(n, len(CONTENT_WORDS), generator=generator).argsort(1)[:, : n_options * words_per_option]
-    ]  # distinct per row
+    shuffled = torch.rand(n, len(CONTENT_WORDS), generator=generator).argsort(1)
+    words = content[shuffled[:, : n_options * words_per_option]]  # distinct per row
     correct = torch.randint(n_options, (n,), generator=generator)
     if vary_lengths:
         sizes = _option_sizes_tensor(n, generator, n_options, words_per_option)
@@ -185,13 +186,22 @@ def toy_token_batch(
     query = words[rows, starts[rows, correct] + pick]
     order = torch.rand(n, n_options, generator=generator).argsort(1) if shuffle_labels else torch.arange(n_options).expand(n, -1)
     labels = torch.tensor([vocab[letter] for letter in LETTERS[:n_options]])[order]  # [n, option]
+    col = functools.partial(torch.full, (n, 1), dtype=torch.long)
+    if not vary_lengths:  # one layout for every row: build by columns
+        parts = [col(vocab["<bos>"]), col(vocab["Query"]), col(vocab[":"]), query[:, None], col(vocab["\n"])]
+        for i in range(n_options):
+            option, label = words[:, starts[0, i] : starts[0, i] + words_per_option], labels[:, i : i + 1]
+            parts += [label, col(vocab["."]), option] if layout == "label_first" else [option, label]
+            parts.append(col(vocab["\n"]))
+        parts += [col(vocab["Answer"]), col(vocab[":"])]
+        return torch.cat(parts, 1), labels[rows, correct]
     prompts = []
     for row in range(n):
         tokens = [vocab["<bos>"], vocab["Query"], vocab[":"], int(query[row]), vocab["\n"]]
         for i in range(n_options):
-            option = words[row, starts[row, i] : starts[row, i] + sizes[row, i]].tolist()
-            label = int(labels[row, i])
-            tokens += [label, vocab["."], *option] if layout == "label_first" else [*option, label]
+            option_words = words[row, starts[row, i] : starts[row, i] + sizes[row, i]].tolist()
+            label_id = int(labels[row, i])
+            tokens += [label_id, vocab["."], *option_words] if layout == "label_first" else [*option_words, label_id]
             tokens.append(vocab["\n"])
         prompts.append([*tokens, vocab["Answer"], vocab[":"]])
     return torch.tensor(prompts), labels[rows, correct]

@@ -8,6 +8,17 @@ from typing import Any
 from ..tasks.toy import VOCAB_SIZE
 
 _TOKENS = dict(vocab_size=VOCAB_SIZE, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_LLAMA_2X4 = dict(
+    hidden_size=64,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+    **_TOKENS,
+)
+"""The toy Llamas' shape: 2 layers x 4 heads of 16."""
 
 
 @dataclass(frozen=True)
@@ -54,16 +65,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="llama",
             family="llama",
-            config=dict(
-                hidden_size=64,
-                intermediate_size=256,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=4,
-                max_position_embeddings=128,
-                tie_word_embeddings=False,
-                **_TOKENS,
-            ),
+            config=_LLAMA_2X4,
             seed=0,
             lr=2e-3,
             max_steps=43_000,
@@ -76,16 +78,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="llama_label_last",
             family="llama",
-            config=dict(
-                hidden_size=64,
-                intermediate_size=256,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=4,
-                max_position_embeddings=128,
-                tie_word_embeddings=False,
-                **_TOKENS,
-            ),
+            config=_LLAMA_2X4,
             seed=0,
             lr=2e-3,
             max_steps=80_000,

@@ -29,9 +29,12 @@ def toy_card(name: str) -> dict[str, Any]:
     return dict(json.loads((toy_path(name) / CARD).read_text()))
 
 
-def toy_task(name: str, n: int = 200, seed: int = 0) -> Any:
-    """``n`` fresh prompts of the task toy model ``name`` was trained on (`toy_mcq` with
-    the card's number of options, words per option and layout).
+def toy_task(name: str | Path, n: int = 200, seed: int = 0) -> Any:
+    """``n`` fresh prompts of the task a toy model was trained on (`toy_mcq` with its
+    card's number of options, words per option, layout and label order).
+
+    Args:
+        name: a bundled toy (`toy_names`) or a folder written by ``gna-interp zoo train``.
 
     Example::
 
@@ -39,8 +42,17 @@ def toy_task(name: str, n: int = 200, seed: int = 0) -> Any:
     """
     from ..tasks.toy import toy_mcq
 
-    shape = toy_card(name).get("task", {})
-    return toy_mcq(n, seed=seed, **shape)
+    return toy_mcq(n, seed=seed, **card_of(name).get("task", {}))
+
+
+def card_of(name: str | Path) -> dict[str, Any]:
+    """The card of a bundled toy, or of a trained toy's folder (``card.json`` in it)."""
+    if str(name) in toy_names():
+        return toy_card(str(name))
+    file = Path(name) / CARD
+    if not file.is_file():
+        raise ValueError(f"unknown toy model {str(name)!r}: expected one of {toy_names()} or a folder holding {CARD}")
+    return dict(json.loads(file.read_text()))
 
 
 def load_toy(name: str, backend: str | None = None) -> Any:

@@ -88,6 +88,20 @@ def _recipe_key(recipe: Recipe) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(recipe).items() if k not in ("max_steps", "target_accuracy", "notes")}
 
 
+_SCHEDULE_FIELDS = ("decay_start", "decay_steps", "more_phases")
+
+
+def _key_agrees(key: dict[str, Any], stored: dict[str, Any]) -> bool:
+    """A field added to `Recipe` after a checkpoint was written had its default then (the
+    schedule fields are checked step by step by `_schedule_agrees` instead)."""
+    defaults = {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
+        for f in dataclasses.fields(Recipe)
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
+    return all(key[k] == stored.get(k, defaults.get(k)) for k in key if k not in _SCHEDULE_FIELDS)
+
+
 def _schedule_agrees(recipe: Recipe, step: int, stored: dict[str, Any]) -> bool:
     """The schedule up to the checkpoint must be the one that produced it."""
     then = dataclasses.replace(recipe, **{k: stored[k] for k in ("decay_start", "decay_steps", "more_phases") if k in stored})
@@ -144,8 +158,7 @@ def train(
         if checkpoint is not None and checkpoint.is_file():
             state = torch.load(checkpoint, weights_only=False)
             key, stored = _recipe_key(recipe), state["recipe"]
-            shared = set(key) & set(stored)  # fields added to Recipe later count as unchanged
-            if any(key[k] != stored[k] for k in shared) or not _schedule_agrees(recipe, int(state["step"]), stored):
+            if not _key_agrees(key, stored) or not _schedule_agrees(recipe, int(state["step"]), stored):
                 raise ValueError(f"checkpoint {str(checkpoint)!r} was written for another recipe: delete it or pass another path")
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
