@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import warnings
 from pathlib import Path
@@ -38,16 +39,17 @@ def build_task(args: argparse.Namespace) -> Any:
     """The ``--task`` prompts; ``toy`` with a bundled toy, or a folder written by ``zoo
     train``, is the task that model was trained on (its card's)."""
     from . import tasks
-    from .zoo import toy_names, toy_task
+    from .zoo.store import card_of
 
     if args.n is not None and args.n < 1:
         raise ValueError(f"--n {args.n}: expected a positive number of prompts")
     n = args.n or DEMO_PROMPTS
     if args.task == "toy":
-        trained_here = args.model in toy_names() or (Path(args.model) / "card.json").is_file()
-        if trained_here and not getattr(args, "remote", False):
-            return toy_task(args.model, n, seed=args.seed)  # the task the toy was trained on
-        return tasks.toy_mcq(n, seed=args.seed)
+        shape = {}
+        if not getattr(args, "remote", False):
+            with contextlib.suppress(ValueError):  # a toy trained here: the task it was trained on
+                shape = card_of(args.model).get("task", {})
+        return tasks.toy_mcq(n, seed=args.seed, **shape)
     if args.task == "kv":
         return tasks.kv_retrieval(args.kv_pairs, n=n, seed=args.seed)
     return tasks.mmlu(subjects=args.subjects, n=args.n, path=args.mmlu_path)

@@ -17,8 +17,6 @@ of the HF model (never loaded into gna), ``sum_s M[t, s] x_s + D x_t`` must repr
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -31,43 +29,16 @@ import gna_interp as gna
 from gna_interp.models.tiny import tiny_model
 
 from .conftest import PROMPTS
+from .recording import hooked, recorded_calls, relative_error
 
 REL = 1e-4
 SCAN = {"mamba2": (hf_mamba2, "mamba2_chunk_scan"), "mamba": (hf_mamba, "mamba_selective_scan")}
 SCAN["falcon_mamba"] = (hf_falcon_mamba, "mamba_selective_scan")
 
 
-@contextmanager
-def recorded_scans(family: str) -> Iterator[list]:
-    """Wrap HF's own scan function so each call's arguments and result are kept; restore it after."""
-    module, name = SCAN[family]
-    original = getattr(module, name)
-    calls: list = []
-
-    def recording(*args, **kwargs):
-        out = original(*args, **kwargs)
-        calls.append((args, kwargs, out))
-        return out
-
-    setattr(module, name, recording)
-    try:
-        yield calls
-    finally:
-        setattr(module, name, original)
-
-
-@contextmanager
-def hooked(hooks: list[tuple[torch.nn.Module, str, object]]) -> Iterator[None]:
-    handles = [getattr(module, f"register_forward_{kind}hook")(fn) for module, kind, fn in hooks]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((actual - expected).abs().max() / expected.abs().max())
+def recorded_scans(family: str):
+    """HF's own scan function wrapped: each call's arguments and result are kept."""
+    return recorded_calls(*SCAN[family])
 
 
 def keep(store: dict, key: tuple, output: bool = False):
@@ -84,7 +55,7 @@ def raw_mamba2(hf, batch) -> list[dict[str, torch.Tensor]]:
     """Per layer: ``x``, ``y`` and HF's ``dt``, ``B``, ``C`` (per head), ``D`` from one real forward."""
     layers = hf.backbone.layers
     store: dict = {}
-    hooks = [(block.mixer.norm, "pre_", keep(store, (i, "y"))) for i, block in enumerate(layers)]
+    hooks = [(block.mixer.norm, "pre", keep(store, (i, "y"))) for i, block in enumerate(layers)]
     with recorded_scans("mamba2") as calls, hooked(hooks), torch.no_grad():
         hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
     found = []
@@ -104,8 +75,8 @@ def raw_mamba1(hf, batch) -> list[dict[str, torch.Tensor]]:
     store: dict = {}
     hooks = []
     for i, block in enumerate(hf.backbone.layers):
-        hooks += [(block.mixer.x_proj, "pre_", keep(store, (i, "x"))), (block.mixer.out_proj, "pre_", keep(store, (i, "gated")))]
-        hooks.append((block.mixer.in_proj, "", keep(store, (i, "in_proj"), output=True)))
+        hooks += [(block.mixer.x_proj, "pre", keep(store, (i, "x"))), (block.mixer.out_proj, "pre", keep(store, (i, "gated")))]
+        hooks.append((block.mixer.in_proj, "post", keep(store, (i, "in_proj"), output=True)))
     with recorded_scans(hf.config.model_type) as calls, hooked(hooks), torch.no_grad():
         hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
     found = []

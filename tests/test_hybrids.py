@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import copy
 import importlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -23,6 +21,7 @@ from gna_interp.core.plan import Edit, Plan
 from gna_interp.models.tiny import HYBRIDS, tiny_model
 
 from .conftest import CLEAN, CORRUPT, PROMPTS, no_hooks_anywhere
+from .recording import hooked, recorded_calls, relative_error
 
 H = gna.Head
 EXACT = 1e-5
@@ -93,40 +92,12 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, mask: torch.Tenso
     assert diff < tol, f"max difference {diff} on real tokens"
 
 
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((actual - expected).abs().max() / expected.abs().max())
-
-
-@contextmanager
-def hooked(pairs) -> Iterator[None]:
-    """Raw torch hooks ``(module, "pre" | "post", fn)``, removed on exit."""
-    handles = [m.register_forward_pre_hook(fn) if kind == "pre" else m.register_forward_hook(fn) for m, kind, fn in pairs]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-@contextmanager
-def recorded_scans(family: str) -> Iterator[list]:
-    """Wrap the family's own scan function (a module global of its modeling file) so each
-    call's arguments and result are kept; restored on exit."""
+def recorded_scans(family: str):
+    """The family's own scan function (a module global of its modeling file) wrapped:
+    each call's arguments and result are kept."""
     module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
     name = {"jamba": "mamba_selective_scan", "qwen3_next": "torch_chunk_gated_delta_rule"}.get(family, "mamba2_chunk_scan")
-    original = getattr(module, name)
-    calls: list = []
-
-    def recording(*args, **kwargs):
-        out = original(*args, **kwargs)
-        calls.append((args, kwargs, out[0] if isinstance(out, tuple) else out))
-        return out
-
-    setattr(module, name, recording)
-    try:
-        yield calls
-    finally:
-        setattr(module, name, original)
+    return recorded_calls(module, name)
 
 
 # ----- fixtures -------------------------------------------------------------------------------
@@ -301,7 +272,8 @@ def scan_identity_errors(family: str, model: gna.GnaModel, hf, inputs) -> list[t
     ssm = [(spec.layer, m) for spec in model.layer_specs for m in spec.mixers if m.kind is KINDS.SSM]
     assert len(calls) == len(ssm), "one scan call per SSM layer"
     errors = []
-    for (layer, mixer), (args, kwargs, out) in zip(ssm, calls, strict=True):
+    for (layer, mixer), (args, kwargs, result) in zip(ssm, calls, strict=True):
+        out = result[0] if isinstance(result, tuple) else result
         heads = [H(layer, mixer.offset + h) for h in range(mixer.n_heads)]
         M = gna.attention_pattern(model, inputs, heads)  # [batch, head, query, key]
         if family == "qwen3_next":  # gated DeltaNet: o = M v, no skip term

@@ -37,7 +37,7 @@ from ..evaluation import evaluate
 from ..patching.metrics import logit_diff, reduce_metric
 from ..patching.paths import path_patching
 from ..tasks.base import EncodedTask, Task
-from ..tasks.mcq import is_multiple_choice, shuffle_labels
+from ..tasks.mcq import shuffle_labels
 from . import scans
 from .circuit import GnACircuit, HeadEvidence, RoleNeed
 from .roles import RoleThresholds, entry_shares, label, pattern_agrees, role_scores
@@ -136,7 +136,7 @@ def discover(
             "check_labels": check_labels,
         },
     )
-    if check_labels and is_multiple_choice(task) and clean.accuracy >= chance + chance_margin:
+    if check_labels and clean.accuracy >= chance + chance_margin:
         _check_labels(model, task, circuit, chance + chance_margin, progress)
     if "truncation" in stages:
         circuit.truncation = scans.truncation_scan(model, task, progress=progress)
@@ -258,7 +258,12 @@ class _JointSearch:
 
 
 def _check_labels(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float, progress: bool) -> None:
-    shuffled = evaluate(model, shuffle_labels(task), progress=progress).accuracy
+    """Accuracy with the labels shuffled (skipped for tasks that are not multiple choice)."""
+    try:
+        relabelled = shuffle_labels(task)
+    except ValueError:
+        return
+    shuffled = evaluate(model, relabelled, progress=progress).accuracy
     circuit.accuracy["shuffled_labels"] = shuffled
     if shuffled < threshold:
         circuit.warnings.append(

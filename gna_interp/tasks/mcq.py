@@ -84,20 +84,24 @@ def rotate_options(example: Example, rng: random.Random | None = None) -> Exampl
     the token length stays the same."""
     options = example.meta["options"]
     n = len(options)
-    rotated = [options[(i - 1) % n] for i in range(n)]
+    return _rebuild(example, options=[options[(i - 1) % n] for i in range(n)], correct=(example.correct + 1) % n)
+
+
+def _rebuild(
+    example: Example, *, options: Sequence[str] | None = None, correct: int | None = None, labels: Sequence[str] | None = None
+) -> Example:
+    """``example`` built again by `mcq_example` from its ``meta``, with other ``options``,
+    ``correct`` index or ``labels`` where given."""
     meta = {k: v for k, v in example.meta.items() if k not in ("header", "options", "layout", "labels")}
-    layout, labels = example.meta.get("layout", "label_first"), example.meta.get("labels")
     return mcq_example(
-        example.meta["header"], rotated, (example.correct + 1) % n, query=example.query, meta=meta, layout=layout, labels=labels
+        example.meta["header"],
+        example.meta["options"] if options is None else options,
+        example.correct if correct is None else correct,
+        query=example.query,
+        meta=meta,
+        layout=example.meta.get("layout", "label_first"),
+        labels=example.meta.get("labels") if labels is None else labels,
     )
-
-
-def _rebuild(example: Example, labels: Sequence[str] | None = None) -> Example:
-    """``example`` built again by `mcq_example` from its ``meta`` (other ``labels`` if given)."""
-    meta = {k: v for k, v in example.meta.items() if k not in ("header", "options", "layout", "labels")}
-    labels = labels if labels is not None else example.meta.get("labels")
-    header, options, layout = example.meta["header"], example.meta["options"], example.meta.get("layout", "label_first")
-    return mcq_example(header, options, example.correct, query=example.query, meta=meta, layout=layout, labels=labels)
 
 
 def shuffle_labels(task: Task, seed: int = 0) -> Task:
@@ -123,7 +127,7 @@ def shuffle_labels(task: Task, seed: int = 0) -> Task:
     for example in task.examples:
         labels = list(example.meta.get("labels") or LETTERS[: len(example.meta["options"])])
         rng.shuffle(labels)
-        examples.append(_rebuild(example, labels))
+        examples.append(_rebuild(example, labels=labels))
     return Task(f"{task.name}:shuffled_labels", examples, tokenizer=task.tokenizer, corrupter=task.corrupter)
 
 
