@@ -15,7 +15,7 @@ for name in gna.toy_names():
     if name not in ("llama", "mamba2", "falcon_h1"):
         continue
     model, task = gna.load_toy(name), gna.toy_task(name, n=200, seed=2026)
-    circuit = gna.discover(model, task, progress=False)  # warns: the toys answer by place
+    circuit = gna.discover(model, task, progress=False)  # warns for toys that answer by place
     circuits.append((circuit, model, task))
     print(circuit.summary(), "\n")
 

@@ -37,7 +37,10 @@ def test_toy_model_reaches_its_card_accuracy_on_fresh_prompts(name):
     model = gna.load_toy(name)
     task = gna.toy_task(name, 600, seed=FRESH_SEED)
     accuracy = gna.evaluate(model, task).accuracy
-    assert abs(accuracy - card["held_out_accuracy"]) <= 0.02, (accuracy, card["held_out_accuracy"])
+    # two samples of one accuracy: within 3 standard errors of their difference (0.02 at 0.986, 0.04 at 0.95)
+    p = card["held_out_accuracy"]
+    tolerance = 3 * (p * (1 - p) * (1 / card["held_out_n"] + 1 / len(task))) ** 0.5
+    assert abs(accuracy - p) <= max(tolerance, 0.01), (accuracy, p, tolerance)
     # The card's bottleneck claim, re-measured on the fresh prompts.
     facts = card["ablation"]
     head = gna.Head.parse(facts["best_single_head"])
@@ -85,6 +88,24 @@ def test_training_is_deterministic_for_a_seed():
     assert any(not torch.equal(first[k], other[k]) for k in first)
 
 
+def test_ordered_label_steps_keep_the_labels_in_order_then_shuffle():
+    """The curriculum: its first steps train exactly as the in-order task does (same
+    weights), the step after them does not."""
+    shuffled = dataclasses.replace(
+        recipe("llama"), layout="label_last", shuffle_labels=True, ordered_label_steps=2, max_steps=3, eval_every=3, batch_size=8
+    )
+    in_order = dataclasses.replace(shuffled, shuffle_labels=False, ordered_label_steps=0)
+
+    def weights(r, steps):
+        trained = train(r, max_steps=steps, progress=False, log=lambda _: None).model.state_dict()
+        return {k: v.clone() for k, v in trained.items()}
+
+    first, reference = weights(shuffled, 2), weights(in_order, 2)
+    assert all(torch.equal(first[k], reference[k]) for k in first)
+    after, reference = weights(shuffled, 3), weights(in_order, 3)
+    assert any(not torch.equal(after[k], reference[k]) for k in after)
+
+
 def test_cli_zoo_train_end_to_end(tmp_path):
     out = tmp_path / "toy"
     command = [sys.executable, "-m", "gna_interp.cli", "zoo", "train", "llama", "--max-steps", "3", "--out", str(out), "--quiet"]
@@ -127,13 +148,15 @@ def test_checkpoints_from_before_the_task_fields_resume_only_for_the_default_tas
     """A checkpoint written before `Recipe` had ``layout`` / ``vary_lengths`` /
     ``shuffle_labels`` was trained on the default task: it resumes under a default
     recipe and is refused under another task."""
-    short = dataclasses.replace(recipe("llama"), max_steps=4, eval_every=2, batch_size=8, target_accuracy=2.0)
+    short = dataclasses.replace(
+        recipe("llama"), layout="label_first", shuffle_labels=False, max_steps=4, eval_every=2, batch_size=8, target_accuracy=2.0
+    )
     quiet = dict(progress=False, log=lambda _: None)
     for name, variant, resumes in (("same.pt", short, True), ("other.pt", dataclasses.replace(short, layout="label_last"), False)):
         checkpoint = tmp_path / name
         train(short, max_steps=2, checkpoint=checkpoint, **quiet)
         state = torch.load(checkpoint, weights_only=False)
-        for key in ("layout", "vary_lengths", "shuffle_labels"):
+        for key in ("layout", "vary_lengths", "shuffle_labels", "ordered_label_steps"):
             del state["recipe"][key]
         torch.save(state, checkpoint)
         if resumes:

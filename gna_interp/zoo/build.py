@@ -51,6 +51,7 @@ def finish_toy(recipe: Recipe, result: TrainResult, out: Path, *, progress: bool
         "steps": result.steps,
         "batch_size": recipe.batch_size,
         "lr": recipe.lr,
+        "ordered_label_steps": recipe.ordered_label_steps,
         "reached_target": result.reached_target,
         "train_seconds": round(result.seconds, 1),
         "threads": recipe.threads,

@@ -152,4 +152,6 @@ def _task_words(card: dict[str, Any]) -> str:
     per_option, total = shape["words_per_option"], shape["n_options"] * shape["words_per_option"]
     words = f"1 to {2 * per_option - 1} words ({total} in all)" if shape["vary_lengths"] else f"{per_option} words"
     order = ", labels in a random order" if shape["shuffle_labels"] else ""
+    if shape["shuffle_labels"] and card.get("ordered_label_steps"):
+        order += f" (in order for the first {card['ordered_label_steps']:,} steps)"
     return f"{shape['n_options']} options of {words}, each line {line}{order}"

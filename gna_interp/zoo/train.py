@@ -171,7 +171,10 @@ def train(
         step = first_step - 1
         bar = tqdm(total=steps_limit, initial=step, desc=f"train {recipe.name}", disable=not progress, leave=False)
         for step in range(first_step, steps_limit + 1) if not reached else range(0):
-            input_ids, answers = toy_token_batch(recipe.batch_size, data, **task_shape(recipe))
+            shape = task_shape(recipe)
+            if step <= recipe.ordered_label_steps:
+                shape["shuffle_labels"] = False
+            input_ids, answers = toy_token_batch(recipe.batch_size, data, **shape)
             loss = F.cross_entropy(model(input_ids=input_ids).logits[:, -1], answers)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
