@@ -31,11 +31,16 @@ def found(request):
 
 # Acceptance lines the bundled toy models do not meet, as measured (see docs/discovery.md).
 # Strict: the test fails once the gap closes, so this list must then be updated.
-KNOWN_GAPS: dict[tuple[str, str], str] = {}
+KNOWN_GAPS: dict[tuple[str, str], str] = {
+    ("llama", "aggregate"): (
+        "the 3 Aggregate heads leave 0.37; the fourth layer-1 head, L1H1, whose final row reads the first line's \\n "
+        "(outside the segments) and so puts under 0.3 on the options, is needed to reach 0.24"
+    ),
+}
 PATTERN_GAPS: dict[tuple[str, str], str] = {
     ("llama", "aggregate"): (
-        "L1H3 acts at the final position and its final row reads the options, but favours the wrong ones "
-        "(lift 0.55): a suppression-like head the collapse needs"
+        "L1H3 acts at the final position and reads the options, but favours the wrong ones (uniform ratio 0.57): "
+        "most of its row is on the first two lines' \\n, whatever the answer"
     ),
     ("mamba2", "gather"): (
         "trained with labels in order, this toy counts options: L0H0, the critical Gather head, acts at the labels, "

@@ -61,8 +61,8 @@ def test_which_kind_aggregates(found):
 
 
 def test_answers_by_place(found):
-    """Like the other toys (trained with labels in order), the hybrid answers by the
-    option's place: with the labels shuffled, accuracy falls to chance."""
+    """Like the bundled Mamba-2 (both trained with labels in order), the hybrid answers by
+    the option's place: with the labels shuffled, accuracy falls to chance."""
     model, task, circuit = found
     shuffled = gna.evaluate(model, gna.tasks.shuffle_labels(task)).accuracy
     assert circuit.accuracy["shuffled_labels"] == pytest.approx(shuffled)

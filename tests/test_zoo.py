@@ -88,6 +88,12 @@ def test_training_is_deterministic_for_a_seed():
     assert any(not torch.equal(first[k], other[k]) for k in first)
 
 
+def test_ordered_label_steps_need_shuffled_labels():
+    for bad in (-1, 5):
+        with pytest.raises(ValueError, match=f"ordered_label_steps={bad}: expected 0"):
+            dataclasses.replace(recipe("llama"), shuffle_labels=bad < 0, ordered_label_steps=bad)
+
+
 def test_ordered_label_steps_keep_the_labels_in_order_then_shuffle():
     """The curriculum: its first steps train exactly as the in-order task does (same
     weights), the step after them does not."""
@@ -158,6 +164,28 @@ def test_checkpoints_from_before_the_task_fields_resume_only_for_the_default_tas
         state = torch.load(checkpoint, weights_only=False)
         for key in ("layout", "vary_lengths", "shuffle_labels", "ordered_label_steps"):
             del state["recipe"][key]
+        torch.save(state, checkpoint)
+        if resumes:
+            assert train(variant, checkpoint=checkpoint, **quiet).steps == 4
+        else:
+            with pytest.raises(ValueError, match="written for another recipe"):
+                train(variant, checkpoint=checkpoint, **quiet)
+
+
+def test_checkpoints_from_before_the_curriculum_resume_only_without_it(tmp_path):
+    """A checkpoint written before ``ordered_label_steps`` existed had no curriculum."""
+    shuffled = dataclasses.replace(
+        recipe("llama"), layout="label_last", shuffle_labels=True, max_steps=4, eval_every=2, batch_size=8, target_accuracy=2.0
+    )
+    quiet = dict(progress=False, log=lambda _: None)
+    for name, variant, resumes in (
+        ("plain.pt", shuffled, True),
+        ("curriculum.pt", dataclasses.replace(shuffled, ordered_label_steps=1), False),
+    ):
+        checkpoint = tmp_path / name
+        train(shuffled, max_steps=2, checkpoint=checkpoint, **quiet)
+        state = torch.load(checkpoint, weights_only=False)
+        del state["recipe"]["ordered_label_steps"]
         torch.save(state, checkpoint)
         if resumes:
             assert train(variant, checkpoint=checkpoint, **quiet).steps == 4

@@ -16,7 +16,7 @@ from .recipes import Recipe
 from .store import save_toy
 from .train import TrainResult, task_shape, train
 
-HELD_OUT_PROMPTS = 500
+HELD_OUT_PROMPTS = 2000
 HELD_OUT_TASK_SEED = 20_000
 """`toy_mcq` seed of the card's held-out prompts (training never sees text prompts)."""
 

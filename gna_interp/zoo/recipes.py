@@ -75,6 +75,12 @@ class Recipe:
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.ordered_label_steps < 0 or (self.ordered_label_steps and not self.shuffle_labels):
+            raise ValueError(
+                f"ordered_label_steps={self.ordered_label_steps}: expected 0, or a positive number of steps with shuffle_labels=True"
+            )
+
 
 RECIPES: dict[str, Recipe] = {
     recipe.name: recipe
@@ -85,10 +91,10 @@ RECIPES: dict[str, Recipe] = {
             config=dict(_LLAMA_2X4, initializer_range=0.2),
             seed=0,
             lr=2e-3,
-            max_steps=63_200,
+            max_steps=73_200,
             decay_start=31_200,
             decay_steps=10_000,
-            more_phases=((8_000, 0.5, 0.5), (4_000, 0.5, 0.0), (6_000, 0.25, 0.25), (4_000, 0.25, 0.0)),
+            more_phases=((8_000, 0.5, 0.5), (4_000, 0.5, 0.0)) + ((6_000, 0.25, 0.25), (4_000, 0.25, 0.0)) * 2,
             target_accuracy=0.97,
             layout="label_last",
             shuffle_labels=True,
