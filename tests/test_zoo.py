@@ -150,6 +150,24 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
         train(dataclasses.replace(short, lr=1.0), checkpoint=checkpoint, **quiet)
 
 
+def _resumes_from_older_checkpoint(checkpoint, trained, variant, missing_fields) -> bool:
+    """Train ``trained`` for 2 steps into ``checkpoint``, drop ``missing_fields`` from its
+    stored recipe (as a checkpoint written before they existed), then resume under
+    ``variant``: whether it resumes (to step 4) or is refused."""
+    quiet = dict(progress=False, log=lambda _: None)
+    train(trained, max_steps=2, checkpoint=checkpoint, **quiet)
+    state = torch.load(checkpoint, weights_only=False)
+    for key in missing_fields:
+        del state["recipe"][key]
+    torch.save(state, checkpoint)
+    try:
+        assert train(variant, checkpoint=checkpoint, **quiet).steps == 4
+    except ValueError as error:
+        assert "written for another recipe" in str(error)
+        return False
+    return True
+
+
 def test_checkpoints_from_before_the_task_fields_resume_only_for_the_default_task(tmp_path):
     """A checkpoint written before `Recipe` had ``layout`` / ``vary_lengths`` /
     ``shuffle_labels`` was trained on the default task: it resumes under a default
@@ -157,19 +175,9 @@ def test_checkpoints_from_before_the_task_fields_resume_only_for_the_default_tas
     short = dataclasses.replace(
         recipe("llama"), layout="label_first", shuffle_labels=False, max_steps=4, eval_every=2, batch_size=8, target_accuracy=2.0
     )
-    quiet = dict(progress=False, log=lambda _: None)
-    for name, variant, resumes in (("same.pt", short, True), ("other.pt", dataclasses.replace(short, layout="label_last"), False)):
-        checkpoint = tmp_path / name
-        train(short, max_steps=2, checkpoint=checkpoint, **quiet)
-        state = torch.load(checkpoint, weights_only=False)
-        for key in ("layout", "vary_lengths", "shuffle_labels", "ordered_label_steps"):
-            del state["recipe"][key]
-        torch.save(state, checkpoint)
-        if resumes:
-            assert train(variant, checkpoint=checkpoint, **quiet).steps == 4
-        else:
-            with pytest.raises(ValueError, match="written for another recipe"):
-                train(variant, checkpoint=checkpoint, **quiet)
+    missing = ("layout", "vary_lengths", "shuffle_labels", "ordered_label_steps")
+    assert _resumes_from_older_checkpoint(tmp_path / "same.pt", short, short, missing)
+    assert not _resumes_from_older_checkpoint(tmp_path / "other.pt", short, dataclasses.replace(short, layout="label_last"), missing)
 
 
 def test_checkpoints_from_before_the_curriculum_resume_only_without_it(tmp_path):
@@ -177,21 +185,10 @@ def test_checkpoints_from_before_the_curriculum_resume_only_without_it(tmp_path)
     shuffled = dataclasses.replace(
         recipe("llama"), layout="label_last", shuffle_labels=True, max_steps=4, eval_every=2, batch_size=8, target_accuracy=2.0
     )
-    quiet = dict(progress=False, log=lambda _: None)
-    for name, variant, resumes in (
-        ("plain.pt", shuffled, True),
-        ("curriculum.pt", dataclasses.replace(shuffled, ordered_label_steps=1), False),
-    ):
-        checkpoint = tmp_path / name
-        train(shuffled, max_steps=2, checkpoint=checkpoint, **quiet)
-        state = torch.load(checkpoint, weights_only=False)
-        del state["recipe"]["ordered_label_steps"]
-        torch.save(state, checkpoint)
-        if resumes:
-            assert train(variant, checkpoint=checkpoint, **quiet).steps == 4
-        else:
-            with pytest.raises(ValueError, match="written for another recipe"):
-                train(variant, checkpoint=checkpoint, **quiet)
+    missing = ("ordered_label_steps",)
+    assert _resumes_from_older_checkpoint(tmp_path / "plain.pt", shuffled, shuffled, missing)
+    curriculum = dataclasses.replace(shuffled, ordered_label_steps=1)
+    assert not _resumes_from_older_checkpoint(tmp_path / "curriculum.pt", shuffled, curriculum, missing)
 
 
 def test_docs_quote_the_cards():
