@@ -170,10 +170,10 @@ def train(
         reached = bool(history) and history[-1]["accuracy"] >= recipe.target_accuracy
         step = first_step - 1
         bar = tqdm(total=steps_limit, initial=step, desc=f"train {recipe.name}", disable=not progress, leave=False)
+        task = task_shape(recipe)
+        in_order = {**task, "shuffle_labels": False}  # the curriculum's first steps
         for step in range(first_step, steps_limit + 1) if not reached else range(0):
-            shape = task_shape(recipe)
-            if step <= recipe.ordered_label_steps:
-                shape["shuffle_labels"] = False
+            shape = in_order if step <= recipe.ordered_label_steps else task
             input_ids, answers = toy_token_batch(recipe.batch_size, data, **shape)
             loss = F.cross_entropy(model(input_ids=input_ids).logits[:, -1], answers)
             optimizer.zero_grad(set_to_none=True)
