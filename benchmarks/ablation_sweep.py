@@ -231,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     (ref_scores, ref_baseline), ref_times, ref_memory = timed(
         lambda: reference_loop(reference_model, batch.input_ids, batch.attention_mask, metric, args.heads, args.head_dim), args.repeats
     )
-    phases: dict[str, dict[str, Any]] = {"loop": {"times_s": ref_times, "memory": ref_memory}}
+    max_effect = float((ref_scores - ref_baseline).abs().max())  # 0 would make the comparison vacuous
+    phases: dict[str, dict[str, Any]] = {"loop": {"times_s": ref_times, "memory": ref_memory, "max_abs_effect": max_effect}}
     failed = False
     for backend, model in models.items():
         result, times, memory = timed(

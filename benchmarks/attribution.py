@@ -16,14 +16,14 @@ Both use ``direction="denoise"`` (run corrupt, patch in clean values) and the sa
 
 Models (nothing downloaded):
 
-- ``toy-mamba2``: the bundled toy model (``gna.load_toy("mamba2")``, trained on
-  ``toy_mcq``), on ``toy_mcq`` prompts; corrupt = ``task.corrupted()`` (options rotated);
-  metric = logit of the correct letter minus the corrupt prompt's correct letter.
-- ``toy-llama`` / ``toy-mamba`` when ``gna.toy_names()`` lists them; otherwise tiny
-  *random* models (so their heads have no learnt function): a Llama (4 layers x 8 heads
-  of 16, 2 key/value heads; ``tlens`` and ``nnsight``) and a Mamba-1 (4 layers x 128
-  channels), on random-word prompts with every third word replaced; metric =
-  ``logit_diff(5, 6)`` at the last position.
+- ``toy-mamba2``, ``toy-llama`` (``tlens`` and ``nnsight``): the bundled toy models
+  (``gna.load_toy``), each on fresh prompts of its own task (``gna.toy_task``);
+  corrupt = ``task.corrupted()`` (options rotated); metric = logit of the correct letter
+  minus the corrupt prompt's correct letter.
+- Where no toy is bundled (a Llama, a Mamba-1), tiny *random* models (so their heads have
+  no learnt function): a Llama (4 layers x 8 heads of 16, 2 key/value heads; ``tlens``
+  and ``nnsight``) and a Mamba-1 (4 layers x 128 channels), on random-word prompts with
+  every third word replaced; metric = ``logit_diff(5, 6)`` at the last position.
 
 How to read the output
 ----------------------
@@ -73,27 +73,37 @@ def best_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Rank correlation of two flat tensors (continuous values: no ties to average)."""
+    """Rank correlation of two flat tensors (continuous values: no ties to average); NaN
+    when either is constant (e.g. no head changes the metric: nothing to rank)."""
+    if bool((a == a[0]).all()) or bool((b == b[0]).all()):
+        return float("nan")
     ranks = [x.argsort().argsort().double() for x in (a, b)]
     ra, rb = (r - r.mean() for r in ranks)
     return float((ra * rb).sum() / (ra.norm() * rb.norm()))
 
 
 def top_k_overlap(attribution: torch.Tensor, exact: torch.Tensor, k: int) -> float:
-    k = min(k, exact.numel())
+    """Fraction of the ``k`` largest ``|exact|`` heads that attribution also ranks in its
+    top ``k``; NaN when no head changes the metric, or when ``k`` covers every head
+    (the overlap is then 1 whatever the ranking)."""
+    if not bool(exact.abs().gt(0).any()) or k >= exact.numel():
+        return float("nan")
     mine = set(attribution.abs().topk(k).indices.tolist())
     true = set(exact.abs().topk(k).indices.tolist())
     return len(mine & true) / k
 
 
-def toy_mamba2(n: int, seed: int) -> tuple[str, Any, Any, Any, Callable]:
-    task = gna.tasks.toy_mcq(n=n, seed=seed)
+def toy_case(name: str, n: int, seed: int, backend: str | None = None) -> tuple[str, Any, Any, Any, Callable]:
+    """A bundled toy model on fresh prompts of its own task; corrupt = the options rotated
+    (``task.corrupted()``); metric = logit of the correct letter minus the corrupt prompt's."""
+    task = gna.toy_task(name, n, seed=seed)
     corrupt = task.corrupted(seed=seed)
     encoded, corrupt_encoded = task.encode(), corrupt.encode()
     rows = torch.arange(n)
     right = encoded.candidate_ids[rows, encoded.correct]
     wrong = corrupt_encoded.candidate_ids[rows, corrupt_encoded.correct]
-    return "toy-mamba2 (trained)", gna.load_toy("mamba2"), task, corrupt, gna.logit_diff(right, wrong)
+    label = f"toy-{name} (trained{', ' + backend if backend else ''})"
+    return label, gna.load_toy(name, **({"backend": backend} if backend else {})), task, corrupt, gna.logit_diff(right, wrong)
 
 
 def word_pairs(n: int, length: int, seed: int) -> tuple[list[str], list[str]]:
@@ -112,7 +122,7 @@ def random_models(n: int, seed: int) -> list[tuple[str, Any, Any, Any, Callable]
     llama_cfg = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2)
     out = []
     if "llama" in gna.toy_names():
-        out += [(f"toy-llama ({b})", gna.load_toy("llama", backend=b), clean, corrupt, metric) for b in ("tlens", "nnsight")]
+        out += [toy_case("llama", n, seed, backend) for backend in ("tlens", "nnsight")]
     else:
         hf = tiny_model("llama", seed=seed, **llama_cfg)
         for backend in ("tlens", "nnsight"):
@@ -121,7 +131,7 @@ def random_models(n: int, seed: int) -> list[tuple[str, Any, Any, Any, Callable]
             )
             out.append((f"random llama 4x8 ({backend})", model, clean, corrupt, metric))
     if "mamba" in gna.toy_names():
-        out.append(("toy-mamba", gna.load_toy("mamba"), clean, corrupt, metric))
+        out.append(toy_case("mamba", n, seed))
     else:
         hf = tiny_model("mamba", seed=seed, hidden_size=64, num_hidden_layers=4, state_size=8)
         out.append(("random mamba-1 4x128", gna.load(hf, tokenizer=tokenizer), clean, corrupt, metric))
@@ -159,7 +169,7 @@ def path_demo(model: Any, clean: Any, corrupt: Any, metric: Callable) -> dict[st
     span = sweep.reference - sweep.baseline
     streams = {
         name: (gna.path_patching(model, clean, corrupt, [sender], [receiver], metric, name) - sweep.baseline) / span
-        for name in (*model.arch.receiver_inputs, "any")
+        for name in (*model.receiver_inputs(receiver), "any")
     }
     return {
         "receiver": str(receiver),
@@ -186,17 +196,16 @@ def main() -> None:
         f"{platform.machine()} with {os.cpu_count()} CPUs, {args.threads} torch thread(s), load average {loads[0]:.1f} at start "
         f"(other jobs share the machine: times are indicative); {args.prompts} prompts, best of {args.repeats}"
     )
-    cases = [toy_mamba2(args.prompts, args.seed), *random_models(args.prompts, args.seed)]
+    cases = [toy_case("mamba2", args.prompts, args.seed), *random_models(args.prompts, args.seed)]
     rows = [measure(*case, repeats=args.repeats) for case in cases]
-    header = f"{'model':<30} {'heads':>5} {'attr s':>8} {'patch s':>8} {'speed-up':>8} {'spearman':>8} " + " ".join(
+    header = f"{'model':<30} {'heads':>5} {'attr s':>8} {'patch s':>8} {'speed-up':>8} {'max|eff|':>8} {'spearman':>8} " + " ".join(
         f"{'top-' + str(k):>6}" for k in TOP_K
     )
     print(header)
     for r in rows:
         tops = " ".join(f"{r[f'top{k}']:>6.2f}" for k in TOP_K)
-        print(
-            f"{r['model']:<30} {r['heads']:>5} {r['attr_s']:>8.3f} {r['patch_s']:>8.3f} {r['speedup']:>7.1f}x {r['spearman']:>8.3f} {tops}"
-        )
+        times = f"{r['attr_s']:>8.3f} {r['patch_s']:>8.3f} {r['speedup']:>7.1f}x"
+        print(f"{r['model']:<30} {r['heads']:>5} {times} {r['max_abs_effect']:>8.3f} {r['spearman']:>8.3f} {tops}")
     demo = path_demo(*cases[0][1:])
     print(
         f"\npath patching on toy-mamba2 into {demo['receiver']} (noise-direction activation patching of it: "

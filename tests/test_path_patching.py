@@ -75,6 +75,16 @@ INPUTS = {"llama": ["q", "k", "v", "any"], "mamba2": ["x", "B", "C", "dt", "gate
 PARAMS = [(name, stream) for name in ("llama-tlens", "llama-nnsight", "mamba2", "mamba") for stream in INPUTS[name.split("-")[0]]]
 
 
+@pytest.mark.parametrize("name", ["llama-tlens", "llama-nnsight", "mamba2", "mamba"])
+def test_receiver_inputs_list_the_streams_the_twin_checks(models, name):
+    """`GnaModel.receiver_inputs` names exactly the streams tested against the twin, and
+    every one of them is accepted as ``receiver_input``."""
+    _, loaded = models
+    model = loaded[name]
+    receiver = CASES[name.split("-")[0]][0][1][0]
+    assert sorted(model.receiver_inputs(receiver)) == sorted(s for s in INPUTS[name.split("-")[0]] if s != "any")
+
+
 @pytest.mark.parametrize(("name", "stream"), PARAMS)
 def test_matches_raw_hook_twin(models, name, stream):
     hfs, loaded = models

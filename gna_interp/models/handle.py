@@ -128,6 +128,11 @@ class GnaModel:
         self.check_head(head)
         return self.layer_specs[head.layer].locate(head.head)
 
+    def receiver_inputs(self, head: Head) -> tuple[str, ...]:
+        """The input streams path patching can patch on ``head`` as a receiver (besides
+        ``"any"``): ``("q", "k", "v")`` for attention, ``("gate", "x", "B", "C", "dt")`` for Mamba-2."""
+        return self.mixer_of(head)[0].receiver_inputs
+
     def head_kind(self, head: Head) -> LayerKind:
         """``ATTENTION`` or ``SSM``."""
         return self.mixer_of(head)[0].kind

@@ -1,0 +1,65 @@
+"""The benchmark scripts run end to end on tiny settings (in subprocesses) and their JSON
+figures are not vacuous: the numbers the docs quote come from scripts that still work.
+No timing is asserted here."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_benchmark(name: str, *args: str, out: Path) -> dict:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_attribution_benchmark_compares_real_effects(tmp_path):
+    """Every model's exact sweep moves the metric (a constant table would make the rank
+    correlation meaningless), and the printed ratios are the measured times' ratios."""
+    figures = run_benchmark("attribution", "--prompts", "4", "--repeats", "1", out=tmp_path / "attribution.json")
+    rows = figures["rows"]
+    assert {r["model"].split(" ")[0] for r in rows} >= {"toy-mamba2", "toy-llama"}
+    for row in rows:
+        assert row["max_abs_effect"] > 1e-3, row
+        assert math.isfinite(row["spearman"]) and -1.0 <= row["spearman"] <= 1.0, row
+        assert row["speedup"] == pytest.approx(row["patch_s"] / row["attr_s"])
+        if row["heads"] <= 10:
+            assert math.isnan(row["top10"]), row  # 10 of at most 10 heads: no information
+    assert math.isfinite(figures["path_demo"]["by_stream"]["any"])
+
+
+def test_implicit_attention_benchmark_agrees_with_its_loop(tmp_path):
+    figures = run_benchmark(
+        "implicit_attention", "--seq-len", "48", "--prompts", "1", "--repeats", "1", "--loop-keys", "4", out=tmp_path / "implicit.json"
+    )
+    assert figures["results"]
+    for result in figures["results"].values():
+        assert result["max_abs_value"] > 0, result
+        assert result["rows_max_diff"] <= 1e-5 and result["loop_max_diff"] <= 1e-5, result
+
+
+def test_ablation_sweep_benchmark_matches_its_hook_loop(tmp_path):
+    figures = run_benchmark(
+        "ablation_sweep",
+        *("--prompts", "2", "--prompt-len", "8", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--repeats", "1"),
+        out=tmp_path / "ablation.json",
+    )
+    assert figures["ok"]
+    assert figures["phases"]["loop"]["max_abs_effect"] > 1e-4  # the heads move the metric: equality is not vacuous
+    for backend in ("tlens", "nnsight"):
+        phase = figures["phases"][backend]
+        assert phase["ok"] and phase["max_abs_diff_scores"] <= 1e-5, phase
