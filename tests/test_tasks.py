@@ -169,6 +169,61 @@ def test_toy_variants_tensors_equal_text(layout, vary_lengths, shuffle_labels):
     assert (len(orders) > 1) == shuffle_labels and all(sorted(o) == list("ABCD") for o in orders)
 
 
+def _draws(options, labels, correct, query):
+    """The random choices behind one prompt, as (statistic, category) pairs."""
+    sizes = [len(o.split()) for o in options]
+    yield "correct slot", correct
+    yield "query's place in its option", options[correct].split().index(query)
+    yield "label order", "".join(labels)
+    for slot, size in enumerate(sizes):
+        yield "option sizes", (slot, size)
+    for word in " ".join(options).split():
+        yield "words", word
+
+
+def _chi2_critical(dof: int, z: float = 3.72) -> float:
+    """Upper quantile of chi-square(dof) at p ~ 1e-4 (Wilson-Hilferty)."""
+    return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+
+
+@pytest.mark.parametrize("layout, vary_lengths, shuffle_labels", [("label_last", True, True), ("label_first", False, False)])
+def test_toy_tensors_and_text_draw_from_one_distribution(layout, vary_lengths, shuffle_labels):
+    """Training prompts (`toy_token_batch`) and evaluation prompts (`toy_mcq`) are drawn
+    from the same distribution: for each random choice (correct slot, the query's place
+    in its option, label order, option sizes, words), a two-sample chi-square test of
+    3,000 prompts of each does not reject at p ~ 1e-4. A generator that, say, never put
+    the query in an option's last word, or favoured slot 0, fails it."""
+    from collections import Counter
+
+    tokenizer = gna.tasks.toy_tokenizer()
+    shape = dict(layout=layout, vary_lengths=vary_lengths, shuffle_labels=shuffle_labels)
+    n = 3000
+    text_counts, tensor_counts = Counter(), Counter()
+    for example in gna.tasks.toy_mcq(n, seed=11, **shape):
+        meta = example.meta
+        text_counts.update(_draws(meta["options"], meta["labels"], example.correct, example.text[slice(*example.query)]))
+    ids, _ = toy_token_batch(n, torch.Generator().manual_seed(11), n_options=4, words_per_option=2, **shape)
+    for row in ids.tolist():
+        tokens = tokenizer.convert_ids_to_tokens(row)
+        parts = [line.split() for line in " ".join(tokens[5:-2]).split("\n")[:-1]]
+        labels = [p[0] if layout == "label_first" else p[-1] for p in parts]
+        options = [" ".join(p[2:] if layout == "label_first" else p[:-1]) for p in parts]
+        correct = next(i for i, option in enumerate(options) if tokens[3] in option.split())
+        tensor_counts.update(_draws(options, labels, correct, tokens[3]))
+    for statistic in sorted({key for key, _ in text_counts}):
+        categories = sorted({c for key, c in [*text_counts, *tensor_counts] if key == statistic}, key=str)
+        a = torch.tensor([text_counts[(statistic, c)] for c in categories], dtype=torch.float64)
+        b = torch.tensor([tensor_counts[(statistic, c)] for c in categories], dtype=torch.float64)
+        if len(categories) < 2:
+            assert torch.equal(a, b), statistic
+            continue
+        pooled = (a + b) / (a.sum() + b.sum())
+        expected_a, expected_b = pooled * a.sum(), pooled * b.sum()
+        chi2 = float(((a - expected_a) ** 2 / expected_a + (b - expected_b) ** 2 / expected_b).sum())
+        counts = {str(c): (x, y) for c, x, y in zip(categories, a.tolist(), b.tolist(), strict=True)}
+        assert chi2 < _chi2_critical(len(categories) - 1), (statistic, chi2, counts)
+
+
 def test_label_last_positions_and_rotation():
     """``w1 w2 A`` lines: the label is the segment end (the line's "\\n" lies outside the
     span), candidates follow the prompt's label order, rotation keeps the labels."""
