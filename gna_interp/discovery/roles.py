@@ -34,8 +34,7 @@ the label-last layout, whose segment end is the label) and ``S_i+`` the same wit
   Positive: the head raises the labels it reads (it copies: the paper's Aggregate head).
   Negative: it lowers them (it suppresses). A suppressing head that reads the wrong
   options helps the answer by elimination, and its row favours the *wrong* options.
-  NaN where a candidate spans several tokens, and for a model run on NDIF (its weights
-  are not on this machine).
+  NaN where a candidate spans several tokens.
 - **sharpness** of the row a role uses (segment-end rows for Gather, the final row for
   Aggregate): entropy (nats) and top-1 mass, averaged.
 
@@ -182,13 +181,12 @@ def _copying(model: GnaModel, batch: Batch, encoded: EncodedTask, rows: slice, h
     """``[head]``: the copying score (module docstring) from the final row's mass per option
     ``per_option [batch, head, option]``: one clean forward, and one per head ablated at
     the final position (the point the norm is linearised at)."""
-    norm, unembed = model.readout()
-    local = [unembed.weight, *norm.parameters(), *(model.out_proj_columns(h) for h in heads)]
-    if not encoded.single_token or any(w.is_meta for w in local):  # NDIF: the weights are not here
+    if not encoded.single_token:
         return torch.full((len(heads),), float("nan"))
     final = encoded.final[rows]
     index = torch.arange(batch.n_rows)
     resid = Resid(model.n_layers)
+    norm, unembed = model.readout()
     weight: Tensor = unembed.weight.detach()  # type: ignore[operator]
     labels = weight[encoded.candidate_ids[rows].to(weight.device)]  # [batch, option, d_model]
     outputs = model.cache(batch, list(heads))  # [batch, pos, d_head] per head: its out-projection input
