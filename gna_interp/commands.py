@@ -125,8 +125,6 @@ def demo(args: argparse.Namespace) -> int:
         for role, need in circuit.needs.items():
             verdict = "to chance" if need.reached_chance else "not to chance"
             print(f"{circuit.model}: {role} needs {len(need.heads)} head(s) ({need.accuracy:.3f}, {verdict})")
-        if circuit.suppressors:
-            print(f"{circuit.model}: Aggregate heads that lower the labels they read (suppress): {circuit.named(circuit.suppressors)}")
         for note in circuit.warnings:
             print(f"{circuit.model}: note: {note}")
     index = write_report(items, out)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import warnings
@@ -13,8 +12,6 @@ import torch
 
 import gna_interp as gna
 from gna_interp.discovery import GnACircuit, NoRetrievalWarning, PositionalAnswerWarning, discover, write_report
-
-from .conftest import out_proj
 
 TASK_SEED = 4242  # fresh prompts: neither training nor the cards used them
 POSITIONAL_WARNINGS: dict[str, list] = {}  # per toy: the PositionalAnswerWarnings its discovery raised
@@ -36,15 +33,14 @@ def found(request):
 # Strict: the test fails once the gap closes, so this list must then be updated.
 KNOWN_GAPS: dict[tuple[str, str], str] = {
     ("llama", "aggregate"): (
-        "the 3 Aggregate heads leave 0.37; the fourth layer-1 head, L1H1, whose final row reads the first option's line "
-        "end \\n (outside the segments) and so puts under 0.3 on the options, is needed to reach 0.24"
+        "the 3 Aggregate heads leave 0.37; the fourth layer-1 head, L1H1, whose final row reads the first line's \\n "
+        "(outside the segments) and so puts under 0.3 on the options, is needed to reach 0.24"
     ),
 }
 PATTERN_GAPS: dict[tuple[str, str], str] = {
     ("llama", "aggregate"): (
         "L1H3 acts at the final position and reads the options, but favours the wrong ones (uniform ratio 0.57): "
-        "most of its row is on the line ends \\n after the first two options, whatever the answer; its direct write "
-        "copies weakly (copying +0.09)"
+        "most of its row is on the first two lines' \\n, whatever the answer"
     ),
     ("mamba2", "gather"): (
         "trained with labels in order, this toy counts options: L0H0, the critical Gather head, acts at the labels, "
@@ -52,7 +48,7 @@ PATTERN_GAPS: dict[tuple[str, str], str] = {
     ),
     ("mamba2", "aggregate"): (
         "the backup head L1H6, found by the joint search (harmless alone), has a final row that does not favour the "
-        "correct option (uniform ratio 0.84), and its direct write neither copies nor suppresses (copying -0.09)"
+        "correct option (uniform ratio 0.84)"
     ),
 }
 
@@ -137,92 +133,6 @@ def test_role_labels_agree_with_the_patterns(found):
     for head, value in agrees.items():
         assert circuit.evidence(head).pattern_agrees is value, head
     assert any(agrees[h] for h in circuit.gather) and any(agrees[h] for h in circuit.aggregate), agrees
-
-
-def _copying_by_raw_hooks(model, task, head, n):
-    """The copying score rebuilt in float64 from a fresh HF copy of the toy: the head's
-    output read and (for the linearisation point) zeroed at the final position by
-    out-projection pre-hooks, the final norm's input read by another, and the first-order
-    change of the label logits taken as a central finite difference (no autograd)."""
-    from transformers import AutoModelForCausalLM
-
-    from gna_interp.zoo.store import toy_path
-
-    hf = AutoModelForCausalLM.from_pretrained(toy_path(model.arch.family)).double().eval()
-    encoded = task.encode()
-    ids, mask = encoded.batch.input_ids[:n], encoded.batch.attention_mask[:n]
-    final, rows = encoded.final[:n], torch.arange(n)
-    norm, projection = hf.get_submodule(model.arch.final_norm_path), out_proj(hf, head.layer)
-    width = model.head_dim_of(head)
-    columns = slice(head.head * width, (head.head + 1) * width)
-    seen = {}
-
-    def run(ablate: bool):
-        def at_out_proj(module, args):
-            x = args[0].clone()
-            seen["head"] = x[rows, final, columns].clone()
-            if ablate:
-                x[rows, final, columns] = 0
-            return (x, *args[1:])
-
-        hooks = [
-            norm.register_forward_pre_hook(lambda m, args: seen.update(resid=args[0][rows, final].clone())),
-            projection.register_forward_pre_hook(at_out_proj),
-        ]
-        try:
-            with torch.no_grad():
-                hf(input_ids=ids, attention_mask=mask)
-        finally:
-            for hook in hooks:
-                hook.remove()
-
-    run(False)
-    written = seen["head"] @ projection.weight[:, columns].detach().T  # [prompt, d_model]
-    run(True)
-    without = seen["resid"]
-    weight = hf.get_output_embeddings().weight.detach()[encoded.candidate_ids[:n]]  # [prompt, option, d_model]
-    step = 1e-4
-    with torch.no_grad():
-        change = (norm(without + step * written) - norm(without - step * written)) / (2 * step)
-    added = torch.einsum("pd,pod->po", change, weight)
-    row = gna.attention_pattern(model, task, [head], query_positions=[-1])[:n, 0, 0].abs().double()
-    p = row / row.sum(-1, keepdim=True)
-    _, with_end = _masks(encoded, encoded.batch.n_pos)
-    mass = (p[:, None] * with_end[:n]).sum(-1)  # [prompt, option]
-    added, mass = added - added.mean(1, keepdim=True), mass - mass.mean(1, keepdim=True)
-    return float((added * mass).sum() / (added.norm() * mass.norm()))
-
-
-def test_copying_scores_are_measured_independently(found):
-    """Every Aggregate head's recorded copying score equals the one rebuilt from raw HF
-    float64 forwards with raw hooks; the suppressors are the heads at or below -0.1."""
-    model, task, circuit = found
-    for head in circuit.aggregate:
-        recorded = circuit.evidence(head).scores.copying
-        assert recorded == pytest.approx(_copying_by_raw_hooks(model, task, head, circuit.settings["pattern_prompts"]), abs=1e-3), head
-    assert circuit.suppressors == [h for h in circuit.aggregate if circuit.evidence(h).scores.copying <= -0.1]
-
-
-@pytest.mark.parametrize("name", ["llama", "mamba2"])
-def test_negating_a_copying_head_makes_it_suppress(name):
-    """Weight-space twin: the toy's strongest last-layer copying head with its
-    out-projection columns negated writes the opposite into every label: its copying
-    score flips sign exactly, and its pattern does not move."""
-    from gna_interp.discovery.roles import role_scores
-
-    model = gna.load_toy(name)
-    task = gna.toy_task(name, 64, seed=TASK_SEED)
-    encoded = task.encode()
-    heads = [gna.Head(1, h) for h in range(model.heads_per_layer[1])]
-    before = role_scores(model, encoded, heads)
-    head = max(heads, key=lambda h: before[h].copying)
-    assert before[head].copying > 0.1
-    edited = copy.deepcopy(model.hf_model)
-    with torch.no_grad():
-        out_proj(edited, 1).weight[:, head.head * model.head_dim_of(head) : (head.head + 1) * model.head_dim_of(head)] *= -1
-    after = role_scores(gna.load(edited, tokenizer=model.tokenizer), encoded, [head])[head]
-    assert after.copying == pytest.approx(-before[head].copying, abs=1e-4)
-    assert after.aggregate_mass == pytest.approx(before[head].aggregate_mass, abs=1e-5)  # the pattern does not move
 
 
 @pytest.mark.parametrize("role", ["gather", "aggregate"])

@@ -182,30 +182,14 @@ class GnACircuit:
         mixed = len({kind for kind in kinds.values() if kind}) > 1
         return ", ".join(f"{h} ({kinds[h]})" if mixed and kinds.get(h) else str(h) for h in heads) or "-"
 
-    @property
-    def suppressors(self) -> list[Head]:
-        """Aggregate heads that lower the labels of the options they read (copying score
-        at most ``-thresholds["copying"]``): they help by eliminating the wrong options,
-        so their final row favours those (see `roles`)."""
-        limit = self.settings.get("thresholds", {}).get("copying", 0.1)
-        found = []
-        for head in self.aggregate:
-            scores = self.evidence(head).scores
-            if scores is not None and scores.copying <= -limit:
-                found.append(head)
-        return found
-
     def summary(self) -> str:
         acc = self.accuracy
         parts = [
             f"{self.model} on {self.task} ({self.n_prompts} prompts)",
             f"  gather    {self.named(self.gather)}",
             f"  aggregate {self.named(self.aggregate)}",
+            "  accuracy  " + "  ".join(f"{k} {v:.3f}" for k, v in acc.items()),
         ]
-        if self.suppressors:
-            copying = ", ".join(f"{h} {self.evidence(h).scores.copying:+.2f}" for h in self.suppressors)  # type: ignore[union-attr]
-            parts.append(f"  suppress  {copying} (copying score: these lower the labels they read)")
-        parts.append("  accuracy  " + "  ".join(f"{k} {v:.3f}" for k, v in acc.items()))
         for role, need in self.needs.items():
             verdict = "collapses to chance" if need.reached_chance else "does not reach chance"
             parts.append(f"  {role:9s} needs {len(need.heads)} head(s): {verdict} ({need.accuracy:.3f})")

@@ -125,7 +125,6 @@ def contrast_rows(circuits: list[GnACircuit]) -> list[dict[str, Any]]:
                     "mean entropy (nats)": sum(entropies) / len(entropies) if entropies else None,
                     "mean top-1 mass": sum(tops) / len(tops) if tops else None,
                     "pattern shows the role": f"{sum(bool(circuit.evidence(h).pattern_agrees) for h in heads)} of {len(heads)}",
-                    "suppressing": circuit.named(circuit.suppressors) if role == "aggregate" else None,
                 }
             )
     return rows

@@ -24,17 +24,6 @@ the label-last layout, whose segment end is the label) and ``S_i+`` the same wit
   keeps slots the row never reads from dominating with ratios of tiny masses.
 - **uniform ratio**: the correct option's mass divided by what a uniform causal row
   would put there (``|S_c+|`` over the number of real keys).
-- **copying**: what the head does with the options its final row reads. Over prompts and
-  options, the correlation between the final row's mass on option ``i`` (``S_i+``) and
-  what the head writes directly into the logit of option ``i``'s label, both centred per
-  prompt. What it writes: its output at the final position through its out-projection
-  columns, then the final norm to first order (around the final residual with the head
-  ablated there) and the unembedding: a direct logit attribution. The score is odd in the
-  head's output: negating its out-projection columns flips its sign.
-  Positive: the head raises the labels it reads (it copies: the paper's Aggregate head).
-  Negative: it lowers them (it suppresses). A suppressing head that reads the wrong
-  options helps the answer by elimination, and its row favours the *wrong* options.
-  NaN where a candidate spans several tokens.
 - **sharpness** of the row a role uses (segment-end rows for Gather, the final row for
   Aggregate): entropy (nats) and top-1 mass, averaged.
 
@@ -52,8 +41,7 @@ from torch import Tensor
 
 from ..attention.pattern import attention_pattern
 from ..attention.sharpness import entropy, top1_mass
-from ..core.heads import Head, Resid
-from ..core.interventions import Ablate
+from ..core.heads import Head
 from ..models.inputs import Batch
 
 if TYPE_CHECKING:
@@ -81,10 +69,7 @@ class RoleThresholds:
     and either reads the segment ends (``end_mass``, the paper's pattern) or prefers the
     correct option (``lift``); otherwise Gather if its segment-end rows favour their own
     segment (``gather_ratio``). Either way, `HeadEvidence.pattern_agrees` records whether
-    the pattern shows the role.
-
-    ``copying`` does not change labels: an Aggregate head whose copying score is at most
-    ``-copying`` is reported as suppressing the options it reads (`GnACircuit.suppressors`)."""
+    the pattern shows the role."""
 
     min_effect: float = 0.02
     entry_share: float = 0.5
@@ -92,7 +77,6 @@ class RoleThresholds:
     gather_ratio: float = 1.5
     end_mass: float = 0.5
     lift: float = 1.5
-    copying: float = 0.1
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -107,7 +91,6 @@ class RoleScores:
     end_mass: float
     lift: float
     uniform_ratio: float
-    copying: float
     gather_entropy: float
     gather_top1: float
     aggregate_entropy: float
@@ -154,7 +137,6 @@ def role_scores(model: GnaModel, encoded: EncodedTask, heads: Sequence[Head], n_
     lift = _lift(per_option, encoded.correct[rows])
     end_keys = torch.zeros(n_rows, batch.n_pos, dtype=torch.bool).scatter_(1, ends, True)
     end_mass = (final * end_keys[:, None]).sum(-1).mean(0)
-    copying = _copying(model, batch, encoded, rows, heads, per_option)
     sharp = {
         "gather_entropy": entropy(pattern[:, :, :n_segments]).mean((0, 2)),
         "gather_top1": top1_mass(pattern[:, :, :n_segments]).mean((0, 2)),
@@ -171,40 +153,9 @@ def role_scores(model: GnaModel, encoded: EncodedTask, heads: Sequence[Head], n_
             end_mass=float(end_mass[i]),
             lift=float(lift[i]),
             uniform_ratio=float(uniform_ratio[i]),
-            copying=float(copying[i]),
             **{name: float(values[i]) for name, values in sharp.items()},
         )
     return out
-
-
-def _copying(model: GnaModel, batch: Batch, encoded: EncodedTask, rows: slice, heads: Sequence[Head], per_option: Tensor) -> Tensor:
-    """``[head]``: the copying score (module docstring) from the final row's mass per option
-    ``per_option [batch, head, option]``: one clean forward, and one per head ablated at
-    the final position (the point the norm is linearised at)."""
-    if not encoded.single_token:
-        return torch.full((len(heads),), float("nan"))
-    final = encoded.final[rows]
-    index = torch.arange(batch.n_rows)
-    resid = Resid(model.n_layers)
-    norm, unembed = model.readout()
-    weight: Tensor = unembed.weight.detach()  # type: ignore[operator]
-    labels = weight[encoded.candidate_ids[rows].to(weight.device)]  # [batch, option, d_model]
-    outputs = model.cache(batch, list(heads))  # [batch, pos, d_head] per head: its out-projection input
-    scores = []
-    for i, head in enumerate(heads):
-        columns = model.out_proj_columns(head).detach()  # [d_model, d_head]
-        written = outputs[head][index, final].to(columns) @ columns.T  # [batch, d_model]: the head's direct write
-        without = model.cache(batch, [resid], [Ablate([head], positions=final)])[resid][index, final].to(weight)
-        # first order around the residual without the head: odd in the head's output (double-backward
-        # jvp: forward-mode AD would load TorchScript decompositions)
-        with torch.enable_grad():
-            _, normed = torch.autograd.functional.jvp(norm, without.detach(), written.to(weight))
-        added = torch.einsum("bd,bod->bo", normed.detach(), labels).float().cpu()  # [batch, option]
-        added = added - added.mean(1, keepdim=True)
-        mass = per_option[:, i] - per_option[:, i].mean(1, keepdim=True)
-        scale = (added.norm() * mass.norm()).clamp_min(1e-30)
-        scores.append((added * mass).sum() / scale)
-    return torch.stack(scores)
 
 
 def _lift(per_option: Tensor, correct: Tensor) -> Tensor:

@@ -17,11 +17,6 @@ from .inputs import Batch, make_batch
 from .swap_block import swapped_in_layers
 
 
-def plain_module(module: torch.nn.Module) -> torch.nn.Module:
-    """The torch module under a backend wrapper (TransformerLens's bridge), or ``module``."""
-    return getattr(module, "original_component", None) or module
-
-
 class GnaModel:
     """A model with a backend. Same calls, same numbers, on every backend.
 
@@ -132,21 +127,6 @@ class GnaModel:
         """The mixer that holds ``head`` and the head's index among that mixer's heads."""
         self.check_head(head)
         return self.layer_specs[head.layer].locate(head.head)
-
-    def readout(self) -> tuple[torch.nn.Module, torch.nn.Module]:
-        """The final norm and the unembedding as plain torch modules (under ``tlens``, the
-        modules the bridge wraps): ``unembed(norm(resid))`` with ``resid`` the
-        ``Resid(n_layers)`` values ``[..., d_model]`` gives the logits ``[..., vocab]``."""
-
-        norm = plain_module(self.hf_model.get_submodule(self.arch.final_norm_path))
-        return norm, plain_module(self.hf_model.get_output_embeddings())
-
-    def out_proj_columns(self, head: Head) -> Tensor:
-        """``[d_model, d_head]``: the out-projection weight columns that write ``head``'s
-        output into the residual stream (before any block multiplier)."""
-        mixer, slot = self.mixer_of(head)
-        weight: Tensor = plain_module(self.hf_model.get_submodule(mixer.out_proj_path)).weight  # type: ignore[assignment]
-        return weight[:, slot * mixer.head_dim : (slot + 1) * mixer.head_dim]
 
     def receiver_inputs(self, head: Head) -> tuple[str, ...]:
         """The input streams path patching can patch on ``head`` as a receiver (besides
