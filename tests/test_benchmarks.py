@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -29,14 +27,13 @@ def run_benchmark(name: str, *args: str, out: Path) -> dict:
 
 def test_attribution_benchmark_compares_real_effects(tmp_path):
     """Every model's exact sweep moves the metric (a constant table would make the rank
-    correlation meaningless), and the printed ratios are the measured times' ratios."""
+    correlation meaningless); top-10 is not reported where 10 covers every head."""
     figures = run_benchmark("attribution", "--prompts", "4", "--repeats", "1", out=tmp_path / "attribution.json")
     rows = figures["rows"]
     assert {r["model"].split(" ")[0] for r in rows} >= {"toy-mamba2", "toy-llama"}
     for row in rows:
         assert row["max_abs_effect"] > 1e-3, row
         assert math.isfinite(row["spearman"]) and -1.0 <= row["spearman"] <= 1.0, row
-        assert row["speedup"] == pytest.approx(row["patch_s"] / row["attr_s"])
         if row["heads"] <= 10:
             assert math.isnan(row["top10"]), row  # 10 of at most 10 heads: no information
     assert math.isfinite(figures["path_demo"]["by_stream"]["any"])

@@ -33,14 +33,14 @@ def found(request):
 # Strict: the test fails once the gap closes, so this list must then be updated.
 KNOWN_GAPS: dict[tuple[str, str], str] = {
     ("llama", "aggregate"): (
-        "the 3 Aggregate heads leave 0.37; the fourth layer-1 head, L1H1, whose final row reads the first line's \\n "
-        "(outside the segments) and so puts under 0.3 on the options, is needed to reach 0.24"
+        "the 3 Aggregate heads leave 0.37; the fourth layer-1 head, L1H1, whose final row reads the first option's line "
+        "end \\n (outside the segments) and so puts under 0.3 on the options, is needed to reach 0.24"
     ),
 }
 PATTERN_GAPS: dict[tuple[str, str], str] = {
     ("llama", "aggregate"): (
         "L1H3 acts at the final position and reads the options, but favours the wrong ones (uniform ratio 0.57): "
-        "most of its row is on the first two lines' \\n, whatever the answer"
+        "most of its row is on the line ends \\n after the first two options, whatever the answer"
     ),
     ("mamba2", "gather"): (
         "trained with labels in order, this toy counts options: L0H0, the critical Gather head, acts at the labels, "
