@@ -2,7 +2,7 @@
 
 What is compared
 ----------------
-Two tiny random SSMs (nothing downloaded), one layer each, every head of that layer,
+Two tiny random 2-layer SSMs (nothing downloaded), layer 1 of each, every head of that layer,
 on ``--prompts`` left-padded prompts of random token ids (the longest ``--seq-len`` tokens,
 each next one 24 shorter):
 

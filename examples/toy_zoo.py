@@ -3,6 +3,8 @@
 #
 # The bundled toy models were trained here, on CPU, on `toy_mcq`: a query word, four
 # options, and `Answer:`; the answer is the letter of the option containing the query.
+# Each toy has its own variant (the Llama's options end in their label, in a shuffled
+# order): `gna.toy_task(name, n, seed)` gives fresh prompts of the one it was trained on.
 # This script evaluates them, shows the annotated positions, and reproduces the
 # single-head bottleneck recorded in their model cards.
 
@@ -14,16 +16,19 @@ print(task.prompts[0])
 enc = task.encode()
 print("final position", int(enc.final[0]), "segment ends", enc.segment_ends[0].tolist(), "labels", enc.labels[0].tolist())
 
-# %% Clean accuracy, and the card's most harmful head ablated, for each toy model.
+# %% Clean accuracy on fresh prompts of its own task, and the card's most harmful head ablated, for each toy model.
 for name in gna.toy_names():
-    model = gna.load_toy(name)
+    model, own_task = gna.load_toy(name), gna.toy_task(name, 300, seed=123)
     card = gna.toy_card(name)
     head = gna.Head.parse(card["ablation"]["best_single_head"])
-    clean = gna.evaluate(model, task)
-    ablated = gna.evaluate(model, task, [gna.Ablate([head])])
-    print(f"{name:7s} clean {clean.accuracy:.3f} (card {card['held_out_accuracy']:.3f}); {head} ablated: {ablated.accuracy:.3f}")
+    clean = gna.evaluate(model, own_task)
+    ablated = gna.evaluate(model, own_task, [gna.Ablate([head])])
+    print(
+        f"{name:9s} on {own_task.name}: clean {clean.accuracy:.3f} (card {card['held_out_accuracy']:.3f}); "
+        f"{head} ablated: {ablated.accuracy:.3f}"
+    )
 
-# %% Every head's ablation as a sweep, scored by candidate accuracy.
+# %% Every head's ablation as a sweep, scored by candidate accuracy (the Mamba-2 toy's task is `task`'s).
 model = gna.load_toy("mamba2")
 metric = gna.candidate_accuracy(enc.candidate_ids, enc.correct)
 sweep = gna.ablation_sweep(model, task, metric, progress=False)

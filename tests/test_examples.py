@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,12 @@ def test_offline_examples(script, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     if script == "toy_demo.py":
         assert (tmp_path / "gna-report" / "index.html").is_file()
+    if script == "toy_zoo.py":  # each toy on its own task: clean accuracy near its card's, not near chance
+        lines = [line for line in result.stdout.splitlines() if " clean " in line and "(card " in line]
+        assert len(lines) == len(gna.toy_names()), result.stdout
+        for line in lines:
+            clean, card = (float(x) for x in re.search(r"clean ([\d.]+) \(card ([\d.]+)\)", line).groups())
+            assert abs(clean - card) <= 0.05, line
 
 
 @pytest.mark.parametrize(

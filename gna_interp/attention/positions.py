@@ -19,7 +19,9 @@ prompt, e.g. each prompt's final position) or a ``[batch, query]`` integer tenso
 
 KeyPositions = Sequence[int] | Sequence[Sequence[int]] | Tensor
 """A set of key positions: a list of ints (the same in every prompt), a list of int lists
-(one per prompt), or a bool mask ``[key]``, ``[batch, key]`` or ``[batch, query, key]``."""
+(one per prompt), an integer tensor ``[k]`` or ``[batch, k]`` of the same (e.g. an
+encoded task's ``segment_ends``), or a bool mask ``[key]``, ``[batch, key]`` or
+``[batch, query, key]``."""
 
 
 def _is_int(value: Any) -> bool:
@@ -62,9 +64,14 @@ def query_rows(query_positions: QueryPositions, n_rows: int, n_pos: int) -> Tens
 
 def key_mask(keys: KeyPositions, n_rows: int, n_query: int, n_key: int) -> Tensor:
     """``[batch, query, key]`` bool mask of the key set (see `KeyPositions`)."""
+    if isinstance(keys, Tensor) and keys.dtype != torch.bool:
+        if keys.is_floating_point() or keys.is_complex() or keys.dim() not in (1, 2):
+            raise ValueError(
+                f"a key-position tensor must be integer positions [k] or [batch, k], or a bool mask; got {keys.dtype} "
+                f"of shape {tuple(keys.shape)}"
+            )
+        keys = keys.tolist()
     if isinstance(keys, Tensor):
-        if keys.dtype != torch.bool:
-            raise ValueError(f"a key-position tensor must be a bool mask, got {keys.dtype}; give integer positions as a list")
         shaped = keys[None, None, :] if keys.dim() == 1 else keys[:, None, :] if keys.dim() == 2 else keys
         if shaped.dim() != 3 or shaped.shape[0] not in (1, n_rows) or shaped.shape[1] not in (1, n_query) or shaped.shape[2] != n_key:
             raise ValueError(
