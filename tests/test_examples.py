@@ -44,7 +44,7 @@ def tiny_folder(tmp_path: Path, family: str) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("script", ["quickstart.py", "toy_zoo.py", "toy_demo.py"])
+@pytest.mark.parametrize("script", ["quickstart.py", "toy_zoo.py", "toy_demo.py", "conv_gathering.py"])
 def test_offline_examples(script, tmp_path):
     result = run(script, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
