@@ -13,8 +13,10 @@
 #     y_t,c = sum_r Ã_c[t, r] u_r,c + (conv bias through the gates),
 #     Ã_c[t, r] = sum_{s = r .. r+K-1} (M[t, s] + D [s = t]) sigmoid(p_s,c) w_c[K-1-(s-r)].
 #
-# This script checks that identity against HF's own SSM output on the bundled toy Mamba-2 and compares the gather ratio
-# of each layer-0 head's segment-end rows (1 = a uniform row) with and without the conv.
+# This script checks that identity against HF's own SSM output on the bundled toy Mamba-2,
+# then gives the gather ratio of each layer-0 head's segment-end rows (1 = a uniform row):
+# from implicit attention (the paper's pattern), from each key's contribution without the
+# conv, with the conv folded in, and with the skip term D x_t folded in as well.
 
 # %%
 import torch
@@ -39,6 +41,7 @@ try:
 finally:
     for hook in hooks:
         hook.remove()
+assert "scan" in seen, "mixer.norm never ran: this needs HF's eager Mamba-2 path (eval mode, no fused kernel)"
 n_pos = encoded.batch.n_pos
 assert bool(encoded.batch.attention_mask.all()), "toy prompts share one length: no padding to mask"
 u = seen["projected"][..., inner : inner + mixer.conv_dim].double()  # [batch, pos, conv_dim]: the conv's inputs
@@ -60,17 +63,31 @@ def gather_ratio(rows: torch.Tensor) -> float:
     return float((share / (own.sum(-1) / (ends + 1))).mean())
 
 
-for head in range(n_heads):
-    channels = slice(head * width, (head + 1) * width)
-    with_skip = M[:, head] + torch.diag_embed(mixer.D[head].detach().double().expand(n_pos))  # [batch, pos, pos]
-    rows = with_skip[prompt, ends]  # [batch, segment, key]
-    folded = torch.zeros(*rows.shape, width, dtype=torch.double)  # Ã per channel: [batch, segment, key r, channel]
+def fold(rows: torch.Tensor, channels: slice) -> torch.Tensor:
+    """``[batch, segment, key r, channel]``: Ã_c[t, r] for the rows ``[batch, segment, key s]`` of a map on ``x``."""
+    folded = torch.zeros(*rows.shape, width, dtype=torch.double)
     for k in range(kernel):  # s = r + k
         folded[:, :, : n_pos - k] += rows[..., k:, None] * gate[:, None, k:, channels] * weight[channels, kernel - 1 - k]
-    # the identity: the folded map on u (plus the bias through the gates) is HF's own SSM output at these rows
-    rebuilt = (folded * u[:, None, :, channels]).sum(2) + torch.einsum("bqs,bsc->bqc", rows, gate[..., channels] * bias[channels])
+    return folded
+
+
+print("gather ratio of the segment-end rows (1 = uniform); D = the skip term D x_t")
+print("head  implicit attention |M|  contributions M x  M folded  M + D folded")
+for head in range(n_heads):
+    channels = slice(head * width, (head + 1) * width)
+    implicit = M[:, head][prompt, ends]  # [batch, segment, key]
+    skip = torch.diag_embed(mixer.D[head].detach().double().expand(len(task), n_pos))[prompt, ends]  # D at s = t
+    # the identity: M + D folded, applied to u (plus the bias through the gates), is HF's own SSM output at these rows
+    with_skip = fold(implicit + skip, channels)
+    rebuilt = (with_skip * u[:, None, :, channels]).sum(2)
+    rebuilt += torch.einsum("bqs,bsc->bqc", implicit + skip, gate[..., channels] * bias[channels])
     scan = seen["scan"][prompt, ends][..., channels].double()
     assert torch.allclose(rebuilt, scan, atol=1e-4 * float(scan.abs().max())), float((rebuilt - scan).abs().max())
-    without_conv = gather_ratio(M[:, head][prompt, ends].abs())
-    with_conv = gather_ratio((folded * u[:, None, :, channels]).norm(dim=-1))  # each input token's contribution
-    print(f"L0H{head}: gather ratio {without_conv:.2f} from implicit attention, {with_conv:.2f} with the conv folded in")
+    x = gate[..., channels] * pre[..., channels]  # the SSM's inputs: SiLU(p)
+    ratios = [
+        gather_ratio(implicit.abs()),  # the paper's pattern (what `discover` scores)
+        gather_ratio((implicit[..., None] * x[:, None]).norm(dim=-1)),  # each key's contribution, no conv, no D
+        gather_ratio((fold(implicit, channels) * u[:, None, :, channels]).norm(dim=-1)),  # conv folded, no D
+        gather_ratio((with_skip * u[:, None, :, channels]).norm(dim=-1)),  # conv folded, with D
+    ]
+    print(f"L0H{head}  " + "  ".join(f"{r:>6.2f}" for r in ratios))

@@ -56,8 +56,8 @@ def test_mass_on_key_spec_forms():
     mask = torch.zeros(6, dtype=torch.bool)
     mask[[1, 3]] = True
     assert int(shared.isnan().sum()) == 1, "the row with no mass"
-    integer = torch.tensor([1, 3])
-    for same in (mask, mask.expand(3, 6), mask.expand(3, 4, 6), [[1, 3]] * 3, [-5, -3], integer, integer.expand(3, 2)):
+    integer = torch.tensor([[1, 3], [1, -3], [-5, 3]])  # [batch, k], negative counts from the end
+    for same in (mask, mask.expand(3, 6), mask.expand(3, 4, 6), [[1, 3]] * 3, [-5, -3], integer):
         assert torch.allclose(gna.mass_on(pattern, same), shared, equal_nan=True)
     whole = gna.mass_on(pattern, list(range(6)))
     finite = ~whole.isnan()

@@ -50,6 +50,11 @@ def test_offline_examples(script, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     if script == "toy_demo.py":
         assert (tmp_path / "gna-report" / "index.html").is_file()
+    if script == "conv_gathering.py":  # the figures docs/discovery.md quotes for the critical Gather head
+        rows = {m[0]: m[1:] for m in re.findall(r"^(L0H\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", result.stdout, re.M)}
+        assert len(rows) == 8, result.stdout
+        implicit, _, folded, with_skip = rows["L0H0"]
+        assert f"{implicit} -> {folded} -> {with_skip}" in (EXAMPLES.parent / "docs" / "discovery.md").read_text()
     if script == "toy_zoo.py":  # each toy on its own task: clean accuracy near its card's, not near chance
         lines = [line for line in result.stdout.splitlines() if " clean " in line and "(card " in line]
         assert len(lines) == len(gna.toy_names()), result.stdout

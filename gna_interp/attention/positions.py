@@ -19,9 +19,9 @@ prompt, e.g. each prompt's final position) or a ``[batch, query]`` integer tenso
 
 KeyPositions = Sequence[int] | Sequence[Sequence[int]] | Tensor
 """A set of key positions: a list of ints (the same in every prompt), a list of int lists
-(one per prompt), an integer tensor ``[k]`` or ``[batch, k]`` of the same (e.g. an
-encoded task's ``segment_ends``), or a bool mask ``[key]``, ``[batch, key]`` or
-``[batch, query, key]``."""
+(one per prompt), an integer tensor ``[batch, k]`` of ``k`` positions per prompt (e.g. an
+encoded task's ``segment_ends``; ``final[:, None]`` for one), or a bool mask ``[key]``,
+``[batch, key]`` or ``[batch, query, key]``."""
 
 
 def _is_int(value: Any) -> bool:
@@ -65,10 +65,10 @@ def query_rows(query_positions: QueryPositions, n_rows: int, n_pos: int) -> Tens
 def key_mask(keys: KeyPositions, n_rows: int, n_query: int, n_key: int) -> Tensor:
     """``[batch, query, key]`` bool mask of the key set (see `KeyPositions`)."""
     if isinstance(keys, Tensor) and keys.dtype != torch.bool:
-        if keys.is_floating_point() or keys.is_complex() or keys.dim() not in (1, 2):
+        if keys.is_floating_point() or keys.is_complex() or keys.dim() != 2:
             raise ValueError(
-                f"a key-position tensor must be integer positions [k] or [batch, k], or a bool mask; got {keys.dtype} "
-                f"of shape {tuple(keys.shape)}"
+                f"a key-position tensor must be integer positions [batch, k] (one position per prompt: t[:, None]) or a "
+                f"bool mask; got {keys.dtype} of shape {tuple(keys.shape)} (a list of ints gives positions shared by every prompt)"
             )
         keys = keys.tolist()
     if isinstance(keys, Tensor):
@@ -79,7 +79,9 @@ def key_mask(keys: KeyPositions, n_rows: int, n_query: int, n_key: int) -> Tenso
             )
         return shaped.expand(n_rows, n_query, n_key)
     if not isinstance(keys, Sequence) or isinstance(keys, str):
-        raise TypeError(f"key positions must be a list of ints, a list of int lists or a bool mask, got {keys!r}")
+        raise TypeError(
+            f"key positions must be a list of ints, a list of int lists, an integer [batch, k] tensor or a bool mask, got {keys!r}"
+        )
     shared = all(_is_int(k) for k in keys)
     per_row: list[list[Any]] = [list(keys)] * n_rows if shared else [list(row) for row in keys]  # type: ignore[arg-type]
     if len(per_row) != n_rows:

@@ -52,8 +52,9 @@ def mass_on(pattern: Tensor, keys: KeyPositions) -> Tensor:
     Args:
         pattern: ``[batch, head, query, key]``.
         keys: see `KeyPositions`: a list of positions (the same in every prompt; negative
-            counts from the end), one list per prompt, or a bool mask ``[key]``,
-            ``[batch, key]`` or ``[batch, query, key]``.
+            counts from the end), one list per prompt, an integer tensor ``[batch, k]``
+            (e.g. ``segment_ends``), or a bool mask ``[key]``, ``[batch, key]`` or
+            ``[batch, query, key]``.
 
     Returns:
         ``[batch, head, query]``.

@@ -59,7 +59,7 @@ def load_toy(name: str, backend: str | None = None) -> Any:
     """Load a bundled toy model offline.
 
     Args:
-        name: ``"llama"``, ``"mamba2"`` or ``"mamba"`` (see `toy_names`).
+        name: a bundled toy, ``"llama"``, ``"mamba2"`` or ``"falcon_h1"`` (see `toy_names`).
         backend: ``"tlens"`` or ``"nnsight"``; default as `gna_interp.load`.
 
     Returns:
