@@ -44,7 +44,8 @@ PATTERN_GAPS: dict[tuple[str, str], str] = {
     ),
     ("mamba2", "gather"): (
         "trained with labels in order, this toy counts options: L0H0, the critical Gather head, acts at the labels, "
-        "and its segment-end rows look almost nowhere inside their own segment (gather ratio 0.16)"
+        "and its segment-end rows look almost nowhere inside their own segment (gather ratio 0.16; 1.13 with its conv and "
+        "skip term folded in, examples/conv_gathering.py)"
     ),
     ("mamba2", "aggregate"): (
         "the backup head L1H6, found by the joint search (harmless alone), has a final row that does not favour the "
