@@ -44,7 +44,7 @@ def tiny_folder(tmp_path: Path, family: str) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("script", ["quickstart.py", "toy_zoo.py", "toy_demo.py", "conv_gathering.py"])
+@pytest.mark.parametrize("script", ["quickstart.py", "toy_zoo.py", "toy_demo.py", "conv_gathering.py", "aggregate_by_key.py"])
 def test_offline_examples(script, tmp_path):
     result = run(script, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -55,6 +55,18 @@ def test_offline_examples(script, tmp_path):
         assert len(rows) == 8, result.stdout
         implicit, _, folded, with_skip = rows["L0H0"]
         assert f"{implicit} -> {folded} -> {with_skip}" in (EXAMPLES.parent / "docs" / "discovery.md").read_text()
+    if script == "aggregate_by_key.py":  # the figures docs/discovery.md quotes (the identities are asserted in the script)
+        docs = (EXAMPLES.parent / "docs" / "discovery.md").read_text()
+        quoted = 0
+        for section in result.stdout.strip().split("\n\n"):
+            toy = section.split(":")[0]
+            rows = re.findall(r"^(L\d+H\d+)\s+([+-][\d.]+)\s+([+-][\d.]+)\s+[+-][\d.]+$", section, re.M)
+            assert toy in ("toy-llama", "toy-mamba2") and rows, section
+            for head, own_correct, own_wrong in rows:
+                if f"| {toy} {head} |" in docs:
+                    assert f"| {toy} {head} | {own_correct} | {own_wrong} |" in docs, (toy, head, own_correct, own_wrong)
+                    quoted += 1
+        assert quoted == 7, quoted
     if script == "toy_zoo.py":  # each toy on its own task: clean accuracy near its card's, not near chance
         lines = [line for line in result.stdout.splitlines() if " clean " in line and "(card " in line]
         assert len(lines) == len(gna.toy_names()), result.stdout
