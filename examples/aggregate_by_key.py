@@ -18,6 +18,9 @@
 # suppressing head both negative; a head that writes the sign of a match, positive then
 # negative. Checked: the terms sum to the head's real output (to within 1e-4 of its largest
 # value), and the final norm and unembedding of the real final residual give the real logits.
+#
+# The last part measures how much of each toy-Llama layer-1 head's effect goes through the
+# MLP that follows it in the same block, which a direct write cannot see.
 
 # %%
 import torch
@@ -145,3 +148,52 @@ def mamba2_writes(head: gna.Head):
 
 
 by_key_report("toy-mamba2", mamba2, mamba2_task, mamba2_writes)
+
+# %% Through the MLP? The toy Llama's layer-1 heads zero-ablated at the final position, with layer 1's MLP
+# output there left free (total effect) or held at its clean value (the head's direct effect only).
+
+
+def centred_correct_logit(seen: dict) -> float:
+    """Mean over prompts of the correct label's logit minus the mean of the labels' logits."""
+    encoded = llama_task.encode()
+    logits = seen["logits"][:, -1].double().gather(1, encoded.candidate_ids)  # [batch, option]
+    logits = logits - logits.mean(1, keepdim=True)
+    return float(logits[torch.arange(len(llama_task)), encoded.correct].mean())
+
+
+def llama_run_with(head: gna.Head | None, hold_mlp: bool) -> float:
+    hf, encoded = llama.hf_model, llama_task.encode()
+    block = hf.model.layers[-1]
+    clean_mlp = read_run(hf, encoded, {"mlp": (block.mlp, "output")})["mlp"][:, -1].clone()
+    hooks = []
+    if head is not None:
+        width = llama.head_dim_of(head)
+
+        def zero_head(module, args):
+            x = args[0].clone()
+            x[:, -1, head.head * width : (head.head + 1) * width] = 0
+            return (x, *args[1:])
+
+        hooks.append(block.self_attn.o_proj.register_forward_pre_hook(zero_head))
+    if hold_mlp:
+
+        def hold(module, args, out):
+            out = out.clone()
+            out[:, -1] = clean_mlp
+            return out
+
+        hooks.append(block.mlp.register_forward_hook(hold))
+    try:
+        return centred_correct_logit(read_run(hf, encoded, {}))
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+clean = llama_run_with(None, False)
+print(f"\ntoy-llama: correct label's logit (centred over labels), clean {clean:+.2f}; change when a head is ablated at the final position")
+print("head   total  direct only (MLP held)")
+for index in range(llama.heads_per_layer[-1]):
+    head = gna.Head(llama.n_layers - 1, index)
+    total, direct = llama_run_with(head, False) - clean, llama_run_with(head, True) - clean
+    print(f"{head}  {total:+6.2f}  {direct:+6.2f}")

@@ -58,7 +58,10 @@ def test_offline_examples(script, tmp_path):
     if script == "aggregate_by_key.py":  # the figures docs/discovery.md quotes (the identities are asserted in the script)
         docs = (EXAMPLES.parent / "docs" / "discovery.md").read_text()
         quoted = 0
-        for section in result.stdout.strip().split("\n\n"):
+        sections = result.stdout.strip().split("\n\n")
+        held = re.findall(r"^(L1H\d+)\s+([+-][\d.]+)\s+([+-][\d.]+)$", sections[-1], re.M)  # the MLP-held table
+        assert len(held) == 4 and all(f"| {head} | {total} | {direct} |" in docs for head, total, direct in held), held
+        for section in sections[:-1]:
             toy = section.split(":")[0]
             rows = re.findall(r"^(L\d+H\d+)((?:\s+[+-][\d.]+){4})$", section, re.M)
             assert toy in ("toy-llama", "toy-mamba2") and rows, section
