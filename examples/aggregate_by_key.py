@@ -88,10 +88,11 @@ runs: dict = {}  # one forward per model and layer, shared by its heads
 # %% The toy Llama: A[t, s] v_s through o_proj, checked against the head's real o_proj input.
 llama = gna.load_toy("llama", backend="nnsight")  # nnsight leaves the HF modules as they are, for raw hooks
 llama_task = gna.toy_task("llama", 200, seed=4242)
+llama_encoded = llama_task.encode()
 
 
 def llama_writes(head: gna.Head):
-    hf, encoded = llama.hf_model, llama_task.encode()
+    hf, encoded = llama.hf_model, llama_encoded
     v_proj, o_proj = hf.model.layers[head.layer].self_attn.v_proj, hf.model.layers[head.layer].self_attn.o_proj
     if ("llama", head.layer) not in runs:
         runs["llama", head.layer] = read_run(hf, encoded, {"v": (v_proj, "output"), "o": (o_proj, "input")})
@@ -112,10 +113,11 @@ by_key_report("toy-llama", llama, llama_task, llama_writes)
 # %% The toy Mamba-2: (M[t, s] + D [s = t]) x_s, then the gate and group norm at t, checked against its out_proj input.
 mamba2 = gna.load_toy("mamba2")
 mamba2_task = gna.toy_task("mamba2", 200, seed=4242)
+mamba2_encoded = mamba2_task.encode()
 
 
 def mamba2_writes(head: gna.Head):
-    hf, encoded = mamba2.hf_model, mamba2_task.encode()
+    hf, encoded = mamba2.hf_model, mamba2_encoded
     mixer = hf.backbone.layers[head.layer].mixer
     reads = {"proj": (mixer.in_proj, "output"), "norm": (mixer.norm, "input"), "out": (mixer.out_proj, "input")}
     if ("mamba2", head.layer) not in runs:
@@ -153,47 +155,48 @@ by_key_report("toy-mamba2", mamba2, mamba2_task, mamba2_writes)
 # output there left free (total effect) or held at its clean value (the head's direct effect only).
 
 
+# (The zeroing is `gna.Ablate([head], positions=final)` written as a raw hook, so that it runs next to the MLP hold.)
+
+
 def centred_correct_logit(seen: dict) -> float:
     """Mean over prompts of the correct label's logit minus the mean of the labels' logits."""
-    encoded = llama_task.encode()
-    logits = seen["logits"][:, -1].double().gather(1, encoded.candidate_ids)  # [batch, option]
+    logits = seen["logits"][:, -1].double().gather(1, llama_encoded.candidate_ids)  # [batch, option]
     logits = logits - logits.mean(1, keepdim=True)
-    return float(logits[torch.arange(len(llama_task)), encoded.correct].mean())
+    return float(logits[torch.arange(len(llama_task)), llama_encoded.correct].mean())
 
 
-def llama_run_with(head: gna.Head | None, hold_mlp: bool) -> float:
-    hf, encoded = llama.hf_model, llama_task.encode()
-    block = hf.model.layers[-1]
-    clean_mlp = read_run(hf, encoded, {"mlp": (block.mlp, "output")})["mlp"][:, -1].clone()
-    hooks = []
-    if head is not None:
-        width = llama.head_dim_of(head)
+last_block = llama.hf_model.model.layers[-1]
+clean_run = read_run(llama.hf_model, llama_encoded, {"mlp": (last_block.mlp, "output")})
+clean, clean_mlp = centred_correct_logit(clean_run), clean_run["mlp"][:, -1]  # [batch, d_model]: the MLP's output at t
 
-        def zero_head(module, args):
-            x = args[0].clone()
-            x[:, -1, head.head * width : (head.head + 1) * width] = 0
-            return (x, *args[1:])
 
-        hooks.append(block.self_attn.o_proj.register_forward_pre_hook(zero_head))
+def llama_ablated(head: gna.Head, hold_mlp: bool) -> float:
+    """The centred correct-label logit with ``head`` zeroed at the final position (and the MLP there held)."""
+    width = llama.head_dim_of(head)
+
+    def zero_head(module, args):
+        x = args[0].clone()
+        x[:, -1, head.head * width : (head.head + 1) * width] = 0
+        return (x, *args[1:])
+
+    def hold(module, args, out):
+        out = out.clone()
+        out[:, -1] = clean_mlp
+        return out
+
+    hooks = [last_block.self_attn.o_proj.register_forward_pre_hook(zero_head)]
     if hold_mlp:
-
-        def hold(module, args, out):
-            out = out.clone()
-            out[:, -1] = clean_mlp
-            return out
-
-        hooks.append(block.mlp.register_forward_hook(hold))
+        hooks.append(last_block.mlp.register_forward_hook(hold))
     try:
-        return centred_correct_logit(read_run(hf, encoded, {}))
+        return centred_correct_logit(read_run(llama.hf_model, llama_encoded, {}))
     finally:
         for hook in hooks:
             hook.remove()
 
 
-clean = llama_run_with(None, False)
 print(f"\ntoy-llama: correct label's logit (centred over labels), clean {clean:+.2f}; change when a head is ablated at the final position")
 print("head   total  direct only (MLP held)")
 for index in range(llama.heads_per_layer[-1]):
     head = gna.Head(llama.n_layers - 1, index)
-    total, direct = llama_run_with(head, False) - clean, llama_run_with(head, True) - clean
+    total, direct = llama_ablated(head, False) - clean, llama_ablated(head, True) - clean
     print(f"{head}  {total:+6.2f}  {direct:+6.2f}")

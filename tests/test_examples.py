@@ -44,38 +44,63 @@ def tiny_folder(tmp_path: Path, family: str) -> Path:
     return folder
 
 
+def _docs_discovery() -> str:
+    return (EXAMPLES.parent / "docs" / "discovery.md").read_text()
+
+
+def _check_demo(result: subprocess.CompletedProcess, tmp_path: Path) -> None:
+    assert (tmp_path / "gna-report" / "index.html").is_file()
+
+
+def _check_conv_gathering(result: subprocess.CompletedProcess, tmp_path: Path) -> None:
+    """The figures docs/discovery.md quotes for the critical Gather head."""
+    rows = {m[0]: m[1:] for m in re.findall(r"^(L0H\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", result.stdout, re.M)}
+    assert len(rows) == 8, result.stdout
+    implicit, _, folded, with_skip = rows["L0H0"]
+    assert f"{implicit} -> {folded} -> {with_skip}" in _docs_discovery()
+
+
+def _check_aggregate_by_key(result: subprocess.CompletedProcess, tmp_path: Path) -> None:
+    """The figures docs/discovery.md quotes (the identities are asserted in the script)."""
+    docs = _docs_discovery()
+    quoted = 0
+    sections = result.stdout.strip().split("\n\n")
+    held = re.findall(r"^(L1H\d+)\s+([+-][\d.]+)\s+([+-][\d.]+)$", sections[-1], re.M)  # the MLP-held table
+    assert len(held) == 4 and all(f"| {head} | {total} | {direct} |" in docs for head, total, direct in held), held
+    for section in sections[:-1]:
+        toy = section.split(":")[0]
+        rows = re.findall(r"^(L\d+H\d+)((?:\s+[+-][\d.]+){4})$", section, re.M)
+        assert toy in ("toy-llama", "toy-mamba2") and rows, section
+        for head, numbers in rows:
+            if f"| {toy} {head} |" in docs:
+                assert f"| {toy} {head} | " + " | ".join(numbers.split()) + " |" in docs, (toy, head, numbers)
+                quoted += 1
+    assert quoted == 7, quoted
+
+
+def _check_toy_zoo(result: subprocess.CompletedProcess, tmp_path: Path) -> None:
+    """Each toy on its own task: clean accuracy near its card's, not near chance."""
+    lines = [line for line in result.stdout.splitlines() if " clean " in line and "(card " in line]
+    assert len(lines) == len(gna.toy_names()), result.stdout
+    for line in lines:
+        clean, card = (float(x) for x in re.search(r"clean ([\d.]+) \(card ([\d.]+)\)", line).groups())
+        assert abs(clean - card) <= 0.05, line
+
+
+OUTPUT_CHECKS = {
+    "toy_demo.py": _check_demo,
+    "conv_gathering.py": _check_conv_gathering,
+    "aggregate_by_key.py": _check_aggregate_by_key,
+    "toy_zoo.py": _check_toy_zoo,
+}
+
+
 @pytest.mark.parametrize("script", ["quickstart.py", "toy_zoo.py", "toy_demo.py", "conv_gathering.py", "aggregate_by_key.py"])
 def test_offline_examples(script, tmp_path):
     result = run(script, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    if script == "toy_demo.py":
-        assert (tmp_path / "gna-report" / "index.html").is_file()
-    if script == "conv_gathering.py":  # the figures docs/discovery.md quotes for the critical Gather head
-        rows = {m[0]: m[1:] for m in re.findall(r"^(L0H\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", result.stdout, re.M)}
-        assert len(rows) == 8, result.stdout
-        implicit, _, folded, with_skip = rows["L0H0"]
-        assert f"{implicit} -> {folded} -> {with_skip}" in (EXAMPLES.parent / "docs" / "discovery.md").read_text()
-    if script == "aggregate_by_key.py":  # the figures docs/discovery.md quotes (the identities are asserted in the script)
-        docs = (EXAMPLES.parent / "docs" / "discovery.md").read_text()
-        quoted = 0
-        sections = result.stdout.strip().split("\n\n")
-        held = re.findall(r"^(L1H\d+)\s+([+-][\d.]+)\s+([+-][\d.]+)$", sections[-1], re.M)  # the MLP-held table
-        assert len(held) == 4 and all(f"| {head} | {total} | {direct} |" in docs for head, total, direct in held), held
-        for section in sections[:-1]:
-            toy = section.split(":")[0]
-            rows = re.findall(r"^(L\d+H\d+)((?:\s+[+-][\d.]+){4})$", section, re.M)
-            assert toy in ("toy-llama", "toy-mamba2") and rows, section
-            for head, numbers in rows:
-                if f"| {toy} {head} |" in docs:
-                    assert f"| {toy} {head} | " + " | ".join(numbers.split()) + " |" in docs, (toy, head, numbers)
-                    quoted += 1
-        assert quoted == 7, quoted
-    if script == "toy_zoo.py":  # each toy on its own task: clean accuracy near its card's, not near chance
-        lines = [line for line in result.stdout.splitlines() if " clean " in line and "(card " in line]
-        assert len(lines) == len(gna.toy_names()), result.stdout
-        for line in lines:
-            clean, card = (float(x) for x in re.search(r"clean ([\d.]+) \(card ([\d.]+)\)", line).groups())
-            assert abs(clean - card) <= 0.05, line
+    if script in OUTPUT_CHECKS:
+        OUTPUT_CHECKS[script](result, tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -77,8 +77,8 @@ PARAMS = [(name, stream) for name in ("llama-tlens", "llama-nnsight", "mamba2", 
 
 @pytest.mark.parametrize("name", ["llama-tlens", "llama-nnsight", "mamba2", "mamba"])
 def test_receiver_inputs_list_the_streams_the_twin_checks(models, name):
-    """`GnaModel.receiver_inputs` names exactly the streams tested against the twin, and
-    every one of them is accepted as ``receiver_input``."""
+    """`GnaModel.receiver_inputs` names exactly the streams that `test_matches_raw_hook_twin`
+    checks as ``receiver_input`` against the twin."""
     _, loaded = models
     model = loaded[name]
     receiver = CASES[name.split("-")[0]][0][1][0]
