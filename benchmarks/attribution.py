@@ -29,9 +29,11 @@ How to read the output
 ----------------------
 - ``attr s`` / ``patch s``: best of ``--repeats`` timed runs after one warm-up (wall clock).
 - ``speed-up``: ``patch s / attr s``.
-- ``spearman``: rank correlation of the two ``[layer, head]`` effect tables (all heads).
-- ``top-k``: of the ``k`` heads with the largest ``|effect|`` under patching, the fraction
-  also among attribution's top ``k``.
+- ``live``: heads that change the metric in either table; a pruned head (the bundled
+  toys' layer 1 keeps one head) is exactly 0 in both, and ties have no rank.
+- ``spearman``: rank correlation of the two ``[layer, head]`` effect tables (live heads).
+- ``top-k``: of the ``k`` live heads with the largest ``|effect|`` under patching, the
+  fraction also among attribution's top ``k``.
 
 Then, on ``toy-mamba2``, path patching of the G&A pair: the receiver is the last-layer
 head with the largest activation-patching effect; ``gna.path_patching_sweep`` scores every
@@ -83,7 +85,7 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def top_k_overlap(attribution: torch.Tensor, exact: torch.Tensor, k: int) -> float:
-    """Fraction of the ``k`` largest ``|exact|`` heads that attribution also ranks in its
+    """Over the live heads (see `measure`): fraction of the ``k`` largest ``|exact|`` heads that attribution also ranks in its
     top ``k``; NaN when no head changes the metric, or when ``k`` covers every head
     (the overlap is then 1 whatever the ranking)."""
     if not bool(exact.abs().gt(0).any()) or k >= exact.numel():
@@ -142,10 +144,13 @@ def measure(name: str, model: Any, clean: Any, corrupt: Any, metric: Callable, r
     attr_s, attribution = best_time(lambda: gna.attribution_patching(model, clean, corrupt, metric), repeats)
     patch_s, exact = best_time(lambda: gna.patching_sweep(model, clean, corrupt, metric, progress=False), repeats)
     a, e = attribution.effects().flatten(), exact.effects().flatten()
+    live = (a != 0) | (e != 0)  # a pruned head changes nothing in either table: exact ties, nothing to rank
+    a, e = a[live], e[live]
     row = {
         "model": name,
         "backend": model.backend_name,
-        "heads": e.numel(),
+        "heads": live.numel(),
+        "live": e.numel(),
         "attr_s": attr_s,
         "patch_s": patch_s,
         "speedup": patch_s / attr_s,
@@ -198,14 +203,14 @@ def main() -> None:
     )
     cases = [toy_case("mamba2", args.prompts, args.seed), *random_models(args.prompts, args.seed)]
     rows = [measure(*case, repeats=args.repeats) for case in cases]
-    header = f"{'model':<30} {'heads':>5} {'attr s':>8} {'patch s':>8} {'speed-up':>8} {'max|eff|':>8} {'spearman':>8} " + " ".join(
-        f"{'top-' + str(k):>6}" for k in TOP_K
-    )
+    columns = ("attr s", "patch s", "speed-up", "max|eff|", "spearman")
+    header = f"{'model':<30} {'heads':>5} {'live':>5} " + " ".join(f"{c:>8}" for c in columns) + " "
+    header += " ".join(f"{'top-' + str(k):>6}" for k in TOP_K)
     print(header)
     for r in rows:
         tops = " ".join(f"{r[f'top{k}']:>6.2f}" for k in TOP_K)
         times = f"{r['attr_s']:>8.3f} {r['patch_s']:>8.3f} {r['speedup']:>7.1f}x"
-        print(f"{r['model']:<30} {r['heads']:>5} {times} {r['max_abs_effect']:>8.3f} {r['spearman']:>8.3f} {tops}")
+        print(f"{r['model']:<30} {r['heads']:>5} {r['live']:>5} {times} {r['max_abs_effect']:>8.3f} {r['spearman']:>8.3f} {tops}")
     demo = path_demo(*cases[0][1:])
     print(
         f"\npath patching on toy-mamba2 into {demo['receiver']} (noise-direction activation patching of it: "

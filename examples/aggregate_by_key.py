@@ -1,6 +1,9 @@
 # %% [markdown]
 # # What does each option's text make an Aggregate head write? (offline, toy models)
 #
+# On the unpruned toys, `llama_4heads` and `mamba2_8heads`, whose layer 1 shares the
+# aggregation among several heads (the bundled `llama` and `mamba2` keep one of them).
+#
 # A last-layer head's output at the final position `t` is a sum over keys `s`:
 # `sum_s A[t, s] v_s` for softmax attention, `sum_s (M[t, s] + D [s = t]) x_s` for a Mamba-2
 # head (then its gate and group norm, linear at `t` once the norm's scale at `t` is read).
@@ -19,7 +22,7 @@
 # negative. Checked: the terms sum to the head's real output (to within 1e-4 of its largest
 # value), and the final norm and unembedding of the real final residual give the real logits.
 #
-# The last part measures how much of each toy-Llama layer-1 head's effect goes through the
+# The last part measures how much of each `llama_4heads` layer-1 head's effect goes through the
 # MLP that follows it in the same block, which a direct write cannot see.
 
 # %%
@@ -86,8 +89,8 @@ def by_key_report(name: str, model, task, head_writes) -> None:
 runs: dict = {}  # one forward per model and layer, shared by its heads
 
 # %% The toy Llama: A[t, s] v_s through o_proj, checked against the head's real o_proj input.
-llama = gna.load_toy("llama", backend="nnsight")  # nnsight leaves the HF modules as they are, for raw hooks
-llama_task = gna.toy_task("llama", 200, seed=4242)
+llama = gna.load_toy("llama_4heads", backend="nnsight")  # nnsight leaves the HF modules as they are, for raw hooks
+llama_task = gna.toy_task("llama_4heads", 200, seed=4242)
 llama_encoded = llama_task.encode()
 
 
@@ -108,11 +111,11 @@ def llama_writes(head: gna.Head):
     return per_key @ columns.T
 
 
-by_key_report("toy-llama", llama, llama_task, llama_writes)
+by_key_report("toy-llama_4heads", llama, llama_task, llama_writes)
 
 # %% The toy Mamba-2: (M[t, s] + D [s = t]) x_s, then the gate and group norm at t, checked against its out_proj input.
-mamba2 = gna.load_toy("mamba2")
-mamba2_task = gna.toy_task("mamba2", 200, seed=4242)
+mamba2 = gna.load_toy("mamba2_8heads")
+mamba2_task = gna.toy_task("mamba2_8heads", 200, seed=4242)
 mamba2_encoded = mamba2_task.encode()
 
 
@@ -149,7 +152,7 @@ def mamba2_writes(head: gna.Head):
     return per_key @ columns.T
 
 
-by_key_report("toy-mamba2", mamba2, mamba2_task, mamba2_writes)
+by_key_report("toy-mamba2_8heads", mamba2, mamba2_task, mamba2_writes)
 
 # %% Through the MLP? The toy Llama's layer-1 heads zero-ablated at the final position, with layer 1's MLP
 # output there left free (total effect) or held at its clean value (the head's direct effect only).
@@ -194,7 +197,10 @@ def llama_ablated(head: gna.Head, hold_mlp: bool) -> float:
             hook.remove()
 
 
-print(f"\ntoy-llama: correct label's logit (centred over labels), clean {clean:+.2f}; change when a head is ablated at the final position")
+print(
+    f"\ntoy-llama_4heads: correct label's logit (centred over labels), clean {clean:+.2f}; "
+    "change when a head is ablated at the final position"
+)
 print("head   total  direct only (MLP held)")
 for index in range(llama.heads_per_layer[-1]):
     head = gna.Head(llama.n_layers - 1, index)

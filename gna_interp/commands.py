@@ -217,7 +217,7 @@ def zoo_train(args: argparse.Namespace) -> int:
         chosen = dataclasses.replace(chosen, max_steps=args.max_steps)
     out = check_out_dir(args.out or f"gna-zoo/{args.name}")
     print(f"training {chosen.name} ({chosen.family}), seed {chosen.seed}, at most {chosen.max_steps} steps, into {out}/")
-    card = build_toy(chosen, out, progress=not args.quiet)
+    card = build_toy(chosen, out, init=args.init, progress=not args.quiet)
     facts = card["ablation"]
     print(
         f"done: {card['steps']} steps in {card['train_seconds']:.0f} s; held-out accuracy {card['held_out_accuracy']:.3f}; "

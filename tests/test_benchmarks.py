@@ -34,7 +34,8 @@ def test_attribution_benchmark_compares_real_effects(tmp_path):
     for row in rows:
         assert row["max_abs_effect"] > 1e-3, row
         assert math.isfinite(row["spearman"]) and -1.0 <= row["spearman"] <= 1.0, row
-        if row["heads"] <= 10:
+        assert 1 <= row["live"] <= row["heads"], row
+        if row["live"] <= 10:
             assert math.isnan(row["top10"]), row  # 10 of at most 10 heads: no information
     assert math.isfinite(figures["path_demo"]["by_stream"]["any"])
 

@@ -70,7 +70,7 @@ def _check_aggregate_by_key(result: subprocess.CompletedProcess, tmp_path: Path)
     for section in sections[:-1]:
         toy = section.split(":")[0]
         rows = re.findall(r"^(L\d+H\d+)((?:\s+[+-][\d.]+){4})$", section, re.M)
-        assert toy in ("toy-llama", "toy-mamba2") and rows, section
+        assert toy in ("toy-llama_4heads", "toy-mamba2_8heads") and rows, section
         for head, numbers in rows:
             if f"| {toy} {head} |" in docs:
                 assert f"| {toy} {head} | " + " | ".join(numbers.split()) + " |" in docs, (toy, head, numbers)

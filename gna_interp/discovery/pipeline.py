@@ -26,7 +26,7 @@ roles from the patterns and confirm them:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -164,7 +164,7 @@ def discover(
             if head in harmful:
                 shares = None if item.entry is None else entry_shares(clean.accuracy, item.ablated_accuracy or 0.0, item.entry)
                 item.role = label(scores, thresholds, shares)
-        _gather_before_aggregate(evidence)
+        _gather_before_aggregate(evidence, model.head_position)
         for item in evidence.values():
             item.pattern_agrees = None if item.scores is None else pattern_agrees(item.role, item.scores)
     by_harm = sorted(evidence.values(), key=lambda e: (e.ablated_accuracy if e.ablated_accuracy is not None else 1.0, e.head))
@@ -293,15 +293,26 @@ def _candidates(accuracy: torch.Tensor, verified: torch.Tensor, limit: int) -> l
     return sorted(head for _, head in sorted(found)[:limit])
 
 
-def _gather_before_aggregate(evidence: dict[Head, HeadEvidence]) -> None:
-    """A Gather head feeds an Aggregate head: drop Gather labels at or after the last
-    Aggregate layer (a segment-local head there cannot feed the readout)."""
-    aggregate_layers = [e.head.layer for e in evidence.values() if e.role == "aggregate"]
-    if not aggregate_layers:
+def _gather_before_aggregate(evidence: dict[Head, HeadEvidence], position: Callable[[Head], tuple[int, int]]) -> None:
+    """A Gather head feeds an Aggregate head, so the roles keep the order of the heads'
+    positions (``(layer, stage)``: a Zamba2 layer's Mamba-2 reads its shared attention;
+    FalconH1's parallel mixers share one): drop Gather labels at or after the last
+    Aggregate position (a segment-local head there cannot feed the readout), then, if
+    Gather heads remain, Aggregate labels at or before the first of them (a head there
+    reads no summaries: in layer 0, only token embeddings)."""
+    aggregates = [position(e.head) for e in evidence.values() if e.role == "aggregate"]
+    if not aggregates:
         return
-    last = max(aggregate_layers)
+    last = max(aggregates)
     for item in evidence.values():
-        if item.role == "gather" and item.head.layer >= last:
+        if item.role == "gather" and position(item.head) >= last:
+            item.role = None
+    gathers = [position(e.head) for e in evidence.values() if e.role == "gather"]
+    if not gathers:
+        return
+    first = min(gathers)
+    for item in evidence.values():
+        if item.role == "aggregate" and position(item.head) <= first:
             item.role = None
 
 

@@ -61,7 +61,8 @@ class RoleThresholds:
     ablating it only there:
 
     - **Aggregate**: ``share_final >= entry_share``, ``share_final >= share_segments``
-      and the final row reads the options (``aggregate_mass``);
+      and the final row reads the options (``aggregate_mass``), in a layer after the
+      first Gather layer;
     - **Gather**: ``share_segments >= entry_share``, ``share_segments > share_final``,
       in a layer before the last Aggregate layer.
 

@@ -21,9 +21,12 @@ HELD_OUT_TASK_SEED = 20_000
 """`toy_mcq` seed of the card's held-out prompts (training never sees text prompts)."""
 
 
-def build_toy(recipe: Recipe, out: Path, *, progress: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+def build_toy(
+    recipe: Recipe, out: Path, *, init: str | Path | None = None, progress: bool = True, log: Callable[[str], None] = print
+) -> dict[str, Any]:
     """Train ``recipe``, evaluate it on fresh prompts, run the ablation checks, save.
 
+    ``init``: for a recipe with ``init_from``, that toy's folder (default: the bundled one).
     Training checkpoints to ``out/checkpoint.pt`` at every evaluation; running again
     after an interruption resumes there (the result equals an uninterrupted run).
 
@@ -32,11 +35,13 @@ def build_toy(recipe: Recipe, out: Path, *, progress: bool = True, log: Callable
     """
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "checkpoint.pt"
-    result = train(recipe, checkpoint=checkpoint, progress=progress, log=log)
-    return finish_toy(recipe, result, out, progress=progress)
+    result = train(recipe, checkpoint=checkpoint, init=init, progress=progress, log=log)
+    return finish_toy(recipe, result, out, progress=progress, init=init)
 
 
-def finish_toy(recipe: Recipe, result: TrainResult, out: Path, *, progress: bool = False) -> dict[str, Any]:
+def finish_toy(
+    recipe: Recipe, result: TrainResult, out: Path, *, progress: bool = False, init: str | Path | None = None
+) -> dict[str, Any]:
     tokenizer = toy_tokenizer()
     model = load(result.model, tokenizer=tokenizer, backend="nnsight")
     task = toy_mcq(HELD_OUT_PROMPTS, seed=HELD_OUT_TASK_SEED, **task_shape(recipe))
@@ -52,6 +57,9 @@ def finish_toy(recipe: Recipe, result: TrainResult, out: Path, *, progress: bool
         "batch_size": recipe.batch_size,
         "lr": recipe.lr,
         "ordered_label_steps": recipe.ordered_label_steps,
+        "init_from": recipe.init_from,
+        "init_folder": None if init is None else str(Path(init).resolve()),
+        "pruned_heads": list(recipe.pruned_heads),
         "reached_target": result.reached_target,
         "train_seconds": round(result.seconds, 1),
         "threads": recipe.threads,

@@ -98,8 +98,9 @@ def zoo_table_markdown() -> str:
             + ("" if row["reached_chance"] else " (not reached)")
             for layer, row in facts["smallest_sets"].items()
         )
+        origin = f", fine-tuned from `{card['init_from']}`" if card.get("init_from") else ""
         lines.append(
-            f"| `{name}` ({card['family']}) | {card['parameters']:,} | {card['steps']:,} | {card['train_seconds']:.0f} s | "
+            f"| `{name}` ({card['family']}{origin}) | {card['parameters']:,} | {card['steps']:,} | {card['train_seconds']:.0f} s | "
             f"{card['held_out_accuracy']:.3f} | {facts['best_single_head']} -> "
             f"{facts['best_single_head_accuracy']:.3f} | {sets} |"
         )
@@ -122,6 +123,8 @@ def card_markdown(card: dict[str, Any]) -> str:
         "|---|---|",
         f"| parameters | {card['parameters']:,} |",
         f"| seed | {card['seed']} |",
+        *([f"| starts from | the trained `{card['init_from']}` (fine-tuned){_init_folder(card)} |"] if card.get("init_from") else []),
+        *([f"| pruned heads | {', '.join(card['pruned_heads'])} (weights zero and frozen) |"] if card.get("pruned_heads") else []),
         f"| steps | {card['steps']:,} (batch {card['batch_size']}) |",
         f"| training time | {card['train_seconds']:.0f} s on {card['threads']} CPU thread(s) |",
         f"| held-out accuracy | {card['held_out_accuracy']:.3f} on {card['held_out_n']} fresh prompts (seed {card['held_out_seed']}) |",
@@ -137,6 +140,11 @@ def card_markdown(card: dict[str, Any]) -> str:
     for layer, row in facts["smallest_sets"].items():
         lines.append(f"| {layer} | {', '.join(row['heads'])} | {row['accuracy']:.3f} | {'yes' if row['reached_chance'] else 'no'} |")
     return "\n".join(lines) + "\n"
+
+
+def _init_folder(card: dict[str, Any]) -> str:
+    folder = card.get("init_folder")
+    return f", from `{folder}`" if folder else ", the bundled one"
 
 
 def _task_words(card: dict[str, Any]) -> str:

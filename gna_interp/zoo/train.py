@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..tasks.toy import LETTERS, VOCAB, toy_token_batch
+from .prune import frozen_at_zero, prune_heads, still_pruned
 from .recipes import Recipe
 
 HELD_OUT_SEED = 10_000
@@ -36,13 +37,37 @@ class TrainResult:
     """One row per evaluation: step, loss, held-out accuracy."""
 
 
-def build_model(recipe: Recipe) -> Any:
-    """The untrained model, initialised from the recipe's seed."""
+def build_model(recipe: Recipe, init: str | Path | None = None) -> Any:
+    """The model before training: initialised from the recipe's seed, or, for a recipe
+    with ``init_from``, loaded from ``init`` (default: the bundled toy of that name).
+    Its ``pruned_heads`` are zeroed (not yet frozen: `train` does that)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(recipe.seed)
-    config = AutoConfig.for_model(recipe.family, **recipe.config)
-    return AutoModelForCausalLM.from_config(config)
+    if recipe.init_from is None:
+        if init is not None:
+            raise ValueError(f"init={str(init)!r}: recipe {recipe.name!r} trains from scratch (it has no init_from)")
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(recipe.family, **recipe.config))
+    else:
+        from .store import toy_names, toy_path
+
+        if init is None and recipe.init_from not in toy_names():
+            raise ValueError(
+                f"recipe {recipe.name!r} starts from toy {recipe.init_from!r}, which is not bundled: train it "
+                f"(gna-interp zoo train {recipe.init_from}) and pass its folder as init"
+            )
+        source = Path(init) if init is not None else toy_path(recipe.init_from)
+        if not (source / "config.json").is_file():
+            raise ValueError(f"init={str(source)!r}: expected the folder of a trained toy (with config.json)")
+        model = AutoModelForCausalLM.from_pretrained(source)
+        differs = {k: (getattr(model.config, k, None), v) for k, v in recipe.config.items() if getattr(model.config, k, None) != v}
+        if model.config.model_type != recipe.family or differs:
+            raise ValueError(
+                f"init {str(source)!r} is not a {recipe.family} model of the recipe's config: it is a "
+                f"{model.config.model_type!r} model" + (f", differing in {differs}" if differs else "")
+            )
+    prune_heads(model, recipe.pruned_heads)
+    return model
 
 
 def task_shape(recipe: Recipe) -> dict[str, Any]:
@@ -123,6 +148,7 @@ def train(
     *,
     max_steps: int | None = None,
     checkpoint: str | Path | None = None,
+    init: str | Path | None = None,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> TrainResult:
@@ -134,6 +160,8 @@ def train(
         checkpoint: a file written at every evaluation (model, optimizer, schedule,
             data-generator state); if it exists, training resumes from it, and the
             result equals an uninterrupted run.
+        init: for a recipe with ``init_from``, the folder of that toy's trained model
+            (default: the bundled toy).
         progress: show a tqdm bar.
         log: where evaluation lines go.
 
@@ -145,7 +173,8 @@ def train(
     threads = torch.get_num_threads()
     torch.set_num_threads(recipe.threads)
     try:
-        model = build_model(recipe).train()
+        model = build_model(recipe, init).train()
+        pruned = prune_heads(model, recipe.pruned_heads)  # the masks (the weights are already 0)
         steps_limit = recipe.max_steps if max_steps is None else max_steps
         data = torch.Generator().manual_seed(recipe.seed)
         held_ids, held_answers = toy_token_batch(512, torch.Generator().manual_seed(HELD_OUT_SEED + recipe.seed), **task_shape(recipe))
@@ -172,35 +201,38 @@ def train(
         bar = tqdm(total=steps_limit, initial=step, desc=f"train {recipe.name}", disable=not progress, leave=False)
         task = task_shape(recipe)
         in_order = {**task, "shuffle_labels": False}  # the curriculum's first steps
-        for step in range(first_step, steps_limit + 1) if not reached else range(0):
-            shape = in_order if step <= recipe.ordered_label_steps else task
-            input_ids, answers = toy_token_batch(recipe.batch_size, data, **shape)
-            loss = F.cross_entropy(model(input_ids=input_ids).logits[:, -1], answers)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-            optimizer.step()
-            schedule.step()
-            bar.update(1)
-            if step % recipe.eval_every == 0 or step == steps_limit:
-                accuracy = quick_accuracy(model, held_ids, held_answers, letter_ids)
-                history.append({"step": step, "loss": loss.item(), "accuracy": accuracy, "seconds": time.perf_counter() - start})
-                log(f"{recipe.name} step {step}: loss {loss.item():.4f}, held-out accuracy {accuracy:.3f}")
-                reached = accuracy >= recipe.target_accuracy
-                if checkpoint is not None:
-                    state = {
-                        "recipe": _recipe_key(recipe),
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "schedule": schedule.state_dict(),
-                        "data": data.get_state(),
-                        "history": history,
-                        "step": step,
-                        "elapsed": time.perf_counter() - start,
-                    }
-                    _save_checkpoint(checkpoint, state)
-                if reached:
-                    break
+        with frozen_at_zero(pruned):  # pruned heads stay at 0 (hooks gone on exit)
+            for step in range(first_step, steps_limit + 1) if not reached else range(0):
+                shape = in_order if step <= recipe.ordered_label_steps else task
+                input_ids, answers = toy_token_batch(recipe.batch_size, data, **shape)
+                loss = F.cross_entropy(model(input_ids=input_ids).logits[:, -1], answers)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+                optimizer.step()
+                schedule.step()
+                bar.update(1)
+                if step % recipe.eval_every == 0 or step == steps_limit:
+                    accuracy = quick_accuracy(model, held_ids, held_answers, letter_ids)
+                    history.append({"step": step, "loss": loss.item(), "accuracy": accuracy, "seconds": time.perf_counter() - start})
+                    log(f"{recipe.name} step {step}: loss {loss.item():.4f}, held-out accuracy {accuracy:.3f}")
+                    reached = accuracy >= recipe.target_accuracy
+                    if checkpoint is not None:
+                        state = {
+                            "recipe": _recipe_key(recipe),
+                            "model": model.state_dict(),
+                            "optimizer": optimizer.state_dict(),
+                            "schedule": schedule.state_dict(),
+                            "data": data.get_state(),
+                            "history": history,
+                            "step": step,
+                            "elapsed": time.perf_counter() - start,
+                        }
+                        _save_checkpoint(checkpoint, state)
+                    if reached:
+                        break
+        if not still_pruned(pruned):  # would mean an optimizer that moves zero-gradient weights
+            raise RuntimeError(f"{recipe.name}: a pruned head's weights left 0 during training")
         bar.close()
         return TrainResult(model.eval(), step, time.perf_counter() - start, reached, history)
     finally:

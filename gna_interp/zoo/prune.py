@@ -1,0 +1,110 @@
+"""Head pruning for toy training: a pruned head's weights are zero and stay zero.
+
+A pruned head's output is identically zero, in weight space: it needs no hook at
+inference, and a model fine-tuned with it pruned learns to do without it. For attention
+this is zero-ablation of the head; for Mamba-2 it also takes the head out of the gated
+norm that its group shares. HF configs give every layer the same number of heads, so this
+is how a toy gets fewer heads in one layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from ..core.heads import Head
+
+Masks = dict[torch.nn.Parameter, torch.Tensor]
+"""Per parameter, a 0/1 tensor of its shape: 0 on the pruned heads' entries."""
+
+
+Entries = list[tuple[torch.nn.Parameter, tuple[slice, ...]]]
+"""Per parameter, the index of a head's entries."""
+
+
+def _attention_entries(model: Any, head: Head) -> Entries:
+    """Llama-like attention: the head's rows of q (and of k, v without grouped-query
+    sharing) and its columns of o."""
+    attention = model.model.layers[head.layer].self_attn
+    config = model.config
+    n_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    if not 0 <= head.head < n_heads:
+        raise ValueError(f"head {head}: layer {head.layer} has heads 0..{n_heads - 1}")
+    rows = slice(head.head * head_dim, (head.head + 1) * head_dim)
+    own = [attention.q_proj]
+    if getattr(config, "num_key_value_heads", n_heads) == n_heads:  # k, v are the head's own
+        own += [attention.k_proj, attention.v_proj]
+    entries: Entries = [(attention.o_proj.weight, (slice(None), rows))]
+    for projection in own:
+        entries.append((projection.weight, (rows, slice(None))))
+        if projection.bias is not None:  # Qwen2
+            entries.append((projection.bias, (rows,)))
+    return entries
+
+
+def _mamba2_entries(model: Any, head: Head) -> Entries:
+    """Mamba-2: the head's gate rows of the in-projection and its out-projection columns.
+    With ``z = 0`` its gated channels are ``y * silu(0) = 0`` before the gated norm, so
+    the norm, which spans every head of a group, no longer depends on the pruned head
+    (zero-ablation at the library's head site, after the norm, leaves that dependence)."""
+    mixer = model.backbone.layers[head.layer].mixer
+    if not 0 <= head.head < mixer.num_heads:
+        raise ValueError(f"head {head}: layer {head.layer} has heads 0..{mixer.num_heads - 1}")
+    channels = slice(head.head * mixer.head_dim, (head.head + 1) * mixer.head_dim)
+    # in_proj's output is [gate z (d_inner) | x | B | C | dt]: z's rows are the channels' own
+    entries: Entries = [(mixer.in_proj.weight, (channels, slice(None))), (mixer.out_proj.weight, (slice(None), channels))]
+    if mixer.in_proj.bias is not None:
+        entries.append((mixer.in_proj.bias, (channels,)))
+    return entries
+
+
+_ENTRIES = {"llama": _attention_entries, "mistral": _attention_entries, "qwen2": _attention_entries, "mamba2": _mamba2_entries}
+
+
+def prune_heads(model: Any, heads: Iterable[Head | str]) -> Masks:
+    """Zero the weights of ``heads`` in an HF ``*ForCausalLM`` (in place).
+
+    Args:
+        model: a Llama-like (``llama``, ``mistral``, ``qwen2``) or ``mamba2`` model.
+        heads: `Head`s or their names (``"L1H3"``).
+
+    Returns:
+        the masks, for `frozen_at_zero` during training.
+    """
+    family = model.config.model_type
+    if family not in _ENTRIES:
+        raise ValueError(f"pruning heads of a {family!r} model is not supported: expected one of {sorted(_ENTRIES)}")
+    masks: Masks = {}
+    n_layers = model.config.num_hidden_layers
+    for item in heads:
+        head = Head.parse(item) if isinstance(item, str) else item
+        if not 0 <= head.layer < n_layers:
+            raise ValueError(f"head {head}: the model has layers 0..{n_layers - 1}")
+        for parameter, index in _ENTRIES[family](model, head):
+            masks.setdefault(parameter, torch.ones_like(parameter))[index] = 0
+    with torch.no_grad():
+        for parameter, mask in masks.items():
+            parameter.mul_(mask)
+    return masks
+
+
+@contextmanager
+def frozen_at_zero(masks: Masks) -> Iterator[None]:
+    """Inside the block, gradients of the pruned entries are zeroed, so that AdamW
+    (zero gradient, zero moments, decoupled decay of 0) leaves them at exactly 0. The
+    gradient hooks are removed on exit, also when the block raises."""
+    handles = [parameter.register_hook(lambda grad, mask=mask: grad * mask) for parameter, mask in masks.items()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def still_pruned(masks: Masks) -> bool:
+    """Whether every pruned entry is still exactly 0."""
+    return all(not bool((parameter.detach() * (1 - mask)).any()) for parameter, mask in masks.items())
