@@ -35,6 +35,23 @@ _MAMBA2_2X8 = dict(
 """The toy Mamba-2's shape: 2 layers x 8 heads of 16, state 16."""
 
 
+_LLAMA_PRUNED: dict[str, Any] = dict(
+    family="llama",
+    config=dict(_LLAMA_2X4, initializer_range=0.2),
+    seed=1,
+    lr=1e-3,
+    max_steps=8_000,
+    warmup_steps=100,
+    decay_start=4_800,
+    decay_steps=3_200,
+    target_accuracy=0.99,
+    layout="label_last",
+    shuffle_labels=True,
+    init_from="llama_4heads",
+)
+"""Fine-tuning `llama_4heads` with some layer-1 heads pruned (recipes `llama`, `llama_2heads`)."""
+
+
 @dataclass(frozen=True)
 class Recipe:
     """How one toy model is trained on `toy_mcq` prompts (fresh ones every step)."""
@@ -113,18 +130,7 @@ RECIPES: dict[str, Recipe] = {
         ),
         Recipe(
             name="llama",
-            family="llama",
-            config=dict(_LLAMA_2X4, initializer_range=0.2),
-            seed=1,
-            lr=1e-3,
-            max_steps=8_000,
-            warmup_steps=100,
-            decay_start=4_800,
-            decay_steps=3_200,
-            target_accuracy=0.99,
-            layout="label_last",
-            shuffle_labels=True,
-            init_from="llama_4heads",
+            **_LLAMA_PRUNED,
             pruned_heads=("L1H1", "L1H2", "L1H3"),
             notes=(
                 "`llama_4heads` with layer 1 pruned to one head, then fine-tuned: 4 heads of 16 in layer 0, 1 in layer 1. "
@@ -135,18 +141,7 @@ RECIPES: dict[str, Recipe] = {
         ),
         Recipe(
             name="llama_2heads",
-            family="llama",
-            config=dict(_LLAMA_2X4, initializer_range=0.2),
-            seed=1,
-            lr=1e-3,
-            max_steps=8_000,
-            warmup_steps=100,
-            decay_start=4_800,
-            decay_steps=3_200,
-            target_accuracy=0.99,
-            layout="label_last",
-            shuffle_labels=True,
-            init_from="llama_4heads",
+            **_LLAMA_PRUNED,
             pruned_heads=("L1H1", "L1H2"),
             notes=(
                 "As `llama`, with layer 1 pruned to two heads, L1H0 and L1H3 (the two most important by the same 500 "
