@@ -180,6 +180,25 @@ RECIPES: dict[str, Recipe] = {
             ),
         ),
         Recipe(
+            name="mamba2_long_options",
+            family="mamba2",
+            config=_MAMBA2_2X8,
+            seed=1,
+            lr=1e-3,
+            max_steps=3_000,
+            warmup_steps=100,
+            decay_start=1_800,
+            decay_steps=1_200,
+            words_per_option=4,
+            init_from="mamba2",
+            pruned_heads=tuple(f"L1H{h}" for h in range(8) if h != 4),
+            notes=(
+                "The bundled `mamba2` fine-tuned on options of 4 words, longer than its 4-token conv can carry into the "
+                "option's line end. Not bundled: its critical Gather head, L0H0, still reads outside its own segment "
+                "(gather ratio 0.11), so longer options do not close the bundled toy's Gather pattern gap."
+            ),
+        ),
+        Recipe(
             name="mamba2_label_last",
             family="mamba2",
             config=dict(_MAMBA2_2X8, conv_kernel=2),
