@@ -39,9 +39,7 @@ def build_toy(
     return finish_toy(recipe, result, out, progress=progress, init=init)
 
 
-def finish_toy(
-    recipe: Recipe, result: TrainResult, out: Path, *, progress: bool = False, init: str | Path | None = None
-) -> dict[str, Any]:
+def finish_toy(recipe: Recipe, result: TrainResult, out: Path, *, progress: bool = False, init: str | Path | None = None) -> dict[str, Any]:
     tokenizer = toy_tokenizer()
     model = load(result.model, tokenizer=tokenizer, backend="nnsight")
     task = toy_mcq(HELD_OUT_PROMPTS, seed=HELD_OUT_TASK_SEED, **task_shape(recipe))
