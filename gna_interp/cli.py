@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, help="override the recipe's seed")
     train.add_argument("--max-steps", type=int, help="override the recipe's step limit")
     train.add_argument(
-        "--init", help="for a fine-tuning recipe (llama): the trained folder of the toy it starts from (default: the bundled one)"
+        "--init", help="for a fine-tuning recipe (init_from): the trained folder of the toy it starts from (default: the bundled toy)"
     )
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(func=cmd.zoo_train)

@@ -154,3 +154,14 @@ def test_bad_input():
         build_model(dataclasses.replace(recipe("llama"), init_from="nowhere"))
     with pytest.raises(ValueError, match="is not a llama model of the recipe's config"):
         build_model(dataclasses.replace(recipe("llama"), init_from="mamba2"))
+
+
+def test_resuming_from_another_init_is_refused(tmp_path):
+    short = dataclasses.replace(recipe("llama"), max_steps=2, eval_every=2, batch_size=8)
+    checkpoint = tmp_path / "fine.pt"
+    train(short, checkpoint=checkpoint, progress=False, log=lambda _: None)
+    longer = dataclasses.replace(short, max_steps=4)
+    with pytest.raises(ValueError, match="was written from init=None"):
+        train(longer, checkpoint=checkpoint, init=toy_path("llama_4heads"), progress=False, log=lambda _: None)
+    resumed = train(longer, checkpoint=checkpoint, progress=False, log=lambda _: None)  # the same start resumes
+    assert resumed.steps == 4

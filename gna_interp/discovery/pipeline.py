@@ -189,7 +189,8 @@ class _JointSearch:
     """The joint stage: per role, `scans.joint_set` over the heads of the role's layers
     (only the examined ones in layers of more than ``screen_above`` heads), minus heads
     of the other role. An Aggregate pool head must read the options from the final row
-    (``aggregate_mass``); a Gather pool head must sit before the last Aggregate layer.
+    (``aggregate_mass``) and sit after the first Gather head's position; a Gather pool
+    head must sit before the last Aggregate head's position (positions: `_gather_before_aggregate`).
     Heads it adds get the role with ``joint=True``."""
 
     def __init__(
@@ -223,10 +224,20 @@ class _JointSearch:
                 accuracy, verified = _float(self.scan.accuracy[layer, index]), bool(self.scan.verified[layer, index])
                 self.evidence[head] = HeadEvidence(head, None, accuracy, verified)
             self.evidence[head].scores = scores
-        if role == "aggregate":
-            return [h for h in pool if h in members or self.evidence[h].scores.aggregate_mass >= self.thresholds.aggregate_mass]  # type: ignore[union-attr]
-        last_aggregate = max((h.layer for h in circuit.aggregate), default=self.model.n_layers)
-        return [h for h in pool if h in members or h.layer < last_aggregate]
+        position = self.model.head_position
+        if role == "aggregate":  # reads the options, after the first Gather head (as `_gather_before_aggregate`)
+            first_gather = min((position(h) for h in circuit.gather), default=None)
+            return [
+                h
+                for h in pool
+                if h in members
+                or (
+                    self.evidence[h].scores.aggregate_mass >= self.thresholds.aggregate_mass  # type: ignore[union-attr]
+                    and (first_gather is None or position(h) > first_gather)
+                )
+            ]
+        last_aggregate = max((position(h) for h in circuit.aggregate), default=(self.model.n_layers, 0))
+        return [h for h in pool if h in members or position(h) < last_aggregate]
 
     def run(self, circuit: GnACircuit, role: str, threshold: float, max_heads: int) -> RoleNeed | None:
         """The role's joint set (``None`` if no head lowers accuracy at the role's positions:

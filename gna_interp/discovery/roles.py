@@ -61,16 +61,15 @@ class RoleThresholds:
     ablating it only there:
 
     - **Aggregate**: ``share_final >= entry_share``, ``share_final >= share_segments``
-      and the final row reads the options (``aggregate_mass``), in a layer after the
-      first Gather layer;
-    - **Gather**: ``share_segments >= entry_share``, ``share_segments > share_final``,
-      in a layer before the last Aggregate layer.
+      and the final row reads the options (``aggregate_mass``);
+    - **Gather**: ``share_segments >= entry_share``, ``share_segments > share_final``.
 
     Without it, the pattern alone decides: Aggregate if the final row reads the options
     and either reads the segment ends (``end_mass``, the paper's pattern) or prefers the
     correct option (``lift``); otherwise Gather if its segment-end rows favour their own
-    segment (``gather_ratio``). Either way, `HeadEvidence.pattern_agrees` records whether
-    the pattern shows the role."""
+    segment (``gather_ratio``). Either way, `discover` then keeps the roles in the order of
+    the heads' positions (``(layer, stage)``; a Gather head before every Aggregate head it
+    feeds), and `HeadEvidence.pattern_agrees` records whether the pattern shows the role."""
 
     min_effect: float = 0.02
     entry_share: float = 0.5

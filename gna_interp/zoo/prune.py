@@ -1,9 +1,12 @@
-"""Head pruning for toy training: a pruned head's weights are zero and stay zero.
+"""Head pruning for toy training: a pruned head's output is zero and stays zero.
 
-A pruned head's output is identically zero, in weight space: it needs no hook at
-inference, and a model fine-tuned with it pruned learns to do without it. For attention
-this is zero-ablation of the head; for Mamba-2 it also takes the head out of the gated
-norm that its group shares. HF configs give every layer the same number of heads, so this
+The weight entries that carry a pruned head's output are zero and stay zero (attention:
+q, own k / v, o; Mamba-2: gate and out-projection), so its output is identically zero in
+weight space: no hook at inference, and a model fine-tuned with it pruned learns to do
+without it. For attention this is zero-ablation of the head; for Mamba-2 it also takes
+the head out of the gated norm that its group shares. A pruned Mamba-2 head's other
+parameters (x, dt, conv, shared B / C) still run, so its implicit attention is still
+defined, though nothing reads its output. HF configs give every layer the same number of heads, so this
 is how a toy gets fewer heads in one layer.
 """
 

@@ -92,7 +92,8 @@ class Recipe:
     """Fine-tuning: the toy whose trained weights start this one (a bundled toy's name, or
     a folder passed to `train` as ``init``), instead of a fresh initialisation."""
     pruned_heads: tuple[str, ...] = ()
-    """Heads removed before training (``"L1H3"``): their weights are zero and stay zero
+    """Heads removed before training (``"L1H3"``): the weight entries
+    that carry their output are zero and stay zero
     (`gna_interp.zoo.prune`), so a layer can have fewer heads than the config says."""
     threads: int = 1
     notes: str = ""
@@ -124,8 +125,8 @@ RECIPES: dict[str, Recipe] = {
             notes=(
                 "2 layers x 4 heads of 16, on label-last options with shuffled labels: only a summary written into each "
                 "option's label can answer. Initialised 10x wider than HF's default (std 0.2): from std 0.02 it stays "
-                "at chance for 32,000+ steps. Bundled as the start of `llama`: its layer-1 heads aggregate together, "
-                "and two of them (L1H1, L1H3) act through the MLP without favouring the correct option."
+                "at chance for 32,000+ steps. Bundled as the start of `llama`: its layer-1 heads aggregate together; "
+                "two of them (L1H1, L1H3) act mostly through the MLP, and favour the correct option on some prompts only."
             ),
         ),
         Recipe(
@@ -156,8 +157,8 @@ RECIPES: dict[str, Recipe] = {
             lr=3e-3,
             max_steps=8_000,
             notes=(
-                "2 layers x 8 heads of 16, state 16. Bundled as the start of `mamba2`: its aggregation needs L1H4 and a "
-                "backup head, L1H6, whose final row does not favour the correct option."
+                "2 layers x 8 heads of 16, state 16. Bundled as the start of `mamba2`: its aggregation needs three "
+                "layer-1 heads, among them a backup head, L1H6, whose final row does not favour the correct option."
             ),
         ),
         Recipe(

@@ -124,7 +124,11 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"| parameters | {card['parameters']:,} |",
         f"| seed | {card['seed']} |",
         *([f"| starts from | the trained `{card['init_from']}` (fine-tuned){_init_folder(card)} |"] if card.get("init_from") else []),
-        *([f"| pruned heads | {', '.join(card['pruned_heads'])} (weights zero and frozen) |"] if card.get("pruned_heads") else []),
+        *(
+            [f"| pruned heads | {', '.join(card['pruned_heads'])} (output zero: `gna_interp.zoo.prune`) |"]
+            if card.get("pruned_heads")
+            else []
+        ),
         f"| steps | {card['steps']:,} (batch {card['batch_size']}) |",
         f"| training time | {card['train_seconds']:.0f} s on {card['threads']} CPU thread(s) |",
         f"| held-out accuracy | {card['held_out_accuracy']:.3f} on {card['held_out_n']} fresh prompts (seed {card['held_out_seed']}) |",

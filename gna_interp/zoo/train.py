@@ -137,6 +137,11 @@ def _schedule_agrees(recipe: Recipe, step: int, stored: dict[str, Any]) -> bool:
     return all(lr_factor(then, s) == lr_factor(recipe, s) for s in range(step))
 
 
+def _init_key(init: str | Path | None) -> str | None:
+    """The start a checkpoint was trained from (``None``: the recipe's default)."""
+    return None if init is None else str(Path(init).resolve())
+
+
 def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     partial = path.with_name(path.name + ".partial")
     torch.save(state, partial)
@@ -189,6 +194,11 @@ def train(
             key, stored = _recipe_key(recipe), state["recipe"]
             if not _key_agrees(key, stored) or not _schedule_agrees(recipe, int(state["step"]), stored):
                 raise ValueError(f"checkpoint {str(checkpoint)!r} was written for another recipe: delete it or pass another path")
+            if state.get("init") != _init_key(init):
+                raise ValueError(
+                    f"checkpoint {str(checkpoint)!r} was written from init={state.get('init')!r}, not {_init_key(init)!r}: "
+                    "pass the same --init, or delete the checkpoint"
+                )
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             schedule.load_state_dict(state["schedule"])
@@ -220,6 +230,7 @@ def train(
                     if checkpoint is not None:
                         state = {
                             "recipe": _recipe_key(recipe),
+                            "init": _init_key(init),
                             "model": model.state_dict(),
                             "optimizer": optimizer.state_dict(),
                             "schedule": schedule.state_dict(),
@@ -231,9 +242,9 @@ def train(
                         _save_checkpoint(checkpoint, state)
                     if reached:
                         break
+        bar.close()
         if not still_pruned(pruned):  # would mean an optimizer that moves zero-gradient weights
             raise RuntimeError(f"{recipe.name}: a pruned head's weights left 0 during training")
-        bar.close()
         return TrainResult(model.eval(), step, time.perf_counter() - start, reached, history)
     finally:
         torch.set_num_threads(threads)
