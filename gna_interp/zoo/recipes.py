@@ -52,6 +52,20 @@ _LLAMA_PRUNED: dict[str, Any] = dict(
 """Fine-tuning `llama_4heads` with some layer-1 heads pruned (recipes `llama`, `llama_2heads`)."""
 
 
+_MAMBA2_PRUNED: dict[str, Any] = dict(
+    family="mamba2",
+    config=_MAMBA2_2X8,
+    seed=1,
+    lr=1e-3,
+    max_steps=3_000,
+    warmup_steps=100,
+    decay_start=1_800,
+    decay_steps=1_200,
+)
+"""Fine-tuning a Mamba-2 toy with some layer-1 heads pruned (recipes `mamba2`, `mamba2_long_options`)."""
+_MAMBA2_LAYER1_BUT_L1H4 = tuple(f"L1H{h}" for h in range(8) if h != 4)
+
+
 @dataclass(frozen=True)
 class Recipe:
     """How one toy model is trained on `toy_mcq` prompts (fresh ones every step)."""
@@ -163,16 +177,9 @@ RECIPES: dict[str, Recipe] = {
         ),
         Recipe(
             name="mamba2",
-            family="mamba2",
-            config=_MAMBA2_2X8,
-            seed=1,
-            lr=1e-3,
-            max_steps=3_000,
-            warmup_steps=100,
-            decay_start=1_800,
-            decay_steps=1_200,
+            **_MAMBA2_PRUNED,
             init_from="mamba2_8heads",
-            pruned_heads=tuple(f"L1H{h}" for h in range(8) if h != 4),
+            pruned_heads=_MAMBA2_LAYER1_BUT_L1H4,
             notes=(
                 "`mamba2_8heads` with layer 1 pruned to one head, then fine-tuned: 8 heads of 16 in layer 0 and 1 in layer 1 "
                 "(state 16). The kept head, L1H4, cost the most ablated alone on 500 prompts of the task (toy_mcq seed "
@@ -182,17 +189,10 @@ RECIPES: dict[str, Recipe] = {
         ),
         Recipe(
             name="mamba2_long_options",
-            family="mamba2",
-            config=_MAMBA2_2X8,
-            seed=1,
-            lr=1e-3,
-            max_steps=3_000,
-            warmup_steps=100,
-            decay_start=1_800,
-            decay_steps=1_200,
+            **_MAMBA2_PRUNED,
             words_per_option=4,
             init_from="mamba2",
-            pruned_heads=tuple(f"L1H{h}" for h in range(8) if h != 4),
+            pruned_heads=_MAMBA2_LAYER1_BUT_L1H4,
             notes=(
                 "The bundled `mamba2` fine-tuned on options of 4 words, longer than its 4-token conv can carry into the "
                 "option's line end. Not bundled: its critical Gather head, L0H0, still reads outside its own segment "
