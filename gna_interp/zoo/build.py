@@ -14,7 +14,7 @@ from ..tasks.toy import toy_mcq, toy_tokenizer
 from .card import CHANCE_MARGIN, ablation_facts
 from .recipes import Recipe
 from .store import save_toy
-from .train import TrainResult, task_shape, train
+from .train import TrainResult, init_key, task_shape, train
 
 HELD_OUT_PROMPTS = 2000
 HELD_OUT_TASK_SEED = 20_000
@@ -56,7 +56,7 @@ def finish_toy(recipe: Recipe, result: TrainResult, out: Path, *, progress: bool
         "lr": recipe.lr,
         "ordered_label_steps": recipe.ordered_label_steps,
         "init_from": recipe.init_from,
-        "init_folder": None if init is None else str(Path(init).resolve()),
+        "init_folder": init_key(init),
         "pruned_heads": list(recipe.pruned_heads),
         "reached_target": result.reached_target,
         "train_seconds": round(result.seconds, 1),

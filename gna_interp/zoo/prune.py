@@ -6,8 +6,8 @@ weight space: no hook at inference, and a model fine-tuned with it pruned learns
 without it. For attention this is zero-ablation of the head; for Mamba-2 it also takes
 the head out of the gated norm that its group shares. A pruned Mamba-2 head's other
 parameters (x, dt, conv, shared B / C) still run, so its implicit attention is still
-defined, though nothing reads its output. HF configs give every layer the same number of heads, so this
-is how a toy gets fewer heads in one layer.
+defined, though nothing reads its output. HF configs give every layer the same number
+of heads, so this is how a toy gets fewer heads in one layer.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 
+from ..core.arch import Layout, mamba2_gate, q_columns
 from ..core.heads import Head
+from ..models.registry import attention_dims, mamba2_dims
 
 Masks = dict[torch.nn.Parameter, torch.Tensor]
 """Per parameter, a 0/1 tensor of its shape: 0 on the pruned heads' entries."""
@@ -28,18 +30,25 @@ Entries = list[tuple[torch.nn.Parameter, tuple[slice, ...]]]
 """Per parameter, the index of a head's entries."""
 
 
+def _unit(layout: Layout, dims: Any, index: int) -> slice:
+    """The columns of unit ``index`` in a projection's output, by the library's layouts."""
+    first, _, width = layout(dims)
+    return slice(first + index * width, first + (index + 1) * width)
+
+
+def _check_head(head: Head, n_heads: int) -> None:
+    if not 0 <= head.head < n_heads:
+        raise ValueError(f"head {head}: layer {head.layer} has heads 0..{n_heads - 1}")
+
+
 def _attention_entries(model: Any, head: Head) -> Entries:
     """Llama-like attention: the head's rows of q (and of k, v without grouped-query
     sharing) and its columns of o."""
-    attention = model.model.layers[head.layer].self_attn
-    config = model.config
-    n_heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
-    if not 0 <= head.head < n_heads:
-        raise ValueError(f"head {head}: layer {head.layer} has heads 0..{n_heads - 1}")
-    rows = slice(head.head * head_dim, (head.head + 1) * head_dim)
+    attention, dims = model.model.layers[head.layer].self_attn, attention_dims(model.config)
+    _check_head(head, dims.heads)
+    rows = _unit(q_columns, dims, head.head)
     own = [attention.q_proj]
-    if getattr(config, "num_key_value_heads", n_heads) == n_heads:  # k, v are the head's own
+    if dims.kv_heads == dims.heads:  # k, v are the head's own (the same rows as q)
         own += [attention.k_proj, attention.v_proj]
     entries: Entries = [(attention.o_proj.weight, (slice(None), rows))]
     for projection in own:
@@ -54,29 +63,24 @@ def _mamba2_entries(model: Any, head: Head) -> Entries:
     With ``z = 0`` its gated channels are ``y * silu(0) = 0`` before the gated norm, so
     the norm, which spans every head of a group, no longer depends on the pruned head
     (zero-ablation at the library's head site, after the norm, leaves that dependence)."""
-    mixer = model.backbone.layers[head.layer].mixer
-    if not 0 <= head.head < mixer.num_heads:
-        raise ValueError(f"head {head}: layer {head.layer} has heads 0..{mixer.num_heads - 1}")
-    channels = slice(head.head * mixer.head_dim, (head.head + 1) * mixer.head_dim)
-    # in_proj's output is [gate z (d_inner) | x | B | C | dt]: z's rows are the channels' own
-    entries: Entries = [(mixer.in_proj.weight, (channels, slice(None))), (mixer.out_proj.weight, (slice(None), channels))]
+    mixer, dims = model.backbone.layers[head.layer].mixer, mamba2_dims(model.config)
+    _check_head(head, dims.heads)
+    gate = _unit(mamba2_gate, dims, head.head)  # z comes first, so its rows are also the head's channels
+    entries: Entries = [(mixer.in_proj.weight, (gate, slice(None))), (mixer.out_proj.weight, (slice(None), gate))]
     if mixer.in_proj.bias is not None:
-        entries.append((mixer.in_proj.bias, (channels,)))
+        entries.append((mixer.in_proj.bias, (gate,)))
     return entries
 
 
 _ENTRIES = {"llama": _attention_entries, "mistral": _attention_entries, "qwen2": _attention_entries, "mamba2": _mamba2_entries}
 
 
-def prune_heads(model: Any, heads: Iterable[Head | str]) -> Masks:
-    """Zero the weights of ``heads`` in an HF ``*ForCausalLM`` (in place).
+def head_masks(model: Any, heads: Iterable[Head | str]) -> Masks:
+    """The masks of ``heads`` in an HF ``*ForCausalLM`` (the model is left as it is).
 
     Args:
         model: a Llama-like (``llama``, ``mistral``, ``qwen2``) or ``mamba2`` model.
         heads: `Head`s or their names (``"L1H3"``).
-
-    Returns:
-        the masks, for `frozen_at_zero` during training.
     """
     family = model.config.model_type
     if family not in _ENTRIES:
@@ -89,6 +93,16 @@ def prune_heads(model: Any, heads: Iterable[Head | str]) -> Masks:
             raise ValueError(f"head {head}: the model has layers 0..{n_layers - 1}")
         for parameter, index in _ENTRIES[family](model, head):
             masks.setdefault(parameter, torch.ones_like(parameter))[index] = 0
+    return masks
+
+
+def prune_heads(model: Any, heads: Iterable[Head | str]) -> Masks:
+    """Zero the weight entries of ``heads`` (in place; see `head_masks`).
+
+    Returns:
+        the masks, for `frozen_at_zero` during training.
+    """
+    masks = head_masks(model, heads)
     with torch.no_grad():
         for parameter, mask in masks.items():
             parameter.mul_(mask)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..tasks.toy import LETTERS, VOCAB, toy_token_batch
-from .prune import frozen_at_zero, prune_heads, still_pruned
+from .prune import frozen_at_zero, head_masks, prune_heads, still_pruned
 from .recipes import Recipe
 
 HELD_OUT_SEED = 10_000
@@ -137,7 +137,7 @@ def _schedule_agrees(recipe: Recipe, step: int, stored: dict[str, Any]) -> bool:
     return all(lr_factor(then, s) == lr_factor(recipe, s) for s in range(step))
 
 
-def _init_key(init: str | Path | None) -> str | None:
+def init_key(init: str | Path | None) -> str | None:
     """The start a checkpoint was trained from (``None``: the recipe's default)."""
     return None if init is None else str(Path(init).resolve())
 
@@ -179,7 +179,7 @@ def train(
     torch.set_num_threads(recipe.threads)
     try:
         model = build_model(recipe, init).train()
-        pruned = prune_heads(model, recipe.pruned_heads)  # the masks (the weights are already 0)
+        pruned = head_masks(model, recipe.pruned_heads)  # build_model zeroed them
         steps_limit = recipe.max_steps if max_steps is None else max_steps
         data = torch.Generator().manual_seed(recipe.seed)
         held_ids, held_answers = toy_token_batch(512, torch.Generator().manual_seed(HELD_OUT_SEED + recipe.seed), **task_shape(recipe))
@@ -194,9 +194,9 @@ def train(
             key, stored = _recipe_key(recipe), state["recipe"]
             if not _key_agrees(key, stored) or not _schedule_agrees(recipe, int(state["step"]), stored):
                 raise ValueError(f"checkpoint {str(checkpoint)!r} was written for another recipe: delete it or pass another path")
-            if state.get("init") != _init_key(init):
+            if state.get("init") != init_key(init):
                 raise ValueError(
-                    f"checkpoint {str(checkpoint)!r} was written from init={state.get('init')!r}, not {_init_key(init)!r}: "
+                    f"checkpoint {str(checkpoint)!r} was written from init={state.get('init')!r}, not {init_key(init)!r}: "
                     "pass the same --init, or delete the checkpoint"
                 )
             model.load_state_dict(state["model"])
@@ -230,7 +230,7 @@ def train(
                     if checkpoint is not None:
                         state = {
                             "recipe": _recipe_key(recipe),
-                            "init": _init_key(init),
+                            "init": init_key(init),
                             "model": model.state_dict(),
                             "optimizer": optimizer.state_dict(),
                             "schedule": schedule.state_dict(),
