@@ -188,6 +188,19 @@ def test_bad_input():
         discover(model, gna.tasks.toy_mcq(4), layers=[5])
 
 
+def test_progress_false_draws_no_bars(capfd):
+    """``progress=False`` silences every bar, also the per-evaluation ones that `evaluate`
+    draws by default for tasks of more than 4 batches (as this one is: the control)."""
+    from gna_interp.zoo.card import ablation_facts
+
+    model, task = gna.load_toy("llama"), gna.tasks.toy_mcq(300, seed=3, **gna.toy_card("llama")["task"])
+    gna.evaluate(model, task)
+    assert "evaluate" in capfd.readouterr().err
+    discover(model, task, progress=False)
+    ablation_facts(model, task, progress=False)
+    assert capfd.readouterr().err == ""
+
+
 def test_near_chance_warns(tmp_path):
     random_model = gna.load(gna.models.tiny.tiny_model("mamba2", seed=0, vocab_size=192), tokenizer=gna.tasks.toy_tokenizer())
     with pytest.warns(NoRetrievalWarning, match="near chance"):

@@ -74,13 +74,14 @@ def tasks_for(tokenizer_name, mmlu_task):
     return {
         "toy_mcq": gna.tasks.toy_mcq(12, seed=1),
         "toy_mcq_6": gna.tasks.toy_mcq(5, seed=2, n_options=6, words_per_option=3),
+        "toy_query_last": gna.tasks.toy_mcq(6, seed=3, query_last=True),
         "kv": gna.tasks.kv_retrieval(5, n=6, seed=3),
         "mmlu": mmlu_task,
     }
 
 
 @pytest.mark.parametrize("tokenizer_name", ["toy", "bpe"])
-@pytest.mark.parametrize("task_name", ["toy_mcq", "toy_mcq_6", "kv", "mmlu"])
+@pytest.mark.parametrize("task_name", ["toy_mcq", "toy_mcq_6", "toy_query_last", "kv", "mmlu"])
 def test_annotations_decode_to_what_they_claim(tokenizer_name, task_name, bpe_tokenizer, mmlu_task):
     tokenizer = gna.tasks.toy_tokenizer() if tokenizer_name == "toy" else bpe_tokenizer
     task = tasks_for(tokenizer_name, mmlu_task)[task_name]
@@ -141,26 +142,43 @@ def test_toy_tensor_batches_equal_tokenized_text():
         assert len(set(options[0].split() + options[1].split() + options[2].split() + options[3].split())) == 8
 
 
-@pytest.mark.parametrize(
-    "layout, vary_lengths, shuffle_labels",
-    [("label_last", False, False), ("label_last", True, True), ("label_first", True, False), ("label_first", False, True)],
-)
-def test_toy_variants_tensors_equal_text(layout, vary_lengths, shuffle_labels):
+def _parse_toy_tokens(tokens: list[str], layout: str, query_last: bool) -> tuple[str, list[str], list[str]]:
+    """A toy prompt's tokens (with ``<bos>``, ending ``Answer :``) -> its query word, labels
+    and options, read back from the text's structure alone."""
+    body = tokens[1:-2]
+    query_line, option_lines = (body[-4:], body[:-4]) if query_last else (body[:4], body[4:])
+    assert query_line[:2] == ["Query", ":"] and query_line[3] == "\n", tokens
+    parts = [line.split() for line in " ".join(option_lines).split("\n")[:-1]]
+    labels = [p[0] if layout == "label_first" else p[-1] for p in parts]
+    options = [" ".join(p[2:] if layout == "label_first" else p[:-1]) for p in parts]
+    return query_line[2], labels, options
+
+
+TOY_VARIANTS = [
+    ("label_last", False, False, False),
+    ("label_last", True, True, False),
+    ("label_first", True, False, False),
+    ("label_first", False, True, False),
+    ("label_first", False, False, True),
+    ("label_last", True, True, True),
+]
+
+
+@pytest.mark.parametrize("layout, vary_lengths, shuffle_labels, query_last", TOY_VARIANTS)
+def test_toy_variants_tensors_equal_text(layout, vary_lengths, shuffle_labels, query_last):
     """Every variant: the tensor batches equal the tokenized text of the same options and
     labels, the answer is the label of the option holding the query, every prompt of a
     batch has one length, and lengths / label orders really vary when asked to."""
     tokenizer = gna.tasks.toy_tokenizer()
     shape = dict(layout=layout, vary_lengths=vary_lengths, shuffle_labels=shuffle_labels)
-    ids, answers = toy_token_batch(32, torch.Generator().manual_seed(3), n_options=4, words_per_option=2, **shape)
+    ids, answers = toy_token_batch(32, torch.Generator().manual_seed(3), n_options=4, words_per_option=2, query_last=query_last, **shape)
     sizes, orders = set(), set()
     for row in range(32):
         tokens = tokenizer.convert_ids_to_tokens(ids[row].tolist())
-        lines = " ".join(tokens[5:-2]).split("\n")[:-1]
-        parts = [line.split() for line in lines]
-        labels = [p[0] if layout == "label_first" else p[-1] for p in parts]
-        options = [" ".join(p[2:] if layout == "label_first" else p[:-1]) for p in parts]
-        correct = next(i for i, option in enumerate(options) if tokens[3] in option.split())
-        example = mcq_example(f"Query: {tokens[3]}\n", options, correct, layout=layout, labels=labels)
+        query, labels, options = _parse_toy_tokens(tokens, layout, query_last)
+        correct = next(i for i, option in enumerate(options) if query in option.split())
+        header, footer = ("", f"Query: {query}\n") if query_last else (f"Query: {query}\n", "")
+        example = mcq_example(header, options, correct, layout=layout, labels=labels, footer=footer)
         assert tokenizer(example.text)["input_ids"] == ids[row].tolist()
         assert tokenizer.convert_ids_to_tokens([int(answers[row])]) == [labels[correct]]
         sizes.add(tuple(len(o.split()) for o in options))
@@ -186,8 +204,11 @@ def _chi2_critical(dof: int, z: float = 3.72) -> float:
     return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
 
 
-@pytest.mark.parametrize("layout, vary_lengths, shuffle_labels", [("label_last", True, True), ("label_first", False, False)])
-def test_toy_tensors_and_text_draw_from_one_distribution(layout, vary_lengths, shuffle_labels):
+@pytest.mark.parametrize(
+    "layout, vary_lengths, shuffle_labels, query_last",
+    [("label_last", True, True, False), ("label_first", False, False, False), ("label_first", True, True, True)],
+)
+def test_toy_tensors_and_text_draw_from_one_distribution(layout, vary_lengths, shuffle_labels, query_last):
     """Training prompts (`toy_token_batch`) and evaluation prompts (`toy_mcq`) are drawn
     from the same distribution: for each random choice (correct slot, the query's place
     in its option, label order, option sizes, words), a two-sample chi-square test of
@@ -196,7 +217,7 @@ def test_toy_tensors_and_text_draw_from_one_distribution(layout, vary_lengths, s
     from collections import Counter
 
     tokenizer = gna.tasks.toy_tokenizer()
-    shape = dict(layout=layout, vary_lengths=vary_lengths, shuffle_labels=shuffle_labels)
+    shape = dict(layout=layout, vary_lengths=vary_lengths, shuffle_labels=shuffle_labels, query_last=query_last)
     n = 3000
     text_counts, tensor_counts = Counter(), Counter()
     for example in gna.tasks.toy_mcq(n, seed=11, **shape):
@@ -204,12 +225,9 @@ def test_toy_tensors_and_text_draw_from_one_distribution(layout, vary_lengths, s
         text_counts.update(_draws(meta["options"], meta["labels"], example.correct, example.text[slice(*example.query)]))
     ids, _ = toy_token_batch(n, torch.Generator().manual_seed(11), n_options=4, words_per_option=2, **shape)
     for row in ids.tolist():
-        tokens = tokenizer.convert_ids_to_tokens(row)
-        parts = [line.split() for line in " ".join(tokens[5:-2]).split("\n")[:-1]]
-        labels = [p[0] if layout == "label_first" else p[-1] for p in parts]
-        options = [" ".join(p[2:] if layout == "label_first" else p[:-1]) for p in parts]
-        correct = next(i for i, option in enumerate(options) if tokens[3] in option.split())
-        tensor_counts.update(_draws(options, labels, correct, tokens[3]))
+        query, labels, options = _parse_toy_tokens(tokenizer.convert_ids_to_tokens(row), layout, query_last)
+        correct = next(i for i, option in enumerate(options) if query in option.split())
+        tensor_counts.update(_draws(options, labels, correct, query))
     for statistic in sorted({key for key, _ in text_counts}):
         categories = sorted({c for key, c in [*text_counts, *tensor_counts] if key == statistic}, key=str)
         a = torch.tensor([text_counts[(statistic, c)] for c in categories], dtype=torch.float64)
@@ -248,6 +266,32 @@ def test_label_last_positions_and_rotation():
         gna.tasks.toy_mcq(2, layout="sideways")
     with pytest.raises(ValueError, match="expected 4 distinct labels"):
         mcq_example("Q\n", ["a", "b", "c", "d"], 0, labels=["A", "A", "B", "C"])
+
+
+def test_query_last_puts_the_query_after_the_options():
+    """``query_last``: the options come first, then ``Query: w``, then ``Answer:``; the
+    query span names the word of the correct option and follows every segment; rotating
+    the options or shuffling the labels keeps that span and those rules."""
+    task = gna.tasks.toy_mcq(20, seed=6, query_last=True)
+    assert task.name == "toy_mcq_query_last"
+    encoded = task.encode()
+    for row, example in enumerate(task):
+        lines = example.text.split("\n")
+        assert lines[-2] == f"Query: {example.text[slice(*example.query)]}" and lines[-1] == "Answer:"
+        assert [line[0] for line in lines[:4]] == list("ABCD")
+        assert example.query[0] > max(segment.end for segment in example.segments)
+        assert lines[example.correct].split().count(example.text[slice(*example.query)]) == 1
+        assert int(encoded.query[row, 0]) > int(encoded.segment_ends[row].max())
+    for variant in (task.corrupted(), gna.tasks.shuffle_labels(task, seed=2)):
+        for before, after in zip(task, variant, strict=True):
+            assert after.query == before.query and after.text.endswith(before.text[before.query[0] - 7 :])
+            query = after.text[slice(*after.query)]
+            assert query in after.text.split("\n")[after.correct].split()
+    assert (task.corrupted().correct == (task.correct + 1) % 4).all()
+    with pytest.raises(ValueError, match="query_last='yes': expected True or False"):
+        gna.tasks.toy_mcq(2, query_last="yes")
+    with pytest.raises(ValueError, match="footer='Q': expected empty or ending in a newline"):
+        mcq_example("", ["a", "b"], 0, footer="Q")
 
 
 def test_shuffle_labels_keeps_options_and_answers():

@@ -108,7 +108,7 @@ def discover(
     for layer in scan_layers:
         model.check_layer(layer)
 
-    clean = evaluate(model, task)
+    clean = evaluate(model, task, progress=None if progress else False)
     chance = clean.chance
     notes = []
     if clean.accuracy < chance + chance_margin:
@@ -181,7 +181,7 @@ def discover(
         item.kind = model.head_kind(item.head).value
     circuit.heads = sorted(evidence.values(), key=lambda e: e.head)
     if "confirm" in stages:
-        _confirm(model, task, circuit, chance + chance_margin, max_heads_per_role)
+        _confirm(model, task, circuit, chance + chance_margin, max_heads_per_role, progress)
     return circuit
 
 
@@ -264,7 +264,7 @@ class _JointSearch:
                 item.role, item.joint = role, True
                 item.pattern_agrees = None if item.scores is None else pattern_agrees(role, item.scores)
                 members.append(head)
-        accuracy = evaluate(self.model, self.task, [Ablate(chosen)]).accuracy
+        accuracy = evaluate(self.model, self.task, [Ablate(chosen)], progress=False).accuracy
         return RoleNeed(chosen, accuracy, accuracy <= threshold)
 
 
@@ -274,7 +274,7 @@ def _check_labels(model: GnaModel, task: Task, circuit: GnACircuit, threshold: f
         relabelled = shuffle_labels(task)
     except ValueError:
         return
-    shuffled = evaluate(model, relabelled, progress=progress).accuracy
+    shuffled = evaluate(model, relabelled, progress=None if progress else False).accuracy
     circuit.accuracy["shuffled_labels"] = shuffled
     if shuffled < threshold:
         circuit.warnings.append(
@@ -327,9 +327,11 @@ def _gather_before_aggregate(evidence: dict[Head, HeadEvidence], position: Calla
             item.role = None
 
 
-def _confirm(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float, max_heads: int) -> None:
+def _confirm(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float, max_heads: int, progress: bool) -> None:
+    bars = None if progress else False  # evaluate's own default, or none
+
     def accuracy_without(heads: list[Head]) -> float:
-        return evaluate(model, task, [Ablate(heads)]).accuracy if heads else circuit.accuracy["clean"]
+        return evaluate(model, task, [Ablate(heads)], progress=bars).accuracy if heads else circuit.accuracy["clean"]
 
     circuit.accuracy["-gather"] = accuracy_without(circuit.gather)
     circuit.accuracy["-aggregate"] = accuracy_without(circuit.aggregate)
@@ -341,7 +343,8 @@ def _confirm(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float,
         circuit.accuracy["only_gna"] = accuracy_without(others)
     for role, heads in (("gather", circuit.gather), ("aggregate", circuit.aggregate)):
         if heads and role not in circuit.needs:
-            chosen, accuracy, reached = scans.collapsing_set(model, task, heads, threshold, max_heads, circuit.accuracy["clean"])
+            clean = circuit.accuracy["clean"]
+            chosen, accuracy, reached = scans.collapsing_set(model, task, heads, threshold, max_heads, clean, progress=bars)
             circuit.needs[role] = RoleNeed(chosen, accuracy, reached)
     circuit.path_patching = _gather_to_aggregate(model, task, circuit)
 

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ..core.heads import Head
-from ..core.interventions import Ablate, SkipLayers, Truncate
+from ..core.interventions import Ablate, Intervention, SkipLayers, Truncate
 from ..evaluation import evaluate, progress_bar
 from ..patching.metrics import candidate_accuracy
 from ..patching.sweeps import ablation_sweep
@@ -33,9 +33,14 @@ if TYPE_CHECKING:
     from ..tasks.base import EncodedTask, Task
 
 
+def _accuracy(model: GnaModel, task: Task, interventions: Sequence[Intervention] = ()) -> float:
+    """`evaluate`'s accuracy without its per-batch bar (the scans draw their own)."""
+    return evaluate(model, task, interventions, progress=False).accuracy
+
+
 def truncation_scan(model: GnaModel, task: Task, *, progress: bool = True) -> list[float]:
     """Accuracy keeping the first ``k`` layers, for ``k = 1 .. n_layers`` (index ``k - 1``)."""
-    return [evaluate(model, task, [Truncate(k)]).accuracy for k in progress_bar(range(1, model.n_layers + 1), progress, "truncation scan")]
+    return [_accuracy(model, task, [Truncate(k)]) for k in progress_bar(range(1, model.n_layers + 1), progress, "truncation scan")]
 
 
 def critical_layer(truncation: Sequence[float], clean: float, chance: float) -> int | None:
@@ -51,7 +56,7 @@ def critical_layer(truncation: Sequence[float], clean: float, chance: float) -> 
 
 def layer_scan(model: GnaModel, task: Task, *, progress: bool = True) -> list[float]:
     """Accuracy with layer ``l`` skipped (its block passes the residual through), per layer."""
-    return [evaluate(model, task, [SkipLayers([layer])]).accuracy for layer in progress_bar(range(model.n_layers), progress, "layer scan")]
+    return [_accuracy(model, task, [SkipLayers([layer])]) for layer in progress_bar(range(model.n_layers), progress, "layer scan")]
 
 
 @dataclass
@@ -82,7 +87,7 @@ def head_scan(
             direct += heads
             continue
         groups = [heads[i : i + group_size] for i in range(0, len(heads), group_size)]
-        scores = [evaluate(model, task, [Ablate(g)]).accuracy for g in progress_bar(groups, progress, f"screening layer {layer}")]
+        scores = [_accuracy(model, task, [Ablate(g)]) for g in progress_bar(groups, progress, f"screening layer {layer}")]
         for group, score in zip(groups, scores, strict=True):
             for head in group:
                 accuracy[head.layer, head.head] = score
@@ -102,7 +107,7 @@ def _single_ablations(model: GnaModel, task: Task, heads: list[Head], progress: 
         metric = candidate_accuracy(encoded.candidate_ids, encoded.correct)
         sweep = ablation_sweep(model, task, metric, heads=heads, progress=progress)
         return {h: float(sweep.scores[h.layer, h.head]) for h in heads}
-    return {h: evaluate(model, task, [Ablate([h])]).accuracy for h in progress_bar(heads, progress, "head scan")}
+    return {h: _accuracy(model, task, [Ablate([h])]) for h in progress_bar(heads, progress, "head scan")}
 
 
 def segment_positions(encoded: EncodedTask) -> Tensor:
@@ -126,7 +131,7 @@ def entry_scan(
     where = {"final": encoded.final, "segments": segment_positions(encoded), "ends": encoded.segment_ends}
     out: dict[Head, dict[str, float]] = {}
     for head in progress_bar(list(heads), progress, "entry scan"):
-        out[head] = {name: evaluate(model, task, [Ablate([head], positions=positions)]).accuracy for name, positions in where.items()}
+        out[head] = {name: _accuracy(model, task, [Ablate([head], positions=positions)]) for name, positions in where.items()}
     return out
 
 
@@ -155,11 +160,11 @@ def joint_set(
         whether it reached ``threshold``.
     """
     chosen: list[Head] = []
-    accuracy = evaluate(model, task).accuracy if clean is None else clean
+    accuracy = _accuracy(model, task) if clean is None else clean
     remaining = list(pool)
     bar = progress_bar(range(min(max_heads, len(remaining))), progress, desc)
     for _ in bar:
-        trials = {h: evaluate(model, task, [Ablate([*chosen, h], positions=positions)]).accuracy for h in remaining}
+        trials = {h: _accuracy(model, task, [Ablate([*chosen, h], positions=positions)]) for h in remaining}
         best = min(remaining, key=lambda h: (trials[h], h))
         if trials[best] >= accuracy:
             break
@@ -172,12 +177,20 @@ def joint_set(
 
 
 def collapsing_set(
-    model: GnaModel, task: Task, ordered: Sequence[Head], threshold: float, max_heads: int, clean: float
+    model: GnaModel,
+    task: Task,
+    ordered: Sequence[Head],
+    threshold: float,
+    max_heads: int,
+    clean: float,
+    *,
+    progress: bool | None = None,
 ) -> tuple[list[Head], float, bool]:
     """Ablate ``ordered`` heads cumulatively until accuracy is at most ``threshold``.
 
     Args:
         clean: the accuracy with nothing ablated (returned when ``ordered`` is empty).
+        progress: `evaluate`'s bars (``None``: its default; ``False``: none).
 
     Returns:
         the heads used, the accuracy with all of them ablated, and whether the
@@ -187,7 +200,7 @@ def collapsing_set(
     accuracy = clean
     for head in list(ordered)[:max_heads]:
         chosen.append(head)
-        accuracy = evaluate(model, task, [Ablate(chosen)]).accuracy
+        accuracy = evaluate(model, task, [Ablate(chosen)], progress=progress).accuracy
         if accuracy <= threshold:
             return chosen, accuracy, True
     return chosen, accuracy, False

@@ -4,9 +4,11 @@
     A. <option>
     B. <option>
     ...
+    <footer>
     Answer:            -> " A" / " B" / ...
 
-One segment per option: from its label letter to the ``\\n`` ending its line.
+One segment per option: from its label letter to the ``\\n`` ending its line. The
+footer is empty in MMLU; the toy task's query-last layout puts its query there.
 
 The toy task also has a *label-last* layout, ``<option> A`` per line: the label ends
 the segment (it is the segment-end token) and the line's ``\\n`` lies outside it. The
@@ -38,6 +40,7 @@ def mcq_example(
     meta: dict[str, Any] | None = None,
     layout: str = "label_first",
     labels: Sequence[str] | None = None,
+    footer: str = "",
 ) -> Example:
     """Build one multiple-choice prompt and its annotations.
 
@@ -45,11 +48,13 @@ def mcq_example(
         header: everything before the first option, ending in ``\\n``.
         options: the option texts, labelled ``A``, ``B``, ... in order.
         correct: index of the correct option.
-        query: ``[start, end)`` characters of the query inside ``header``, if any.
+        query: ``[start, end)`` characters of the query in the prompt's text, if any.
         meta: kept on the example (subject, ids, ...).
         layout: one of `LAYOUTS`.
         labels: the options' labels in prompt order (default ``A``, ``B``, ...); the
             candidates follow that order, so ``correct`` indexes both.
+        footer: text between the last option's line and ``Answer:`` (empty, or ending
+            in ``\\n``).
     """
     if not 0 <= correct < len(options):
         raise ValueError(f"correct option {correct} out of range for {len(options)} options")
@@ -60,6 +65,8 @@ def mcq_example(
     labels = list(LETTERS[: len(options)] if labels is None else labels)
     if len(labels) != len(options) or len(set(labels)) != len(labels):
         raise ValueError(f"labels={labels!r}: expected {len(options)} distinct labels, one per option")
+    if footer and not footer.endswith("\n"):
+        raise ValueError(f"footer={footer!r}: expected empty or ending in a newline")
     pieces = [header]
     segments = []
     cursor = len(header)
@@ -72,8 +79,8 @@ def mcq_example(
             segments.append(Segment(start=cursor, end=cursor + len(line) - 1, label=cursor + len(option) + 1))
         pieces.append(line + "\n")
         cursor += len(line) + 1
-    text = "".join(pieces) + ANSWER_PROMPT
-    info = {"header": header, "options": list(options), "layout": layout, "labels": labels, **(meta or {})}
+    text = "".join(pieces) + footer + ANSWER_PROMPT
+    info = {"header": header, "options": list(options), "layout": layout, "labels": labels, "footer": footer, **(meta or {})}
     candidates = tuple(f" {letter}" for letter in labels)
     return Example(text=text, segments=tuple(segments), correct=correct, candidates=candidates, query=query, meta=info)
 
@@ -81,7 +88,8 @@ def mcq_example(
 def rotate_options(example: Example, rng: random.Random | None = None) -> Example:
     """The same prompt with the option texts rotated by one place (the labels stay): the
     correct answer moves to the next label and, since each line tokenizes on its own,
-    the token length stays the same."""
+    the token length stays the same (and so does the character length: a query in the
+    footer keeps its span)."""
     options = example.meta["options"]
     n = len(options)
     return _rebuild(example, options=[options[(i - 1) % n] for i in range(n)], correct=(example.correct + 1) % n)
@@ -92,7 +100,7 @@ def _rebuild(
 ) -> Example:
     """``example`` built again by `mcq_example` from its ``meta``, with other ``options``,
     ``correct`` index or ``labels`` where given."""
-    meta = {k: v for k, v in example.meta.items() if k not in ("header", "options", "layout", "labels")}
+    meta = {k: v for k, v in example.meta.items() if k not in ("header", "options", "layout", "labels", "footer")}
     return mcq_example(
         example.meta["header"],
         example.meta["options"] if options is None else options,
@@ -101,6 +109,7 @@ def _rebuild(
         meta=meta,
         layout=example.meta.get("layout", "label_first"),
         labels=example.meta.get("labels") if labels is None else labels,
+        footer=example.meta.get("footer", ""),
     )
 
 

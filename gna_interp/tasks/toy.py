@@ -12,12 +12,17 @@
 or, with ``layout="label_last"``, each line ``apple stone A``: the label ends the segment,
 so the words cannot carry it and only a summary written into the label can answer.
 
+With ``query_last=True`` the ``Query: river`` line comes after the options, just before
+``Answer:``: no option can see the query, so a causal model must summarise each option
+before it knows what is asked.
+
 Every word, letter, ``.``, ``:`` and ``\\n`` is one token, so every prompt of a task has
 the same length. The tokenizer also covers `kv_retrieval` prompts over its words.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 import tempfile
@@ -27,7 +32,7 @@ import torch
 from torch import Tensor
 
 from .base import Task
-from .mcq import LAYOUTS, LETTERS, mcq_example, rotate_options
+from .mcq import ANSWER_PROMPT, LAYOUTS, LETTERS, mcq_example, rotate_options
 
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 STRUCTURE = ("\n", ".", ":", "'", "Query", "Answer")
@@ -70,7 +75,9 @@ def toy_tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(folder)
 
 
-def _check_shape(n: int, n_options: int, words_per_option: int, layout: str = "label_first", vary_lengths: bool = False) -> None:
+def _check_shape(
+    n: int, n_options: int, words_per_option: int, layout: str = "label_first", vary_lengths: bool = False, query_last: bool = False
+) -> None:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r}: expected a positive number of prompts")
     if not 2 <= n_options <= MAX_OPTIONS:
@@ -81,6 +88,8 @@ def _check_shape(n: int, n_options: int, words_per_option: int, layout: str = "l
         raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
     if vary_lengths and words_per_option < 2:
         raise ValueError(f"vary_lengths with words_per_option={words_per_option}: lengths can only vary from 2 words per option up")
+    if not isinstance(query_last, bool):
+        raise ValueError(f"query_last={query_last!r}: expected True or False")
 
 
 def toy_mcq(
@@ -91,6 +100,7 @@ def toy_mcq(
     layout: str = "label_first",
     vary_lengths: bool = False,
     shuffle_labels: bool = False,
+    query_last: bool = False,
 ) -> Task:
     """``n`` fresh toy multiple-choice prompts (see the module docstring).
 
@@ -105,10 +115,11 @@ def toy_mcq(
         shuffle_labels: the labels ``A..`` in a random order per prompt: an option's
             label is then told by the label token alone (not by its place, nor by the
             label before it).
+        query_last: the ``Query: w`` line after the options instead of before them.
 
     A bundled toy model's own task is `gna_interp.toy_task`.
     """
-    _check_shape(n, n_options, words_per_option, layout, vary_lengths)
+    _check_shape(n, n_options, words_per_option, layout, vary_lengths, query_last)
     rng = random.Random(seed)
     examples = []
     for _ in range(n):
@@ -118,11 +129,19 @@ def toy_mcq(
         options = [" ".join(words[bounds[i] : bounds[i + 1]]) for i in range(n_options)]
         correct = rng.randrange(n_options)
         query_word = words[bounds[correct] + rng.randrange(sizes[correct])]
-        header = f"Query: {query_word}\n"
-        start = header.index(query_word)
+        query_line = f"Query: {query_word}\n"
         labels = rng.sample(LETTERS[:n_options], n_options) if shuffle_labels else None
-        examples.append(mcq_example(header, options, correct, query=(start, start + len(query_word)), layout=layout, labels=labels))
-    variants = ("_label_last" if layout == "label_last" else "", "_varied" if vary_lengths else "", "_shuffled" if shuffle_labels else "")
+        header, footer = ("", query_line) if query_last else (query_line, "")
+        example = mcq_example(header, options, correct, layout=layout, labels=labels, footer=footer)
+        start = len(example.text) - len(ANSWER_PROMPT) - len(query_line) if query_last else 0
+        start += query_line.index(query_word)
+        examples.append(dataclasses.replace(example, query=(start, start + len(query_word))))
+    variants = (
+        "_label_last" if layout == "label_last" else "",
+        "_varied" if vary_lengths else "",
+        "_shuffled" if shuffle_labels else "",
+        "_query_last" if query_last else "",
+    )
     name = "toy_mcq" + "".join(variants)
     return Task(name, examples, tokenizer=toy_tokenizer(), corrupter=rotate_options)
 
@@ -160,6 +179,7 @@ def toy_token_batch(
     layout: str = "label_first",
     vary_lengths: bool = False,
     shuffle_labels: bool = False,
+    query_last: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Token ids of ``n`` toy prompts built directly as tensors (for training speed).
 
@@ -169,7 +189,7 @@ def toy_token_batch(
     Returns:
         ``input_ids [n, pos]`` and ``answer_ids [n]`` (the correct letter's token).
     """
-    _check_shape(n, n_options, words_per_option, layout, vary_lengths)
+    _check_shape(n, n_options, words_per_option, layout, vary_lengths, query_last)
     vocab = {token: i for i, token in enumerate(VOCAB)}
     content = torch.tensor([vocab[w] for w in CONTENT_WORDS])
     rows = torch.arange(n)
@@ -187,21 +207,25 @@ def toy_token_batch(
     order = torch.rand(n, n_options, generator=generator).argsort(1) if shuffle_labels else torch.arange(n_options).expand(n, -1)
     labels = torch.tensor([vocab[letter] for letter in LETTERS[:n_options]])[order]  # [n, option]
     col = functools.partial(torch.full, (n, 1), dtype=torch.long)
+    query_line = [col(vocab["Query"]), col(vocab[":"]), query[:, None], col(vocab["\n"])]
+    answer = [col(vocab["Answer"]), col(vocab[":"])]
     if not vary_lengths:  # one layout for every row: build by columns
-        parts = [col(vocab["<bos>"]), col(vocab["Query"]), col(vocab[":"]), query[:, None], col(vocab["\n"])]
+        lines = []
         for i in range(n_options):
             option, label = words[:, starts[0, i] : starts[0, i] + words_per_option], labels[:, i : i + 1]
-            parts += [label, col(vocab["."]), option] if layout == "label_first" else [option, label]
-            parts.append(col(vocab["\n"]))
-        parts += [col(vocab["Answer"]), col(vocab[":"])]
-        return torch.cat(parts, 1), labels[rows, correct]
+            lines += [label, col(vocab["."]), option] if layout == "label_first" else [option, label]
+            lines.append(col(vocab["\n"]))
+        parts = [*lines, *query_line] if query_last else [*query_line, *lines]
+        return torch.cat([col(vocab["<bos>"]), *parts, *answer], 1), labels[rows, correct]
     prompts = []
     for row in range(n):
-        tokens = [vocab["<bos>"], vocab["Query"], vocab[":"], int(query[row]), vocab["\n"]]
+        tokens = []
         for i in range(n_options):
             option_words = words[row, starts[row, i] : starts[row, i] + sizes[row, i]].tolist()
             label_id = int(labels[row, i])
             tokens += [label_id, vocab["."], *option_words] if layout == "label_first" else [*option_words, label_id]
             tokens.append(vocab["\n"])
-        prompts.append([*tokens, vocab["Answer"], vocab[":"]])
+        asked = [vocab["Query"], vocab[":"], int(query[row]), vocab["\n"]]
+        tokens = [*tokens, *asked] if query_last else [*asked, *tokens]
+        prompts.append([vocab["<bos>"], *tokens, vocab["Answer"], vocab[":"]])
     return torch.tensor(prompts), labels[rows, correct]

@@ -38,7 +38,8 @@ class AblationFacts:
 
 def ablation_facts(model: GnaModel, task: Task, *, progress: bool = False) -> AblationFacts:
     """Clean accuracy, every head's single ablation, and the smallest collapsing set per layer."""
-    clean = evaluate(model, task)
+    bars = None if progress else False  # evaluate's own default, or none
+    clean = evaluate(model, task, progress=bars)
     layers = range(model.n_layers)
     scan = head_scan(model, task, layers, screen_above=model.n_heads, progress=progress)
     single = {str(h): float(scan.accuracy[h.layer, h.head]) for h in model.heads}
@@ -49,6 +50,6 @@ def ablation_facts(model: GnaModel, task: Task, *, progress: bool = False) -> Ab
         order = sorted((h for h in model.heads if h.layer == layer), key=lambda h: float(scan.accuracy[h.layer, h.head]))
         if not order:  # a layer without heads (an MLP-only layer)
             continue
-        chosen, accuracy, reached = collapsing_set(model, task, order, threshold, len(order), clean.accuracy)
+        chosen, accuracy, reached = collapsing_set(model, task, order, threshold, len(order), clean.accuracy, progress=bars)
         sets[layer] = {"heads": [str(h) for h in chosen], "accuracy": accuracy, "reached_chance": reached}
     return AblationFacts(clean.accuracy, clean.chance, single, best, single[best], sets)

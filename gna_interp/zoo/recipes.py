@@ -99,6 +99,8 @@ class Recipe:
     """`toy_mcq`'s option lengths vary (1 to ``2 * words_per_option - 1`` words)."""
     shuffle_labels: bool = False
     """`toy_mcq`'s labels come in a random order per prompt."""
+    query_last: bool = False
+    """`toy_mcq`'s ``Query: w`` line comes after the options, just before ``Answer:``."""
     ordered_label_steps: int = 0
     """With ``shuffle_labels``: the first steps keep the labels in order, a curriculum
     (the model first learns to find the option, then to read its label)."""
@@ -198,6 +200,16 @@ RECIPES: dict[str, Recipe] = {
                 "option's line end. Not bundled: its critical Gather head, L0H0, still reads outside its own segment "
                 "(gather ratio 0.11), so longer options do not close the bundled toy's Gather pattern gap."
             ),
+        ),
+        Recipe(
+            name="mamba2_query_last",
+            family="mamba2",
+            config=dict(_MAMBA2_2X8, conv_kernel=2),
+            seed=0,
+            lr=3e-3,
+            max_steps=8_000,
+            query_last=True,
+            notes="2 layers x 8 heads of 16, state 16, 2-token conv, with the query after the options.",
         ),
         Recipe(
             name="mamba2_label_last",

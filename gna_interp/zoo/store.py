@@ -115,7 +115,7 @@ def card_markdown(card: dict[str, Any]) -> str:
         "",
         card.get("notes", ""),
         "",
-        f"Trained on `gna_interp.tasks.toy_mcq` ({_task_words(card)}, query first), fresh prompts every step, loss on",
+        f"Trained on `gna_interp.tasks.toy_mcq` ({_task_words(card)}), fresh prompts every step, loss on",
         f"the final position only; `gna.toy_task({card['name']!r})` gives its prompts.",
         f"Reproduce with `gna-interp zoo train {card['name']}`.",
         "",
@@ -158,6 +158,7 @@ def _task_words(card: dict[str, Any]) -> str:
         "layout": "label_first",
         "vary_lengths": False,
         "shuffle_labels": False,
+        "query_last": False,
         **card.get("task", {}),
     }
     line = "`A. w1 w2`" if shape["layout"] == "label_first" else "`w1 w2 A`: label last"
@@ -166,4 +167,5 @@ def _task_words(card: dict[str, Any]) -> str:
     order = ", labels in a random order" if shape["shuffle_labels"] else ""
     if shape["shuffle_labels"] and card.get("ordered_label_steps"):
         order += f" (in order for the first {card['ordered_label_steps']:,} steps)"
-    return f"{shape['n_options']} options of {words}, each line {line}{order}"
+    place = "query after the options" if shape["query_last"] else "query first"
+    return f"{shape['n_options']} options of {words}, each line {line}{order}, {place}"

@@ -72,7 +72,7 @@ def build_model(recipe: Recipe, init: str | Path | None = None) -> Any:
 
 def task_shape(recipe: Recipe) -> dict[str, Any]:
     """The `toy_mcq` / `toy_token_batch` keywords of the recipe's task (also on its card)."""
-    fields = ("n_options", "words_per_option", "layout", "vary_lengths", "shuffle_labels")
+    fields = ("n_options", "words_per_option", "layout", "vary_lengths", "shuffle_labels", "query_last")
     return {name: getattr(recipe, name) for name in fields}
 
 
