@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Does the conv gather? (offline, toy Mamba-2)
+# # Does the conv gather? (offline, query-first toy Mamba-2)
 #
 # Implicit attention, as in the paper, is the SSM's linear map from its inputs `x_s`
 # (after the mixer's causal conv and SiLU) to its outputs: `y_t = sum_s M[t, s] x_s + D x_t`.
@@ -13,8 +13,9 @@
 #     y_t,c = sum_r Ã_c[t, r] u_r,c + (conv bias through the gates),
 #     Ã_c[t, r] = sum_{s = r .. r+K-1} (M[t, s] + D [s = t]) sigmoid(p_s,c) w_c[K-1-(s-r)].
 #
-# This script checks that identity against HF's own SSM output on the bundled toy Mamba-2,
-# then gives the gather ratio of each layer-0 head's segment-end rows (1 = a uniform row):
+# This script checks that identity against HF's own SSM output on the bundled query-first
+# toy Mamba-2 (`mamba2_query_first`, whose critical Gather head L0H0 reads outside its own
+# segment; see docs/discovery.md), then gives the gather ratio of each layer-0 head's segment-end rows (1 = a uniform row):
 # from implicit attention (the paper's pattern), from each key's contribution without the
 # conv, with the conv folded in, and with the skip term D x_t folded in as well.
 
@@ -24,8 +25,8 @@ import torch.nn.functional as F
 
 import gna_interp as gna
 
-model = gna.load_toy("mamba2")
-task = gna.toy_task("mamba2", 64, seed=4242)
+model = gna.load_toy("mamba2_query_first")
+task = gna.toy_task("mamba2_query_first", 64, seed=4242)
 encoded = task.encode()
 mixer = model.hf_model.backbone.layers[0].mixer
 inner, n_heads, width, kernel = mixer.intermediate_size, mixer.num_heads, mixer.head_dim, mixer.conv_kernel_size

@@ -4,7 +4,8 @@
 # The bundled toy models were trained here, on CPU, on `toy_mcq`: a query word, four
 # options, and `Answer:`; the answer is the letter of the option containing the query.
 # Each toy has its own variant (the Llama's options end in their label, in a shuffled
-# order): `gna.toy_task(name, n, seed)` gives fresh prompts of the one it was trained on.
+# order; the Mamba-2's query comes after the options): `gna.toy_task(name, n, seed)`
+# gives fresh prompts of the one it was trained on.
 # This script evaluates them, shows the annotated positions, and reproduces the
 # single-head bottleneck recorded in their model cards.
 
@@ -28,10 +29,11 @@ for name in gna.toy_names():
         f"{head} ablated: {ablated.accuracy:.3f}"
     )
 
-# %% Every head's ablation as a sweep, scored by candidate accuracy (the Mamba-2 toy's task is `task`'s).
-model = gna.load_toy("mamba2")
-metric = gna.candidate_accuracy(enc.candidate_ids, enc.correct)
-sweep = gna.ablation_sweep(model, task, metric, progress=False)
+# %% Every head's ablation as a sweep, scored by candidate accuracy, on the Mamba-2 toy's own task.
+model, own_task = gna.load_toy("mamba2"), gna.toy_task("mamba2", 300, seed=123)
+own = own_task.encode()
+metric = gna.candidate_accuracy(own.candidate_ids, own.correct)
+sweep = gna.ablation_sweep(model, own_task, metric, progress=False)
 print(sweep.to_frame().sort_values("score").head())
 
 # %% MMLU and KV retrieval build the same annotations for any tokenizer.

@@ -55,17 +55,17 @@ def test_patterns_file(tmp_path, suffix):
         "--model",
         "mamba2",
         "--head",
-        "1.4",
+        "1.6",
         "--head",
-        "L0H0",
+        "L0H3",
         "--prompt",
-        "Query: apple\nA. apple lamp\nB. river stone\nAnswer:",
+        "A. apple lamp\nB. river stone\nQuery: apple\nAnswer:",
         "--out",
         str(out),
     )
     assert result.returncode == 0, result.stderr[-2000:]
     data = out.read_bytes()
-    assert data.startswith(b"\x89PNG") if suffix == "png" else (b"L1H4" in data and b"apple" in data)
+    assert data.startswith(b"\x89PNG") if suffix == "png" else (b"L1H6" in data and b"apple" in data)
 
 
 @pytest.mark.parametrize(

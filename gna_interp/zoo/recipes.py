@@ -63,6 +63,9 @@ _MAMBA2_PRUNED: dict[str, Any] = dict(
     decay_steps=1_200,
 )
 """Fine-tuning a Mamba-2 toy with some layer-1 heads pruned (recipes `mamba2`, `mamba2_long_options`)."""
+_MAMBA2_QUERY_LAST: dict[str, Any] = dict(family="mamba2", config=dict(_MAMBA2_2X8, conv_kernel=2), query_last=True)
+"""The toy Mamba-2 of the query-last task (recipes `mamba2_query_last`, `mamba2`): a 2-token conv,
+so that neither an option's words nor the final position reach the query or a label through it."""
 _MAMBA2_LAYER1_BUT_L1H4 = tuple(f"L1H{h}" for h in range(8) if h != 4)
 
 
@@ -173,12 +176,13 @@ RECIPES: dict[str, Recipe] = {
             lr=3e-3,
             max_steps=8_000,
             notes=(
-                "2 layers x 8 heads of 16, state 16. Bundled as the start of `mamba2`: its aggregation needs three "
-                "layer-1 heads, among them a backup head, L1H6, whose final row does not favour the correct option."
+                "2 layers x 8 heads of 16, state 16, query first. Bundled as the start of `mamba2_query_first`: its "
+                "aggregation needs three layer-1 heads, among them a backup head, L1H6, whose final row does not favour the "
+                "correct option."
             ),
         ),
         Recipe(
-            name="mamba2",
+            name="mamba2_query_first",
             **_MAMBA2_PRUNED,
             init_from="mamba2_8heads",
             pruned_heads=_MAMBA2_LAYER1_BUT_L1H4,
@@ -186,30 +190,66 @@ RECIPES: dict[str, Recipe] = {
                 "`mamba2_8heads` with layer 1 pruned to one head, then fine-tuned: 8 heads of 16 in layer 0 and 1 in layer 1 "
                 "(state 16). The kept head, L1H4, cost the most ablated alone on 500 prompts of the task (toy_mcq seed "
                 "10001): L1H4 -> 0.526, then L1H5 0.816; the others 0.936 or more. A pruned Mamba-2 head's gate is zero "
-                "too, so the group's gated norm no longer depends on it."
+                "too, so the group's gated norm no longer depends on it. It was the bundled `mamba2` until the query-last "
+                "one replaced it: its critical Gather head, L0H0, carries the query into the options and its segment-end "
+                "rows look outside their own segment."
             ),
         ),
         Recipe(
             name="mamba2_long_options",
             **_MAMBA2_PRUNED,
             words_per_option=4,
-            init_from="mamba2",
+            init_from="mamba2_query_first",
             pruned_heads=_MAMBA2_LAYER1_BUT_L1H4,
             notes=(
-                "The bundled `mamba2` fine-tuned on options of 4 words, longer than its 4-token conv can carry into the "
+                "`mamba2_query_first` fine-tuned on options of 4 words, longer than its 4-token conv can carry into the "
                 "option's line end. Not bundled: its critical Gather head, L0H0, still reads outside its own segment "
-                "(gather ratio 0.11), so longer options do not close the bundled toy's Gather pattern gap."
+                "(gather ratio 0.11), so longer options do not close that toy's Gather pattern gap (the query-last task does)."
+            ),
+        ),
+        Recipe(
+            name="mamba2",
+            **_MAMBA2_QUERY_LAST,
+            seed=1,
+            lr=3e-3,
+            max_steps=6_000,
+            warmup_steps=100,
+            decay_start=3_600,
+            decay_steps=2_400,
+            init_from="mamba2_query_last",
+            pruned_heads=tuple(f"L1H{h}" for h in range(8) if h != 6),
+            notes=(
+                "`mamba2_query_last` with layer 1 pruned to one head, then fine-tuned: 8 heads of 16 in layer 0 and 1 in "
+                "layer 1 (state 16, 2-token conv), query after the options. The kept head, L1H6, cost the most ablated alone "
+                "on 500 prompts of the task (toy_mcq seed 10001): L1H6 -> 0.746, then L1H0 0.796, L1H2 0.810, L1H1 0.812; "
+                "the others 0.968 or more. On the 2,000 prompts of `mamba2_query_last`'s card L1H2 comes first (0.780)."
             ),
         ),
         Recipe(
             name="mamba2_query_last",
+            **_MAMBA2_QUERY_LAST,
+            seed=0,
+            lr=3e-3,
+            max_steps=8_000,
+            notes=(
+                "2 layers x 8 heads of 16, state 16, with the query after the options and a 2-token conv: no option can see "
+                "the query, and neither the conv of an option's words nor that of the final position reaches far enough to "
+                "do the retrieval. Bundled as the start of `mamba2`: its aggregation needs five layer-1 heads."
+            ),
+        ),
+        Recipe(
+            name="mamba2_query_last_conv4",
             family="mamba2",
-            config=dict(_MAMBA2_2X8, conv_kernel=2),
+            config=_MAMBA2_2X8,
             seed=0,
             lr=3e-3,
             max_steps=8_000,
             query_last=True,
-            notes="2 layers x 8 heads of 16, state 16, 2-token conv, with the query after the options.",
+            notes=(
+                "As `mamba2_query_last` with the default 4-token conv. Not bundled: the final position's conv reaches the "
+                "query word and each word's conv its label, and it retrieves in layer 0 (0.996 held out after 1,600 steps; "
+                "all eight layer-1 heads ablated together leave 0.94)."
+            ),
         ),
         Recipe(
             name="mamba2_label_last",
@@ -241,7 +281,7 @@ RECIPES: dict[str, Recipe] = {
             shuffle_labels=True,
             ordered_label_steps=2_500,
             notes=(
-                "The bundled Mamba-2's shape and task (label-first options), with shuffled labels (in order for the "
+                "`mamba2_8heads`'s shape and task (label-first options, query first), with shuffled labels (in order for the "
                 "first 2,500 steps). Not bundled: it reads the labels (0.997 held out after 3,000 steps, 472 s), but the final "
                 "row of its single Aggregate head favours the wrong options (uniform ratio 0.42), and ablating that "
                 "head leaves 0.35-0.375 depending on the prompts."
