@@ -288,10 +288,19 @@ def test_query_last_puts_the_query_after_the_options():
             query = after.text[slice(*after.query)]
             assert query in after.text.split("\n")[after.correct].split()
     assert (task.corrupted().correct == (task.correct + 1) % 4).all()
-    with pytest.raises(ValueError, match="query_last='yes': expected True or False"):
-        gna.tasks.toy_mcq(2, query_last="yes")
-    with pytest.raises(ValueError, match="footer='Q': expected empty or ending in a newline"):
+    for flag in ("query_last", "vary_lengths", "shuffle_labels"):
+        with pytest.raises(ValueError, match=f"{flag}='yes': expected True or False"):
+            gna.tasks.toy_mcq(2, **{flag: "yes"})
+        with pytest.raises(ValueError, match=f"{flag}='yes': expected True or False"):
+            toy_token_batch(2, torch.Generator(), **{flag: "yes"})
+    with pytest.raises(ValueError, match="footer='Q': expected a string, empty or ending in a newline"):
         mcq_example("", ["a", "b"], 0, footer="Q")
+    with pytest.raises(ValueError, match="footer=None: expected a string"):
+        mcq_example("", ["a", "b"], 0, footer=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="header='Q': expected a string, empty or ending in a newline"):
+        mcq_example("Q", ["a", "b"], 0)
+    with pytest.raises(ValueError, match=r"meta keys \['footer'\] are set by mcq_example itself"):
+        mcq_example("", ["a", "b"], 0, meta={"footer": "X\n", "subject": "s"})
 
 
 def test_shuffle_labels_keeps_options_and_answers():

@@ -13,10 +13,11 @@ import torch
 
 import gna_interp as gna
 from gna_interp.zoo import recipe
-from gna_interp.zoo.store import ZOO_DIR
+from gna_interp.zoo.store import ZOO_DIR, card_markdown
 from gna_interp.zoo.train import task_shape, train
 
 NAMES = gna.toy_names()
+DEFAULT_TASK = dict(n_options=4, words_per_option=2, layout="label_first", vary_lengths=False, shuffle_labels=False, query_last=False)
 FRESH_SEED = 777  # neither the training stream nor the card's held-out prompts
 
 
@@ -27,6 +28,15 @@ def test_the_zoo_is_bundled_and_small():
     for name in NAMES:
         files = {p.name for p in (ZOO_DIR / name).iterdir()}
         assert {"model.safetensors", "config.json", "tokenizer.json", "card.json", "README.md"} <= files
+        card = json.loads((ZOO_DIR / name / "card.json").read_text())
+        assert (ZOO_DIR / name / "README.md").read_text() == card_markdown(card), name  # the human card is the data's
+        assert card["name"] == name
+        made_by = recipe(name)  # the recipe that reproduces it
+        assert card.get("task", DEFAULT_TASK) == task_shape(made_by), name  # older cards have no task: the default
+        assert (card["seed"], card.get("lr", made_by.lr), card.get("init_from")) == (made_by.seed, made_by.lr, made_by.init_from)
+        assert list(card.get("pruned_heads", [])) == list(made_by.pruned_heads), name
+        config = json.loads((ZOO_DIR / name / "config.json").read_text())
+        assert {k: config[k] for k in made_by.config} == made_by.config, name
 
 
 @pytest.mark.parametrize("name", NAMES)

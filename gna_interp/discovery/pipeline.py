@@ -91,7 +91,9 @@ def discover(
         screen_above: layers with more heads are pre-screened in groups.
         check_labels: on multiple-choice tasks, measure the accuracy with the labels
             shuffled (`tasks.shuffle_labels`), as ``accuracy["shuffled_labels"]``.
-        progress: progress bars.
+        progress: progress bars: one per scan, and `evaluate`'s per-batch bars (its
+            default: tasks of more than 4 batches) for the single evaluations of the
+            baseline, the label check and the confirmation. ``False``: no bar at all.
 
     Returns:
         a `GnACircuit`.
@@ -344,7 +346,7 @@ def _confirm(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float,
     for role, heads in (("gather", circuit.gather), ("aggregate", circuit.aggregate)):
         if heads and role not in circuit.needs:
             clean = circuit.accuracy["clean"]
-            chosen, accuracy, reached = scans.collapsing_set(model, task, heads, threshold, max_heads, clean, progress=bars)
+            chosen, accuracy, reached = scans.collapsing_set(model, task, heads, threshold, max_heads, clean, evaluate_progress=bars)
             circuit.needs[role] = RoleNeed(chosen, accuracy, reached)
     circuit.path_patching = _gather_to_aggregate(model, task, circuit)
 

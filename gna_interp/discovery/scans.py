@@ -184,13 +184,14 @@ def collapsing_set(
     max_heads: int,
     clean: float,
     *,
-    progress: bool | None = None,
+    evaluate_progress: bool | None = None,
 ) -> tuple[list[Head], float, bool]:
     """Ablate ``ordered`` heads cumulatively until accuracy is at most ``threshold``.
 
     Args:
         clean: the accuracy with nothing ablated (returned when ``ordered`` is empty).
-        progress: `evaluate`'s bars (``None``: its default; ``False``: none).
+        evaluate_progress: `evaluate`'s per-batch bars (``None``: its default; ``False``:
+            none). This search draws no bar of its own.
 
     Returns:
         the heads used, the accuracy with all of them ablated, and whether the
@@ -200,7 +201,7 @@ def collapsing_set(
     accuracy = clean
     for head in list(ordered)[:max_heads]:
         chosen.append(head)
-        accuracy = evaluate(model, task, [Ablate(chosen)], progress=progress).accuracy
+        accuracy = evaluate(model, task, [Ablate(chosen)], progress=evaluate_progress).accuracy
         if accuracy <= threshold:
             return chosen, accuracy, True
     return chosen, accuracy, False

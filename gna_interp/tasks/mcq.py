@@ -29,6 +29,8 @@ LETTERS = tuple(string.ascii_uppercase)
 ANSWER_PROMPT = "Answer:"
 LAYOUTS = ("label_first", "label_last")
 """``label_first``: MMLU's ``A. <option>``; ``label_last``: ``<option> A``."""
+MCQ_KEYS = frozenset({"header", "options", "layout", "labels", "footer"})
+"""The ``meta`` keys `mcq_example` writes, from which the prompt can be built again."""
 
 
 def mcq_example(
@@ -45,11 +47,12 @@ def mcq_example(
     """Build one multiple-choice prompt and its annotations.
 
     Args:
-        header: everything before the first option, ending in ``\\n``.
+        header: everything before the first option: empty, or ending in ``\\n``.
         options: the option texts, labelled ``A``, ``B``, ... in order.
         correct: index of the correct option.
         query: ``[start, end)`` characters of the query in the prompt's text, if any.
-        meta: kept on the example (subject, ids, ...).
+        meta: kept on the example (subject, ids, ...); the keys this function sets
+            (`MCQ_KEYS`) are refused.
         layout: one of `LAYOUTS`.
         labels: the options' labels in prompt order (default ``A``, ``B``, ...); the
             candidates follow that order, so ``correct`` indexes both.
@@ -65,8 +68,12 @@ def mcq_example(
     labels = list(LETTERS[: len(options)] if labels is None else labels)
     if len(labels) != len(options) or len(set(labels)) != len(labels):
         raise ValueError(f"labels={labels!r}: expected {len(options)} distinct labels, one per option")
-    if footer and not footer.endswith("\n"):
-        raise ValueError(f"footer={footer!r}: expected empty or ending in a newline")
+    for name, part in (("header", header), ("footer", footer)):
+        if not isinstance(part, str) or (part and not part.endswith("\n")):
+            raise ValueError(f"{name}={part!r}: expected a string, empty or ending in a newline")
+    reserved = sorted(MCQ_KEYS & set(meta or {}))
+    if reserved:
+        raise ValueError(f"meta keys {reserved} are set by mcq_example itself: rename them")
     pieces = [header]
     segments = []
     cursor = len(header)
@@ -100,7 +107,7 @@ def _rebuild(
 ) -> Example:
     """``example`` built again by `mcq_example` from its ``meta``, with other ``options``,
     ``correct`` index or ``labels`` where given."""
-    meta = {k: v for k, v in example.meta.items() if k not in ("header", "options", "layout", "labels", "footer")}
+    meta = {k: v for k, v in example.meta.items() if k not in MCQ_KEYS}
     return mcq_example(
         example.meta["header"],
         example.meta["options"] if options is None else options,

@@ -76,8 +76,17 @@ def toy_tokenizer() -> Any:
 
 
 def _check_shape(
-    n: int, n_options: int, words_per_option: int, layout: str = "label_first", vary_lengths: bool = False, query_last: bool = False
+    n: int,
+    n_options: int,
+    words_per_option: int,
+    layout: str = "label_first",
+    vary_lengths: bool = False,
+    shuffle_labels: bool = False,
+    query_last: bool = False,
 ) -> None:
+    for name, flag in (("vary_lengths", vary_lengths), ("shuffle_labels", shuffle_labels), ("query_last", query_last)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name}={flag!r}: expected True or False")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r}: expected a positive number of prompts")
     if not 2 <= n_options <= MAX_OPTIONS:
@@ -88,8 +97,6 @@ def _check_shape(
         raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
     if vary_lengths and words_per_option < 2:
         raise ValueError(f"vary_lengths with words_per_option={words_per_option}: lengths can only vary from 2 words per option up")
-    if not isinstance(query_last, bool):
-        raise ValueError(f"query_last={query_last!r}: expected True or False")
 
 
 def toy_mcq(
@@ -119,7 +126,7 @@ def toy_mcq(
 
     A bundled toy model's own task is `gna_interp.toy_task`.
     """
-    _check_shape(n, n_options, words_per_option, layout, vary_lengths, query_last)
+    _check_shape(n, n_options, words_per_option, layout, vary_lengths, shuffle_labels, query_last)
     rng = random.Random(seed)
     examples = []
     for _ in range(n):
@@ -189,7 +196,7 @@ def toy_token_batch(
     Returns:
         ``input_ids [n, pos]`` and ``answer_ids [n]`` (the correct letter's token).
     """
-    _check_shape(n, n_options, words_per_option, layout, vary_lengths, query_last)
+    _check_shape(n, n_options, words_per_option, layout, vary_lengths, shuffle_labels, query_last)
     vocab = {token: i for i, token in enumerate(VOCAB)}
     content = torch.tensor([vocab[w] for w in CONTENT_WORDS])
     rows = torch.arange(n)

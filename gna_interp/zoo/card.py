@@ -50,6 +50,6 @@ def ablation_facts(model: GnaModel, task: Task, *, progress: bool = False) -> Ab
         order = sorted((h for h in model.heads if h.layer == layer), key=lambda h: float(scan.accuracy[h.layer, h.head]))
         if not order:  # a layer without heads (an MLP-only layer)
             continue
-        chosen, accuracy, reached = collapsing_set(model, task, order, threshold, len(order), clean.accuracy, progress=bars)
+        chosen, accuracy, reached = collapsing_set(model, task, order, threshold, len(order), clean.accuracy, evaluate_progress=bars)
         sets[layer] = {"heads": [str(h) for h in chosen], "accuracy": accuracy, "reached_chance": reached}
     return AblationFacts(clean.accuracy, clean.chance, single, best, single[best], sets)

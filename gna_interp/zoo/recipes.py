@@ -32,7 +32,7 @@ _MAMBA2_2X8 = dict(
     tie_word_embeddings=False,
     **_TOKENS,
 )
-"""The toy Mamba-2's shape: 2 layers x 8 heads of 16, state 16."""
+"""The toy Mamba-2s' shape: 2 layers x 8 heads of 16, state 16, a 4-token conv (the query-last ones use 2)."""
 
 
 _LLAMA_PRUNED: dict[str, Any] = dict(
@@ -62,7 +62,8 @@ _MAMBA2_PRUNED: dict[str, Any] = dict(
     decay_start=1_800,
     decay_steps=1_200,
 )
-"""Fine-tuning a Mamba-2 toy with some layer-1 heads pruned (recipes `mamba2`, `mamba2_long_options`)."""
+"""Fine-tuning a query-first Mamba-2 toy with some layer-1 heads pruned (recipes `mamba2_query_first`,
+`mamba2_long_options`)."""
 _MAMBA2_QUERY_LAST: dict[str, Any] = dict(family="mamba2", config=dict(_MAMBA2_2X8, conv_kernel=2), query_last=True)
 """The toy Mamba-2 of the query-last task (recipes `mamba2_query_last`, `mamba2`): a 2-token conv,
 so that neither an option's words nor the final position reach the query or a label through it."""

@@ -31,7 +31,8 @@ def toy_card(name: str) -> dict[str, Any]:
 
 def toy_task(name: str | Path, n: int = 200, seed: int = 0) -> Any:
     """``n`` fresh prompts of the task a toy model was trained on (`toy_mcq` with its
-    card's number of options, words per option, layout and label order).
+    card's number of options, words per option, layout, option lengths, label order and
+    query place).
 
     Args:
         name: a bundled toy (`toy_names`) or a folder written by ``gna-interp zoo train``.
