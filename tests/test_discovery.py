@@ -88,10 +88,12 @@ def test_roles_follow_where_the_effect_enters(found):
         def without(heads, where=None):
             return gna.evaluate(model, task, [gna.Ablate(heads, positions=where)] if heads else []).accuracy
 
-        for head in (h for h in together if circuit.evidence(h).joint):
+        joint = [h for h in together if circuit.evidence(h).joint]
+        set_there, set_whole = (without(together, positions), without(together)) if joint else (None, None)
+        for head in joint:
             rest = [h for h in together if h != head]
-            there = without(rest, positions) - without(together, positions)
-            whole = without(rest) - without(together)
+            there = without(rest, positions) - set_there
+            whole = without(rest) - set_whole
             assert there >= 0.5 * whole and there > 0, (role, head, there, whole)
     # the recorded entry accuracies, segment ends included, are these same measurements
     for head in circuit.gather[:2]:

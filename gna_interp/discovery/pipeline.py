@@ -110,7 +110,8 @@ def discover(
     for layer in scan_layers:
         model.check_layer(layer)
 
-    clean = evaluate(model, task, progress=None if progress else False)
+    evaluate_bars = None if progress else False  # evaluate's own default for single evaluations, or none
+    clean = evaluate(model, task, progress=evaluate_bars)
     chance = clean.chance
     notes = []
     if clean.accuracy < chance + chance_margin:
@@ -139,7 +140,7 @@ def discover(
         },
     )
     if check_labels and clean.accuracy >= chance + chance_margin:
-        _check_labels(model, task, circuit, chance + chance_margin, progress)
+        _check_labels(model, task, circuit, chance + chance_margin, evaluate_bars)
     if "truncation" in stages:
         circuit.truncation = scans.truncation_scan(model, task, progress=progress)
         circuit.critical_layer = scans.critical_layer(circuit.truncation, clean.accuracy, chance)
@@ -183,7 +184,7 @@ def discover(
         item.kind = model.head_kind(item.head).value
     circuit.heads = sorted(evidence.values(), key=lambda e: e.head)
     if "confirm" in stages:
-        _confirm(model, task, circuit, chance + chance_margin, max_heads_per_role, progress)
+        _confirm(model, task, circuit, chance + chance_margin, max_heads_per_role, evaluate_bars)
     return circuit
 
 
@@ -270,13 +271,13 @@ class _JointSearch:
         return RoleNeed(chosen, accuracy, accuracy <= threshold)
 
 
-def _check_labels(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float, progress: bool) -> None:
+def _check_labels(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float, evaluate_bars: bool | None) -> None:
     """Accuracy with the labels shuffled (skipped for tasks that are not multiple choice)."""
     try:
         relabelled = shuffle_labels(task)
     except ValueError:
         return
-    shuffled = evaluate(model, relabelled, progress=None if progress else False).accuracy
+    shuffled = evaluate(model, relabelled, progress=evaluate_bars).accuracy
     circuit.accuracy["shuffled_labels"] = shuffled
     if shuffled < threshold:
         circuit.warnings.append(
@@ -329,11 +330,9 @@ def _gather_before_aggregate(evidence: dict[Head, HeadEvidence], position: Calla
             item.role = None
 
 
-def _confirm(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float, max_heads: int, progress: bool) -> None:
-    bars = None if progress else False  # evaluate's own default, or none
-
+def _confirm(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float, max_heads: int, evaluate_bars: bool | None) -> None:
     def accuracy_without(heads: list[Head]) -> float:
-        return evaluate(model, task, [Ablate(heads)], progress=bars).accuracy if heads else circuit.accuracy["clean"]
+        return evaluate(model, task, [Ablate(heads)], progress=evaluate_bars).accuracy if heads else circuit.accuracy["clean"]
 
     circuit.accuracy["-gather"] = accuracy_without(circuit.gather)
     circuit.accuracy["-aggregate"] = accuracy_without(circuit.aggregate)
@@ -346,7 +345,9 @@ def _confirm(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float,
     for role, heads in (("gather", circuit.gather), ("aggregate", circuit.aggregate)):
         if heads and role not in circuit.needs:
             clean = circuit.accuracy["clean"]
-            chosen, accuracy, reached = scans.collapsing_set(model, task, heads, threshold, max_heads, clean, evaluate_progress=bars)
+            chosen, accuracy, reached = scans.collapsing_set(
+                model, task, heads, threshold, max_heads, clean, evaluate_progress=evaluate_bars
+            )
             circuit.needs[role] = RoleNeed(chosen, accuracy, reached)
     circuit.path_patching = _gather_to_aggregate(model, task, circuit)
 
