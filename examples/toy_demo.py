@@ -23,5 +23,12 @@ for name in gna.toy_names():
 columns = ["head", "kind", "role", "ablated_accuracy", "final_ablated_accuracy", "segments_ablated_accuracy", "ends_ablated_accuracy"]
 print(circuits[0][0].to_frame()[[*columns, "pattern_agrees"]])
 
-# %% An offline report with scans, tables and circuitsvis patterns.
+# %% The G&A picture the report draws, averaged over the task's prompts: per Aggregate head,
+# the final row's mass on the correct option's segment end against another option's; per
+# Gather head, each segment end's mass on its own segment against an earlier one.
+circuit, model, task = circuits[0]
+print(gna.discovery.role_picture(circuit, model, task).to_frame().round(3).to_string())
+
+# %% An offline report: those figures beside one prompt in circuitsvis, heads-needed curves,
+# scans and tables, in one self-contained page.
 print(gna.write_report(circuits, "gna-report"))

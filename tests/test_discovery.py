@@ -4,28 +4,23 @@
 from __future__ import annotations
 
 import json
-import re
 import warnings
 
 import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.discovery import GnACircuit, NoRetrievalWarning, PositionalAnswerWarning, discover, write_report
+from gna_interp.discovery import GnACircuit, NoRetrievalWarning, PositionalAnswerWarning, discover
 
-TASK_SEED = 4242  # fresh prompts: neither training nor the cards used them
+from .toy_circuits import TASK_SEED, TOYS, discovered
+
 POSITIONAL_WARNINGS: dict[str, list] = {}  # per toy: the PositionalAnswerWarnings its discovery raised
 
 
-@pytest.fixture(scope="module", params=[name for name in ("llama", "mamba2") if name in gna.toy_names()])
+@pytest.fixture(scope="module", params=TOYS)
 def found(request):
-    model = gna.load_toy(request.param)
-    task = gna.toy_task(request.param, 200, seed=TASK_SEED)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("error")  # e.g. a trained toy model must not look like chance
-        warnings.simplefilter("always", PositionalAnswerWarning)  # recorded: test_the_label_check_...
-        circuit = discover(model, task, progress=False)
-    POSITIONAL_WARNINGS[request.param] = [w for w in caught if issubclass(w.category, PositionalAnswerWarning)]
+    model, task, circuit, positional = discovered(request.param)  # shared with test_report
+    POSITIONAL_WARNINGS[request.param] = list(positional)
     return model, task, circuit
 
 
@@ -174,18 +169,6 @@ def test_json_round_trip(found, tmp_path):
     assert GnACircuit.from_json(tmp_path / "c.json") == circuit
     frame = circuit.to_frame()
     assert set(frame["head"]) == {str(e.head) for e in circuit.heads}
-
-
-def test_report_is_offline_and_complete(found, tmp_path):
-    model, task, circuit = found
-    index = write_report([(circuit, model, task)], tmp_path / "report")
-    page = index.read_text()
-    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page), "external reference in the report"
-    assert "unpkg" not in page and "cdn" not in page.lower()
-    images = re.findall(r'<img src="([^"]+)"', page)
-    assert images and all((index.parent / name).is_file() for name in images)
-    assert (index.parent / f"{re.sub(r'[^a-z0-9]+', '-', circuit.model.lower())}.json").is_file()
-    assert "heads needed" in page and str(circuit.aggregate[0]) in page
 
 
 def test_bad_input():

@@ -16,6 +16,7 @@ import torch
 import gna_interp as gna
 from gna_interp.models.tiny import tiny_model
 from gna_interp.viz import AttentionView, attention_view, heatmap_png, side_by_side
+from gna_interp.viz.views import bundle_script
 
 from .conftest import PROMPTS
 
@@ -111,16 +112,15 @@ function stub() {  // a document that accepts anything: enough for the bundle to
   return new Proxy(f, { get: (t, k) => (k === Symbol.toPrimitive ? () => "" : k in t ? t[k] : stub()), set: () => true });
 }
 const calls = [];
-for (const script of scripts) {
-  const box = { console, setTimeout, clearTimeout, TextEncoder, TextDecoder, performance, navigator: { userAgent: "headless" } };
-  box.window = box; box.self = box; box.globalThis = box; box.document = stub();
-  box.__record = (id, component, props) => {
-    const name = Object.keys(box.CircuitsVis).find((k) => box.CircuitsVis[k] === component);
-    calls.push({ id, component: name, tokens: props.tokens });
-  };
-  vm.createContext(box);  // no fetch, no require, no import: the script must be self-contained
-  vm.runInContext(script.replace("CircuitsVis.render(", "__record("), box);
-}
+// One global scope for every script, as in a page: the bundle defines CircuitsVis, each view's call uses it.
+const box = { console, setTimeout, clearTimeout, TextEncoder, TextDecoder, performance, navigator: { userAgent: "headless" } };
+box.window = box; box.self = box; box.globalThis = box; box.document = stub();
+box.__record = (id, component, props) => {
+  const name = Object.keys(box.CircuitsVis).find((k) => box.CircuitsVis[k] === component);
+  calls.push({ id, component: name, tokens: props.tokens });
+};
+vm.createContext(box);  // no fetch, no require, no import: the page must be self-contained
+for (const script of scripts) vm.runInContext(script.replace("CircuitsVis.render(", "__record("), box);
 console.log(JSON.stringify(calls));
 """
 
@@ -134,5 +134,7 @@ def test_inlined_scripts_run_headless(tmp_path, mamba, llama_tlens):
     assert result.returncode == 0, result.stderr[-2000:]
     calls = json.loads(result.stdout.strip().splitlines()[-1])
     assert [call["component"] for call in calls] == ["AttentionHeads", "AttentionHeads"]
-    assert all(f'id="{call["id"]}"' in page.read_text() for call in calls), "the patterns element exists in the page"
+    text = page.read_text()
+    assert all(f'<div id="{call["id"]}" style="margin: 15px 0;"></div>' in text for call in calls), "each view's element, closed"
+    assert text.count(bundle_script()) == 1, "one bundle for both panels"
     assert calls[0]["tokens"] == ["<bos>", *PROMPTS[0].split()] and calls[1]["tokens"] == ["<bos>", *PROMPTS[1].split()]

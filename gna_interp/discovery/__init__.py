@@ -1,6 +1,7 @@
 """G&A discovery: find, label and confirm the Gather and Aggregate heads of a model."""
 
 from .circuit import GnACircuit, HeadEvidence, RoleNeed
+from .picture import RolePicture, role_picture
 from .pipeline import STAGES, NoRetrievalWarning, PositionalAnswerWarning, discover
 from .report import write_report
 from .roles import RoleScores, RoleThresholds
@@ -12,8 +13,10 @@ __all__ = [
     "NoRetrievalWarning",
     "PositionalAnswerWarning",
     "RoleNeed",
+    "RolePicture",
     "RoleScores",
     "RoleThresholds",
     "discover",
+    "role_picture",
     "write_report",
 ]

@@ -74,13 +74,18 @@ class RoleNeed:
     heads: list[Head]
     accuracy: float
     reached_chance: bool
+    curve: list[float] | None = None
+    """Accuracy with the first ``k`` heads ablated together at every position, for
+    ``k = 1..len(heads)`` (its last value is ``accuracy``); ``None``: not measured (the
+    report then measures it, given the model)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"heads": [str(h) for h in self.heads], "accuracy": self.accuracy, "reached_chance": self.reached_chance}
+        data = {"heads": [str(h) for h in self.heads], "accuracy": self.accuracy, "reached_chance": self.reached_chance}
+        return data | ({} if self.curve is None else {"curve": self.curve})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RoleNeed:
-        return cls([Head.parse(h) for h in data["heads"]], data["accuracy"], bool(data["reached_chance"]))
+        return cls([Head.parse(h) for h in data["heads"]], data["accuracy"], bool(data["reached_chance"]), data.get("curve"))
 
 
 @dataclass
@@ -209,7 +214,9 @@ class GnACircuit:
         return attention_view(model, task, heads, row=row, title=f"{self.model}: G&A heads")
 
     def report(self, directory: str | Path, model: Any = None, task: Any = None) -> Path:
-        """An offline HTML report (``index.html``, PNGs, ``circuit.json``) in ``directory``."""
+        """An offline HTML report (one self-contained ``index.html`` and the circuit's JSON) in
+        ``directory``; with the model and task, the averaged G&A figures and a circuitsvis
+        view (see `write_report`)."""
         from .report import write_report
 
         items: list[ReportLike] = [(self, model, task)]

@@ -1,106 +1,76 @@
 """The offline HTML report of one or more `GnACircuit`s.
 
-``index.html`` embeds every script (circuitsvis ``local_src``) and references only
-PNGs written beside it, so the folder opens with no network. One JSON per circuit is
-written too. Figures use matplotlib's object API (no pyplot global state).
+``index.html`` is one self-contained page: figures are inline SVG (their text is text:
+the heads a figure names can be searched), and the circuitsvis bundle is inlined once
+(`viz.views.bundle_script`), every view reusing it. Nothing is loaded from a URL. One
+JSON per circuit is written beside it.
+
+Per model, given the model and task (see `ReportLike`), the page shows the G&A picture
+as the paper draws it, averaged over the task (`picture.role_picture`), next to one
+prompt in circuitsvis: one the model answers correctly, whose Aggregate rows are the
+closest to their task average (`picture.choose_prompt`). Heads-needed curves name each
+head as it is added (`RoleNeed.curve`, measured here when the circuit lacks it). The
+layout fits a 1,400 px window: wide tables scroll inside their own box.
 """
 
 from __future__ import annotations
 
+import copy
 import html
-import io
+import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..viz import figures
+
 if TYPE_CHECKING:
     from .circuit import GnACircuit
+    from .picture import RolePicture
 
 ReportLike = tuple["GnACircuit", Any, Any]
 """``(circuit, model or None, task or None)``: patterns are drawn when both are given."""
 
 _STYLE = """
-body { font-family: sans-serif; max-width: 1200px; margin: 2em auto; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.9em; }
+body { font-family: sans-serif; max-width: 1320px; margin: 1.5em auto; padding: 0 16px; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
 th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
-.note { color: #8a5a00; } img { max-width: 100%; }
+section.model { border-top: 2px solid #888; margin-top: 2em; }
+.note { color: #8a5a00; } .caption { font-size: 0.85em; color: #444; max-width: 60em; }
+.scroll { overflow-x: auto; max-width: 100%; }
+.row { display: flex; flex-wrap: wrap; gap: 16px 32px; align-items: flex-start; }
+.row > * { min-width: 0; max-width: 100%; }
+.pair { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 24px; align-items: start; }
+.pair > div { min-width: 0; overflow-x: auto; }
+svg.figure { width: 100%; height: auto; display: block; }
+figure { margin: 0 0 1em; } figcaption { font-size: 0.85em; color: #444; }
 """
+
+DASH = "\u2014"
+"""What a cell with no value shows (a head with no role, a quantity not measured)."""
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "model"
 
 
-def _figure_png(draw: Any, size: tuple[float, float]) -> bytes:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=size, dpi=100)
-    FigureCanvasAgg(figure)
-    draw(figure)
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    return buffer.getvalue()
-
-
-def scan_png(circuit: GnACircuit) -> bytes | None:
-    """Truncation and leave-one-layer-out accuracy per layer, with the clean and chance lines."""
-    if circuit.truncation is None and circuit.layer_scan is None:
-        return None
-
-    def draw(figure: Any) -> None:
-        axes = figure.add_subplot(1, 1, 1)
-        if circuit.truncation is not None:
-            axes.plot(range(len(circuit.truncation)), circuit.truncation, "o-", label="keep layers 0..l")
-        if circuit.layer_scan is not None:
-            axes.plot(range(len(circuit.layer_scan)), circuit.layer_scan, "s--", label="skip layer l")
-        axes.axhline(circuit.accuracy["clean"], color="green", lw=0.8, label="clean")
-        axes.axhline(circuit.accuracy["chance"], color="gray", lw=0.8, ls=":", label="chance")
-        n_layers = len(circuit.truncation or circuit.layer_scan or [])
-        axes.set_xticks(range(n_layers))
-        axes.set_xlabel("layer")
-        axes.set_ylabel("accuracy")
-        axes.set_ylim(0, 1.02)
-        axes.legend(fontsize=8)
-
-    return _figure_png(draw, (5, 3))
-
-
-def head_scan_png(circuit: GnACircuit) -> bytes | None:
-    """Heatmap of single-head ablation accuracy ``[layer, head]``."""
-    if circuit.head_scan is None:
-        return None
-    import numpy as np
-
-    values = np.array([[np.nan if v is None else v for v in row] for row in circuit.head_scan], dtype=float)
-
-    def draw(figure: Any) -> None:
-        axes = figure.add_subplot(1, 1, 1)
-        image = axes.imshow(values, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
-        axes.set_xlabel("head")
-        axes.set_ylabel("layer")
-        axes.set_title("accuracy with the head zero-ablated")
-        figure.colorbar(image, ax=axes)
-
-    width = min(12.0, 3 + 0.35 * values.shape[1])
-    return _figure_png(draw, (width, 1.2 + 0.45 * values.shape[0]))
-
-
 def _table(rows: list[dict[str, Any]]) -> str:
     if not rows:
-        return "<p>-</p>"
+        return f"<p>{DASH}</p>"
     columns = list(rows[0])
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(c)))}</td>" for c in columns) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f'<div class="scroll"><table><tr>{head}</tr>{body}</table></div>'
 
 
 def _fmt(value: Any) -> str:
+    """Floats to 3 decimals; ``None`` and NaN (a head with no role, a score not measured) to a dash."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return DASH
     if isinstance(value, float):
         return f"{value:.3f}"
-    return "-" if value is None else str(value)
+    return str(value)
 
 
 def contrast_rows(circuits: list[GnACircuit]) -> list[dict[str, Any]]:
@@ -119,7 +89,7 @@ def contrast_rows(circuits: list[GnACircuit]) -> list[dict[str, Any]]:
                     "model": circuit.model,
                     "role": role,
                     "heads": circuit.named(heads),
-                    "heads needed": None if need is None else len(need.heads),
+                    "heads needed": None if need is None else f"{len(need.heads)}: {circuit.named(need.heads)}",
                     "collapses to chance": None if need is None else ("yes" if need.reached_chance else "no"),
                     "accuracy with them ablated": None if need is None else need.accuracy,
                     "mean entropy (nats)": sum(entropies) / len(entropies) if entropies else None,
@@ -130,49 +100,144 @@ def contrast_rows(circuits: list[GnACircuit]) -> list[dict[str, Any]]:
     return rows
 
 
+def _curves(circuit: GnACircuit, model: Any, task: Any) -> None:
+    """Fill each `RoleNeed.curve` the circuit lacks, when the model and task are given."""
+    from .picture import need_curve
+
+    for need in circuit.needs.values():
+        if need.curve is None and model is not None and task is not None and need.heads:
+            need.curve = need_curve(model, task, need.heads, need.accuracy)
+
+
+def _short(circuit: GnACircuit, head: Any) -> str:
+    """A head's label in a figure: ``L1H0``, or in a hybrid ``L1H0 attn`` / ``L1H5 ssm``."""
+    return circuit.named([head]).replace(" (attention)", " attn").replace(" (ssm)", " ssm")
+
+
+def _needs_svg(circuit: GnACircuit) -> str | None:
+    curves = [
+        (role, [_short(circuit, h) for h in need.heads], need.curve, need.reached_chance)
+        for role, need in sorted(circuit.needs.items())
+        if need.curve is not None and len(need.curve) == len(need.heads)
+    ]
+    chance = circuit.accuracy["chance"]
+    threshold = chance + float(circuit.settings.get("chance_margin", 0.0))
+    return figures.needs_figure(curves, circuit.accuracy["clean"], chance, threshold)
+
+
+def _figure(svg: str, caption: str, **data: str) -> str:
+    attributes = "".join(f' data-{key}="{html.escape(value)}"' for key, value in data.items())
+    return f"<figure{attributes}>{svg}<figcaption>{caption}</figcaption></figure>"
+
+
+def _picture_html(circuit: GnACircuit, picture: RolePicture, model: Any, task: Any) -> str:
+    """The averaged figure beside the circuitsvis view of the chosen prompt."""
+    from ..viz import attention_view
+
+    svg = figures.role_figure(picture, lambda head: _short(circuit, head).replace(" ", "\n"))
+    left = ""
+    if svg is not None:
+        aggregate, gather = circuit.named(circuit.aggregate), circuit.named(circuit.gather)
+        caption = (
+            f"Averaged over the task's first {picture.n_prompts} prompts, aligned by its annotations (rows as "
+            "distributions of |w|). <b>Aggregate</b> heads: the final row's mass on the correct option's segment end "
+            "against another option's (the mean over the others), and on all of each option's tokens. <b>Gather</b> "
+            "heads: each segment end's row's mass on its own segment against an earlier one (the mean over those it "
+            f"sees). Black ticks: a uniform causal row. Aggregate: {html.escape(aggregate)}. Gather: {html.escape(gather)}."
+        )
+        listed = {role: " ".join(map(str, getattr(circuit, role))) for role in ("aggregate", "gather")}
+        left = _figure(svg, caption, role="picture", **listed)
+    right = "<p>No prompt of those is answered correctly: no single prompt is shown.</p>"
+    if picture.prompt is not None:
+        row = picture.prompt
+        heads = [*circuit.aggregate, *circuit.gather]
+        view = attention_view(model, task, heads, row=row, title=f"{circuit.model}: prompt {row}")
+        answered = int(picture.answered.sum())
+        chosen = ""
+        if circuit.aggregate:
+            m, mean = picture.masses, picture.aggregate[0]
+            correct = int(m.correct[row])
+            ends, options = m.final_on_ends[row, 0], m.final_on_options[row, 0]  # [segment]
+            other_end = max(float(v) for j, v in enumerate(ends) if j != correct)
+            chosen = (
+                f": {circuit.aggregate[0]}'s final row puts {float(ends[correct]):.2f} on the correct option's end (task mean "
+                f"{mean.correct_end:.2f}), at most {other_end:.2f} on another's (task mean per option {mean.other_end:.2f}), and "
+                f"{float(options[correct]):.2f} on all of the correct option's tokens (task mean {mean.correct_option:.2f})"
+            )
+        right = (
+            f'<p class="caption">One prompt (row {row}) in circuitsvis, heads {html.escape(circuit.named(heads))}. Of the '
+            f"{answered} of {picture.n_prompts} prompts the model answers correctly, it is the one whose Aggregate rows are, in "
+            "total, closest to those of the others (the medoid; profiles: segment-end, then option masses, each the correct "
+            "option's first, the others sorted; L1)"
+            f"{chosen}.</p>" + view.fragment()
+        )
+    return f'<div class="pair"><div>{left}</div><div data-role="view">{right}</div></div>'
+
+
 def _section(circuit: GnACircuit, model: Any, task: Any, folder: Path) -> str:
+    from .picture import role_picture
+
     slug = _slug(circuit.model)
-    parts = [f"<h2>{html.escape(circuit.model)} <small>({html.escape(circuit.family)}, {html.escape(circuit.task)})</small></h2>"]
+    parts = [f'<section class="model" id="{slug}">']
+    parts.append(f"<h2>{html.escape(circuit.model)} <small>({html.escape(circuit.family)}, {html.escape(circuit.task)})</small></h2>")
     parts += [f'<p class="note">{html.escape(w)}</p>' for w in circuit.warnings]
-    parts.append(_table([{"condition": k, "accuracy": v} for k, v in circuit.accuracy.items()]))
+    tables = [_table([{"condition": k, "accuracy": v} for k, v in circuit.accuracy.items()])]
     if circuit.path_patching is not None:
-        parts.append("<p>Path patching, Gather &rarr; Aggregate (logit of the clean answer minus the corrupted one):</p>")
-        parts.append(_table([{"quantity": k, "value": v} for k, v in circuit.path_patching.items()]))
-    for name, data in (("scans", scan_png(circuit)), ("heads", head_scan_png(circuit))):
-        if data is not None:
-            (folder / f"{slug}-{name}.png").write_bytes(data)
-            parts.append(f'<img src="{slug}-{name}.png" alt="{name} of {html.escape(circuit.model)}">')
+        tables.append(
+            "<div><p>Path patching, Gather &rarr; Aggregate<br>(logit of the clean answer minus the corrupted one):</p>"
+            + _table([{"quantity": k, "value": v} for k, v in circuit.path_patching.items()])
+            + "</div>"
+        )
+    needs = _needs_svg(circuit)
+    if needs is not None:
+        named = "; ".join(f"{role}: {html.escape(circuit.named(need.heads))}" for role, need in sorted(circuit.needs.items()))
+        tables.append(_figure(needs, f"Heads needed to collapse accuracy, each step named by the head added ({named}).", role="needs"))
+    parts.append(f'<div class="row">{"".join(tables)}</div>')
+    if model is not None and task is not None and (circuit.gather or circuit.aggregate):
+        picture = role_picture(circuit, model, task)
+        parts.append("<h3>The G&amp;A picture, averaged over the task</h3>")
+        parts.append(_picture_html(circuit, picture, model, task))
+    scans = [
+        figures.scan_figure(circuit.truncation, circuit.layer_scan, circuit.accuracy["clean"], circuit.accuracy["chance"]),
+        figures.head_scan_figure(circuit.head_scan),
+    ]
+    if any(svg is not None for svg in scans):
+        parts.append("<h3>Scans</h3>")
+        cells = "".join(f'<div style="flex: 1 1 380px">{svg}</div>' for svg in scans if svg is not None)
+        parts.append(f'<div class="row">{cells}</div>')
     parts.append("<h3>Examined heads</h3>")
     parts.append(_table(circuit.to_frame().to_dict(orient="records")))
-    chosen = [*circuit.gather, *circuit.aggregate]
-    if model is not None and task is not None and chosen:
-        view = circuit.show(model, task)
-        (folder / f"{slug}-patterns.png").write_bytes(view.png())
-        parts.append("<h3>Patterns of the G&amp;A heads (first prompt)</h3>")
-        parts.append(f'<img src="{slug}-patterns.png" alt="patterns of {html.escape(circuit.model)}">')
-        parts.append(view.html)
+    parts.append("</section>")
     (folder / f"{slug}.json").write_text(circuit.to_json() + "\n")
     return "\n".join(parts)
 
 
 def write_report(items: list[ReportLike], directory: str | Path) -> Path:
-    """Write ``index.html`` (offline), PNGs and one JSON per circuit into ``directory``."""
+    """Write ``index.html`` (offline, self-contained) and one JSON per circuit into
+    ``directory``. Heads-needed curves the circuits lack are measured when the model and
+    task are given, and written in the JSON (the circuits passed in are not changed)."""
+    from ..viz.views import bundle_script
+
     folder = Path(directory)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"report directory {str(folder)!r} is an existing file: expected a folder")
     folder.mkdir(parents=True, exist_ok=True)
+    items = [(copy.deepcopy(circuit), model, task) for circuit, model, task in items]
+    for circuit, model, task in items:
+        _curves(circuit, model, task)
     circuits = [item[0] for item in items]
     body = ["<h1>Gather-and-Aggregate report</h1>"]
     body.append("<h2>Heads per role and sharpness</h2>")
     body.append(
-        "<p>How many heads of each role, ablated together, bring accuracy to chance (at most "
+        '<p class="caption">How many heads of each role, ablated together, bring accuracy to chance (at most '
         f"{circuits[0].settings.get('max_heads_per_role', 5)} tried), and how sharp the rows they use are "
         "(Gather: segment-end rows; Aggregate: the final row). Reported as measured.</p>"
     )
     body.append(_table(contrast_rows(circuits)))
     body += [_section(circuit, model, task, folder) for circuit, model, task in items]
-    page = f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>gna_interp report</title><style>{_STYLE}</style></head>'
-    page += "<body>\n" + "\n".join(body) + "\n</body></html>\n"
+    scripts = bundle_script() if any("CircuitsVis.render(" in part for part in body) else ""  # once, before every view
+    page = f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>gna_interp report</title><style>{_STYLE}</style>'
+    page += f"{scripts}</head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
     index = folder / "index.html"
     index.write_text(page, encoding="utf-8")
     return index

@@ -108,35 +108,89 @@ def _span_masks(encoded: EncodedTask, rows: slice, n_pos: int, with_end: bool) -
     return (cols >= start) & (cols < stop)
 
 
+@dataclass
+class RoleMasses:
+    """Per prompt, where the rows each role reads put their mass: rows as distributions
+    over keys (``|w| / sum |w|``), aligned by the task's annotations (option slots, not
+    token positions). The pattern scores (`role_scores`) and the report's figures are
+    both computed from it.
+
+    Attributes:
+        ends_on_segments: ``[batch, head, segment, segment]``: the mass of segment ``i``'s
+            end row on ``S_j``, option ``j``'s tokens without its segment end (causal:
+            zero for ``j > i``). The diagonal is what a Gather head reads.
+        final_on_ends: ``[batch, head, segment]``: the final row's mass on each segment-end
+            token (the paper's Aggregate pattern).
+        final_on_options: ``[batch, head, segment]``: the final row's mass on ``S_j+``
+            (option ``j``'s tokens, its segment end included).
+        segment_tokens: ``[batch, segment]``: ``|S_j|``.
+        end_keys: ``[batch, segment]``: real keys up to each segment end (the row's length).
+        final_keys: ``[batch]``: real keys of the final row.
+        correct: ``[batch]``: the correct option.
+    """
+
+    ends_on_segments: Tensor
+    final_on_ends: Tensor
+    final_on_options: Tensor
+    segment_tokens: Tensor
+    end_keys: Tensor
+    final_keys: Tensor
+    correct: Tensor
+
+
+def _role_rows(model: GnaModel, encoded: EncodedTask, heads: Sequence[Head], rows: slice) -> Tensor:
+    """``[batch, head, segment + 1, key]``: the raw segment-end rows, then the final row."""
+    batch = Batch(encoded.batch.input_ids[rows], encoded.batch.attention_mask[rows])
+    queries = torch.cat([encoded.segment_ends[rows], encoded.final[rows, None]], 1)  # [batch, segment + 1]
+    return attention_pattern(model, batch, list(heads), query_positions=queries).float()
+
+
+def _masses(pattern: Tensor, encoded: EncodedTask, rows: slice) -> RoleMasses:
+    weights = pattern.abs()
+    p = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)  # [batch, head, segment + 1, key]
+    n_segments, n_pos = p.shape[2] - 1, p.shape[3]
+    ends = encoded.segment_ends[rows]
+    own = _span_masks(encoded, rows, n_pos, with_end=False).float()  # [batch, segment, key]
+    options = _span_masks(encoded, rows, n_pos, with_end=True).float()
+    final = p[:, :, n_segments]  # [batch, head, key]
+    first_real = encoded.batch.attention_mask[rows].long().argmax(1, keepdim=True)  # [batch, 1] (left padding)
+    return RoleMasses(
+        ends_on_segments=torch.einsum("bhik,bjk->bhij", p[:, :, :n_segments], own),
+        final_on_ends=final.gather(2, ends[:, None].expand(-1, p.shape[1], -1)),
+        final_on_options=torch.einsum("bhk,bjk->bhj", final, options),
+        segment_tokens=own.sum(-1),
+        end_keys=(ends - first_real + 1).float(),
+        final_keys=encoded.batch.attention_mask[rows].sum(1).float(),
+        correct=encoded.correct[rows],
+    )
+
+
+def role_masses(model: GnaModel, encoded: EncodedTask, heads: Sequence[Head], n_prompts: int = 64) -> RoleMasses:
+    """`RoleMasses` of ``heads`` on the first ``n_prompts`` prompts of an encoded task."""
+    rows = slice(0, min(n_prompts, encoded.batch.n_rows))
+    return _masses(_role_rows(model, encoded, heads, rows), encoded, rows)
+
+
 def role_scores(model: GnaModel, encoded: EncodedTask, heads: Sequence[Head], n_prompts: int = 64) -> dict[Head, RoleScores]:
     """Scores of ``heads`` on the first ``n_prompts`` prompts of an encoded task."""
     rows = slice(0, min(n_prompts, encoded.batch.n_rows))
-    batch = Batch(encoded.batch.input_ids[rows], encoded.batch.attention_mask[rows])
-    ends = encoded.segment_ends[rows]
-    n_rows, n_segments = ends.shape
-    queries = torch.cat([ends, encoded.final[rows, None]], 1)  # [batch, segment + 1]
-    pattern = attention_pattern(model, batch, list(heads), query_positions=queries).float()  # [batch, head, query, key]
-    weights = pattern.abs()
-    p = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
-    own = _span_masks(encoded, rows, batch.n_pos, with_end=False)  # [batch, segment, key]
-    options = _span_masks(encoded, rows, batch.n_pos, with_end=True)
-    own_mass = (p[:, :, :n_segments] * own[:, None]).sum(-1)  # [batch, head, segment]
+    pattern = _role_rows(model, encoded, heads, rows)  # [batch, head, segment + 1, key]
+    m = _masses(pattern, encoded, rows)
+    n_segments = m.final_on_ends.shape[-1]
+    own_mass = m.ends_on_segments.diagonal(dim1=2, dim2=3)  # [batch, head, segment]
     gather = own_mass.mean((0, 2))  # [head]
-    first_real = batch.attention_mask.long().argmax(1, keepdim=True)  # [batch, 1] (left padding)
-    uniform_own = own.sum(-1).float() / (ends - first_real + 1).float()  # [batch, segment]
+    uniform_own = m.segment_tokens / m.end_keys  # [batch, segment]
     gather_ratio = (own_mass / uniform_own[:, None]).mean((0, 2))
-    final = p[:, :, n_segments]  # [batch, head, key]
-    per_option = (final[:, :, None] * options[:, None]).sum(-1)  # [batch, head, segment]
+    per_option = m.final_on_options  # [batch, head, segment]
     total = per_option.sum(-1)
-    correct = per_option.gather(2, encoded.correct[rows].view(-1, 1, 1).expand(-1, len(heads), 1)).squeeze(-1)
+    correct = per_option.gather(2, m.correct.view(-1, 1, 1).expand(-1, len(heads), 1)).squeeze(-1)
     selectivity = (correct / total.clamp_min(1e-30)).mean(0)
-    n_keys = batch.attention_mask.sum(1).float()  # real keys of the final (causal) row
     span_len = (encoded.spans[rows, :, 1] - encoded.spans[rows, :, 0]).float()
-    uniform = span_len.gather(1, encoded.correct[rows].view(-1, 1)).squeeze(1) / n_keys
+    uniform = span_len.gather(1, m.correct.view(-1, 1)).squeeze(1) / m.final_keys
     uniform_ratio = (correct / uniform[:, None]).mean(0)
-    lift = _lift(per_option, encoded.correct[rows])
-    end_keys = torch.zeros(n_rows, batch.n_pos, dtype=torch.bool).scatter_(1, ends, True)
-    end_mass = (final * end_keys[:, None]).sum(-1).mean(0)
+    lift = _lift(per_option, m.correct)
+    end_mass = m.final_on_ends.sum(-1).mean(0)
+    final = pattern[:, :, n_segments]
     sharp = {
         "gather_entropy": entropy(pattern[:, :, :n_segments]).mean((0, 2)),
         "gather_top1": top1_mass(pattern[:, :, :n_segments]).mean((0, 2)),

@@ -1,9 +1,13 @@
 """Attention views that open offline: circuitsvis HTML with its JavaScript inlined.
 
 circuitsvis's string form (``str(html)``, and ``_repr_html_`` whenever it finds the
-internet) loads its JavaScript from a CDN; ``local_src`` inlines the whole bundle
-(about 1.3 MB per panel). Every view here uses ``local_src`` only, so a saved file or a
-notebook cell renders with no network.
+internet) loads its JavaScript from a CDN; its ``local_src`` inlines the whole bundle
+(about 1.3 MB) into every call, and opens its element with ``<div .../>``, which HTML
+does not close (what follows lands inside it). Views here inline the bundle once
+(`bundle_script`, a classic script defining the global ``CircuitsVis``) and give each
+panel a closed element and a short render call, so a saved file or a notebook cell
+renders with no network. A page with many views (the report) puts `bundle_script` once
+and each view's `AttentionView.fragment` after it.
 
 A view is a list of panels (one prompt of one model, one or more heads); `side_by_side`
 puts panels of different models next to each other (e.g. a Transformer's Aggregate head
@@ -13,8 +17,10 @@ beside an SSM's).
 from __future__ import annotations
 
 import html as html_lib
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,10 +64,16 @@ class AttentionView:
 
     @property
     def html(self) -> str:
-        """An HTML fragment with every script inlined (no external URL)."""
+        """An HTML fragment with every script inlined (no external URL): the circuitsvis
+        bundle once, then `fragment`."""
         if self._html is None:
-            self._html = _render(self.panels)
+            self._html = bundle_script() + "\n" + self.fragment()
         return self._html
+
+    def fragment(self) -> str:
+        """The panels' elements and render calls without the bundle: for a page that
+        already holds `bundle_script` before this point."""
+        return _render(self.panels)
 
     def _repr_html_(self) -> str:
         return self.html
@@ -142,22 +154,36 @@ def side_by_side(*views: AttentionView) -> AttentionView:
     return AttentionView([panel for view in views for panel in view.panels])
 
 
+@cache
+def bundle_script() -> str:
+    """``<script>`` with circuitsvis's whole JavaScript bundle (about 1.3 MB), defining the
+    global ``CircuitsVis`` that every view's render calls use: once per page."""
+    from importlib.resources import files
+
+    source = files("circuitsvis").joinpath("dist", "cdn", "iife.js").read_text(encoding="utf-8")
+    return "<script>\n" + source.replace("</script>", "<\\/script>") + "\n</script>"
+
+
 def _render(panels: list[Panel]) -> str:
-    from circuitsvis.attention import attention_heads
+    from circuitsvis.utils.convert_props import convert_props
 
     blocks = []
     for panel in panels:
         low, high = panel.value_range()
-        rendered = attention_heads(
-            attention=panel.pattern.to(torch.float32),
-            tokens=panel.tokens,
-            attention_head_names=panel.head_names,
-            min_value=low,
-            max_value=high,
-            mask_upper_tri=True,
-        )
+        props = convert_props(
+            {
+                "attention": panel.pattern.to(torch.float32),
+                "tokens": panel.tokens,
+                "attentionHeadNames": panel.head_names,
+                "minValue": low,
+                "maxValue": high,
+                "maskUpperTri": True,
+            }
+        ).replace("<", "\\u003c")  # JSON still; a token such as "</s>" cannot close the script
+        element = f"circuits-vis-{uuid.uuid4().hex[:13]}"
         title = f'<h4 style="font-family: sans-serif; margin: 4px 0;">{html_lib.escape(panel.title)}</h4>'
-        blocks.append(f'<div style="flex: 1 1 420px; min-width: 0;">{title}{rendered.local_src}</div>')
+        call = f'<script>CircuitsVis.render("{element}", CircuitsVis.AttentionHeads, {props})</script>'
+        blocks.append(f'<div style="flex: 1 1 420px; min-width: 0;">{title}<div id="{element}" style="margin: 15px 0;"></div>{call}</div>')
     return (
         '<div class="gna-attention" style="display: flex; flex-wrap: wrap; gap: 24px; align-items: flex-start;">'
         + "".join(blocks)

@@ -1,0 +1,248 @@
+"""The offline report of two toy models (a Transformer and an SSM), built from the
+circuits test_discovery re-measures: its numbers against raw HF attention and the
+circuits' own evidence, the prompt it shows, one script bundle per page, and the page
+rendered in headless Chromium: no horizontal overflow at 1,400 px, every circuitsvis
+view drawn, every found head named in the figures."""
+
+from __future__ import annotations
+
+import html
+import itertools
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import gna_interp as gna
+from gna_interp.discovery import write_report
+from gna_interp.discovery.picture import choose_prompt, role_picture
+from gna_interp.viz.views import bundle_script
+
+from .toy_circuits import TOYS, discovered
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+WINDOW = 1400
+
+
+@pytest.fixture(scope="module")
+def items():
+    """``(circuit, model, task)`` per toy, as `write_report` takes them."""
+    return [(circuit, model, task) for model, task, circuit, _ in map(discovered, TOYS)]
+
+
+@pytest.fixture(scope="module")
+def report(items, tmp_path_factory):
+    index = write_report(items, tmp_path_factory.mktemp("report"))
+    return index, index.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def llama_picture():
+    model, task, circuit, _ = discovered("llama")
+    return model, task, circuit, role_picture(circuit, model, task)
+
+
+def _segment_tokens(encoding, segment) -> tuple[list[int], int]:
+    """``(tokens of [start, end) without the end, the end's token)`` from the tokenizer's
+    character offsets (not the task's own mapping)."""
+    offsets = encoding["offset_mapping"]
+    inside = [i for i, (a, b) in enumerate(offsets) if b > a and segment.start <= a and b <= segment.end]
+    end = next(i for i, (a, b) in enumerate(offsets) if a <= segment.end < b)
+    return inside, end
+
+
+def test_averaged_masses_equal_raw_hf_attention(llama_picture):
+    """The figures' numbers, recomputed prompt by prompt from HF's own eager attention
+    weights on each unpadded prompt, positions from the tokenizer's character offsets."""
+    from transformers import AutoModelForCausalLM
+
+    from gna_interp.zoo.store import toy_path
+
+    _, task, circuit, picture = llama_picture
+    hf = AutoModelForCausalLM.from_pretrained(toy_path("llama"), attn_implementation="eager").eval()
+    tokenizer = task.tokenizer
+    sums = {h: torch.zeros(4, dtype=torch.float64) for h in [*circuit.aggregate, *circuit.gather]}
+    n_rows = 0
+    for example in task.examples[: picture.n_prompts]:
+        encoding = tokenizer(example.text, return_offsets_mapping=True)
+        with torch.no_grad():
+            attentions = hf(input_ids=torch.tensor([encoding["input_ids"]]), output_attentions=True).attentions
+        segments = [_segment_tokens(encoding, s) for s in example.segments]
+        ends = [end for _, end in segments]
+        for head in circuit.aggregate:
+            final = attentions[head.layer][0, head.head, -1].double()
+            on_ends = final[ends]
+            correct = on_ends[example.correct]
+            others = (on_ends.sum() - correct) / (len(ends) - 1)
+            sums[head] += torch.stack([correct, others, on_ends.argmax() == example.correct, torch.tensor(0.0)])
+        for head in circuit.gather:
+            rows = attentions[head.layer][0, head.head].double()
+            own = [rows[end, inside].sum() for inside, end in segments]
+            earlier = [rows[end_i, segments[j][0]].sum() for i, (_, end_i) in enumerate(segments) for j in range(i)]
+            uniform_own = [len(inside) / (end + 1) for inside, end in segments]
+            above = sum(float(o > u) for o, u in zip(own, uniform_own, strict=True)) / len(own)
+            sums[head] += torch.tensor([sum(own) / len(own), sum(earlier) / len(earlier), above, 0.0])
+        n_rows += 1
+    for item in picture.aggregate:
+        correct, other, top, _ = (sums[item.head] / n_rows).tolist()
+        assert (item.correct_end, item.other_end, item.end_argmax) == pytest.approx((correct, other, top), abs=1e-5)
+    for item in picture.gather:
+        own, other, above, _ = (sums[item.head] / n_rows).tolist()
+        assert (item.own, item.other, item.own_above_uniform) == pytest.approx((own, other, above), abs=1e-5)
+    # the Aggregate head reads the correct option's end more than another's, as the paper draws it
+    assert all(item.correct_end > 2 * item.other_end for item in picture.aggregate), picture.to_frame()
+
+
+@pytest.mark.parametrize("name", TOYS)
+def test_figures_agree_with_the_circuits_scores(name):
+    """Identities with the scores discovery recorded on the same prompts: a Gather head's
+    own-segment mass is its ``gather`` score; an Aggregate head's end masses add up to its
+    ``end_mass`` and its option masses to its ``aggregate_mass``."""
+    model, task, circuit, _ = discovered(name)
+    picture = role_picture(circuit, model, task)
+    n_others = task.n_segments - 1
+    assert picture.n_prompts == circuit.settings["pattern_prompts"] == 64
+    for item in picture.gather:
+        assert item.own == pytest.approx(circuit.evidence(item.head).scores.gather, abs=1e-5)
+    for item in picture.aggregate:
+        scores = circuit.evidence(item.head).scores
+        assert item.correct_end + n_others * item.other_end == pytest.approx(scores.end_mass, abs=1e-5)
+        assert item.correct_option + n_others * item.other_option == pytest.approx(scores.aggregate_mass, abs=1e-5)
+    frame = picture.to_frame()
+    assert list(frame["head"]) == [str(h) for h in [*circuit.aggregate, *circuit.gather]]
+
+
+def test_the_prompt_shown_is_answered_and_representative(llama_picture):
+    """Re-measured alone, the chosen prompt is answered correctly; a brute-force loop over
+    the prompts finds the same one (its Aggregate profile, segment-end then option masses,
+    in total closest to those of the other answered prompts)."""
+    model, task, circuit, picture = llama_picture
+    row = picture.prompt
+    assert gna.evaluate(model, task[row : row + 1]).is_correct.item()
+    answered = gna.evaluate(model, task[: picture.n_prompts]).is_correct
+    assert torch.equal(answered, picture.answered)
+    profiles = {}
+    for k in range(picture.n_prompts):
+        correct = int(task.examples[k].correct)
+        rows = []
+        for i in range(len(circuit.aggregate)):
+            for values in (picture.masses.final_on_ends[k, i], picture.masses.final_on_options[k, i]):
+                others = sorted((float(v) for j, v in enumerate(values) if j != correct), reverse=True)
+                rows.append([float(values[correct]), *others])
+        profiles[k] = torch.tensor(rows)
+    kept = [k for k in profiles if answered[k]]
+    best = min(kept, key=lambda k: sum(float((profiles[k] - profiles[j]).abs().sum()) for j in kept))
+    assert row == best
+    # with no prompt answered there is nothing to show
+    assert choose_prompt(picture.masses, torch.zeros_like(answered), len(circuit.aggregate)) is None
+
+
+def test_heads_needed_curves_are_measured_and_named(report, items):
+    """Each role's curve starts at its first head's single ablation (the head scan's
+    batched sweep, another code path) and ends at the circuit's own collapse accuracy;
+    the page names every head of every curve, and the role table names them too."""
+    index, page = report
+    for circuit, _, _ in items:
+        data = json.loads((index.parent / f"{circuit.model}.json").read_text())
+        for role, need in circuit.needs.items():
+            curve = data["needs"][role]["curve"]
+            assert len(curve) == len(need.heads) and curve[-1] == pytest.approx(need.accuracy)
+            assert curve[0] == pytest.approx(circuit.evidence(need.heads[0]).ablated_accuracy)
+            assert f"{len(need.heads)}: {circuit.named(need.heads)}" in page
+            assert need.curve is None, "the circuit passed in is not changed"
+    figures = re.findall(r'<figure data-role="needs">(.*?)</figure>', page, re.S)
+    assert len(figures) == len(items)
+    for (circuit, _, _), figure in zip(items, figures, strict=True):
+        labels = set(re.findall(r"<text[^>]*>([^<]*)</text>", figure))
+        assert {f"+{h}" for need in circuit.needs.values() for h in need.heads} <= labels
+
+
+def test_one_bundle_per_page_and_offline(report, items):
+    """The circuitsvis bundle is inlined once, however many views; everything else is
+    well under a second bundle; nothing is fetched; no cell shows ``nan``."""
+    _, page = report
+    bundle = bundle_script()
+    assert page.count(bundle) == 1 and page.count("var CircuitsVis=") == 1
+    assert page.count("CircuitsVis.render(") == len(items) >= 2
+    assert len(page) - len(bundle) < len(bundle) / 2, "a second bundle would not fit: the page is one bundle plus the report"
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page), "external reference in the report"
+    assert "unpkg" not in page and "cdn" not in page.lower()
+    assert not re.search(r"<div[^>]*/>", page), "a <div .../> is never closed in HTML"
+    assert not re.search(r">\s*nan\s*<", page, re.I)
+    no_role = [e for c, _, _ in items for e in c.heads if e.role is None]
+    assert no_role and f"<td>{no_role[0].head}</td>" in page and "<td>\u2014</td>" in page
+
+
+def test_head_scan_ticks_are_integers(report):
+    """The head-scan heatmap's axes are ticked at layers and heads, not -0.5...1.5."""
+    _, page = report
+    for heatmap in re.findall(r"<svg.*?</svg>", page, re.S):
+        if "accuracy with the head zero-ablated" not in heatmap:
+            continue
+        main_axes = heatmap[heatmap.index('axes_1"') : heatmap.index('axes_2"')]
+        ticks = [t for t in re.findall(r"<text[^>]*>([^<]*)</text>", main_axes) if t not in ("head", "layer")]
+        assert ticks and all(re.fullmatch(r"\d+", t) for t in ticks if "ablated" not in t), ticks
+
+
+MEASURE = """<script>
+(function () {
+  function views() { return Array.from(document.querySelectorAll('[id^="circuits-vis-"]')); }
+  function box(element) { const r = element.getBoundingClientRect(); return { left: r.left, right: r.right, top: r.top, width: r.width }; }
+  function measure() {
+    const root = document.documentElement;
+    const out = {
+      scrollWidth: root.scrollWidth, clientWidth: root.clientWidth, innerWidth: window.innerWidth,
+      views: views().map((v) => v.childElementCount),
+      sections: Array.from(document.querySelectorAll("section.model")).map((s) => box(s)),
+      pairs: Array.from(document.querySelectorAll("section.model")).map((s) => {
+        const figure = s.querySelector('figure[data-role="picture"]'), view = s.querySelector('[data-role="view"]');
+        return {
+          figure: figure && box(figure), view: view && box(view),
+          aggregate: figure && figure.dataset.aggregate, gather: figure && figure.dataset.gather,
+          text: figure ? Array.from(figure.querySelectorAll("svg text")).map((t) => t.textContent) : [],
+        };
+      }),
+    };
+    const pre = document.createElement("pre");
+    pre.id = "gna-measure";
+    pre.textContent = JSON.stringify(out);
+    document.body.appendChild(pre);
+  }
+  function check() { views().every((v) => v.childElementCount > 0) ? measure() : setTimeout(check, 50); }
+  window.addEventListener("load", check);
+})();
+</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install -y chromium; .ci/run installs it)")
+def test_the_page_in_headless_chromium(report, items, tmp_path):
+    """Chromium loads the page at 1,400 px, React draws every view, then the page's own
+    measurement is written into the DOM (no wall-clock wait: virtual time only advances
+    when the page is idle). The page must not be wider than the window, each model's
+    section must sit below the previous one at full width, each averaged figure must sit
+    beside its circuitsvis view and name every Aggregate and Gather head of its circuit."""
+    index, page = report
+    probe = index.parent / "measure.html"
+    probe.write_text(page.replace("</body>", MEASURE + "</body>"), encoding="utf-8")
+    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--window-size={WINDOW},1000"]
+    command += ["--virtual-time-budget=60000", f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", probe.as_uri()]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    found = re.search(r'<pre id="gna-measure">(.*?)</pre>', result.stdout, re.S)
+    assert found, f"the views never rendered (rc {result.returncode}): {result.stderr[-2000:]}"
+    measured = json.loads(html.unescape(found.group(1)))
+    assert measured["innerWidth"] == WINDOW
+    assert measured["scrollWidth"] <= measured["clientWidth"], measured["scrollWidth"]
+    assert measured["views"] == [v for v in measured["views"] if v > 0] and len(measured["views"]) == len(items)
+    sections = measured["sections"]
+    assert len(sections) == len(items)
+    assert all(s["left"] == sections[0]["left"] and s["width"] == sections[0]["width"] for s in sections)
+    assert all(a["top"] < b["top"] for a, b in itertools.pairwise(sections)), "each model below the previous one"
+    for (circuit, _, _), pair in zip(items, measured["pairs"], strict=True):
+        assert pair["view"]["left"] >= pair["figure"]["right"] and pair["view"]["top"] < pair["figure"]["top"] + 200
+        assert pair["aggregate"].split() == [str(h) for h in circuit.aggregate] and circuit.aggregate
+        assert pair["gather"].split() == [str(h) for h in circuit.gather] and circuit.gather
+        drawn = {line for text in pair["text"] for line in text.split()}
+        assert {str(h) for h in [*circuit.aggregate, *circuit.gather]} <= drawn, (circuit.model, sorted(drawn))
