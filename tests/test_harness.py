@@ -259,6 +259,7 @@ def test_model_args():
         gna.MaskAttentionRows([-1, -2]),
     ]
     assert parsed.adapter == {}
+    assert gna.harness.describe(parsed.interventions) == "-L1H0,L0H2 + skip L1 + mask rows [-1, -2]"
     for bad, message in [
         ({"pretrained": "x", "ablate": 16.22}, "write heads as L<layer>H<head>"),
         ({"pretrained": "x", "colour": "red"}, r"unknown gna model_args \['colour'\]"),

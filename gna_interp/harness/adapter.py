@@ -169,6 +169,11 @@ class LMEvalModel(TemplateLM):
         return str(self.tokenizer.decode(list(tokens), skip_special_tokens=True))
 
     # ----- scoring ---------------------------------------------------------------
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """lm-eval's tokenization (`TemplateLM`), then `_loglikelihood_tokens`; its
+        tokenizing bar follows ``progress`` too."""
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or self.progress is False)
+
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
         """``(summed log-prob, greedy?)`` per ``((context, continuation), context_ids,
         continuation_ids)`` request: one forward per distinct input ``(context +

@@ -133,7 +133,7 @@ def _run(
     loaded = manager.load(task_list)
     for task in loaded["tasks"].values():
         _set_fewshot(task, num_fewshot)
-    results = evaluate(lm=lm, task_dict=loaded, limit=limit, log_samples=log_samples, verbosity="WARNING")
+    results = evaluate(lm=lm, task_dict=loaded, limit=limit, log_samples=log_samples)
     if results is None:  # pragma: no cover - only for ranks other than 0
         raise RuntimeError("lm-eval returned no results")
     results["config"] = {
@@ -290,7 +290,8 @@ def describe(interventions: Sequence[Intervention]) -> str:
             parts.append(f"layers<{item.n_layers}")
         elif isinstance(item, MaskAttentionRows):
             verb = "keep" if item.keep else "mask"
-            where = "" if item.layers is None and item.heads is None else f" in {item.layers or ','.join(map(str, item.heads or ()))}"
+            scope = [f"L{layer}" for layer in item.layers or ()] or [str(head) for head in item.heads or ()]
+            where = f" in {','.join(scope)}" if scope else ""
             parts.append(f"{verb} rows {item.positions}{where}")
         elif isinstance(item, Patch):
             parts.append(f"patch {','.join(map(str, item.targets))}")
