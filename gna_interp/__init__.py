@@ -7,11 +7,12 @@ Everything a user needs is importable from here::
     logits = model.logits(prompts, interventions=[gna.Ablate([gna.Head(16, 22)])])
 """
 
-from . import attention, tasks, viz
+from . import attention, harness, tasks, viz
 from .attention import attention_pattern, entropy, mass_on, top1_mass
 from .core import Ablate, ArchSpec, Head, LayerKind, MaskAttentionRows, Patch, Resid, SkipLayers, Truncate, keep_attention_rows
 from .discovery import GnACircuit, discover, write_report
 from .evaluation import Evaluation, evaluate
+from .harness import LMEvalRun, LMEvalTable, lm_eval, lm_eval_table
 from .models import GnaModel, load
 from .models.registry import ARCHITECTURES
 from .models.swap import swap_layers
@@ -38,6 +39,8 @@ __all__ = [
     "GnACircuit",
     "GnaModel",
     "Head",
+    "LMEvalRun",
+    "LMEvalTable",
     "LayerKind",
     "MaskAttentionRows",
     "Patch",
@@ -53,7 +56,10 @@ __all__ = [
     "discover",
     "entropy",
     "evaluate",
+    "harness",
     "keep_attention_rows",
+    "lm_eval",
+    "lm_eval_table",
     "load",
     "load_toy",
     "logit_diff",
