@@ -23,16 +23,46 @@ def quiet_libraries() -> None:
     logging.disable_progress_bar()
 
 
+def model_source(name: str, remote: bool = False) -> str:
+    """Where ``--model`` lives: a bundled toy's folder, a local folder, or a hub id."""
+    from .zoo.store import toy_names, toy_path
+
+    if name in toy_names() and not remote:
+        return str(toy_path(name))
+    if not remote and not Path(name).exists() and ("/" not in name or name.startswith((".", "/", "~"))):
+        raise ValueError(f"unknown model {name!r}: expected a bundled toy model {toy_names()}, a local folder or a hub id")
+    return name
+
+
 def load_model(name: str, backend: str | None = None, remote: bool = False) -> Any:
     """A bundled toy name (``llama``, ``mamba2``...), a local folder, or a hub id."""
     from .models.loading import load
     from .zoo import load_toy, toy_names
 
+    source = model_source(name, remote)
     if name in toy_names() and not remote:
         return load_toy(name, backend=backend)
-    if not remote and not Path(name).exists() and ("/" not in name or name.startswith((".", "/", "~"))):
-        raise ValueError(f"unknown model {name!r}: expected a bundled toy model {toy_names()}, a local folder or a hub id")
-    return load(name, backend=backend, remote=bool(remote))
+    return load(source, backend=backend, remote=bool(remote))
+
+
+def checked_heads(texts: list[str], name: str, remote: bool = False) -> list[Any]:
+    """Parse ``--head`` values and check them against the model's config alone (no
+    weights loaded: a bad head is refused in about the time torch takes to import)."""
+    from transformers import AutoConfig
+
+    from .core.heads import Head
+    from .models.handle import check_head_in
+    from .models.hub import hub_access
+    from .models.registry import spec_for
+
+    heads = [Head.parse(text) for text in texts]
+    source = model_source(name, remote)
+    access = hub_access(source) if not Path(source).exists() else {}
+    config = AutoConfig.from_pretrained(source, **access)
+    layer_specs = spec_for(config).resolve(config, int(config.num_hidden_layers))
+    for head in heads:
+        check_head_in(layer_specs, head, name)
+    return heads
 
 
 def build_task(args: argparse.Namespace) -> Any:
@@ -55,20 +85,28 @@ def build_task(args: argparse.Namespace) -> Any:
     return tasks.mmlu(subjects=args.subjects, n=args.n, path=args.mmlu_path)
 
 
-def parse_heads(texts: list[str], model: Any) -> list[Any]:
-    from .core.heads import Head
-
-    heads = [Head.parse(text) for text in texts]
-    for head in heads:
-        model.check_head(head)
-    return heads
-
-
 def check_out_dir(path: str) -> Path:
+    """``--out`` as a folder, created now (missing parents too) so that a bad path fails
+    before any work rather than after it."""
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"--out {path!r} is an existing file: expected a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"--out {path!r}: cannot create this folder ({error.strerror or error})") from None
     return folder
+
+
+def check_out_file(path: str, suffixes: tuple[str, ...]) -> Path:
+    """``--out`` as a file ending in one of ``suffixes``; its folder is created now."""
+    out = Path(path)
+    if out.is_dir():
+        raise ValueError(f"--out {path!r} is a folder: expected a file name ending in {' or '.join(suffixes)}")
+    if out.suffix.lower() not in suffixes:
+        raise ValueError(f"--out {path!r}: expected a file name ending in {' or '.join(suffixes)}")
+    check_out_dir(str(out.parent))
+    return out
 
 
 def summary_table(circuits: list[Any]) -> str:
@@ -110,10 +148,12 @@ def demo(args: argparse.Namespace) -> int:
     from .discovery import discover, write_report
     from .zoo import load_toy, toy_names, toy_task
 
+    if args.n < 1:
+        raise ValueError(f"--n {args.n}: expected a positive number of prompts")
     out = check_out_dir(args.out)
     items = []
     for name in [n for n in DEMO_MODELS if n in toy_names()]:
-        model, task = load_toy(name), toy_task(name, DEMO_PROMPTS, seed=DEMO_SEED)
+        model, task = load_toy(name), toy_task(name, args.n, seed=DEMO_SEED)
         print(f"discovering G&A heads in toy {name} ({model.backend_name}, {model.n_layers} layers x {model.n_heads} heads) ...")
         with warnings.catch_warnings():  # the circuit keeps its notes; printed below the table
             warnings.simplefilter("ignore")
@@ -136,8 +176,8 @@ def discover_command(args: argparse.Namespace) -> int:
     from .discovery import discover, write_report
 
     out = check_out_dir(args.out) if args.out else None  # fail before any work
-    model = load_model(args.model, args.backend, args.remote)
     task = build_task(args)
+    model = load_model(args.model, args.backend, args.remote)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         circuit = discover(model, task, progress=not args.quiet)
@@ -157,9 +197,9 @@ def ablate_command(args: argparse.Namespace) -> int:
     from .core.interventions import Ablate
     from .evaluation import evaluate
 
-    model = load_model(args.model, args.backend, args.remote)
-    heads = parse_heads(args.head, model)
+    heads = checked_heads(args.head, args.model, args.remote)  # before any weights load
     task = build_task(args)
+    model = load_model(args.model, args.backend, args.remote)
     before = evaluate(model, task)
     reference = task if args.how == "mean" else None
     after = evaluate(model, task, [Ablate(heads, how=args.how, reference=reference)])
@@ -172,14 +212,10 @@ def ablate_command(args: argparse.Namespace) -> int:
 def patterns_command(args: argparse.Namespace) -> int:
     from .viz import attention_view
 
-    model = load_model(args.model, args.backend, args.remote)
-    heads = parse_heads(args.head, model)
+    out = check_out_file(args.out, (".html", ".png"))  # before any work
+    heads = checked_heads(args.head, args.model, args.remote)
     inputs: Any = args.prompt if args.prompt is not None else build_task(args)
-    out = Path(args.out)
-    if out.is_dir():
-        raise ValueError(f"--out {args.out!r} is a folder: expected a file name ending in .html or .png")
-    if out.suffix.lower() not in (".html", ".png"):
-        raise ValueError(f"--out {args.out!r}: expected a file name ending in .html or .png")
+    model = load_model(args.model, args.backend, args.remote)
     view = attention_view(model, inputs, heads, row=0)
     print(f"wrote {view.save(out)}")
     return 0
