@@ -6,17 +6,18 @@ Everything a user needs is importable from here::
     model = gna.load("meta-llama/Llama-3.1-8B-Instruct")      # TransformerLens bridge
     logits = model.logits(prompts, interventions=[gna.Ablate([gna.Head(16, 22)])])
 
-The namespace is lazy (PEP 562): ``import gna_interp`` imports neither torch nor any
-backend; each name below is imported from its module on first use, so the
-``gna-interp`` command answers ``--help`` at once. To export a new name, add one line
-to `_EXPORTS`: ``"name": "module"`` (the name is that module's attribute), or
+The namespace is lazy (PEP 562, `gna_interp._lazy`): ``import gna_interp`` imports
+neither torch nor any backend; each name below is imported from its module on first use,
+so the ``gna-interp`` command answers ``--help`` at once. To export a new name, add one
+line to `_EXPORTS`: ``"name": "module"`` (the name is that module's attribute), or
 ``"name": "module:attribute"``; a subpackage is exported as ``"name": "name:"``.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from ._lazy import lazy_attribute
 
 __version__ = "0.1.0"
 
@@ -69,14 +70,7 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    where = _EXPORTS.get(name)
-    if where is None:
-        raise AttributeError(f"module 'gna_interp' has no attribute {name!r}")
-    module_name, _, attribute = where.partition(":")
-    module = importlib.import_module(f".{module_name}", __name__)
-    value = module if where.endswith(":") else getattr(module, attribute or name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+    return lazy_attribute(__name__, _EXPORTS, name)
 
 
 def __dir__() -> list[str]:

@@ -91,7 +91,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        cmd.quiet_libraries()
         return int(args.func(args))
     except (ValueError, TypeError, KeyError, OSError, ImportError) as error:
         print(f"gna-interp: error: {error}", file=sys.stderr)

@@ -16,7 +16,8 @@ DEMO_MODELS = ("llama", "mamba2", "falcon_h1")
 
 
 def quiet_libraries() -> None:
-    """The CLI prints its own progress: silence transformers' info logs and bars."""
+    """The CLI prints its own progress: silence transformers' info logs and bars (called
+    just before a command loads a model: importing transformers takes seconds)."""
     from transformers.utils import logging
 
     logging.set_verbosity_error()
@@ -40,29 +41,63 @@ def load_model(name: str, backend: str | None = None, remote: bool = False) -> A
     from .zoo import load_toy, toy_names
 
     source = model_source(name, remote)
+    quiet_libraries()
     if name in toy_names() and not remote:
         return load_toy(name, backend=backend)
     return load(source, backend=backend, remote=bool(remote))
 
 
 def checked_heads(texts: list[str], name: str, remote: bool = False) -> list[Any]:
-    """Parse ``--head`` values and check them against the model's config alone (no
-    weights loaded: a bad head is refused in about the time torch takes to import)."""
-    from transformers import AutoConfig
-
+    """Parse ``--head`` values and check them against the model's config alone: no
+    weights load, and for a local folder (a bundled toy) neither torch nor transformers."""
+    from .core.arch import check_head_in
     from .core.heads import Head
-    from .models.handle import check_head_in
-    from .models.hub import hub_access
-    from .models.registry import spec_for
 
     heads = [Head.parse(text) for text in texts]
-    source = model_source(name, remote)
-    access = hub_access(source) if not Path(source).exists() else {}
-    config = AutoConfig.from_pretrained(source, **access)
-    layer_specs = spec_for(config).resolve(config, int(config.num_hidden_layers))
+    layer_specs = layer_specs_of(model_source(name, remote))
     for head in heads:
         check_head_in(layer_specs, head, name)
     return heads
+
+
+def layer_specs_from_json(file: Path) -> tuple[Any, ...] | None:
+    """The head layout from ``config.json`` read as plain data, or ``None`` when the
+    architecture table needs a field the file leaves out (its config class fills it in)."""
+    import json
+    from types import SimpleNamespace
+
+    from .models.registry import spec_for
+
+    config = SimpleNamespace(**json.loads(file.read_text(), object_hook=_special_floats))
+    try:
+        return spec_for(config).resolve(config, int(config.num_hidden_layers))
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError):
+        return None
+
+
+def _special_floats(item: dict[str, Any]) -> Any:
+    """transformers writes infinities in config.json as ``{"__float__": "Infinity"}``."""
+    return float(item["__float__"]) if item.keys() == {"__float__"} else item
+
+
+def layer_specs_of(source: str) -> tuple[Any, ...]:
+    """The per-layer head layout of a model from its config alone. A local folder's
+    ``config.json`` is read as plain data; a hub id, or a config that leaves out a field
+    its class fills in (any missing field raises here), goes through transformers'
+    ``AutoConfig`` (which imports torch)."""
+    from .models.registry import spec_for
+
+    file = Path(source) / "config.json"
+    plain = layer_specs_from_json(file) if file.is_file() else None
+    if plain is not None:
+        return plain
+    from transformers import AutoConfig
+
+    from .models.hub import hub_access
+
+    access = hub_access(source) if not Path(source).exists() else {}
+    config = AutoConfig.from_pretrained(source, **access)
+    return spec_for(config).resolve(config, int(config.num_hidden_layers))
 
 
 def build_task(args: argparse.Namespace) -> Any:
@@ -151,6 +186,7 @@ def demo(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise ValueError(f"--n {args.n}: expected a positive number of prompts")
     out = check_out_dir(args.out)
+    quiet_libraries()
     items = []
     for name in [n for n in DEMO_MODELS if n in toy_names()]:
         model, task = load_toy(name), toy_task(name, args.n, seed=DEMO_SEED)
@@ -194,11 +230,12 @@ def discover_command(args: argparse.Namespace) -> int:
 
 
 def ablate_command(args: argparse.Namespace) -> int:
+    heads = checked_heads(args.head, args.model, args.remote)  # before any weights load or heavy import
+    task = build_task(args)
+
     from .core.interventions import Ablate
     from .evaluation import evaluate
 
-    heads = checked_heads(args.head, args.model, args.remote)  # before any weights load
-    task = build_task(args)
     model = load_model(args.model, args.backend, args.remote)
     before = evaluate(model, task)
     reference = task if args.how == "mean" else None
@@ -210,10 +247,11 @@ def ablate_command(args: argparse.Namespace) -> int:
 
 
 def patterns_command(args: argparse.Namespace) -> int:
-    from .viz import attention_view
-
     out = check_out_file(args.out, (".html", ".png"))  # before any work
     heads = checked_heads(args.head, args.model, args.remote)
+
+    from .viz import attention_view
+
     inputs: Any = args.prompt if args.prompt is not None else build_task(args)
     model = load_model(args.model, args.backend, args.remote)
     view = attention_view(model, inputs, heads, row=0)
@@ -252,6 +290,7 @@ def zoo_train(args: argparse.Namespace) -> int:
             raise ValueError(f"--max-steps {args.max_steps}: expected a positive number of steps")
         chosen = dataclasses.replace(chosen, max_steps=args.max_steps)
     out = check_out_dir(args.out or f"gna-zoo/{args.name}")
+    quiet_libraries()
     print(f"training {chosen.name} ({chosen.family}), seed {chosen.seed}, at most {chosen.max_steps} steps, into {out}/")
     card = build_toy(chosen, out, init=args.init, progress=not args.quiet)
     facts = card["ablation"]

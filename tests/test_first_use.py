@@ -79,6 +79,31 @@ def test_bad_heads_are_refused_from_the_config(no_loading, args, message, capsys
     assert message in err and err.count("\n") == 1, err
 
 
+def test_heads_read_from_config_json_equal_the_config_class(tmp_path):
+    """The CLI's torch-free reading of a folder's config.json gives the layout that
+    transformers' config class gives, for every bundled toy and every family's tiny config,
+    or declines (None) when the file leaves out a field its class fills in."""
+    from transformers import AutoConfig
+
+    from gna_interp.commands import layer_specs_from_json
+    from gna_interp.models.registry import spec_for
+    from gna_interp.models.tiny import TINY_CONFIGS, tiny_config
+    from gna_interp.zoo.store import toy_path
+
+    folders = {name: toy_path(name) for name in gna.toy_names()}
+    for family in TINY_CONFIGS:
+        tiny_config(family).save_pretrained(tmp_path / family)
+        folders[family] = tmp_path / family
+    read = {}
+    for name, folder in folders.items():
+        config = AutoConfig.from_pretrained(folder)
+        expected = spec_for(config).resolve(config, config.num_hidden_layers)
+        read[name] = layer_specs_from_json(folder / "config.json")
+        if read[name] is not None:
+            assert [s.describe() for s in read[name]] == [s.describe() for s in expected], name
+    assert read["llama"] is not None and read["mamba2"] is not None  # the toys take the fast path
+
+
 def test_out_folder_is_made_before_the_work(no_loading, tmp_path, capsys):
     """A missing `--out` folder is created first (the work then has somewhere to write);
     one that cannot be created is a one-line error, before any model loads."""

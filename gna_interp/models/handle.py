@@ -9,24 +9,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..core.arch import ArchSpec, LayerKind, LayerMixer, LayerSpec
+from ..core.arch import ArchSpec, LayerKind, LayerMixer, LayerSpec, check_head_in
 from ..core.heads import Head, Resid, Target
 from ..core.interventions import Ablate, Intervention, as_interventions
 from ..core.plan import Site, SiteKind
 from .inputs import Batch, make_batch
 from .swap_block import swapped_in_layers
-
-
-def check_head_in(layer_specs: Sequence[LayerSpec], head: Head, name: str) -> None:
-    """A clear error when ``head`` is not a head of the layers ``layer_specs`` describe
-    (one `LayerSpec` per layer; from a model, or from its config alone before any weights load)."""
-    if not isinstance(head, Head):
-        raise TypeError(f"expected a gna_interp.Head, got {head!r} ({type(head).__name__})")
-    if head.layer >= len(layer_specs):
-        raise ValueError(f"head {head}: layer {head.layer} out of range: {name} has layers 0..{len(layer_specs) - 1}")
-    spec = layer_specs[head.layer]
-    if not spec.mixers or head.head >= spec.n_heads:
-        raise ValueError(f"head {head} out of range: layer {head.layer} of {name} has {spec.describe()}")
 
 
 class GnaModel:
