@@ -10,7 +10,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[viz,dev]"
 	touch $@
 
-.PHONY: setup demo test lint docs bench
+.PHONY: setup demo test lint docs bench notebooks
 setup: $(VENV)/.installed
 
 demo: setup
@@ -26,6 +26,9 @@ lint: setup
 
 docs: setup
 	$(VENV)/bin/mkdocs build --strict -d /tmp/gna-site
+
+notebooks: setup
+	$(PY) examples/run_notebooks.py
 
 bench: setup
 	$(PY) benchmarks/ablation_sweep.py

@@ -21,9 +21,9 @@ task = gna.tasks.mmlu(subjects=None, n=N, path=MMLU, seed=0)
 
 # %% A few heads of a late layer, ablated on the server, scored here.
 layer = model.n_layers // 2
-print("clean", gna.evaluate(model, task).accuracy)
+print(f"clean {gna.evaluate(model, task).accuracy:.3f}")
 for head in [gna.Head(layer, h) for h in range(min(4, model.n_heads))]:
-    print(head, gna.evaluate(model, task, [gna.Ablate([head])]).accuracy)
+    print(f"{head} ablated {gna.evaluate(model, task, [gna.Ablate([head])]).accuracy:.3f}")
 
 # %% Patterns come back as the final rows only.
 print(gna.attention_pattern(model, task[:2], [gna.Head(layer, 0)], query_positions=[-1]).shape)

@@ -31,4 +31,4 @@ print(circuit.summary())
 paper = [gna.Head(16, 22), gna.Head(17, 24)] if model.n_layers >= 18 and model.n_heads >= 25 else circuit.gather[:1] + circuit.aggregate[:1]
 with model.intervening(gna.Truncate(keep)):
     for head in paper:
-        print(head, gna.evaluate(model, task, [gna.Ablate([head])]).accuracy)
+        print(f"{head} ablated {gna.evaluate(model, task, [gna.Ablate([head])]).accuracy:.3f}")

@@ -31,7 +31,7 @@ for model in (llama, mamba2):
     sweep = gna.ablation_sweep(model, clean, metric, progress=False)
     print(f"{model.arch.family}: baseline {sweep.baseline:+.4f}; largest effects:", [(str(h), round(s, 4)) for h, s in sweep.top(3)])
     patch = gna.patching_sweep(model, clean, corrupt, metric, sites="resid", by_position=True, progress=False)
-    print(patch.to_frame().head())
+    print(patch.to_frame().head().round(4))
 
 # %% Truncation to the first k layers (the paper's scan) and layer ablation.
 print("truncated to 1 layer:", tuple(llama.logits(clean, [gna.Truncate(1)]).shape))

@@ -8,20 +8,24 @@
 # runs this and writes the report.
 
 # %%
+import os
+
 import gna_interp as gna
+
+N = int(os.environ.get("GNA_EXAMPLE_N", "200"))  # prompts per model (the test suite runs fewer)
 
 circuits = []
 for name in gna.toy_names():
     if name not in ("llama", "mamba2", "falcon_h1"):
         continue
-    model, task = gna.load_toy(name), gna.toy_task(name, n=200, seed=2026)
+    model, task = gna.load_toy(name), gna.toy_task(name, n=N, seed=2026)
     circuit = gna.discover(model, task, progress=False)  # warns for toys that answer by place
     circuits.append((circuit, model, task))
     print(circuit.summary(), "\n")
 
 # %% The evidence, per examined head, as a DataFrame.
 columns = ["head", "kind", "role", "ablated_accuracy", "final_ablated_accuracy", "segments_ablated_accuracy", "ends_ablated_accuracy"]
-print(circuits[0][0].to_frame()[[*columns, "pattern_agrees"]])
+print(circuits[0][0].to_frame()[[*columns, "pattern_agrees"]].round(3))
 
 # %% The G&A picture the report draws, averaged over the task's prompts: per Aggregate head,
 # the final row's mass on the correct option's segment end against another option's; per

@@ -10,16 +10,20 @@
 # single-head bottleneck recorded in their model cards.
 
 # %%
+import os
+
 import gna_interp as gna
 
-task = gna.tasks.toy_mcq(n=300, seed=123)
+N = int(os.environ.get("GNA_EXAMPLE_N", "300"))  # prompts per model (the test suite runs fewer)
+
+task = gna.tasks.toy_mcq(n=N, seed=123)
 print(task.prompts[0])
 enc = task.encode()
 print("final position", int(enc.final[0]), "segment ends", enc.segment_ends[0].tolist(), "labels", enc.labels[0].tolist())
 
 # %% Clean accuracy on fresh prompts of its own task, and the card's most harmful head ablated, for each toy model.
 for name in gna.toy_names():
-    model, own_task = gna.load_toy(name), gna.toy_task(name, 300, seed=123)
+    model, own_task = gna.load_toy(name), gna.toy_task(name, N, seed=123)
     card = gna.toy_card(name)
     head = gna.Head.parse(card["ablation"]["best_single_head"])
     clean = gna.evaluate(model, own_task)
@@ -30,11 +34,11 @@ for name in gna.toy_names():
     )
 
 # %% Every head's ablation as a sweep, scored by candidate accuracy, on the Mamba-2 toy's own task.
-model, own_task = gna.load_toy("mamba2"), gna.toy_task("mamba2", 300, seed=123)
+model, own_task = gna.load_toy("mamba2"), gna.toy_task("mamba2", N, seed=123)
 own = own_task.encode()
 metric = gna.candidate_accuracy(own.candidate_ids, own.correct)
 sweep = gna.ablation_sweep(model, own_task, metric, progress=False)
-print(sweep.to_frame().sort_values("score").head())
+print(sweep.to_frame().sort_values("score").head().round(3))
 
 # %% MMLU and KV retrieval build the same annotations for any tokenizer.
 kv = gna.tasks.kv_retrieval(n_pairs=5, n=3, seed=0)

@@ -5,75 +5,78 @@ Everything a user needs is importable from here::
     import gna_interp as gna
     model = gna.load("meta-llama/Llama-3.1-8B-Instruct")      # TransformerLens bridge
     logits = model.logits(prompts, interventions=[gna.Ablate([gna.Head(16, 22)])])
+
+The namespace is lazy (PEP 562, `gna_interp._lazy`): ``import gna_interp`` imports
+neither torch nor any backend; each name below is imported from its module on first use,
+so the ``gna-interp`` command answers ``--help`` at once. To export a new name, add one
+line to `_EXPORTS`: ``"name": "module"`` (the name is that module's attribute), or
+``"name": "module:attribute"``; a subpackage is exported as ``"name": "name:"``.
 """
 
-from . import attention, harness, tasks, viz
-from .attention import attention_pattern, entropy, mass_on, top1_mass
-from .core import Ablate, ArchSpec, Head, LayerKind, MaskAttentionRows, Patch, Resid, SkipLayers, Truncate, keep_attention_rows
-from .discovery import GnACircuit, discover, write_report
-from .evaluation import Evaluation, evaluate
-from .harness import LMEvalRun, LMEvalTable, lm_eval, lm_eval_table
-from .models import GnaModel, load
-from .models.registry import ARCHITECTURES
-from .models.swap import swap_layers
-from .patching import (
-    SweepResult,
-    ablation_sweep,
-    attribution_patching,
-    candidate_accuracy,
-    logit_diff,
-    patching_sweep,
-    path_patching,
-    path_patching_sweep,
-    target_logprob,
-)
-from .zoo import load_toy, toy_card, toy_names, toy_task
+from __future__ import annotations
+
+from typing import Any
+
+from ._lazy import lazy_attribute
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ARCHITECTURES",
-    "Ablate",
-    "ArchSpec",
-    "Evaluation",
-    "GnACircuit",
-    "GnaModel",
-    "Head",
-    "LMEvalRun",
-    "LMEvalTable",
-    "LayerKind",
-    "MaskAttentionRows",
-    "Patch",
-    "Resid",
-    "SkipLayers",
-    "SweepResult",
-    "Truncate",
-    "ablation_sweep",
-    "attention",
-    "attention_pattern",
-    "attribution_patching",
-    "candidate_accuracy",
-    "discover",
-    "entropy",
-    "evaluate",
-    "harness",
-    "keep_attention_rows",
-    "lm_eval",
-    "lm_eval_table",
-    "load",
-    "load_toy",
-    "logit_diff",
-    "mass_on",
-    "patching_sweep",
-    "path_patching",
-    "path_patching_sweep",
-    "swap_layers",
-    "target_logprob",
-    "tasks",
-    "top1_mass",
-    "toy_card",
-    "toy_names",
-    "toy_task",
-    "viz",
-    "write_report",
-]
+_EXPORTS: dict[str, str] = {
+    "ARCHITECTURES": "models.registry",
+    "Ablate": "core",
+    "ArchSpec": "core",
+    "Evaluation": "evaluation",
+    "GnACircuit": "discovery",
+    "GnaModel": "models",
+    "LMEvalRun": "harness",
+    "LMEvalTable": "harness",
+    "Head": "core",
+    "LayerKind": "core",
+    "MaskAttentionRows": "core",
+    "Patch": "core",
+    "Resid": "core",
+    "SkipLayers": "core",
+    "SweepResult": "patching",
+    "Truncate": "core",
+    "ablation_sweep": "patching",
+    "attention": "attention:",
+    "attention_pattern": "attention",
+    "attribution_patching": "patching",
+    "candidate_accuracy": "patching",
+    "discover": "discovery",
+    "entropy": "attention",
+    "evaluate": "evaluation",
+    "harness": "harness:",
+    "keep_attention_rows": "core",
+    "lm_eval": "harness",
+    "lm_eval_table": "harness",
+    "load": "models",
+    "load_toy": "zoo",
+    "logit_diff": "patching",
+    "mass_on": "attention",
+    "patching_sweep": "patching",
+    "path_patching": "patching",
+    "path_patching_sweep": "patching",
+    "progress_enabled": "progress",
+    "set_progress": "progress",
+    "swap_layers": "models.swap",
+    "target_logprob": "patching",
+    "tasks": "tasks:",
+    "top1_mass": "attention",
+    "toy_card": "zoo",
+    "toy_names": "zoo",
+    "toy_task": "zoo",
+    "viz": "viz:",
+    "write_report": "discovery",
+}
+"""Public name -> where it lives, relative to this package (one line per name)."""
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    return lazy_attribute(__name__, _EXPORTS, name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

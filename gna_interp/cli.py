@@ -1,6 +1,8 @@
 """The ``gna-interp`` command: argument parsing; the work is in `gna_interp.commands`.
 
 Every subcommand has ``--help``; bad arguments give a one-line error and exit status 2.
+Parsing imports nothing heavy (no torch, no backend): ``--help`` answers at once, and
+each command imports what it needs when it runs.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ import argparse
 import sys
 
 from . import commands as cmd
-from .zoo.recipes import RECIPES
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = commands.add_parser("demo", help="G&A discovery on the bundled toy Transformer, SSM and hybrid; writes an offline report")
     demo.add_argument("--out", default="gna-report", help="report folder (default: gna-report)")
+    demo.add_argument("--n", type=int, default=cmd.DEMO_PROMPTS, help=f"prompts per model (default {cmd.DEMO_PROMPTS})")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(func=cmd.demo)
 
@@ -70,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--markdown", action="store_true", help="one markdown table (as in the docs)")
     listing.set_defaults(func=cmd.zoo_list)
     train = zoo_commands.add_parser("train", help="train a toy model on CPU from its recipe (deterministic for a seed)")
-    train.add_argument("name", help=f"a recipe: {', '.join(RECIPES)}")
+    train.add_argument("name", help="a toy model's recipe: its name in `gna-interp zoo list` (e.g. llama, mamba2, falcon_h1)")
     train.add_argument("--out", help="output folder (default: gna-zoo/NAME)")
     train.add_argument("--seed", type=int, help="override the recipe's seed")
     train.add_argument("--max-steps", type=int, help="override the recipe's step limit")
@@ -89,7 +91,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        cmd.quiet_libraries()
         return int(args.func(args))
     except (ValueError, TypeError, KeyError, OSError, ImportError) as error:
         print(f"gna-interp: error: {error}", file=sys.stderr)

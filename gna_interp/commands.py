@@ -16,11 +16,23 @@ DEMO_MODELS = ("llama", "mamba2", "falcon_h1")
 
 
 def quiet_libraries() -> None:
-    """The CLI prints its own progress: silence transformers' info logs and bars."""
+    """The CLI prints its own progress: silence transformers' info logs and bars (called
+    just before a command loads a model: importing transformers takes seconds)."""
     from transformers.utils import logging
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
+
+
+def model_source(name: str, remote: bool = False) -> str:
+    """Where ``--model`` lives: a bundled toy's folder, a local folder, or a hub id."""
+    from .zoo.store import toy_names, toy_path
+
+    if name in toy_names() and not remote:
+        return str(toy_path(name))
+    if not remote and not Path(name).exists() and ("/" not in name or name.startswith((".", "/", "~"))):
+        raise ValueError(f"unknown model {name!r}: expected a bundled toy model {toy_names()}, a local folder or a hub id")
+    return name
 
 
 def load_model(name: str, backend: str | None = None, remote: bool = False) -> Any:
@@ -28,11 +40,64 @@ def load_model(name: str, backend: str | None = None, remote: bool = False) -> A
     from .models.loading import load
     from .zoo import load_toy, toy_names
 
+    source = model_source(name, remote)
+    quiet_libraries()
     if name in toy_names() and not remote:
         return load_toy(name, backend=backend)
-    if not remote and not Path(name).exists() and ("/" not in name or name.startswith((".", "/", "~"))):
-        raise ValueError(f"unknown model {name!r}: expected a bundled toy model {toy_names()}, a local folder or a hub id")
-    return load(name, backend=backend, remote=bool(remote))
+    return load(source, backend=backend, remote=bool(remote))
+
+
+def checked_heads(texts: list[str], name: str, remote: bool = False) -> list[Any]:
+    """Parse ``--head`` values and check them against the model's config alone: no
+    weights load, and for a local folder (a bundled toy) neither torch nor transformers."""
+    from .core.arch import check_head_in
+    from .core.heads import Head
+
+    heads = [Head.parse(text) for text in texts]
+    layer_specs = layer_specs_of(model_source(name, remote))
+    for head in heads:
+        check_head_in(layer_specs, head, name)
+    return heads
+
+
+def layer_specs_from_json(file: Path) -> tuple[Any, ...] | None:
+    """The head layout from ``config.json`` read as plain data, or ``None`` when the
+    architecture table needs a field the file leaves out (its config class fills it in)."""
+    import json
+    from types import SimpleNamespace
+
+    from .models.registry import spec_for
+
+    config = SimpleNamespace(**json.loads(file.read_text(), object_hook=_special_floats))
+    try:
+        return spec_for(config).resolve(config, int(config.num_hidden_layers))
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError):
+        return None
+
+
+def _special_floats(item: dict[str, Any]) -> Any:
+    """transformers writes infinities in config.json as ``{"__float__": "Infinity"}``."""
+    return float(item["__float__"]) if item.keys() == {"__float__"} else item
+
+
+def layer_specs_of(source: str) -> tuple[Any, ...]:
+    """The per-layer head layout of a model from its config alone. A local folder's
+    ``config.json`` is read as plain data; a hub id, or a config that leaves out a field
+    its class fills in (any missing field raises here), goes through transformers'
+    ``AutoConfig`` (which imports torch)."""
+    from .models.registry import spec_for
+
+    file = Path(source) / "config.json"
+    plain = layer_specs_from_json(file) if file.is_file() else None
+    if plain is not None:
+        return plain
+    from transformers import AutoConfig
+
+    from .models.hub import hub_access
+
+    access = hub_access(source) if not Path(source).exists() else {}
+    config = AutoConfig.from_pretrained(source, **access)
+    return spec_for(config).resolve(config, int(config.num_hidden_layers))
 
 
 def build_task(args: argparse.Namespace) -> Any:
@@ -55,20 +120,28 @@ def build_task(args: argparse.Namespace) -> Any:
     return tasks.mmlu(subjects=args.subjects, n=args.n, path=args.mmlu_path)
 
 
-def parse_heads(texts: list[str], model: Any) -> list[Any]:
-    from .core.heads import Head
-
-    heads = [Head.parse(text) for text in texts]
-    for head in heads:
-        model.check_head(head)
-    return heads
-
-
 def check_out_dir(path: str) -> Path:
+    """``--out`` as a folder, created now (missing parents too) so that a bad path fails
+    before any work rather than after it."""
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"--out {path!r} is an existing file: expected a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"--out {path!r}: cannot create this folder ({error.strerror or error})") from None
     return folder
+
+
+def check_out_file(path: str, suffixes: tuple[str, ...]) -> Path:
+    """``--out`` as a file ending in one of ``suffixes``; its folder is created now."""
+    out = Path(path)
+    if out.is_dir():
+        raise ValueError(f"--out {path!r} is a folder: expected a file name ending in {' or '.join(suffixes)}")
+    if out.suffix.lower() not in suffixes:
+        raise ValueError(f"--out {path!r}: expected a file name ending in {' or '.join(suffixes)}")
+    check_out_dir(str(out.parent))
+    return out
 
 
 def summary_table(circuits: list[Any]) -> str:
@@ -110,10 +183,13 @@ def demo(args: argparse.Namespace) -> int:
     from .discovery import discover, write_report
     from .zoo import load_toy, toy_names, toy_task
 
+    if args.n < 1:
+        raise ValueError(f"--n {args.n}: expected a positive number of prompts")
     out = check_out_dir(args.out)
+    quiet_libraries()
     items = []
     for name in [n for n in DEMO_MODELS if n in toy_names()]:
-        model, task = load_toy(name), toy_task(name, DEMO_PROMPTS, seed=DEMO_SEED)
+        model, task = load_toy(name), toy_task(name, args.n, seed=DEMO_SEED)
         print(f"discovering G&A heads in toy {name} ({model.backend_name}, {model.n_layers} layers x {model.n_heads} heads) ...")
         with warnings.catch_warnings():  # the circuit keeps its notes; printed below the table
             warnings.simplefilter("ignore")
@@ -136,8 +212,8 @@ def discover_command(args: argparse.Namespace) -> int:
     from .discovery import discover, write_report
 
     out = check_out_dir(args.out) if args.out else None  # fail before any work
-    model = load_model(args.model, args.backend, args.remote)
     task = build_task(args)
+    model = load_model(args.model, args.backend, args.remote)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         circuit = discover(model, task, progress=not args.quiet)
@@ -154,12 +230,13 @@ def discover_command(args: argparse.Namespace) -> int:
 
 
 def ablate_command(args: argparse.Namespace) -> int:
+    heads = checked_heads(args.head, args.model, args.remote)  # before any weights load or heavy import
+    task = build_task(args)
+
     from .core.interventions import Ablate
     from .evaluation import evaluate
 
     model = load_model(args.model, args.backend, args.remote)
-    heads = parse_heads(args.head, model)
-    task = build_task(args)
     before = evaluate(model, task)
     reference = task if args.how == "mean" else None
     after = evaluate(model, task, [Ablate(heads, how=args.how, reference=reference)])
@@ -170,16 +247,13 @@ def ablate_command(args: argparse.Namespace) -> int:
 
 
 def patterns_command(args: argparse.Namespace) -> int:
+    out = check_out_file(args.out, (".html", ".png"))  # before any work
+    heads = checked_heads(args.head, args.model, args.remote)
+
     from .viz import attention_view
 
-    model = load_model(args.model, args.backend, args.remote)
-    heads = parse_heads(args.head, model)
     inputs: Any = args.prompt if args.prompt is not None else build_task(args)
-    out = Path(args.out)
-    if out.is_dir():
-        raise ValueError(f"--out {args.out!r} is a folder: expected a file name ending in .html or .png")
-    if out.suffix.lower() not in (".html", ".png"):
-        raise ValueError(f"--out {args.out!r}: expected a file name ending in .html or .png")
+    model = load_model(args.model, args.backend, args.remote)
     view = attention_view(model, inputs, heads, row=0)
     print(f"wrote {view.save(out)}")
     return 0
@@ -216,6 +290,7 @@ def zoo_train(args: argparse.Namespace) -> int:
             raise ValueError(f"--max-steps {args.max_steps}: expected a positive number of steps")
         chosen = dataclasses.replace(chosen, max_steps=args.max_steps)
     out = check_out_dir(args.out or f"gna-zoo/{args.name}")
+    quiet_libraries()
     print(f"training {chosen.name} ({chosen.family}), seed {chosen.seed}, at most {chosen.max_steps} steps, into {out}/")
     card = build_toy(chosen, out, init=args.init, progress=not args.quiet)
     facts = card["ablation"]

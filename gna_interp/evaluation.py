@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from .core.interventions import Ablate, Intervention, MaskAttentionRows, Patch
+from .core.interventions import Ablate, Intervention, MaskAttentionRows, Patch, as_interventions
 from .models.inputs import Batch, make_batch
+from .progress import progress_bar
 from .tasks.base import EncodedTask, Task
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class Evaluation:
 
     @property
     def accuracy(self) -> float:
-        return float(self.is_correct.float().mean())
+        return float(self.is_correct.double().mean())  # exact: 31 of 100 is 0.31, not 0.3100000023841858
 
     @property
     def margins(self) -> Tensor:
@@ -82,7 +83,7 @@ class Evaluation:
 def evaluate(
     model: GnaModel,
     task: Task,
-    interventions: Sequence[Intervention] = (),
+    interventions: Intervention | Sequence[Intervention] = (),
     *,
     batch_size: int = 64,
     progress: bool | None = None,
@@ -93,7 +94,8 @@ def evaluate(
         model: any `GnaModel`; the task is tokenized with the task's own tokenizer if
             it has one (the toy task), else with the model's.
         task: a `Task`.
-        interventions: applied to every forward (as are active ``model.ablated`` blocks).
+        interventions: one intervention or a list, applied to every forward (as are
+            active ``model.ablated`` blocks).
         batch_size: prompts per forward. Interventions that pair rows with their
             own data (a `Patch`, a resample `Ablate`) run all prompts in one forward;
             positional ones (`MaskAttentionRows`, `Ablate(positions=...)`) keep the
@@ -104,6 +106,7 @@ def evaluate(
         raise TypeError(f"expected a gna_interp Task, got {type(task).__name__}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: expected a positive int")
+    interventions = as_interventions(interventions)
     encoded = task.encode(task.tokenizer_for(model.tokenizer))
     check_context(model, encoded)
     ambient = model.active_interventions
@@ -158,16 +161,9 @@ def check_context(model: GnaModel, encoded: EncodedTask) -> None:
         raise ValueError(f"prompt {longest} has {int(lengths[longest])} tokens, more than {model.name}'s context of {limit}")
 
 
-def progress_bar(items: Sequence[Any], show: bool, desc: str) -> Any:
-    """A transient tqdm bar over ``items`` (hidden when ``show`` is false)."""
-    from tqdm.auto import tqdm
-
-    return tqdm(items, desc=desc, disable=not show, leave=False)
-
-
 def _chunks(n_rows: int, size: int, progress: bool | None, what: str) -> Any:
     starts = range(0, n_rows, size)
-    return progress_bar(starts, len(starts) > 4 if progress is None else progress, what)
+    return progress_bar(starts, show=len(starts) > 4 if progress is None else progress, desc=what)
 
 
 def _slice(batch: Batch, start: int, stop: int) -> Batch:

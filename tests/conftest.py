@@ -5,6 +5,8 @@ with the library."""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -129,3 +131,20 @@ def zero_columns(hf_model, head: gna.Head, head_dim: int):
 
 def no_hooks_anywhere(module: torch.nn.Module) -> bool:
     return all(not m._forward_hooks and not m._forward_pre_hooks and not getattr(m, "_backward_hooks", None) for m in module.modules())
+
+
+DEMO_TEST_PROMPTS = 48
+"""Prompts per model in the suite's demo run (`gna-interp demo` uses 200): the same code, a
+quarter of the work."""
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, object]:
+    """`gna-interp demo` run once per session through the console entry point, in a fresh
+    interpreter (no time limit): its completed process and its report folder, for every test
+    that needs the demo's output or report."""
+    report = tmp_path_factory.mktemp("demo") / "gna-report"
+    command = [sys.executable, "-m", "gna_interp.cli", "demo", "--out", str(report), "--quiet", "--n", str(DEMO_TEST_PROMPTS)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, report

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -13,34 +11,38 @@ import gna_interp as gna
 from gna_interp.cli import main
 
 
-def cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "gna_interp.cli", *args], capture_output=True, text=True, timeout=timeout)
+def run(args, capsys) -> tuple[int, str, str]:
+    """The command in-process (the console script's code path, without a new interpreter):
+    exit status, stdout, stderr."""
+    status = main(args)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
 
 
-def test_demo_writes_an_offline_report(tmp_path):
-    result = cli("demo", "--out", str(tmp_path / "rep"), "--quiet")
-    assert result.returncode == 0, result.stderr[-2000:]
+def test_demo_writes_an_offline_report(demo_run):
+    result, report = demo_run
     for name in gna.toy_names():
         if name in ("llama", "mamba2"):
             assert f"toy-{name}" in result.stdout
     assert "clean" in result.stdout and "-gather" in result.stdout
-    page = (tmp_path / "rep" / "index.html").read_text()
+    page = (report / "index.html").read_text()
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
-    assert all((tmp_path / "rep" / img).is_file() for img in re.findall(r'<img src="([^"]+)"', page))
+    assert all((report / img).is_file() for img in re.findall(r'<img src="([^"]+)"', page))
+    assert not re.search(r"\d\.\d{5,}", result.stdout)  # figures are rounded (0.310, not 0.3100000023841858)
 
 
-def test_discover_json_and_report(tmp_path):
-    result = cli("discover", "--model", "mamba2", "--n", "80", "--json", "--out", str(tmp_path / "d"), "--quiet")
-    assert result.returncode == 0, result.stderr[-2000:]
-    data = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])
-    assert data["family"] == "mamba2" and data["n_prompts"] == 80 and data["aggregate"]
+def test_discover_json_and_report(tmp_path, capsys):
+    status, out, err = run(["discover", "--model", "mamba2", "--n", "48", "--json", "--out", str(tmp_path / "d"), "--quiet"], capsys)
+    assert status == 0, err[-2000:]
+    data = json.loads(out[out.index("{") : out.rindex("}") + 1])
+    assert data["family"] == "mamba2" and data["n_prompts"] == 48 and data["aggregate"]
     assert (tmp_path / "d" / "index.html").is_file()
 
 
-def test_ablate_prints_accuracy_before_and_after():
-    result = cli("ablate", "--model", "mamba2", "--head", "0.0", "--n", "100")
-    assert result.returncode == 0, result.stderr[-2000:]
-    before, after = map(float, re.search(r"accuracy clean ([\d.]+) -> ([\d.]+)", result.stdout).groups())
+def test_ablate_prints_accuracy_before_and_after(capsys):
+    status, out, err = run(["ablate", "--model", "mamba2", "--head", "0.0", "--n", "100"], capsys)
+    assert status == 0, err[-2000:]
+    before, after = map(float, re.search(r"accuracy clean ([\d.]+) -> ([\d.]+)", out).groups())
     model = gna.load_toy("mamba2")
     task = gna.toy_task("mamba2", 100, seed=0)
     assert before == pytest.approx(gna.evaluate(model, task).accuracy, abs=1e-3)
@@ -48,22 +50,12 @@ def test_ablate_prints_accuracy_before_and_after():
 
 
 @pytest.mark.parametrize("suffix", ["html", "png"])
-def test_patterns_file(tmp_path, suffix):
-    out = tmp_path / f"p.{suffix}"
-    result = cli(
-        "patterns",
-        "--model",
-        "mamba2",
-        "--head",
-        "1.6",
-        "--head",
-        "L0H3",
-        "--prompt",
-        "A. apple lamp\nB. river stone\nQuery: apple\nAnswer:",
-        "--out",
-        str(out),
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+def test_patterns_file(tmp_path, suffix, capsys):
+    out = tmp_path / "new folder" / f"p.{suffix}"  # a missing folder is created
+    args = ["patterns", "--model", "mamba2", "--head", "1.6", "--head", "L0H3"]
+    args += ["--prompt", "A. apple lamp\nB. river stone\nQuery: apple\nAnswer:", "--out", str(out)]
+    status, _, err = run(args, capsys)
+    assert status == 0, err[-2000:]
     data = out.read_bytes()
     assert data.startswith(b"\x89PNG") if suffix == "png" else (b"L1H6" in data and b"apple" in data)
 

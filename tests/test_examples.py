@@ -25,9 +25,7 @@ MMLU_ROWS = [
 
 def run(script: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     environment = {**os.environ, **env}
-    return subprocess.run(
-        [sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=environment
-    )
+    return subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, cwd=tmp_path, env=environment)
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +93,15 @@ OUTPUT_CHECKS = {
 }
 
 
+FEWER_PROMPTS = {"toy_demo.py": "48", "toy_zoo.py": "100"}
+"""Prompts per model for the examples that take ``GNA_EXAMPLE_N``: the same code on fewer
+prompts (the demo's full run is `gna-interp demo`; the zoo's accuracies stay within the
+check's 0.05 at 100 prompts: standard error <= 0.02 at the cards' 0.98)."""
+
+
 @pytest.mark.parametrize("script", ["quickstart.py", "toy_zoo.py", "toy_demo.py", "conv_gathering.py", "aggregate_by_key.py"])
 def test_offline_examples(script, tmp_path):
-    result = run(script, tmp_path)
+    result = run(script, tmp_path, **({"GNA_EXAMPLE_N": FEWER_PROMPTS[script]} if script in FEWER_PROMPTS else {}))
     assert result.returncode == 0, result.stderr[-3000:]
     if script in OUTPUT_CHECKS:
         OUTPUT_CHECKS[script](result, tmp_path)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import gna_interp as gna
+from gna_interp.cli import main
 from gna_interp.zoo import recipe
 from gna_interp.zoo.store import ZOO_DIR, card_markdown
 from gna_interp.zoo.train import task_shape, train
@@ -122,11 +121,10 @@ def test_ordered_label_steps_keep_the_labels_in_order_then_shuffle():
     assert any(not torch.equal(after[k], reference[k]) for k in after)
 
 
-def test_cli_zoo_train_end_to_end(tmp_path):
+def test_cli_zoo_train_end_to_end(tmp_path, capsys):
     out = tmp_path / "toy"
-    command = [sys.executable, "-m", "gna_interp.cli", "zoo", "train", "llama", "--max-steps", "3", "--out", str(out), "--quiet"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert main(["zoo", "train", "llama", "--max-steps", "3", "--out", str(out), "--quiet"]) == 0  # in-process: the console script's path
+    assert "model card:" in capsys.readouterr().out
     card = json.loads((out / "card.json").read_text())
     assert card["steps"] == 3 and card["seed"] == recipe("llama").seed and 0 <= card["held_out_accuracy"] <= 1
     assert card["task"] == task_shape(recipe("llama"))
@@ -136,15 +134,16 @@ def test_cli_zoo_train_end_to_end(tmp_path):
     assert "steps | 3 " in (out / "README.md").read_text()
 
 
-def test_cli_zoo_errors(tmp_path):
+def test_cli_zoo_errors(tmp_path, capsys):
     file = tmp_path / "a_file"
     file.write_text("x")
     for args, message in [
         (["zoo", "train", "gpt5"], "unknown toy model 'gpt5'"),
         (["zoo", "train", "llama", "--out", str(file)], "is an existing file"),
     ]:
-        result = subprocess.run([sys.executable, "-m", "gna_interp.cli", *args], capture_output=True, text=True, timeout=120)
-        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
 
 
 def test_interrupted_training_resumes_to_the_same_weights(tmp_path):

@@ -1,32 +1,37 @@
-"""The vocabulary: heads, sites, interventions, architecture specs. Imports no backend."""
+"""The vocabulary: heads, sites, interventions, architecture specs. Imports no backend.
 
-from .arch import ArchSpec, LayerKind
-from .heads import Head, Resid, Target
-from .interventions import (
-    ABLATION_KINDS,
-    Ablate,
-    Intervention,
-    MaskAttentionRows,
-    Patch,
-    Positions,
-    SkipLayers,
-    Truncate,
-    keep_attention_rows,
-)
+The names below are imported on first use (see `gna_interp._lazy`): `core.arch` and
+`core.heads` are plain Python, so reading a config's heads needs no torch."""
 
-__all__ = [
-    "ABLATION_KINDS",
-    "Ablate",
-    "ArchSpec",
-    "Head",
-    "Intervention",
-    "LayerKind",
-    "MaskAttentionRows",
-    "Patch",
-    "Positions",
-    "Resid",
-    "SkipLayers",
-    "Target",
-    "Truncate",
-    "keep_attention_rows",
-]
+from __future__ import annotations
+
+from typing import Any
+
+from .._lazy import lazy_attribute
+
+_EXPORTS: dict[str, str] = {
+    "ABLATION_KINDS": "interventions",
+    "Ablate": "interventions",
+    "ArchSpec": "arch",
+    "Head": "heads",
+    "Intervention": "interventions",
+    "LayerKind": "arch",
+    "MaskAttentionRows": "interventions",
+    "Patch": "interventions",
+    "Positions": "interventions",
+    "Resid": "heads",
+    "SkipLayers": "interventions",
+    "Target": "heads",
+    "Truncate": "interventions",
+    "keep_attention_rows": "interventions",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    return lazy_attribute(__name__, _EXPORTS, name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

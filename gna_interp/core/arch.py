@@ -23,10 +23,12 @@ Layouts are functions of the mixer's sizes (`AttentionDims`, `Mamba2Dims`,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+from .heads import Head
 
 
 class LayerKind(str, Enum):
@@ -459,3 +461,15 @@ class ArchSpec:
                 offset += dims.n_heads
             layers.append(LayerSpec(layer, tuple(mixers)))
         return tuple(layers)
+
+
+def check_head_in(layer_specs: Sequence[LayerSpec], head: Head, name: str) -> None:
+    """A clear error when ``head`` is not a head of the layers ``layer_specs`` describe
+    (one `LayerSpec` per layer; from a model, or from its config alone before any weights load)."""
+    if not isinstance(head, Head):
+        raise TypeError(f"expected a gna_interp.Head, got {head!r} ({type(head).__name__})")
+    if head.layer >= len(layer_specs):
+        raise ValueError(f"head {head}: layer {head.layer} out of range: {name} has layers 0..{len(layer_specs) - 1}")
+    spec = layer_specs[head.layer]
+    if not spec.mixers or head.head >= spec.n_heads:
+        raise ValueError(f"head {head} out of range: layer {head.layer} of {name} has {spec.describe()}")

@@ -50,6 +50,18 @@ class Head:
         return f"L{self.layer}H{self.head}"
 
 
+def refuse_string(value: object, what: str) -> None:
+    """A string where heads are expected would be iterated letter by letter: refuse it,
+    showing the typed value to write instead."""
+    if not isinstance(value, str):
+        return
+    try:
+        example = f"[gna.{Head.parse(value)!r}] (gna.Head.parse({value!r}) builds it)"
+    except ValueError:
+        example = "[gna.Head(1, 0)] (gna.Head.parse('L1H0') turns text into a Head)"
+    raise TypeError(f"{what} is the string {value!r}: expected gna_interp.Head values, e.g. {example}")
+
+
 @dataclass(frozen=True, order=True)
 class Resid:
     """The residual stream entering block ``layer`` (``layer == n_layers``: the

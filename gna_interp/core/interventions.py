@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import torch
 
-from .heads import Head, Resid, Target
+from .heads import Head, Resid, Target, refuse_string
 
 AblationKind = Literal["zero", "mean", "resample"]
 ABLATION_KINDS: tuple[str, ...] = ("zero", "mean", "resample")
@@ -25,6 +25,7 @@ an encoded task's ``segment_ends``), or a ``[batch, pos]`` bool mask."""
 
 
 def _as_heads(heads: Head | Iterable[Head], what: str) -> tuple[Head, ...]:
+    refuse_string(heads, what)
     items = (heads,) if isinstance(heads, Head) else tuple(heads)
     for item in items:
         if not isinstance(item, Head):
@@ -84,6 +85,7 @@ class Patch:
     positions: Positions = None
 
     def __init__(self, targets: Target | Iterable[Target], source: Any, positions: Positions = None) -> None:
+        refuse_string(targets, "Patch targets")
         items = (targets,) if isinstance(targets, (Head, Resid)) else tuple(targets)
         for item in items:
             if not isinstance(item, (Head, Resid)):
@@ -187,3 +189,21 @@ def keep_attention_rows(
 
 
 Intervention = Ablate | Patch | SkipLayers | Truncate | MaskAttentionRows
+INTERVENTION_TYPES: tuple[type, ...] = (Ablate, Patch, SkipLayers, Truncate, MaskAttentionRows)
+
+
+def as_interventions(items: Intervention | Iterable[Intervention] | None, what: str = "interventions") -> list[Intervention]:
+    """One intervention or several, as a list (``gna.Ablate(...)`` and ``[gna.Ablate(...)]``
+    mean the same); a clear error for anything else."""
+    if items is None:
+        return []
+    if isinstance(items, INTERVENTION_TYPES):
+        return [items]  # type: ignore[list-item]
+    kinds = "an intervention (Ablate, Patch, SkipLayers, Truncate, MaskAttentionRows)"
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise TypeError(f"{what}={items!r}: expected {kinds} or a list of them")
+    listed = list(items)
+    for index, item in enumerate(listed):
+        if not isinstance(item, INTERVENTION_TYPES):
+            raise TypeError(f"{what}[{index}] is {item!r}: expected {kinds}")
+    return listed

@@ -24,9 +24,10 @@ from torch import Tensor
 
 from ..core.heads import Head
 from ..core.interventions import Ablate, Intervention, SkipLayers, Truncate
-from ..evaluation import evaluate, progress_bar
+from ..evaluation import evaluate
 from ..patching.metrics import candidate_accuracy
 from ..patching.sweeps import ablation_sweep
+from ..progress import progress_bar
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
@@ -40,7 +41,8 @@ def _accuracy(model: GnaModel, task: Task, interventions: Sequence[Intervention]
 
 def truncation_scan(model: GnaModel, task: Task, *, progress: bool = True) -> list[float]:
     """Accuracy keeping the first ``k`` layers, for ``k = 1 .. n_layers`` (index ``k - 1``)."""
-    return [_accuracy(model, task, [Truncate(k)]) for k in progress_bar(range(1, model.n_layers + 1), progress, "truncation scan")]
+    depths = progress_bar(range(1, model.n_layers + 1), show=progress, desc="truncation scan")
+    return [_accuracy(model, task, [Truncate(k)]) for k in depths]
 
 
 def critical_layer(truncation: Sequence[float], clean: float, chance: float) -> int | None:
@@ -56,7 +58,8 @@ def critical_layer(truncation: Sequence[float], clean: float, chance: float) -> 
 
 def layer_scan(model: GnaModel, task: Task, *, progress: bool = True) -> list[float]:
     """Accuracy with layer ``l`` skipped (its block passes the residual through), per layer."""
-    return [_accuracy(model, task, [SkipLayers([layer])]) for layer in progress_bar(range(model.n_layers), progress, "layer scan")]
+    layers = progress_bar(range(model.n_layers), show=progress, desc="layer scan")
+    return [_accuracy(model, task, [SkipLayers([layer])]) for layer in layers]
 
 
 @dataclass
@@ -87,7 +90,7 @@ def head_scan(
             direct += heads
             continue
         groups = [heads[i : i + group_size] for i in range(0, len(heads), group_size)]
-        scores = [_accuracy(model, task, [Ablate(g)]) for g in progress_bar(groups, progress, f"screening layer {layer}")]
+        scores = [_accuracy(model, task, [Ablate(g)]) for g in progress_bar(groups, show=progress, desc=f"screening layer {layer}")]
         for group, score in zip(groups, scores, strict=True):
             for head in group:
                 accuracy[head.layer, head.head] = score
@@ -107,7 +110,7 @@ def _single_ablations(model: GnaModel, task: Task, heads: list[Head], progress: 
         metric = candidate_accuracy(encoded.candidate_ids, encoded.correct)
         sweep = ablation_sweep(model, task, metric, heads=heads, progress=progress)
         return {h: float(sweep.scores[h.layer, h.head]) for h in heads}
-    return {h: _accuracy(model, task, [Ablate([h])]) for h in progress_bar(heads, progress, "head scan")}
+    return {h: _accuracy(model, task, [Ablate([h])]) for h in progress_bar(heads, show=progress, desc="head scan")}
 
 
 def segment_positions(encoded: EncodedTask) -> Tensor:
@@ -130,7 +133,7 @@ def entry_scan(
         return {}
     where = {"final": encoded.final, "segments": segment_positions(encoded), "ends": encoded.segment_ends}
     out: dict[Head, dict[str, float]] = {}
-    for head in progress_bar(list(heads), progress, "entry scan"):
+    for head in progress_bar(list(heads), show=progress, desc="entry scan"):
         out[head] = {name: _accuracy(model, task, [Ablate([head], positions=positions)]) for name, positions in where.items()}
     return out
 
@@ -162,7 +165,7 @@ def joint_set(
     chosen: list[Head] = []
     accuracy = _accuracy(model, task) if clean is None else clean
     remaining = list(pool)
-    bar = progress_bar(range(min(max_heads, len(remaining))), progress, desc)
+    bar = progress_bar(range(min(max_heads, len(remaining))), show=progress, desc=desc)
     for _ in bar:
         trials = {h: _accuracy(model, task, [Ablate([*chosen, h], positions=positions)]) for h in remaining}
         best = min(remaining, key=lambda h: (trials[h], h))

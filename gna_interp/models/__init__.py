@@ -1,6 +1,23 @@
-"""Loading models and the architecture table."""
+"""Loading models and the architecture table (names imported on first use, see
+`gna_interp._lazy`: `models.registry` needs no torch)."""
 
-from .handle import GnaModel
-from .loading import load
+from __future__ import annotations
 
-__all__ = ["GnaModel", "load"]
+from typing import Any
+
+from .._lazy import lazy_attribute
+
+_EXPORTS: dict[str, str] = {
+    "GnaModel": "handle",
+    "load": "loading",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    return lazy_attribute(__name__, _EXPORTS, name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

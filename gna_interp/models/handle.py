@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..core.arch import ArchSpec, LayerKind, LayerMixer, LayerSpec
+from ..core.arch import ArchSpec, LayerKind, LayerMixer, LayerSpec, check_head_in
 from ..core.heads import Head, Resid, Target
-from ..core.interventions import Ablate, Intervention
+from ..core.interventions import Ablate, Intervention, as_interventions
 from ..core.plan import Site, SiteKind
 from .inputs import Batch, make_batch
 from .swap_block import swapped_in_layers
@@ -117,11 +117,7 @@ class GnaModel:
                 f"not supported; residual-stream sites (Resid({head.layer}), Resid({head.layer + 1})) and SkipLayers({head.layer}) "
                 "work at that layer, and heads work at every other layer"
             )
-        spec = self.layer_specs[head.layer]
-        if not spec.mixers:
-            raise ValueError(f"head {head} out of range: layer {head.layer} of {self.name} has {spec.describe()}")
-        if head.head >= spec.n_heads:
-            raise ValueError(f"head {head} out of range: layer {head.layer} of {self.name} has {spec.describe()}")
+        check_head_in(self.layer_specs, head, self.name)
 
     def mixer_of(self, head: Head) -> tuple[LayerMixer, int]:
         """The mixer that holds ``head`` and the head's index among that mixer's heads."""
@@ -192,7 +188,7 @@ class GnaModel:
         return batch.to(self.device)
 
     def run(
-        self, inputs: Any, interventions: Sequence[Intervention] = (), capture: Iterable[Target] = ()
+        self, inputs: Any, interventions: Intervention | Sequence[Intervention] = (), capture: Iterable[Target] = ()
     ) -> tuple[Tensor, dict[Target, Tensor]]:
         """Logits ``[batch, pos, vocab]`` and the activations at ``capture``.
 
@@ -204,7 +200,7 @@ class GnaModel:
         batch = self.to_batch(inputs)
         targets = list(capture)
         sites = {self.site_of(t) for t in targets}
-        plan = compile_plan(self, batch, [*self._ambient, *interventions])
+        plan = compile_plan(self, batch, [*self._ambient, *as_interventions(interventions)])
         out = self.backend.run(batch, plan, capture=sites)
         acts: dict[Target, Tensor] = {}
         for target in targets:
@@ -215,7 +211,7 @@ class GnaModel:
                 acts[target] = out.acts[self.site_of(target)]
         return out.logits, acts
 
-    def logits(self, inputs: Any, interventions: Sequence[Intervention] = ()) -> Tensor:
+    def logits(self, inputs: Any, interventions: Intervention | Sequence[Intervention] = ()) -> Tensor:
         """``[batch, pos, vocab]`` logits with ``interventions`` (and any active
         ``ablated`` / ``intervening`` contexts) applied."""
         return self.run(inputs, interventions)[0]

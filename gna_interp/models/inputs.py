@@ -111,4 +111,46 @@ def _tokenize(texts: list[str], tokenizer: Any) -> Batch:
         if not text:
             raise ValueError(f"inputs[{i}] is an empty string: every prompt needs at least one token")
     encoded = [tokenizer(text)["input_ids"] for text in texts]
+    unknown = [word for text, ids in zip(texts, encoded, strict=True) for word in unknown_words(tokenizer, text, ids)]
+    warn_unknown(unknown, tokenizer, "the inputs")
     return _pad_id_lists(encoded, tokenizer)
+
+
+def unk_id(tokenizer: Any) -> int | None:
+    """The tokenizer's unknown-token id, if it can produce one (byte-level tokenizers whose
+    ``unk`` is also their bos / eos never do: ``None``)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or unk in (getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        return None
+    return int(unk)
+
+
+def unknown_words(tokenizer: Any, text: str, ids: Sequence[int], offsets: Sequence[tuple[int, int]] | None = None) -> list[str]:
+    """The pieces of ``text`` that tokenized to the unknown token (``ids`` its tokens;
+    ``offsets`` their character spans, computed here when needed)."""
+    unk = unk_id(tokenizer)
+    if unk is None or unk not in ids:
+        return []
+    if offsets is None:
+        if not getattr(tokenizer, "is_fast", False):
+            return ["(unknown: a slow tokenizer gives no offsets)"]
+        encoding = tokenizer(text, return_offsets_mapping=True)
+        ids, offsets = encoding["input_ids"], encoding["offset_mapping"]
+    return [text[start:end] for token, (start, end) in zip(ids, offsets, strict=True) if token == unk and end > start]
+
+
+def warn_unknown(words: Sequence[str], tokenizer: Any, where: str) -> None:
+    """One warning naming the words of ``where`` that became the unknown token."""
+    if not words:
+        return
+    import warnings
+
+    distinct = sorted(set(words))
+    shown = ", ".join(repr(w) for w in distinct[:12]) + (f" and {len(distinct) - 12} more" if len(distinct) > 12 else "")
+    warnings.warn(
+        f"{len(distinct)} word(s) in {where} are not in the tokenizer's vocabulary and became {tokenizer.unk_token!r}: {shown}. "
+        "The model cannot tell them apart, so results on them are meaningless (e.g. accuracy near 0 or chance): "
+        "use words the tokenizer knows (for the bundled toy models: gna.tasks.toy.VOCAB)",
+        UserWarning,
+        stacklevel=3,
+    )

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..core.arch import ArchSpec, LayerKind
+from ..progress import progress_enabled
 from .handle import GnaModel
+from .hub import hub_access
 from .registry import spec_for
 from .swap_block import swapped_in_layers
 
@@ -38,7 +42,8 @@ def load(
             ``tlens`` refuses them), ``remote=True`` and a model holding blocks of another
             family (loaded inside `gna_interp.swap_layers`; ``tlens`` refuses it).
         tokenizer: a HF tokenizer or a path/id; default: loaded from ``model``.
-        device, dtype: placement of the weights.
+        device: where the weights go.
+        dtype: the weights' dtype.
         remote: ``True`` runs every trace on NDIF (nnsight only; ``model`` must be a hub
             id, the API key comes from ``NDIF_API_KEY`` or nnsight's config).
             ``"local"`` runs nnsight's local simulation of remote execution.
@@ -53,12 +58,13 @@ def load(
     if remote is True:
         return _load_remote(model, tokenizer)
 
-    hf_model, name = _hf_model(model, device, dtype, hf_kwargs)
+    access = _hub_access(model, hf_kwargs)  # a hub id without network fails here, in seconds
+    hf_model, name = _hf_model(model, device, dtype, {**hf_kwargs, **access})
     spec = spec_for(hf_model.config)
     foreign = swapped_in_layers(hf_model, spec.layers_path)
     backend = "nnsight" if remote or (foreign and backend is None) else (backend or spec.default_backend)
     _check_backend(spec, backend, foreign)
-    tokenizer = _tokenizer(tokenizer, model, name)
+    tokenizer = _tokenizer(tokenizer, model, name, access)
     hf_model.eval()
     if backend == "tlens":
         return GnaModel(hf_model, tokenizer, spec, _tlens_backend(hf_model, tokenizer, name, spec), name)
@@ -75,6 +81,33 @@ def _check_backend(spec: ArchSpec, backend: str, foreign: dict[int, str]) -> Non
             f"backend='tlens' cannot wrap this {spec.family} model: it holds swapped-in blocks of another family ({blocks}; "
             "swap_layers), which TransformerLens's bridge does not know: use backend='nnsight'"
         )
+
+
+def _hub_access(model: Any, hf_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``from_pretrained`` keyword arguments for a hub id (see `gna_interp.models.hub`);
+    none for local folders, model objects, or when the caller chose ``local_files_only``."""
+    if not isinstance(model, (str, os.PathLike)) or Path(model).exists() or str(model).startswith((".", "/", "~")):
+        return {}
+    if hf_kwargs.get("local_files_only"):
+        return {}
+    return hub_access(str(model), hf_kwargs.get("revision"))
+
+
+@contextmanager
+def quiet_weight_loading(local: bool) -> Iterator[None]:
+    """No "Loading weights" bar from transformers for a local folder (the bundled toys
+    load in a blink), nor for any model when the library's bars are off
+    (`gna_interp.set_progress`); transformers' own setting is restored on exit."""
+    from transformers.utils import logging
+
+    quiet = (local or not progress_enabled()) and logging.is_progress_bar_enabled()
+    if quiet:
+        logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if quiet:
+            logging.enable_progress_bar()
 
 
 def _hf_model(model: Any, device: Any, dtype: Any, hf_kwargs: dict[str, Any]) -> tuple[Any, str]:
@@ -94,21 +127,22 @@ def _hf_model(model: Any, device: Any, dtype: Any, hf_kwargs: dict[str, Any]) ->
     kwargs = dict(hf_kwargs)
     if dtype is not None:
         kwargs["dtype"] = dtype
-    hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    with quiet_weight_loading(local=Path(path).exists()):
+        hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if device is not None:
         hf_model = hf_model.to(device)
     return hf_model, path
 
 
-def _tokenizer(tokenizer: Any, model: Any, name: str) -> Any:
+def _tokenizer(tokenizer: Any, model: Any, name: str, access: dict[str, Any]) -> Any:
     from transformers import AutoTokenizer
 
     if tokenizer is None:
         if not isinstance(model, (str, os.PathLike)):
             raise ValueError("a transformers model object needs tokenizer= (a tokenizer object or its path)")
-        return AutoTokenizer.from_pretrained(str(model))
+        return AutoTokenizer.from_pretrained(str(model), **access)
     if isinstance(tokenizer, (str, os.PathLike)):
-        return AutoTokenizer.from_pretrained(str(tokenizer))
+        return AutoTokenizer.from_pretrained(str(tokenizer), **_hub_access(tokenizer, {}))
     return tokenizer
 
 
@@ -172,6 +206,7 @@ def _load_remote(model: Any, tokenizer: Any) -> GnaModel:
 
     from ..backends.nnsight import NNsightBackend
 
+    hub_access(model)  # the structure comes from the hub's config: fail fast without network
     envoy = TransformersModel(model, tokenizer=tokenizer) if tokenizer is not None else TransformersModel(model)
     config = envoy.config
     spec = spec_for(config)

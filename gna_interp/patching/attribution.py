@@ -31,7 +31,7 @@ from ..core.heads import Head
 from ..core.interventions import Intervention
 from ..core.plan import Site, SiteKind
 from .compile import check_aligned, clean_corrupt_batches, compile_plan, heads_by_site
-from .metrics import Metric, reduce_metric
+from .metrics import Metric, check_metric, reduce_metric
 from .results import SweepResult
 
 if TYPE_CHECKING:
@@ -54,7 +54,8 @@ def attribution_patching(
 
     Args:
         model: a `GnaModel` (local weights: the backward runs here).
-        clean, corrupt: inputs of the same token length (and rows, or one row).
+        clean: inputs of the clean run.
+        corrupt: inputs of the corrupted run: the same token length as ``clean`` (and rows, or one row).
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` tensor (averaged),
             differentiable in the logits (``logit_diff``, ``target_logprob``; not
             ``candidate_accuracy``).
@@ -69,6 +70,7 @@ def attribution_patching(
         ``[layer, head]``, ``[layer, head, pos]``, ``[layer]`` or ``[layer, pos]``;
         ``baseline`` the metric of the run, ``reference`` that of the value source.
     """
+    check_metric(metric)
     if sites not in ("heads", "resid"):
         raise ValueError(f"sites={sites!r}: expected 'heads' or 'resid'")
     if sites == "resid" and heads is not None:

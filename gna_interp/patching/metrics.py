@@ -81,6 +81,19 @@ def candidate_accuracy(candidates: TokenSpec, correct: Sequence[int] | Tensor, p
     return metric
 
 
+def check_metric(metric: object) -> None:
+    """A clear error for a metric that is not a function (e.g. the name ``"accuracy"``)."""
+    if callable(metric):
+        return
+    hint = ""
+    if isinstance(metric, str):
+        hint = (
+            f"; {metric!r} is a name, not a metric: build one, e.g. gna.candidate_accuracy(encoded.candidate_ids, "
+            "encoded.correct) with encoded = task.encode(model.tokenizer), or gna.logit_diff(correct_ids, wrong_ids)"
+        )
+    raise TypeError(f"metric={metric!r} is not callable: expected a function of logits [batch, pos, vocab] -> scalar or [batch]{hint}")
+
+
 def reduce_metric(value: Tensor | float) -> float:
     """A metric's output as one number: scalars pass, per-example tensors are averaged."""
     if isinstance(value, Tensor):

@@ -41,12 +41,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from tqdm.auto import tqdm
 
-from ..core.heads import Head
+from ..core.heads import Head, refuse_string
 from ..core.interventions import Intervention
+from ..progress import progress_bar
 from .compile import clean_corrupt_batches, compile_plan
-from .metrics import Metric, reduce_metric
+from .metrics import Metric, check_metric, reduce_metric
 from .path_chain import PathSetup, path_scores, receiver_streams, setup_sites
 from .results import SweepResult
 from .variants import rows_per_forward
@@ -74,7 +74,8 @@ def path_patching(
 
     Args:
         model: a `GnaModel` (any backend, any architecture).
-        clean, corrupt: inputs of the same token length (and rows, or one corrupt row).
+        clean: inputs of the clean run.
+        corrupt: inputs of the corrupted run: the same token length as ``clean`` (and rows, or one row).
         senders: heads whose output changes from clean to corrupt.
         receivers: heads, ``"logits"`` (the direct path to the output), or a list mixing
             both. Every sender must sit before the last receiver: in an earlier layer,
@@ -115,10 +116,12 @@ def path_patching_sweep(
 
     Args:
         senders: heads to score (default: every head before the last receiver).
-        max_rows / memory_budget_mb: rows per stacked forward, given or estimated (each
-            sender is one copy of the batch in a stacked forward).
+        max_rows: rows per stacked forward (each sender is one copy of the batch in a
+            stacked forward; default: estimated from ``memory_budget_mb``).
+        memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
         progress: show a progress bar.
-        Others: as in `path_patching`.
+
+    The other arguments are as in `path_patching`.
 
     Returns:
         `SweepResult` of kind ``"path_patching"``: ``scores`` ``[layer, head]`` (NaN where a
@@ -133,7 +136,7 @@ def path_patching_sweep(
     ordered = sorted(sender_list)  # by layer: chunks start late when their senders do
     per_chunk = max(1, rows_per_forward(model, setup.batch.n_pos, max_rows, memory_budget_mb) // setup.batch.n_rows)
     scores = torch.full((model.n_layers, model.n_heads), float("nan"))
-    with tqdm(total=len(ordered), desc="path patching", disable=not progress, leave=False) as bar:
+    with progress_bar(total=len(ordered), show=progress, desc="path patching") as bar:
         for offset in range(0, len(ordered), per_chunk):
             chunk = ordered[offset : offset + per_chunk]
             for head, score in zip(chunk, path_scores(setup, [[head] for head in chunk]), strict=True):
@@ -147,6 +150,7 @@ def path_patching_sweep(
 
 
 def check_senders(model: GnaModel, senders: Sequence[Head] | Head) -> list[Head]:
+    refuse_string(senders, "senders")
     items = [senders] if isinstance(senders, Head) else list(senders)
     if not items:
         raise ValueError("senders is empty: expected at least one gna_interp.Head")
@@ -230,6 +234,7 @@ def prepare(
 ) -> tuple[PathSetup, float, float]:
     """Check the inputs, run clean and corrupt once, and return the shared `PathSetup`
     with the clean (baseline) and corrupt (reference) metrics."""
+    check_metric(metric)
     heads, to_logits = parse_receivers(model, receivers)
     streams = parse_streams(model, receiver_input)
     check_reach(model, senders, heads, to_logits)

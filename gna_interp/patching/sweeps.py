@@ -27,7 +27,7 @@ from ..core.heads import Head
 from ..core.interventions import ABLATION_KINDS, Intervention
 from ..core.plan import Edit, Site, SiteKind
 from .compile import ablation_values, check_aligned, clean_corrupt_batches, compile_plan, head_mask, heads_by_site
-from .metrics import Metric, reduce_metric
+from .metrics import Metric, check_metric, reduce_metric
 from .results import SweepResult
 from .variants import Variant, score_table
 
@@ -58,7 +58,8 @@ def ablation_sweep(
         how: ``"zero"``, ``"mean"`` or ``"resample"`` (see `gna_interp.Ablate`).
         reference: inputs for ``mean`` / ``resample``.
         interventions: applied to every run, the baseline included (e.g. ``Truncate``).
-        max_rows / memory_budget_mb: rows per stacked forward, given or estimated.
+        max_rows: rows per stacked forward (default: estimated from ``memory_budget_mb``).
+        memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
         progress: show a progress bar.
 
     Returns:
@@ -66,6 +67,7 @@ def ablation_sweep(
         heads a layer does not have: ``head`` runs to ``model.n_heads``, the most heads
         any layer has) and ``baseline`` the metric with no head ablated.
     """
+    check_metric(metric)
     if how not in ABLATION_KINDS:
         raise ValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
     if how != "zero" and reference is None:
@@ -105,7 +107,9 @@ def patching_sweep(
     """Activation patching of every head output or residual-stream site.
 
     Args:
-        clean, corrupt: inputs of the same token length (and rows, or one row).
+        model: a `GnaModel`.
+        clean: inputs of the clean run.
+        corrupt: inputs of the corrupted run: the same token length as ``clean`` (and rows, or one row).
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]``.
         sites: ``"heads"`` (head outputs) or ``"resid"`` (residual stream entering each block).
         by_position: patch one position at a time.
@@ -117,6 +121,7 @@ def patching_sweep(
         `SweepResult`: ``scores`` ``[layer, head]``, ``[layer, head, pos]``, ``[layer, pos]`` or
         ``[layer]``; ``baseline`` is the unpatched run, ``reference`` the run on the value source.
     """
+    check_metric(metric)
     if sites not in ("heads", "resid"):
         raise ValueError(f"sites={sites!r}: expected 'heads' or 'resid'")
     if sites == "resid" and heads is not None:

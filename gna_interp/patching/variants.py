@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..core.plan import Edit, Plan, Site, SiteKind
 from ..models.inputs import Batch
+from ..progress import progress_bar
 from .metrics import Metric, reduce_metric
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def run_variants(
     base_out = model.backend.run(batch, base, capture=prefix_sites)
     baseline = reduce_metric(metric(base_out.logits))
     scores = torch.empty(len(variants))
-    with tqdm(total=len(variants), desc=desc, disable=not progress, leave=False) as bar:
+    with progress_bar(total=len(variants), show=progress, desc=desc) as bar:
         for offset in range(0, len(order), per_chunk):
             chunk = [variants[i] for i in order[offset : offset + per_chunk]]
             plan = stacked_plan(model, batch, base, chunk)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..models.inputs import Batch, make_batch
+from ..models.inputs import Batch, make_batch, unk_id, unknown_words, warn_unknown
 
 
 @dataclass(frozen=True)
@@ -196,6 +196,7 @@ def _encode(task: Task, tokenizer: Any) -> EncodedTask:
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(f"tasks need a fast tokenizer (character offsets); got {type(tokenizer).__name__}")
     rows = [_encode_example(e, i, tokenizer) for i, e in enumerate(task.examples)]
+    warn_unknown([word for r in rows for word in r["unknown"]], tokenizer, f"task {task.name!r}")
     batch = make_batch([r["ids"] for r in rows], tokenizer)
     width = batch.n_pos
     shift = torch.tensor([width - len(r["ids"]) for r in rows])
@@ -233,13 +234,18 @@ def _encode_example(example: Example, index: int, tokenizer: Any) -> dict[str, A
     query = None
     if example.query is not None:
         query = [token_at(example.query[0], "query"), token_at(example.query[1] - 1, "query") + 1]
+    candidates = _candidate_tokens(example, ids, tokenizer)
+    unknown = unknown_words(tokenizer, example.text, ids, encoding["offset_mapping"])
+    unk = unk_id(tokenizer)
+    unknown += [c.strip() for c, tokens in zip(example.candidates, candidates, strict=True) if unk is not None and unk in tokens]
     return {
         "ids": ids,
+        "unknown": unknown,
         "ends": ends,
         "labels": labels,
         "spans": spans,
         "query": query,
-        "candidates": _candidate_tokens(example, ids, tokenizer),
+        "candidates": candidates,
     }
 
 

@@ -129,7 +129,10 @@ def attention_view(
     """Attention patterns of ``heads`` on prompt ``row`` of ``inputs``, any kind of head.
 
     Args:
-        model, inputs, heads, include_skip: as for `gna_interp.attention_pattern`.
+        model: as for `gna_interp.attention_pattern`.
+        inputs: as for `gna_interp.attention_pattern`.
+        heads: as for `gna_interp.attention_pattern`.
+        include_skip: as for `gna_interp.attention_pattern`.
         row: which prompt of the batch to show (its padding is dropped).
         normalize: ``"row"`` (default: ``|w|`` as a distribution over keys, on a 0..1
             scale shared by softmax and SSM heads), ``"abs"``, or ``None`` (raw signed

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..progress import progress_bar
 from ..tasks.toy import LETTERS, VOCAB, toy_token_batch
 from .prune import frozen_at_zero, head_masks, prune_heads, still_pruned
 from .recipes import Recipe
@@ -173,7 +174,6 @@ def train(
     Deterministic for a seed on a given machine and thread count: the weights, the
     prompts and their order all come from the recipe's seed.
     """
-    from tqdm.auto import tqdm
 
     threads = torch.get_num_threads()
     torch.set_num_threads(recipe.threads)
@@ -208,7 +208,8 @@ def train(
         start = time.perf_counter() - elapsed
         reached = bool(history) and history[-1]["accuracy"] >= recipe.target_accuracy
         step = first_step - 1
-        bar = tqdm(total=steps_limit, initial=step, desc=f"train {recipe.name}", disable=not progress, leave=False)
+        bar = progress_bar(total=steps_limit, show=progress, desc=f"train {recipe.name}")
+        bar.update(step)  # resumed: the steps already done
         task = task_shape(recipe)
         in_order = {**task, "shuffle_labels": False}  # the curriculum's first steps
         with frozen_at_zero(pruned):  # pruned heads stay at 0 (hooks gone on exit)

@@ -1,0 +1,22 @@
+"""PEP 562 lazy namespaces: a package lists its public names and the module each lives in;
+a name is imported on first use, so importing the package imports nothing heavy."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+
+def lazy_attribute(package: str, exports: dict[str, str], name: str) -> Any:
+    """``name`` from the module ``exports`` maps it to (relative to ``package``), cached in
+    the package's namespace. ``"module"``: that module's attribute of the same name;
+    ``"module:attribute"``: another name; ``"name:"``: the submodule itself."""
+    where = exports.get(name)
+    if where is None:
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    module_name, _, attribute = where.partition(":")
+    module = importlib.import_module(f".{module_name}", package)
+    value = module if where.endswith(":") else getattr(module, attribute or name)
+    setattr(sys.modules[package], name, value)  # later lookups skip __getattr__
+    return value

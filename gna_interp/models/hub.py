@@ -1,0 +1,86 @@
+"""Hub ids without a network: detect it once, in seconds, and say which model failed.
+
+Left alone, ``from_pretrained`` on a machine that cannot reach the model hub retries
+each file for half a minute and ends with a message that does not name the model.
+Before loading a hub id, `hub_access` asks the hub once (one HEAD request, a few
+seconds at most; the answer is kept for a minute):
+
+- the hub answers: load as usual (a wrong id then fails with transformers' own error);
+- it does not, and the model is in the local cache: load from the cache, no retries;
+- it does not, and the model is not cached: `HubUnreachableError`, naming the model
+  and what to do. ``HF_HUB_OFFLINE=1`` skips the probe and uses the cache only.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+PROBE_TIMEOUT_S = 3.0
+"""How long the one reachability probe may take."""
+PROBE_TTL_S = 60.0
+"""How long a probe's answer is reused (a notebook that gets its network back retries after this)."""
+
+_probes: dict[str, tuple[float, bool]] = {}
+"""Endpoint -> (time of the probe, reachable)."""
+
+
+class HubUnreachableError(OSError):
+    """A hub id was asked for, the hub cannot be reached and the model is not cached."""
+
+
+def hub_reachable(endpoint: str | None = None) -> bool:
+    """Whether the model hub answers an HTTP request within `PROBE_TIMEOUT_S` (any
+    status counts: only a transport failure means unreachable). Probed once per
+    `PROBE_TTL_S`, through huggingface_hub's own session (so its proxies apply)."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    url = endpoint or constants.ENDPOINT
+    now = time.monotonic()
+    seen = _probes.get(url)
+    if seen is not None and now - seen[0] < PROBE_TTL_S:
+        return seen[1]
+    try:
+        get_session().head(url, timeout=PROBE_TIMEOUT_S)
+        reachable = True
+    except Exception:  # DNS, refused, timeout, TLS: the hub cannot be used
+        reachable = False
+    _probes[url] = (time.monotonic(), reachable)
+    return reachable
+
+
+def is_cached(name: str, revision: str | None = None) -> bool:
+    """Whether hub id ``name``'s ``config.json`` is in the local hub cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(name, "config.json", revision=revision)
+    return isinstance(found, str)
+
+
+def hub_access(name: str, revision: str | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``from_pretrained(name, ...)``: ``{}`` when the hub
+    answers, ``{"local_files_only": True}`` when it does not but ``name`` is cached.
+
+    Raises:
+        HubUnreachableError: the hub cannot be reached (or ``HF_HUB_OFFLINE`` is set)
+            and ``name`` is not in the local cache.
+    """
+    from huggingface_hub import constants
+
+    offline = bool(constants.HF_HUB_OFFLINE)
+    if not offline and hub_reachable():
+        return {}
+    if is_cached(name, revision):
+        return {"local_files_only": True}
+    where = f"the local cache ({constants.HF_HUB_CACHE})"
+    if offline:
+        raise HubUnreachableError(
+            f"cannot load {name!r}: HF_HUB_OFFLINE is set and {name!r} is not in {where}; "
+            "unset HF_HUB_OFFLINE on a machine with network access, or pass the model's local folder"
+        )
+    raise HubUnreachableError(
+        f"cannot load {name!r}: the model hub ({constants.ENDPOINT}) did not answer within {PROBE_TIMEOUT_S:.0f} s "
+        f"and {name!r} is not in {where}; connect to the network, or download the model on another machine "
+        "and pass its local folder (HF_HUB_OFFLINE=1 uses cached models without asking the hub)"
+    )
