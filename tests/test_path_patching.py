@@ -1,6 +1,8 @@
-"""Path patching against a brute-force raw-hook twin (tests/path_twin.py), identities,
-the sweep form, bad input, and no residue. Tiny random models whose attention and SSM
-parameters are scaled up so every receiver stream carries a visible effect."""
+"""Path patching against a brute-force raw-hook twin (tests/path_twin.py), the receivers'
+isolation (siblings bit-identical to clean in the final run, as every out-projection
+call records it), identities, the sweep form, bad input, and no residue. Tiny random
+models whose attention and SSM parameters are scaled up so every receiver stream carries
+a visible effect."""
 
 from __future__ import annotations
 
@@ -199,13 +201,12 @@ def test_siblings_keep_their_clean_outputs(models, name):
     shared = {"llama-tlens": "k", "llama-nnsight": "k", "mamba2": "B", "mamba2-g1": "x", "falcon_h1": "B"}.get(name)
     if shared is None:
         return  # Mamba-1: the twin has no whole-unit mode
-    ssm_mixer, indices = by_mixer[max(by_mixer)]
-    raw_out_proj = path_twin.mixers(hf, receivers[0].layer)[ssm_mixer.index].out_proj
+    mixer, indices = by_mixer[max(by_mixer)]  # FalconH1: the Mamba-2 mixer, which has B
+    raw_out_proj = path_twin.mixers(hf, receivers[0].layer)[mixer.index].out_proj
     with path_twin.final_run_inputs(raw_out_proj) as spy:
-        b = model.to_batch(CLEAN)
-        path_twin.path_patch(hf, b, model.to_batch(CORRUPT), senders, receivers, [shared], METRIC, whole_unit=True)
-    clean, final = (x.reshape(*x.shape[:2], ssm_mixer.n_heads, -1) for x in (spy.inputs[0], spy.inputs[-1]))
-    others = [h for h in range(ssm_mixer.n_heads) if h not in indices]
+        path_twin.path_patch(hf, model.to_batch(CLEAN), model.to_batch(CORRUPT), senders, receivers, [shared], METRIC, whole_unit=True)
+    clean, final = (x.reshape(*x.shape[:2], mixer.n_heads, -1) for x in (spy.inputs[0], spy.inputs[-1]))
+    others = [h for h in range(mixer.n_heads) if h not in indices]
     assert (final[:, :, others] - clean[:, :, others]).abs().max() > MIN_EFFECT, "the shared unit moved no sibling"
 
 
