@@ -1,55 +1,113 @@
 """A brute-force twin of path patching on the raw HF model: forward hooks only, written
 from the HF modelling code, sharing no code with gna_interp.
 
-The definition, as a fixed point of two runs on the clean input:
+The definition: a path into a receiver R changes R's output (its slice of the
+out-projection input) and nothing else. As a fixed point of two runs on the clean input:
 
-- D: every head output (out-projection input) of every layer frozen to its value in C,
-  the senders' heads set to their corrupt values; MLPs and norms recomputed.
-- C: clean, with the receivers' chosen input-stream columns replaced by their values in D
-  (Mamba-1 ``x``: the channel's ``x_proj`` input column is recomputed from the unpatched
-  ``in_proj`` output, so only the channel's own scan sees the change).
+- D: every head's output (out-projection input), in every layer, frozen to its value in
+  C, the senders' set to their corrupt values; MLPs and norms recomputed. What each
+  receiver would output there (before the freeze) and its input streams are read. For
+  ``"any"``, the other heads of a receiver's Mamba-2 group norm feed the norm their
+  inputs in C (scan output and gate).
+- C: clean, except for the receivers' outputs. ``"any"``: each receiver's slice is its
+  D value. Streams: the receivers' mixer runs a second time, as a *copy*, with the
+  receivers' stream columns (a shared unit: all of it) set to their D values, and each
+  receiver's slice is taken from the copy; everything else comes from the ordinary call.
+  In the copy, R's other inputs stay as in the ordinary call: Mamba-1's ``x_proj`` reads
+  the receivers' unpatched ``x`` columns, and a Mamba-2 group norm reads the other heads'
+  unpatched input. Receivers of one mixer share the copy.
 
-Starting from C = clean and alternating ``n_layers + 1`` times reaches the fixed point
-(each round settles at least one more layer). The answer is the metric of C's logits,
+Starting from C = clean and alternating at most ``n_layers + 1`` times reaches the fixed
+point (each round settles at least one more layer; it stops once C reproduces itself). The answer is the metric of C's logits,
 or of D's when ``"logits"`` is a receiver.
+
+``whole_unit=True`` is the earlier definition (attention and Mamba-2), kept to measure
+what it leaked: the receivers' stream columns are patched in the ordinary call, so every
+head reading a shared unit (and, through a group norm, every head of the group) sees the
+patch.
+
+Families: Llama-like, Mamba-2, Mamba-1 and FalconH1 (attention heads, then Mamba-2 heads).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
-def mixer(hf, layer: int):
-    backbone = hf.model if hasattr(hf, "model") else hf.backbone
-    block = backbone.layers[layer]
-    return block.self_attn if hasattr(block, "self_attn") else block.mixer
+@dataclass
+class Mixer:
+    module: torch.nn.Module
+    kind: str  # "attention", "mamba2", "mamba1"
+    n_heads: int
+    head_dim: int
+    offset: int  # layer-level number of the first head
+
+    @property
+    def out_proj(self) -> torch.nn.Module:
+        return self.module.o_proj if self.kind == "attention" else self.module.out_proj
+
+
+def blocks(hf):
+    return (hf.model if hasattr(hf, "model") else hf.backbone).layers
+
+
+def mixers(hf, layer: int) -> list[Mixer]:
+    """The layer's mixers, attention first, with their heads."""
+    c, block = hf.config, blocks(hf)[layer]
+    if c.model_type == "mamba2":
+        return [Mixer(block.mixer, "mamba2", c.num_heads, c.head_dim, 0)]
+    if c.model_type in ("mamba", "falcon_mamba"):
+        return [Mixer(block.mixer, "mamba1", c.intermediate_size, 1, 0)]
+    attention = Mixer(block.self_attn, "attention", c.num_attention_heads, c.hidden_size // c.num_attention_heads, 0)
+    if c.model_type == "falcon_h1":
+        return [attention, Mixer(block.mamba, "mamba2", c.mamba_n_heads, c.mamba_d_head, c.num_attention_heads)]
+    return [attention]
+
+
+def mixer(hf, layer: int) -> torch.nn.Module:
+    return mixers(hf, layer)[0].module
 
 
 def n_heads(hf) -> int:
-    c = hf.config
-    if c.model_type in ("mamba", "falcon_mamba"):
-        return c.intermediate_size
-    return c.num_heads if c.model_type == "mamba2" else c.num_attention_heads
+    """Heads per layer of a family with one mixer per layer (Llama-like, Mamba-1, Mamba-2)."""
+    return mixers(hf, 0)[0].n_heads
 
 
-def stream_columns(hf, name: str, head: int) -> tuple[str, list[int]]:
-    """(module of the mixer whose *output* holds the stream, its columns for ``head``)."""
+def locate(hf, layer: int, head: int) -> tuple[int, int]:
+    """(mixer number, head index in it) of a layer-level head."""
+    for i, m in enumerate(mixers(hf, layer)):
+        if m.offset <= head < m.offset + m.n_heads:
+            return i, head - m.offset
+    raise ValueError(f"layer {layer} has no head {head}")
+
+
+def _mamba2_sizes(c):
+    if c.model_type == "falcon_h1":
+        return c.mamba_n_heads, c.mamba_d_head, c.mamba_n_groups, c.mamba_d_state
+    return c.num_heads, c.head_dim, c.n_groups, c.state_size
+
+
+def stream_columns(hf, kind: str, name: str, head: int) -> tuple[str, list[int]]:
+    """(submodule whose *output* holds the stream, its columns for ``head`` of a ``kind`` mixer)."""
     c = hf.config
-    if c.model_type in ("llama", "mistral", "qwen2"):
+    if kind == "attention":
         hd = c.hidden_size // c.num_attention_heads
         unit = head if name == "q" else head // (c.num_attention_heads // c.num_key_value_heads)
         return f"{name}_proj", list(range(unit * hd, (unit + 1) * hd))
-    if c.model_type == "mamba2":
-        inner, conv_dim = c.num_heads * c.head_dim, c.num_heads * c.head_dim + 2 * c.n_groups * c.state_size
-        group = head // (c.num_heads // c.n_groups)
+    if kind == "mamba2":
+        heads, hd, groups, state = _mamba2_sizes(c)
+        inner = heads * hd
+        group = head // (heads // groups)
         first = {
-            "gate": head * c.head_dim,
-            "x": inner + head * c.head_dim,
-            "B": 2 * inner + group * c.state_size,
-            "C": 2 * inner + c.n_groups * c.state_size + group * c.state_size,
-            "dt": inner + conv_dim + head,
+            "gate": head * hd,
+            "x": inner + head * hd,
+            "B": 2 * inner + group * state,
+            "C": 2 * inner + groups * state + group * state,
+            "dt": 2 * inner + 2 * groups * state + head,
         }[name]
-        width = {"gate": c.head_dim, "x": c.head_dim, "B": c.state_size, "C": c.state_size, "dt": 1}[name]
+        width = {"gate": hd, "x": hd, "B": state, "C": state, "dt": 1}[name]
         return "in_proj", list(range(first, first + width))
     inner, rank, state = c.intermediate_size, c.time_step_rank, c.state_size
     if name in ("x", "gate"):
@@ -58,120 +116,235 @@ def stream_columns(hf, name: str, head: int) -> tuple[str, list[int]]:
     return "x_proj", list(range(first, first + width))
 
 
+STREAMS = {"attention": ("q", "k", "v"), "mamba2": ("gate", "x", "B", "C", "dt"), "mamba1": ("x", "gate", "dt", "B", "C")}
+
+
+def _columns(m: Mixer, heads: list[int]) -> list[int]:
+    return [col for h in heads for col in range(h * m.head_dim, (h + 1) * m.head_dim)]
+
+
 def _run(hf, batch, hooks):
+    """Logits with ``hooks`` = [(module, "pre" | "pre_kw" | "post", fn)] registered; all removed after."""
     handles = []
     try:
         for module, kind, fn in hooks:
-            register = module.register_forward_pre_hook if kind == "pre" else module.register_forward_hook
-            handles.append(register(fn))
+            if kind == "post":
+                handles.append(module.register_forward_hook(fn))
+            else:
+                handles.append(module.register_forward_pre_hook(fn, with_kwargs=kind == "pre_kw"))
         with torch.no_grad():
-            return hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            return hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
     finally:
         for handle in handles:
             handle.remove()
 
 
-def _out_proj(hf, layer):
-    m = mixer(hf, layer)
-    return m.o_proj if hasattr(m, "o_proj") else m.out_proj
-
-
-def head_outputs(hf, batch, frozen=None):
-    """Every layer's out-projection input ``[batch, pos, head, d_head]`` (optionally after
-    replacing it by ``frozen[layer]``), and the logits."""
-    store, hooks = {}, []
+def _capture_outputs(hf, store):
+    """Hooks storing every mixer's out-projection input (after any replacement by earlier
+    hooks) and every Mamba-2 norm input, as flat ``[batch, pos, features]``."""
+    hooks = []
     for layer in range(hf.config.num_hidden_layers):
+        for i, m in enumerate(mixers(hf, layer)):
 
-        def pre(module, args, layer=layer):
-            x = args[0]
-            if frozen is not None:
-                x = frozen[layer].reshape(x.shape)
-            store[layer] = x.reshape(*x.shape[:2], n_heads(hf), -1).clone()
-            return (x, *args[1:])
+            def keep(module, args, key=("out", layer, i)):
+                store[key] = args[0].clone()
 
-        hooks.append((_out_proj(hf, layer), "pre", pre))
-    logits = _run(hf, batch, hooks)
+            hooks.append((m.out_proj, "pre", keep))
+            if m.kind == "mamba2" and _has_norm(m):
+
+                def keep_y(module, args, layer=layer, i=i):
+                    store[("y", layer, i)] = args[0].clone()
+                    store[("gate", layer, i)] = args[1].clone()
+
+                hooks.append((m.module.norm, "pre", keep_y))
+    return hooks
+
+
+def _has_norm(m: Mixer) -> bool:
+    return not isinstance(m.module.norm, torch.nn.Identity) and getattr(m.module, "mamba_rms_norm", True)
+
+
+def head_outputs(hf, batch):
+    store = {}
+    logits = _run(hf, batch, _capture_outputs(hf, store))
     return store, logits
 
 
-def path_patch(hf, clean, corrupt, senders, receivers, streams, metric):
-    """``receivers``: Heads and/or "logits"; ``streams``: names from the family's table."""
+def path_patch(hf, clean, corrupt, senders, receivers, streams, metric, whole_unit=False):
+    """``receivers``: Heads and/or "logits"; ``streams``: "any" or names (each receiver uses
+    those its mixer has)."""
     to_logits = "logits" in receivers
-    heads = [r for r in receivers if r != "logits"]
-    clean_heads, _ = head_outputs(hf, clean)
-    corrupt_heads, _ = head_outputs(hf, corrupt)
-    c_heads = clean_heads
+    by_mixer: dict[tuple[int, int], list[int]] = {}
+    for r in receivers:
+        if r != "logits":
+            i, index = locate(hf, r.layer, r.head)
+            by_mixer.setdefault((r.layer, i), []).append(index)
+    clean_store, _ = head_outputs(hf, clean)
+    corrupt_store, _ = head_outputs(hf, corrupt)
+    c_store = clean_store
     c_logits = d_logits = None
     for _ in range(hf.config.num_hidden_layers + 1):
-        frozen = {layer: value.clone() for layer, value in c_heads.items()}
-        for s in senders:
-            frozen[s.layer][:, :, s.head] = corrupt_heads[s.layer][:, :, s.head]
-        d_store, d_hooks = {}, []
-        for layer in {h.layer for h in heads}:
-            for name in ("q_proj", "k_proj", "v_proj", "in_proj", "x_proj"):
-                if hasattr(mixer(hf, layer), name):
-                    d_hooks.append((getattr(mixer(hf, layer), name), "post", _keep(d_store, (layer, name))))
-        d_heads_hooks = [(_out_proj(hf, layer), "pre", _freeze(frozen[layer])) for layer in frozen]
-        d_logits = _run(hf, clean, d_hooks + d_heads_hooks)
+        d_store: dict = {}
+        d_logits = _run(hf, clean, _d_hooks(hf, senders, by_mixer, streams, c_store, corrupt_store, d_store))
+        c_next: dict = {}
         c_hooks = []
-        for layer in {h.layer for h in heads}:
-            c_hooks += _patch_hooks(hf, layer, [h.head for h in heads if h.layer == layer], streams, d_store, clean)
-        c_store = {}
-        c_hooks += [(_out_proj(hf, layer), "pre", _keep_heads(hf, c_store, layer)) for layer in range(hf.config.num_hidden_layers)]
+        for (layer, i), heads in by_mixer.items():
+            c_hooks += _c_hooks(hf, layer, i, heads, streams, d_store, whole_unit)
+        c_hooks += _capture_outputs(hf, c_next)
         c_logits = _run(hf, clean, c_hooks)
-        c_heads = c_store
+        settled = c_next.keys() == c_store.keys() and all(torch.equal(c_next[k], c_store[k]) for k in c_next)
+        c_store = c_next
+        if settled:  # C reproduced itself: the next D would too
+            break
     return float(metric(d_logits if to_logits else c_logits).mean())
 
 
-def _keep(store, key):
-    def hook(module, args, out):
-        store[key] = out.clone()
+def _d_hooks(hf, senders, by_mixer, streams, c_store, corrupt_store, d_store):
+    hooks = []
+    for layer in range(hf.config.num_hidden_layers):
+        for i, m in enumerate(mixers(hf, layer)):
+            frozen = c_store[("out", layer, i)].clone()
+            for s in senders:
+                si, index = locate(hf, s.layer, s.head)
+                if (s.layer, si) == (layer, i):
+                    cols = _columns(m, [index])
+                    frozen[..., cols] = corrupt_store[("out", layer, i)][..., cols]
 
-    return hook
+            def freeze(module, args, frozen=frozen, key=("out", layer, i)):
+                d_store[key] = args[0].clone()  # what the heads would output here
+                return (frozen, *args[1:])
+
+            hooks.append((m.out_proj, "pre", freeze))
+            if (layer, i) not in by_mixer:
+                continue
+            for name in ("q_proj", "k_proj", "v_proj", "in_proj", "x_proj"):
+                if hasattr(m.module, name):
+
+                    def keep(module, args, out, key=(name, layer, i)):
+                        d_store[key] = out.clone()
+
+                    hooks.append((getattr(m.module, name), "post", keep))
+            if streams == "any" and m.kind == "mamba2" and _has_norm(m):
+                others = _columns(m, [h for h in range(m.n_heads) if h not in by_mixer[(layer, i)]])
+                held = c_store[("y", layer, i)], c_store[("gate", layer, i)]
+
+                def hold_others(module, args, cols=others, held=held):
+                    y, gate = args[0].clone(), args[1].clone()
+                    y[..., cols], gate[..., cols] = held[0][..., cols], held[1][..., cols]
+                    return (y, gate, *args[2:])
+
+                hooks.append((m.module.norm, "pre", hold_others))
+    return hooks
 
 
-def _keep_heads(hf, store, layer):
-    def pre(module, args):
-        store[layer] = args[0].reshape(*args[0].shape[:2], n_heads(hf), -1).clone()
+def _c_hooks(hf, layer, i, heads, streams, d_store, whole_unit):
+    m = mixers(hf, layer)[i]
+    cols = _columns(m, heads)
+    if streams == "any":
 
-    return pre
+        def put_back(module, args):
+            x = args[0].clone()
+            x[..., cols] = d_store[("out", layer, i)][..., cols]
+            return (x, *args[1:])
 
-
-def _freeze(value):
-    def pre(module, args):
-        return (value.reshape(args[0].shape), *args[1:])
-
-    return pre
-
-
-def _patch_hooks(hf, layer, heads, streams, d_store, batch):
-    m = mixer(hf, layer)
+        return [(m.out_proj, "pre", put_back)]
     columns: dict[str, set[int]] = {}
-    for name in streams:
+    for name in (s for s in streams if s in STREAMS[m.kind]):
         for head in heads:
-            module, cols = stream_columns(hf, name, head)
-            columns.setdefault(module, set()).update(cols)
-    stash = {}
+            module, unit = stream_columns(hf, m.kind, name, head)
+            columns.setdefault(module, set()).update(unit)
+    state = {"mode": "ordinary"}
+    plain: dict = {}
+    copy: dict = {}
 
-    def post_for(module_name, cols):
+    def patch_for(name, chosen):
         def hook(module, args, out):
-            stash[module_name] = out.clone()
+            if state["mode"] == "plain" or (state["mode"] == "ordinary" and not whole_unit):
+                return None
             out = out.clone()
-            out[..., cols] = d_store[(layer, module_name)][..., cols]
+            out[..., chosen] = d_store[(name, layer, i)][..., chosen]
             return out
 
         return hook
 
-    hooks = [(getattr(m, name), "post", post_for(name, sorted(cols))) for name, cols in columns.items()]
-    if hf.config.model_type in ("mamba", "falcon_mamba") and "x" in streams:
-        channels = [head for head in heads]
+    hooks = [(getattr(m.module, name), "post", patch_for(name, sorted(chosen))) for name, chosen in columns.items()]
+    if whole_unit:
+        assert m.kind != "mamba1", "whole_unit: attention and Mamba-2 only"
+        return hooks
 
-        def hold(module, args):  # x_proj reads the channel's unpatched (convolved) x
-            natural = stash["in_proj"][..., : hf.config.intermediate_size].transpose(1, 2)
-            x = m.act(m.conv1d(natural)[..., : natural.shape[-1]]).transpose(1, 2) * batch.attention_mask[..., None]
-            held = args[0].clone()
-            held[..., channels] = x[..., channels].to(held.dtype)
-            return (held, *args[1:])
+    def x_proj_reads_unpatched_x(module, args):  # Mamba-1: the shared dt / B / C stay clean
+        if state["mode"] == "plain":
+            plain["x_read"] = args[0].clone()
+        elif state["mode"] == "copy" and "x" in streams:
+            x = args[0].clone()
+            x[..., heads] = plain["x_read"][..., heads]
+            return (x, *args[1:])
+        return None
 
-        hooks.append((m.x_proj, "pre", hold))
+    def norm_reads_unpatched_others(module, args):  # Mamba-2: the group norm's other heads stay clean
+        if state["mode"] == "plain":
+            plain["y"] = args[0].clone()
+        elif state["mode"] == "copy":
+            y = args[0].clone()
+            others = _columns(m, [h for h in range(m.n_heads) if h not in heads])
+            y[..., others] = plain["y"][..., others]
+            return (y, *args[1:])
+        return None
+
+    def out_proj(module, args):
+        if state["mode"] == "copy":
+            copy["out"] = args[0].clone()
+        elif state["mode"] == "ordinary":
+            x = args[0].clone()
+            x[..., cols] = copy["out"][..., cols]
+            return (x, *args[1:])
+        return None
+
+    def run_copy_first(module, args, kwargs):
+        if state["mode"] != "ordinary":
+            return None
+        try:
+            state["mode"] = "plain"
+            module(*args, **kwargs)
+            state["mode"] = "copy"
+            module(*args, **kwargs)
+        finally:
+            state["mode"] = "ordinary"
+        return None
+
+    hooks.append((m.module, "pre_kw", run_copy_first))
+    hooks.append((m.out_proj, "pre", out_proj))
+    if m.kind == "mamba1":
+        hooks.append((m.module.x_proj, "pre", x_proj_reads_unpatched_x))
+    if m.kind == "mamba2" and _has_norm(m):
+        hooks.append((m.module.norm, "pre", norm_reads_unpatched_others))
     return hooks
+
+
+def final_run_inputs(weight_module: torch.nn.Module):
+    """A context that records the input of every ``F.linear`` call with ``weight_module``'s
+    weight (whatever wraps the module): what an out-projection really receives, even when
+    a library edits its input inside its own call."""
+    return _LinearSpy(weight_module)
+
+
+class _LinearSpy:
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.weight = module.weight if hasattr(module, "weight") else module.original_component.weight
+        self.inputs: list[torch.Tensor] = []
+
+    def __enter__(self):
+        self.original = torch.nn.functional.linear
+        spy = self
+
+        def linear(x, weight, bias=None):
+            if weight is spy.weight:
+                spy.inputs.append(x.detach().clone())
+            return spy.original(x, weight, bias)
+
+        torch.nn.functional.linear = linear
+        return self
+
+    def __exit__(self, *exc):
+        torch.nn.functional.linear = self.original
+        return False

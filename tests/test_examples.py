@@ -50,6 +50,15 @@ def _check_demo(result: subprocess.CompletedProcess, tmp_path: Path) -> None:
     assert (tmp_path / "gna-report" / "index.html").is_file()
 
 
+def _check_path_isolation(result: subprocess.CompletedProcess, tmp_path: Path) -> None:
+    """The figures docs/patching.md quotes: L1H4's and L1H5's own B, and B for the whole layer."""
+    rows = {m[0]: m[1:] for m in re.findall(r"^(L1H\d+|all 8)\s+(-?[\d.]+)\s+(-?[\d.]+)$", result.stdout, re.M)}
+    assert len(rows) == 9, result.stdout
+    docs = " ".join((EXAMPLES.parent / "docs" / "patching.md").read_text().split())
+    own = f"L1H4 carries {rows['L1H4'][1]} of the clean - corrupt logit difference and L1H5 {rows['L1H5'][1]};"
+    assert f"{own} patching `B` for the whole layer carries {rows['all 8'][1]}" in docs, rows
+
+
 def _check_conv_gathering(result: subprocess.CompletedProcess, tmp_path: Path) -> None:
     """The figures docs/discovery.md quotes for the critical Gather head."""
     rows = {m[0]: m[1:] for m in re.findall(r"^(L0H\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", result.stdout, re.M)}
@@ -89,6 +98,7 @@ OUTPUT_CHECKS = {
     "toy_demo.py": _check_demo,
     "conv_gathering.py": _check_conv_gathering,
     "aggregate_by_key.py": _check_aggregate_by_key,
+    "path_isolation.py": _check_path_isolation,
     "toy_zoo.py": _check_toy_zoo,
 }
 
@@ -99,7 +109,9 @@ prompts (the demo's full run is `gna-interp demo`; the zoo's accuracies stay wit
 check's 0.05 at 100 prompts: standard error <= 0.02 at the cards' 0.98)."""
 
 
-@pytest.mark.parametrize("script", ["quickstart.py", "toy_zoo.py", "toy_demo.py", "conv_gathering.py", "aggregate_by_key.py"])
+@pytest.mark.parametrize(
+    "script", ["quickstart.py", "toy_zoo.py", "toy_demo.py", "conv_gathering.py", "aggregate_by_key.py", "path_isolation.py"]
+)
 def test_offline_examples(script, tmp_path):
     result = run(script, tmp_path, **({"GNA_EXAMPLE_N": FEWER_PROMPTS[script]} if script in FEWER_PROMPTS else {}))
     assert result.returncode == 0, result.stderr[-3000:]

@@ -482,16 +482,18 @@ def test_zamba2_mamba_heads_receive_from_the_shared_attention_of_their_layer(tok
         gna.path_patching(model, CLEAN, CORRUPT, [H(1, 2)], [H(1, 1)], metric)
 
 
-def test_heads_without_streams_are_refused_as_receivers(tokenizer):
+def test_heads_without_streams_receive_whole(tokenizer):
     """Zamba2 with adapters (q = q_proj + adapter: no module outputs the query) and
-    Qwen3-Next's gated DeltaNet (q, k, v, z interleaved per key head) have no streams;
-    Qwen3-Next's attention has k and v (its q_proj also holds the output gate)."""
+    Qwen3-Next's gated DeltaNet (q, k, v, z interleaved per key head) have no streams:
+    they are receivers for ``"any"`` only (their output is taken whole), and a named
+    stream is refused by name. Qwen3-Next's attention has k and v (its q_proj also holds
+    the output gate)."""
     zamba = gna.load(tiny_model("zamba2", use_shared_attention_adapter=True, adapter_rank=4), tokenizer=tokenizer)
     with pytest.raises(ValueError, match=r"receiver L3H1 is an attention head whose input streams are none"):
-        gna.path_patching(zamba, CLEAN, CORRUPT, [H(0, 0)], [H(3, 1)], lambda x: x[:, -1, 5])
+        gna.path_patching(zamba, CLEAN, CORRUPT, [H(0, 0)], [H(3, 1)], lambda x: x[:, -1, 5], receiver_input="x")
     qwen = gna.load(tiny_model("qwen3_next"), tokenizer=tokenizer)
     with pytest.raises(ValueError, match=r"receiver L2H1 is an SSM head whose input streams are none"):
-        gna.path_patching(qwen, CLEAN, CORRUPT, [H(0, 0)], [H(2, 1)], lambda x: x[:, -1, 5])
+        gna.path_patching(qwen, CLEAN, CORRUPT, [H(0, 0)], [H(2, 1)], lambda x: x[:, -1, 5], receiver_input="k")
     with pytest.raises(ValueError, match=r"receiver_input='q' is not an input stream of qwen3_next heads \(ssm, attention\)"):
         gna.path_patching(qwen, CLEAN, CORRUPT, [H(0, 0)], [H(1, 1)], lambda x: x[:, -1, 5], receiver_input="q")
     clean = float(qwen.logits(CLEAN)[:, -1, 5].mean())
@@ -576,12 +578,15 @@ def test_patching_sweep_cells_equal_single_patches(family, tokenizer):
     assert sweep.scores.isnan().sum() == sum(model.n_heads - n for n in model.heads_per_layer)
 
 
-@pytest.mark.parametrize("family", ["falcon_h1", "zamba2", "jamba"])
+@pytest.mark.parametrize("family", ["falcon_h1", "zamba2", "jamba", "qwen3_next", "zamba2-adapters"])
 def test_path_patching_through_every_later_head_is_activation_patching(family, tokenizer):
-    """Receivers = every head after the sender (attention and SSM, each through all its
-    streams) plus the logits: every path is open, so the result is activation patching.
-    In a Zamba2 hybrid layer the Mamba-2 heads come after the shared-attention heads."""
-    model = gna.load(tiny_model(family, seed=5), tokenizer=tokenizer)
+    """Receivers = every head after the sender (attention and SSM, each taken whole) plus
+    the logits: every path is open, so the result is activation patching. In a Zamba2
+    hybrid layer the Mamba-2 heads come after the shared-attention heads. Qwen3-Next's
+    DeltaNet heads and Zamba2's adapted attention heads have no streams, only ``"any"``."""
+    extra = {"use_shared_attention_adapter": True, "adapter_rank": 4} if family == "zamba2-adapters" else {}
+    family = family.split("-")[0]
+    model = gna.load(tiny_model(family, seed=5, **extra), tokenizer=tokenizer)
 
     def metric(logits):
         return logits[:, -1, 5] - logits[:, -1, 9]

@@ -3,7 +3,9 @@
 Sites map to module paths in exactly one place, `NNsightBackend.steps`:
 
 - heads of mixer ``m`` of layer ``l``: the input of ``<layers>.l.<mixer m>.<out_proj>``,
-  viewed ``[batch, pos, head, d_head]``;
+  viewed ``[batch, pos, head, d_head]``; their outputs before the mixer's group norm
+  (`SiteKind.PRE_NORM`): the first input of ``<layers>.l.<mixer m>.<norm>``, viewed the
+  same way (`_HEAD_VIEWS` lists both);
 - residual stream entering block ``l``: the input of ``<layers>.l`` (``l == n_layers``:
   the input of the final norm);
 - a skipped block ``l``: its output (its hidden state, for blocks that return a tuple)
@@ -42,7 +44,7 @@ without edits), so it is the tensor the rest of the forward uses and
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -62,6 +64,14 @@ _NOT_RUN = 3  # do not run a block; it outputs a given value
 _READ_OUTPUT = 4  # a module's output (one item of a tuple output), index-selected
 _READ_PARAM = 5  # a module's parameter, index-selected
 _STREAMS = 6  # column blocks of a module's output or input, per unit
+
+
+# Per-head views of a module's first input, ``[batch, pos, head, d_head]``, by site kind:
+# the module (from the mixer's table entry) and its order key inside the mixer (see `_stage`).
+_HEAD_VIEWS: dict[SiteKind, tuple[Callable[[LayerMixer], str], float]] = {
+    SiteKind.HEADS: (lambda mixer: mixer.out_proj_path, 0.7),  # the heads' outputs
+    SiteKind.PRE_NORM: (lambda mixer: mixer.norm_path, 0.6),  # Mamba-2: the scan output y, before the group norm
+}
 
 
 class NNsightBackend:
@@ -89,10 +99,14 @@ class NNsightBackend:
         for site in sorted(set(plan.edits) | set(capture)):
             edits = [(e.mask, e.value) for e in plan.edits.get(site, [])]
             slot = order.get(site, -1)
-            if site.kind is SiteKind.HEADS:
+            if site.kind in _HEAD_VIEWS:
                 mixer = self._mixer(site.layer, site.mixer)
+                module_of, within = _HEAD_VIEWS[site.kind]
+                path = module_of(mixer)
+                if not path:
+                    raise ValueError(f"mixer {site.mixer} of layer {site.layer} ({mixer.path}) has no {site.kind.value} site")
                 shape = (mixer.n_heads, mixer.head_dim)
-                steps.append((site.layer, self._stage(mixer, 0.7), _READ_HEADS, mixer.out_proj_path, edits, slot, None, shape))
+                steps.append((site.layer, self._stage(mixer, within), _READ_HEADS, path, edits, slot, None, shape))
             elif site.kind is SiteKind.RESID:
                 steps.append((site.layer, 0, _READ_INPUT, self._resid_path(site.layer), edits, slot, None, None))
             else:
@@ -124,7 +138,8 @@ class NNsightBackend:
     @staticmethod
     def _stage(mixer: LayerMixer, within: float) -> float:
         """Order key inside a block: its input (0), then each mixer in the order the block
-        runs them (streams 0.1 .. 0.4, internal reads 0.5, heads 0.7, mixer output 0.9)."""
+        runs them (streams 0.1 .. 0.4, internal reads 0.5, pre-norm heads 0.6, heads 0.7,
+        mixer output 0.9)."""
         return 1 + mixer.spec.runs + within
 
     def _stream_block(self, site: Site, edits: list, slot: int) -> tuple[tuple[int, float, str, int], tuple]:

@@ -46,6 +46,10 @@ class TLensBackend:
         self.n_layers = n_layers
 
     def hook_name(self, site: Site) -> str:
+        if site.kind is SiteKind.PRE_NORM:
+            # Mamba-2's group-norm input. TransformerLens names that norm
+            # ``blocks.{l}.mixer.inner_norm``; map it here when SSM mixers are wired in.
+            raise ValueError(f"backend 'tlens' has no {site.kind.value} site (layer {site.layer}): SSM mixers need backend='nnsight'")
         if site.kind is SiteKind.HEADS:
             return f"blocks.{site.layer}.attn.hook_z"
         if site.kind is SiteKind.STREAM:

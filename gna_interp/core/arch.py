@@ -97,6 +97,10 @@ class Mamba2Dims:
         dt_limit: ``(low, high)`` clamp of ``dt`` after the softplus.
         in_scale: FalconH1: ``in_proj``'s output is multiplied by the mixer's
             ``mup_vector`` buffer before use.
+        gated_norm: the mixer normalises its heads' (gated) outputs with a gated RMSNorm
+            over groups of ``inner // groups`` channels (the heads of one ``B`` / ``C``
+            group) before ``out_proj``; FalconH1 only with ``config.mamba_rms_norm`` (it
+            otherwise gates without normalising).
     """
 
     heads: int
@@ -107,6 +111,7 @@ class Mamba2Dims:
     act: str = "silu"
     dt_limit: tuple[float, float] = (0.0, float("inf"))
     in_scale: bool = False
+    gated_norm: bool = True
 
     @property
     def inner(self) -> int:
@@ -278,6 +283,14 @@ class MixerSpec:
             ``(layer, stage)``.
         shared: the mixer's weights are shared with other layers (Zamba2's shared
             attention block): a head still names one application, its layer.
+        norm: the submodule, relative to the mixer, that normalises its heads' outputs
+            *together* before the out-projection (Mamba-2's gated RMSNorm, ``"norm"``,
+            whose first input is the per-head scan output ``y``); empty if each head's
+            output depends on its own inputs only. Used where the dims say the mixer
+            runs it (`LayerMixer.norm_path`).
+        norm_gate: the input stream (one unit per head) that gates the heads' outputs
+            inside that norm (Mamba-2's ``gate`` z): holding a head's input to the norm
+            means holding its pre-norm output and this stream.
     """
 
     kind: LayerKind
@@ -289,6 +302,8 @@ class MixerSpec:
     runs: int = 0
     stage: int = 0
     shared: bool = False
+    norm: str = ""
+    norm_gate: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in (LayerKind.ATTENTION, LayerKind.SSM):
@@ -332,6 +347,14 @@ class LayerMixer:
     @property
     def out_proj_path(self) -> str:
         return f"{self.path}.{self.spec.out_proj}"
+
+    @property
+    def norm_path(self) -> str:
+        """Path of the norm that couples the mixer's heads (`MixerSpec.norm`), or ``""``
+        when the mixer has none or does not run it (FalconH1 without ``mamba_rms_norm``)."""
+        if not self.spec.norm or not getattr(self.dims, "gated_norm", False):
+            return ""
+        return f"{self.path}.{self.spec.norm}"
 
     @property
     def position(self) -> tuple[int, int]:

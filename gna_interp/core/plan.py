@@ -15,6 +15,10 @@ At a site, every `Edit` applies ``act = torch.where(mask, value, act)`` in order
   `gna_interp.core.arch.Stream` table (``"q"``, ``"x"``, ``"B"``, ...) of mixer ``m``:
   ``act`` is ``[batch, pos, unit, width]``, that stream's columns of its module's output
   (or input).
+- `SiteKind.PRE_NORM` at layer ``l``, mixer ``m``: ``act`` is ``[batch, pos, head, d_head]``,
+  the first input of the mixer's group norm (`gna_interp.core.arch.LayerMixer.norm_path`:
+  Mamba-2's scan output ``y`` per head, before the gate and the normalisation, which
+  couples the heads of a group). Only mixers with such a norm have this site.
 
 A skip at layer ``l`` makes block ``l`` output its own input on the rows given.
 
@@ -36,14 +40,16 @@ class SiteKind(str, Enum):
     RESID = "resid"
     HEADS = "heads"
     STREAM = "stream"
+    PRE_NORM = "pre_norm"
 
 
 @dataclass(frozen=True, order=True)
 class Site:
-    """A layer-level activation: all heads of one mixer of a layer, the residual stream,
-    or one input stream of all heads of one mixer (``stream`` names it; empty for the
-    other kinds). ``mixer`` indexes the layer's mixers in head-numbering order (0 in
-    every layer of a pure family)."""
+    """A layer-level activation: all heads of one mixer of a layer (their outputs, or
+    their outputs before the mixer's group norm), the residual stream, or one input
+    stream of all heads of one mixer (``stream`` names it; empty for the other kinds).
+    ``mixer`` indexes the layer's mixers in head-numbering order (0 in every layer of a
+    pure family)."""
 
     kind: SiteKind
     layer: int

@@ -165,7 +165,7 @@ class GnaModel:
 
     def site_shape(self, site: Site) -> tuple[int, ...]:
         """Per-position shape of a site's activation."""
-        if site.kind is SiteKind.HEADS:
+        if site.kind in (SiteKind.HEADS, SiteKind.PRE_NORM):
             mixer = self.mixer(site)
             return (mixer.n_heads, mixer.head_dim)
         return (self.d_model,)

@@ -141,12 +141,15 @@ def mamba2_dims(config: Any) -> Mamba2Dims:
 
 def bamba_mamba_dims(config: Any) -> Mamba2Dims:
     """Bamba, GraniteMoeHybrid and FalconH1 share the ``mamba_*`` field names. FalconH1
-    multiplies ``in_proj``'s output by its ``mup_vector`` buffer (``in_scale``)."""
+    multiplies ``in_proj``'s output by its ``mup_vector`` buffer (``in_scale``) and runs
+    its gated norm only with ``mamba_rms_norm``."""
+    falcon = config.model_type == "falcon_h1"
     details = dict(
         conv_bias=bool(config.mamba_conv_bias),
         act=str(config.hidden_act),
         dt_limit=_limit(config.time_step_limit),
-        in_scale=config.model_type == "falcon_h1",
+        in_scale=falcon,
+        gated_norm=bool(config.mamba_rms_norm) if falcon else True,
     )
     return _mamba2_sizes(config, "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", **details)
 
@@ -182,7 +185,12 @@ def attention(path: str = "self_attn", runs: int = 0, streams: tuple[Stream, ...
 
 
 def mamba2(path: str, dims: Any, runs: int = 0, stage: int = 0) -> MixerSpec:
-    return MixerSpec(LayerKind.SSM, path, "out_proj", dims, MAMBA2_STREAMS, recipe="mamba2", runs=runs, stage=stage)
+    """Every family's Mamba-2 mixer ends in a gated RMSNorm (``norm``, called as
+    ``norm(y, gate)``) over groups of ``intermediate_size // n_groups`` channels: the
+    heads of one ``B`` / ``C`` group."""
+    return MixerSpec(
+        LayerKind.SSM, path, "out_proj", dims, MAMBA2_STREAMS, recipe="mamba2", runs=runs, stage=stage, norm="norm", norm_gate="gate"
+    )
 
 
 def mamba1(path: str, dims: Any, recipe: str) -> MixerSpec:

@@ -2,14 +2,20 @@
 
 Two copies of the clean run take part (see `gna_interp.patching.paths` for why):
 
-- **C** (the run whose logits are scored): clean, except that each receiver's chosen
-  input streams are replaced by their values in D. Blocks before the first receiver
-  layer compute exactly the clean run.
+- **C** (the run whose logits are scored): clean, except for the receivers' outputs.
+  With ``receiver_input="any"`` each receiver's output (its slice of the out-projection
+  input) is replaced by its value in D. With chosen streams, the receivers' streams are
+  replaced by their values in D (a shared unit for the whole unit), and every other head
+  of a receiver's mixer is put back to its value in C before this patch (its out-projection
+  slice and, where a group norm couples the heads, its input to that norm), so only the
+  receivers' outputs change. Blocks before the first receiver layer compute exactly the
+  clean run.
 - **D**: clean, with the senders set to their corrupt outputs and *every other head of
-  every layer frozen to its output in C*; MLPs and norms are recomputed. With
-  ``"logits"`` among the receivers, D's logits are scored instead of C's.
+  every layer frozen to its output in C*; MLPs and norms are recomputed; the receivers
+  run free (for ``"any"``, the other heads of a receiver's group norm are frozen before
+  the norm too). With ``"logits"`` among the receivers, D's logits are scored instead of C's.
 
-C at receiver layer ``l`` needs D's streams at ``l``, and D below ``l`` needs C's head
+C at receiver layer ``l`` needs D's values at ``l``, and D below ``l`` needs C's head
 outputs below ``l``, so the runs alternate, one receiver layer at a time. (Precisely:
 one receiver *position* ``(layer, stage)`` at a time. A Zamba2 hybrid layer runs the
 shared attention block and then its Mamba-2, which reads the attention's output: its
@@ -17,10 +23,10 @@ Mamba-2 heads come after its attention heads, in the same layer. FalconH1's two 
 read the same input: one position.)
 
 1. ``D_1``: heads frozen to clean (C is clean below the first receiver layer), senders
-   corrupt; read the chosen streams at receiver layer ``l_1``.
+   corrupt; read the receivers' outputs (or chosen streams) at receiver layer ``l_1``.
 2. ``C_2``: clean with the receivers of ``l_1`` patched; read every head output below
-   ``l_2`` (and the streams `Stream.holds` keeps, at ``l_2``). ``D_2`` as ``D_1`` with
-   those frozen values; read the streams at ``l_2``. And so on.
+   ``l_2``, and at ``l_2`` what the patch there holds (`unpatched_sites`). ``D_2`` as
+   ``D_1`` with those frozen values; read the receivers at ``l_2``. And so on.
 3. The last C run patches every receiver layer; with ``"logits"`` a last D run freezes
    every head to that run's outputs.
 
@@ -46,6 +52,7 @@ from ..core.arch import LayerKind
 from ..core.heads import Head
 from ..core.plan import Edit, Plan, Site, SiteKind
 from ..models.inputs import Batch
+from .compile import head_mask, heads_by_site
 from .metrics import Metric, reduce_metric
 
 if TYPE_CHECKING:
@@ -66,9 +73,11 @@ class PathSetup:
     to_logits: bool
     streams: tuple[str, ...]
     """Chosen input streams of the receivers (each receiver uses those its mixer has)."""
+    whole_output: bool
+    """``receiver_input="any"``: the receivers' outputs come from D (no stream is patched)."""
     clean: dict[Site, Tensor]
-    """Clean run: head outputs of every layer, residual stream at the start layers, and the
-    held streams at the receiver layers."""
+    """Clean run: head outputs of every layer, residual stream at the start layers, and at
+    the receiver layers the held streams and the receiver mixers' pre-norm outputs."""
     corrupt_heads: dict[Site, Tensor]
     """Corrupt run: head outputs ``[batch, pos, head, d_head]`` of every sender site."""
     metric: Metric
@@ -87,7 +96,7 @@ def receiver_streams(model: GnaModel, layer: int, heads: Sequence[int], streams:
             kind = "an attention" if mixer.kind is LayerKind.ATTENTION else "an SSM"
             raise ValueError(
                 f"receiver {Head(layer, head)} is {kind} head whose input streams are {have}: "
-                f"receiver_input={list(streams)} names none of them"
+                f"receiver_input={list(streams)} names none of them (receiver_input='any' takes any head's output whole)"
             )
         for name in names:
             chosen.setdefault(Site(SiteKind.STREAM, layer, name, mixer.index), []).append(index)
@@ -119,12 +128,51 @@ def receiver_positions(model: GnaModel, receivers: dict[int, tuple[int, ...]]) -
     return dict(sorted(grouped.items()))
 
 
-def setup_sites(model: GnaModel, receivers: dict[int, tuple[int, ...]], streams: Sequence[str], sender_layers: set[int]) -> set[Site]:
+def receiver_mixers(model: GnaModel, layer: int, heads: Sequence[int]) -> dict[Site, list[int]]:
+    """The head sites of the receivers ``heads`` of ``layer``, with their indices there."""
+    return heads_by_site(model, [Head(layer, head) for head in heads])
+
+
+def norm_inputs(model: GnaModel, mixers: dict[Site, list[int]]) -> dict[Site, list[int]]:
+    """For the receiver mixers whose heads share a group norm (Mamba-2), the sites through
+    which every head feeds that norm: its pre-norm output (`SiteKind.PRE_NORM`) and the
+    stream that gates it there (`gna_interp.core.arch.MixerSpec.norm_gate`), with the
+    receivers' indices."""
+    sites: dict[Site, list[int]] = {}
+    for site, heads in mixers.items():
+        mixer = model.mixer(site)
+        if mixer.norm_path:
+            sites[Site(SiteKind.PRE_NORM, site.layer, mixer=site.mixer)] = heads
+            if mixer.spec.norm_gate:
+                sites[Site(SiteKind.STREAM, site.layer, mixer.spec.norm_gate, site.mixer)] = heads
+    return sites
+
+
+def others_mask(model: GnaModel, site: Site, heads: Sequence[int]) -> Tensor:
+    """``[1, 1, head | unit, 1]`` bool: True except on ``heads`` (a stream site's units
+    must be one per head)."""
+    return ~(unit_mask(model, site, heads) if site.kind is SiteKind.STREAM else head_mask(model, site, heads))
+
+
+def unpatched_sites(model: GnaModel, layer: int, heads: Sequence[int], streams: Sequence[str], whole_output: bool) -> set[Site]:
+    """Sites at a receiver layer whose values in C *before* that layer's patch the patch
+    needs: the receiver mixers' outputs and pre-norm outputs (what the other heads keep)
+    and the held streams."""
+    mixers = receiver_mixers(model, layer, heads)
+    sites = set(mixers) | set(norm_inputs(model, mixers))
+    if not whole_output:
+        sites |= set(held_sites(model, receiver_streams(model, layer, heads, streams)))
+    return sites
+
+
+def setup_sites(
+    model: GnaModel, receivers: dict[int, tuple[int, ...]], streams: Sequence[str], sender_layers: set[int], whole_output: bool
+) -> set[Site]:
     """The sites the clean run must capture for `PathSetup.clean`."""
     sites = {site for layer in range(min(sender_layers), model.n_layers) for site in model.head_sites(layer)}
     sites |= {Site(SiteKind.RESID, layer) for layer in sender_layers | set(receivers) if 0 < layer < model.n_layers}
     for layer, heads in receivers.items():
-        sites |= set(held_sites(model, receiver_streams(model, layer, heads, streams)))
+        sites |= unpatched_sites(model, layer, heads, streams, whole_output)
     return sites
 
 
@@ -186,9 +234,9 @@ class _Chunk:
         specs = self.s.model.layer_specs
         return {Site(SiteKind.HEADS, m.layer, mixer=m.index) for spec in specs for m in spec.mixers if start <= m.position < stop}
 
-    def d_run(self, upto: Position, capture: set[Site]) -> tuple[Tensor, dict[Site, Tensor]]:
+    def d_run(self, upto: Position, capture: set[Site], extra: Sequence[tuple[Site, Edit]] = ()) -> tuple[Tensor, dict[Site, Tensor]]:
         """D: every head from the first sender's layer up to position ``upto`` frozen to C,
-        the senders swapped in."""
+        the senders swapped in, plus the ``extra`` edits."""
         plan = self.plan(self.first[0])
         every = torch.ones((), dtype=torch.bool)
         for site in sorted(self.head_sites((self.first[0], 0), upto)):
@@ -197,6 +245,8 @@ class _Chunk:
                 rows, corrupt = self.swap[site]
                 value = torch.where(rows, corrupt, value)
             plan.add(site, Edit(every, value))
+        for site, edit in extra:
+            plan.add(site, edit)
         out = self.s.model.backend.run(self.batch, plan, capture=capture)
         return out.logits, out.acts
 
@@ -213,18 +263,16 @@ class _Chunk:
         positions = [p for p in grouped if p > self.first]  # earlier ones receive nothing
         patches: list[tuple[Site, Edit]] = []
         for j, position in enumerate(positions):
-            chosen = receiver_streams(model, position[0], grouped[position], s.streams)
-            held = held_sites(model, chosen)
+            layer, heads = position[0], grouped[position]
+            unpatched = unpatched_sites(model, layer, heads, s.streams, s.whole_output)
             if j == 0:  # C is the clean run up to here
-                held_values = {site: self.stack(s.clean[site]) for site in held}
+                before = {site: self.stack(s.clean[site]) for site in unpatched}
             else:
                 below = self.head_sites(positions[0], position)
-                _, acts = self.c_run(positions[0][0], patches, below | set(held))
+                _, acts = self.c_run(positions[0][0], patches, below | unpatched)
                 self.c_heads.update({site: acts[site] for site in below})
-                held_values = {site: acts[site] for site in held}
-            _, d_acts = self.d_run(position, set(chosen))
-            patches += [(site, Edit(unit_mask(model, site, heads), d_acts[site])) for site, heads in sorted(chosen.items())]
-            patches += [(site, Edit(unit_mask(model, site, heads), held_values[site])) for site, heads in sorted(held.items())]
+                before = {site: acts[site] for site in unpatched}
+            patches += self.layer_patches(position, heads, before)
         end = (model.n_layers, 0)
         if s.to_logits:
             if positions:
@@ -235,6 +283,30 @@ class _Chunk:
         else:
             logits, _ = self.c_run(positions[0][0], patches, set())
         return [reduce_metric(s.metric(rows)) for rows in logits.split(self.n_rows)]
+
+    def layer_patches(self, position: Position, heads: Sequence[int], before: dict[Site, Tensor]) -> list[tuple[Site, Edit]]:
+        """The edits of C for the receivers ``heads`` at ``position``, from one D run.
+        ``before``: the values in C without them (`unpatched_sites`)."""
+        s, model = self.s, self.s.model
+        layer = position[0]
+        mixers = receiver_mixers(model, layer, heads)
+        # The other heads of a receiver's group norm keep their input to it, so that each
+        # receiver is normalised with their unpatched outputs.
+        others_norm = [
+            (site, Edit(others_mask(model, site, idx), before[site])) for site, idx in sorted(norm_inputs(model, mixers).items())
+        ]
+        if s.whole_output:
+            _, d_acts = self.d_run(position, set(mixers), others_norm)
+            return [(site, Edit(head_mask(model, site, idx), d_acts[site])) for site, idx in sorted(mixers.items())]
+        chosen = receiver_streams(model, layer, heads, s.streams)
+        _, d_acts = self.d_run(position, set(chosen))
+        edits = [(site, Edit(unit_mask(model, site, idx), d_acts[site])) for site, idx in sorted(chosen.items())]
+        edits += [(site, Edit(unit_mask(model, site, idx), before[site])) for site, idx in sorted(held_sites(model, chosen).items())]
+        # A shared unit (key/value head, B / C group, Mamba-1's dt / B / C) is patched whole:
+        # the other heads that read it get their unpatched outputs back.
+        edits += others_norm
+        edits += [(site, Edit(~head_mask(model, site, idx), before[site])) for site, idx in sorted(mixers.items())]
+        return edits
 
 
 def path_scores(setup: PathSetup, sender_sets: Sequence[Sequence[Head]]) -> list[float]:

@@ -7,14 +7,31 @@ input streams: a query, a key, an SSM head's ``x`` or ``B``), or the logits dire
 The paper's Gather and Aggregate heads are a pair in exactly this sense: the Gather head
 matters because the Aggregate head reads it.
 
-The recipe, with ``clean`` the run measured and ``corrupt`` the source of the senders'
-values:
+**A path into a receiver R changes R's output (its slice of the out-projection input)
+and nothing else.** With ``clean`` the run measured and ``corrupt`` the source of the
+senders' values:
 
 1. run D: ``clean``, with the senders' outputs set to their ``corrupt`` values and every
    other head, in every layer, attention or SSM, frozen to its clean output; MLPs and
-   norms are recomputed. Read the receivers' chosen input streams.
-2. run ``clean`` with only those streams of the receivers replaced by their D values,
-   and score it with the metric. For ``receivers="logits"``, D's own logits are scored.
+   norms are recomputed; the receivers run free.
+2. run ``clean`` with the receivers' outputs changed, and score it with the metric:
+
+   - ``receiver_input="any"``: each receiver's output is its output in D.
+   - chosen streams: each receiver's output is recomputed with those streams set to
+     their D values and its other inputs clean. A stream shared with heads that are not
+     receivers (a grouped-query key/value head, a Mamba-2 ``B`` / ``C`` group, Mamba-1's
+     ``dt`` / ``B`` / ``C``) reaches the receivers only: the others keep their clean
+     outputs, as if the receivers had their own copy of it.
+
+   For ``receivers="logits"``, D's own logits are scored.
+
+Mamba-2 normalises its heads' outputs together, per group of heads (a gated RMSNorm over
+``intermediate_size // n_groups`` channels, the heads of one ``B`` / ``C`` group). A
+receiver's output there is its own normalised output, computed from its patched
+pre-norm output and the *clean* pre-norm outputs (and gates) of the other heads of its
+group; in D those other heads are frozen before the norm too. Receivers of one mixer
+share their patched copy: each reads the patched unit, and each is normalised with the
+others' patched outputs.
 
 With receivers in several layers, a receiver may also read the change that an earlier
 receiver makes: "every other head frozen" then means frozen to its output in the
@@ -22,17 +39,19 @@ patched run (`gna_interp.patching.path_chain` has the details). So the effect ma
 along any path that enters a receiver through a chosen stream and meets no other head
 before it. Two identities follow, and the tests check both: every head after the
 sender plus ``"logits"`` as receivers gives plain activation patching of the sender;
-one receiver layer gives exactly the IOI recipe above.
+one receiver layer gives exactly the IOI recipe above. Also, ``"any"`` equals the list
+of every stream (a head's output is a function of its streams).
 
 Input streams (``receiver_input``) come from the architecture table
 (`gna_interp.models.registry`): ``"q"``, ``"k"``, ``"v"`` for attention; ``"x"``,
-``"B"``, ``"C"``, ``"dt"``, ``"gate"`` for Mamba-1 and Mamba-2; ``"any"`` for all of
-them. In a hybrid, receivers may mix attention and SSM heads: each uses the chosen
-streams its own mixer has (``["q", "x"]``: the query of attention receivers, ``x`` of
-SSM receivers), and a receiver with none of them is an error. Some streams are shared
-by several heads (grouped-query ``k`` / ``v``; Mamba-2 ``B`` / ``C`` per group; Mamba-1
-``B`` / ``C`` / ``dt`` per layer): patching a receiver's shared stream patches it for
-every head that shares it, as the model computes it.
+``"B"``, ``"C"``, ``"dt"``, ``"gate"`` for Mamba-1 and Mamba-2; ``"any"`` for the whole
+output, which every head has (also heads with no stream in the table: Zamba2's adapted
+attention, Qwen3-Next's gated DeltaNet). In a hybrid, receivers may mix attention and SSM
+heads: each uses the chosen streams its own mixer has (``["q", "x"]``: the query of
+attention receivers, ``x`` of SSM receivers), and a receiver with none of them is an
+error. To patch a shared unit for every head that reads it, name all those heads as
+receivers (unit ``u`` of a stream with ``units`` units serves the heads ``h`` of the
+mixer with ``h * units // n_heads == u``).
 """
 
 from __future__ import annotations
@@ -55,6 +74,7 @@ if TYPE_CHECKING:
     from ..models.handle import GnaModel
 
 LOGITS = "logits"
+ANY = "any"
 Receivers = Literal["logits"] | Sequence[Head | str]
 
 
@@ -83,11 +103,11 @@ def path_patching(
             output (`GnaModel.head_position`; a Zamba2 hybrid layer's Mamba-2 heads read
             its shared-attention heads). ``"logits"`` counts as after the last block.
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` (averaged).
-        receiver_input: which input streams of the receiver heads carry the change:
-            ``"any"`` (all), one name or a list of names from each receiver's mixer
-            (``model.mixer_of(head)[0].receiver_inputs``)
-            (attention: ``"q"``, ``"k"``, ``"v"``; SSMs: ``"x"``, ``"B"``, ``"C"``, ``"dt"``,
-            ``"gate"``).
+        receiver_input: what carries the change into the receiver heads: ``"any"``
+            (their whole output, as in D), or one name or a list of names of input
+            streams from each receiver's mixer (``model.receiver_inputs(head)``;
+            attention: ``"q"``, ``"k"``, ``"v"``; SSMs: ``"x"``, ``"B"``, ``"C"``, ``"dt"``,
+            ``"gate"``), patched for the receivers only (see the module docs).
         interventions: applied to every run (e.g. ``Truncate``), on top of active contexts.
 
     Returns:
@@ -142,7 +162,8 @@ def path_patching_sweep(
             for head, score in zip(chunk, path_scores(setup, [[head] for head in chunk]), strict=True):
                 scores[head.layer, head.head] = score
             bar.update(len(chunk))
-    meta = {"receivers": describe_receivers(setup), "receiver_input": list(setup.streams), "n_prompts": setup.batch.n_rows}
+    streams = [ANY] if setup.whole_output else list(setup.streams)
+    meta = {"receivers": describe_receivers(setup), "receiver_input": streams, "n_prompts": setup.batch.n_rows}
     return SweepResult(scores, ("layer", "head"), baseline, reference=reference, kind="path_patching", meta=meta)
 
 
@@ -185,7 +206,7 @@ def parse_streams(model: GnaModel, receiver_input: str | Sequence[str]) -> tuple
     mixer has, see `gna_interp.patching.path_chain.receiver_streams`)."""
     mixers = [mixer for spec in model.layer_specs for mixer in spec.mixers]
     names = tuple(dict.fromkeys(name for mixer in mixers for name in mixer.receiver_inputs))
-    if receiver_input == "any":
+    if isinstance(receiver_input, str) and receiver_input == ANY:
         return names
     items = [receiver_input] if isinstance(receiver_input, str) else list(receiver_input)
     if not items:
@@ -237,14 +258,16 @@ def prepare(
     check_metric(metric)
     heads, to_logits = parse_receivers(model, receivers)
     streams = parse_streams(model, receiver_input)
+    whole_output = isinstance(receiver_input, str) and receiver_input == ANY
     check_reach(model, senders, heads, to_logits)
-    for layer, indices in heads.items():
-        receiver_streams(model, layer, indices, streams)  # every receiver has a chosen stream
+    if not whole_output:
+        for layer, indices in heads.items():
+            receiver_streams(model, layer, indices, streams)  # every receiver has a chosen stream
     sender_layers = {head.layer for head in senders}
     clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "path patching")
     ambient = [*model.active_interventions, *interventions]
     base = compile_plan(model, clean_batch, ambient)
-    clean_out = model.backend.run(clean_batch, base, capture=setup_sites(model, heads, streams, sender_layers))
+    clean_out = model.backend.run(clean_batch, base, capture=setup_sites(model, heads, streams, sender_layers, whole_output))
     corrupt_sites = {model.head_site(head)[0] for head in senders}
     corrupt_out = model.backend.run(corrupt_batch, compile_plan(model, corrupt_batch, ambient), capture=corrupt_sites)
     setup = PathSetup(
@@ -254,6 +277,7 @@ def prepare(
         receivers=heads,
         to_logits=to_logits,
         streams=streams,
+        whole_output=whole_output,
         clean=clean_out.acts,
         corrupt_heads=dict(corrupt_out.acts),
         metric=metric,
