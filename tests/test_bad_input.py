@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.models.tiny import tiny_model
 
 from .conftest import CLEAN, CORRUPT
 
@@ -49,12 +48,6 @@ def test_unknown_architecture(tokenizer):
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64))
     with pytest.raises(ValueError, match=r"unknown architecture model_type='gpt2': supported are \[.*'llama'.*'mamba2'"):
         gna.load(model, tokenizer=tokenizer)
-
-
-@pytest.mark.parametrize("family", ["mamba", "falcon_mamba", "mamba2"])
-def test_tlens_for_an_ssm_is_refused(family, tokenizer):
-    with pytest.raises(ValueError, match=rf"backend='tlens' does not support the '{family}' family.*use backend='nnsight'"):
-        gna.load(tiny_model(family), tokenizer=tokenizer, backend="tlens")
 
 
 def test_different_lengths_with_by_position(llama_tlens):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,17 @@ def test_ablation_sweep_benchmark_matches_its_hook_loop(tmp_path):
     for backend in ("tlens", "nnsight"):
         phase = figures["phases"][backend]
         assert phase["ok"] and phase["max_abs_diff_scores"] <= 1e-5, phase
+
+
+def test_backends_benchmark_compares_equal_nonzero_results(tmp_path, monkeypatch):
+    """In this process: a subprocess would spend most of its time importing the libraries."""
+    out = tmp_path / "backends.json"
+    args = ["backends.py", "--models", "mamba2", "--prompts", "2", "--repeats", "1", "--json", str(out)]
+    monkeypatch.setattr(sys, "argv", args)
+    runpy.run_path(str(ROOT / "benchmarks" / "backends.py"), run_name="__main__")
+    figures = json.loads(out.read_text())
+    rows = figures["rows"]
+    assert {r["operation"] for r in rows} == {"forward", "ablation", "patching", "patterns", "path", "attribution"}
+    for row in rows:
+        assert row["max_abs_value"] > 1e-3 and row["max_abs_diff"] <= 1e-5, row
+        assert row["nnsight_s"] > 0 and row["tlens_s"] > 0 and math.isfinite(row["ratio"]), row

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -117,6 +118,14 @@ def test_offline_examples(script, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     if script in OUTPUT_CHECKS:
         OUTPUT_CHECKS[script](result, tmp_path)
+
+
+def test_ssm_on_tlens_example_runs_in_process(capsys):
+    """In this process (the libraries are already imported: a subprocess would spend most
+    of its time importing them); the script asserts that both backends agree."""
+    runpy.run_path(str(EXAMPLES / "ssm_on_tlens.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert out.count("largest difference") == 2 and "blocks.1.mixer.out_proj.hook_in" in out, out
 
 
 @pytest.mark.parametrize(

@@ -52,7 +52,7 @@ def attention_pattern(
     """Attention patterns of ``heads`` on ``inputs``.
 
     Args:
-        model: a loaded `GnaModel` (any backend; SSM heads need ``nnsight``).
+        model: a loaded `GnaModel` (any backend, any architecture).
         inputs: prompts or token ids, as for `GnaModel.logits` (left-padded).
         heads: a `Head` or a list of them, from any layers; attention and SSM heads may
             be mixed.

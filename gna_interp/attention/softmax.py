@@ -1,8 +1,9 @@
 """Softmax attention patterns: the probabilities the model computes.
 
-- ``tlens``: the bridge's ``blocks.{l}.attn.hook_pattern``;
-- ``nnsight``: the attention weights HF returns from eager attention (the backend switches
-  the model to eager attention for that one trace and restores it).
+- ``tlens``: the bridge's ``blocks.{l}.attn.hook_pattern`` (an attention the bridge does
+  not wrap: item 1 of its output, as on nnsight);
+- ``nnsight``: the attention weights HF returns from eager attention (both backends switch
+  the model to eager attention for that one forward and restore it).
 
 Both are ``[batch, head, query, key]``; only the requested heads and the query rows
 any prompt asks for are kept where they are read. Padding queries (whose rows HF fills

@@ -1,103 +1,312 @@
 """TransformerLens backend: a `TransformerBridge` with hooks scoped to one forward.
 
-Sites map to hook names in exactly one place, `hook_name`:
+Every site is the input or the output of one module of the HF model (a `Tap`), the same
+module the nnsight backend addresses. The table `TAPS` says which, per site kind; `tap`
+is the one function that turns a site into a hook:
 
-- heads of layer ``l``: ``blocks.{l}.attn.hook_z`` (``[batch, pos, head, d_head]``, the
-  input of ``o_proj`` per head);
-- residual stream entering block ``l``: ``blocks.{l}.hook_resid_pre``, or
-  ``ln_final.hook_in`` for ``l == n_layers``;
-- input stream ``q`` / ``k`` / ``v`` of layer ``l``: ``blocks.{l}.attn.hook_q`` /
-  ``hook_k`` / ``hook_v`` (``[batch, pos, head | kv_head, d_head]``, before RoPE: the
-  ``q_proj`` / ``k_proj`` / ``v_proj`` outputs per head, as the architecture table lays
-  them out);
-- a skipped block ``l`` stashes ``blocks.{l}.hook_resid_pre`` and writes it over
-  ``blocks.{l}.hook_resid_post``;
-- a plan that starts at block ``l`` calls the bridge with ``start_at_layer=l``;
-- a `Read` of attention probabilities at layer ``l``: ``blocks.{l}.attn.hook_pattern``
-  (``[batch, head, query, key]``); other reads (SSM internals) need the nnsight backend.
+- heads of mixer ``m`` of layer ``l``: the input of its out-projection, viewed
+  ``[batch, pos, head, d_head]`` (Llama: ``blocks.{l}.attn.o.hook_in``, alias
+  ``attn.hook_z``; Mamba-2: ``blocks.{l}.mixer.out_proj.hook_in``);
+- residual stream entering block ``l``: the input of block ``l`` (``blocks.{l}.hook_in``,
+  alias ``hook_resid_pre``), or of the final norm (``ln_final.hook_in``) for
+  ``l == n_layers``;
+- an input stream of mixer ``m`` (`SiteKind.STREAM`): columns of the output (or input) of
+  its module (``q_proj``: ``blocks.{l}.attn.q.hook_out``, alias ``attn.hook_q``;
+  Mamba-2 ``in_proj``: ``blocks.{l}.mixer.in_proj.hook_out``; Mamba-1 ``x_proj``'s input:
+  ``blocks.{l}.mixer.x_proj.hook_in``), viewed ``[batch, pos, unit, width]``;
+- a skipped block ``l`` stashes the block's input and writes it over its output
+  (``blocks.{l}.hook_in`` / ``hook_out``, aliases ``hook_resid_pre`` / ``hook_resid_post``);
+- a plan that starts at block ``l`` runs the bridge on the tokens and replaces the input
+  of block ``l`` with the given residual stream (see `TLensBackend.run`);
+- a `Read`: ``PATTERN`` is ``blocks.{l}.attn.hook_pattern`` (``[batch, head, query,
+  key]``; the bridge runs attention eagerly); ``OUTPUT`` is the output of the mixer's
+  submodule ``name``; ``PARAM`` is read straight from the module, no hook.
 
-Note: booting a bridge wraps the HF model's modules in place; the HF model still
-computes the same function.
+A module the bridge wraps has its own hook points (``hook_in`` / ``hook_out``): the tap
+uses them by name through ``bridge.hooks``. A module the bridge does not wrap (GraniteMoe-
+Hybrid's Mamba-2 ``out_proj``, NemotronH's attention, Zamba2's hybrid layers, Qwen3-Next's
+gated DeltaNet, FalconMamba's ``dt`` / ``B`` / ``C`` norms) gets a raw torch hook on the
+module itself, registered for the one forward and removed after it, exceptions included.
+An attention mixer without ``hook_pattern`` gives its weights as item 1 of its output.
+
+Hooks that never fire. HF's PyTorch path for Mamba and Mamba-2 (the one that runs on
+CPU) does not call ``conv1d`` or ``dt_proj`` as modules, so the bridge's
+``mixer.conv1d.hook_*`` and ``mixer.dt_proj.hook_*`` never fire. No site uses them:
+implicit attention reads ``in_proj``'s (Mamba-2) or ``x_proj``'s (Mamba-1) output and the
+conv / ``dt_proj`` *weights*, and recomputes the conv itself
+(`gna_interp.attention.capture`). Every tap checks that it fired; one that did not
+raises instead of returning nothing.
+
+A module object shared by several blocks (Zamba2's attention block in the transformers
+4.x layout) runs once per block: its hooks act only while the block of their site runs.
+
+Note: booting a bridge wraps the HF model's modules in place (and switches it to eager
+attention); the HF model still computes the same function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from ..core.plan import Plan, Read, ReadKind, Site, SiteKind, apply_edits
+from ..core.arch import ArchSpec, LayerMixer, LayerSpec
+from ..core.plan import Edit, Plan, Read, ReadKind, Site, SiteKind, apply_edits
 from ..models.inputs import Batch
 from .base import RunOutput
 
-HookFn = Callable[..., Tensor]
+HookFn = Callable[[Tensor], Tensor]
+View = tuple[str, tuple[int, ...]]
+"""How a site sits in its tap's tensor: ``("all", ())``, ``("heads", (n_heads, d_head))``
+or ``("columns", (first, units, width))``."""
 
-# Input streams (`SiteKind.STREAM`) TransformerLens exposes, by table name.
-_STREAM_HOOKS = {"q": "hook_q", "k": "hook_k", "v": "hook_v"}
+
+@dataclass(frozen=True)
+class Tap:
+    """The input or output of one module in block ``layer`` (``n_layers``: the final norm).
+
+    ``hook`` is the bridge's hook point on that side of the module when the bridge wraps
+    it (its ``hook_in`` / ``hook_out``, or the attention's ``hook_pattern``); empty for a
+    raw torch hook on the module. ``item`` picks one item of a tuple output (raw hooks)."""
+
+    layer: int
+    path: str
+    io: str
+    hook: str = ""
+    item: int = 0
+
+
+def _heads(backend: TLensBackend, site: Site) -> tuple[str, str, View]:
+    mixer = backend.mixer(site.layer, site.mixer)
+    return mixer.out_proj_path, "input", ("heads", (mixer.n_heads, mixer.head_dim))
+
+
+def _pre_norm(backend: TLensBackend, site: Site) -> tuple[str, str, View]:
+    """Mamba-2's group-norm input (the scan output ``y``), per head: the first input of
+    the mixer's gated norm (`gna_interp.core.arch.LayerMixer.norm_path`)."""
+    mixer = backend.mixer(site.layer, site.mixer)
+    if not mixer.norm_path:
+        raise ValueError(f"layer {site.layer} mixer {site.mixer} has no gated group norm: no {site.kind.value} site")
+    return mixer.norm_path, "input", ("heads", (mixer.n_heads, mixer.head_dim))
+
+
+def _resid(backend: TLensBackend, site: Site) -> tuple[str, str, View]:
+    path = backend.spec.final_norm_path if site.layer == backend.n_layers else backend.spec.block_path(site.layer)
+    return path, "input", ("all", ())
+
+
+def _stream(backend: TLensBackend, site: Site) -> tuple[str, str, View]:
+    mixer = backend.mixer(site.layer, site.mixer)
+    stream = mixer.stream(site.stream)
+    return f"{mixer.path}.{stream.module}", stream.io, ("columns", stream.layout(mixer.dims))
+
+
+TAPS: dict[SiteKind, Callable[[TLensBackend, Site], tuple[str, str, View]]] = {
+    SiteKind.HEADS: _heads,
+    SiteKind.PRE_NORM: _pre_norm,
+    SiteKind.RESID: _resid,
+    SiteKind.STREAM: _stream,
+}
+"""Site kind -> ``(module path, "input" | "output", view)``: where a site lives. A new site
+kind is one entry here (and one in the nnsight backend's `steps`)."""
 
 
 class TLensBackend:
     name = "tlens"
 
-    def __init__(self, bridge: Any, n_layers: int) -> None:
+    def __init__(self, bridge: Any, spec: ArchSpec, layers: Sequence[LayerSpec]) -> None:
         self.bridge = bridge
-        self.n_layers = n_layers
+        self.spec = spec
+        self.layers = tuple(layers)
+        self.n_layers = len(self.layers)
+        self.root: nn.Module = bridge.original_model
+        self._shared: dict[int, tuple[int, ...]] | None = None
 
-    def hook_name(self, site: Site) -> str:
-        if site.kind is SiteKind.PRE_NORM:
-            # Mamba-2's group-norm input. TransformerLens names that norm
-            # ``blocks.{l}.mixer.inner_norm``; map it here when SSM mixers are wired in.
-            raise ValueError(f"backend 'tlens' has no {site.kind.value} site (layer {site.layer}): SSM mixers need backend='nnsight'")
-        if site.kind is SiteKind.HEADS:
-            return f"blocks.{site.layer}.attn.hook_z"
-        if site.kind is SiteKind.STREAM:
-            if site.stream not in _STREAM_HOOKS:
-                raise ValueError(f"backend 'tlens' has no input stream {site.stream!r}: expected one of {sorted(_STREAM_HOOKS)}")
-            return f"blocks.{site.layer}.attn.{_STREAM_HOOKS[site.stream]}"
-        if site.layer == self.n_layers:
-            return "ln_final.hook_in"
-        return f"blocks.{site.layer}.hook_resid_pre"
+    # ----- where sites live ----------------------------------------------------------------
+    def mixer(self, layer: int, index: int) -> LayerMixer:
+        mixers = self.layers[layer].mixers
+        if not 0 <= index < len(mixers):
+            raise ValueError(f"layer {layer} has {len(mixers)} mixer(s): no mixer {index}")
+        return mixers[index]
 
-    def read_hook_name(self, read: Read) -> str:
-        if read.kind is not ReadKind.PATTERN:
-            raise ValueError(f"backend 'tlens' cannot read {read.kind.value} {read.name!r} of layer {read.layer}: use backend='nnsight'")
-        return f"blocks.{read.layer}.attn.hook_pattern"
+    def tap(self, site: Site) -> tuple[Tap, View]:
+        """The hook of ``site`` and how the site sits in the hooked tensor."""
+        path, io, view = TAPS[site.kind](self, site)
+        return self._resolve(site.layer, path, io), view
 
+    def read_tap(self, read: Read) -> Tap:
+        mixer = self.mixer(read.layer, read.mixer)
+        if read.kind is ReadKind.PATTERN:
+            # An attention mixer the bridge does not wrap returns (output, weights): item 1.
+            return Tap(read.layer, mixer.path, "output", self._hook_name(mixer.path, "hook_pattern"), item=1)
+        return self._resolve(read.layer, f"{mixer.path}.{read.name}", "output")
+
+    def _resolve(self, layer: int, path: str, io: str) -> Tap:
+        return Tap(layer, path, io, self._hook_name(path, "hook_in" if io == "input" else "hook_out"))
+
+    def _hook_name(self, path: str, attribute: str) -> str:
+        """The name of the bridge's hook point ``attribute`` of the module at ``path``, or
+        ``""`` if the bridge does not wrap that module."""
+        from transformer_lens.hook_points import HookPoint
+
+        point = getattr(self.root.get_submodule(path), attribute, None)
+        if isinstance(point, HookPoint) and self.bridge.hook_dict.get(point.name) is point:
+            return str(point.name)
+        return ""
+
+    def _param(self, read: Read) -> Tensor:
+        owner, _, attr = f"{self.mixer(read.layer, read.mixer).path}.{read.name}".rpartition(".")
+        value = getattr(self.root.get_submodule(owner), attr).detach()
+        return _select(value, read)
+
+    def _blocks(self) -> list[nn.Module]:
+        return list(self.root.get_submodule(self.spec.layers_path).children())
+
+    def _shared_modules(self) -> dict[int, tuple[int, ...]]:
+        """``id(module) -> blocks`` for module objects registered in more than one block."""
+        if self._shared is None:
+            where: dict[int, list[int]] = {}
+            for layer, block in enumerate(self._blocks()):
+                for module in block.modules():
+                    where.setdefault(id(module), []).append(layer)
+            self._shared = {key: tuple(layers) for key, layers in where.items() if len(layers) > 1}
+        return self._shared
+
+    # ----- one forward -----------------------------------------------------------------------
     def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), reads: Sequence[Read] = (), grad: bool = False) -> RunOutput:
         captured: dict[Site, Tensor] = {}
         values: list[Tensor] = [torch.empty(0)] * len(reads)
         stash: dict[int, Tensor] = {}
-        hooks: dict[str, list[HookFn]] = {}
+        hooks: dict[Tap, list[HookFn]] = {}
+        start_layer = 0 if plan.start is None else plan.start[0]
 
+        if plan.start is not None:  # first hook at the start block's input: the given residual
+            hooks.setdefault(self._resolve(start_layer, self.spec.block_path(start_layer), "input"), []).append(_start_hook(plan.start[1]))
         for site in sorted(set(plan.edits) | set(capture)):
-            hooks.setdefault(self.hook_name(site), []).append(_site_hook(site, plan.edits.get(site, []), site in capture, captured, grad))
+            if site.layer >= start_layer:
+                tap, view = self.tap(site)
+                hooks.setdefault(tap, []).append(_site_hook(site, view, plan.edits.get(site, []), site in capture, captured, grad))
         for layer, rows in plan.skips.items():
-            hooks.setdefault(f"blocks.{layer}.hook_resid_pre", []).append(_stash_hook(layer, stash))
-            hooks.setdefault(f"blocks.{layer}.hook_resid_post", []).append(_skip_hook(layer, rows, stash))
+            if layer >= start_layer:
+                path = self.spec.block_path(layer)
+                hooks.setdefault(self._resolve(layer, path, "input"), []).append(_stash_hook(layer, stash))
+                hooks.setdefault(self._resolve(layer, path, "output"), []).append(_skip_hook(layer, rows, stash))
         for slot, read in enumerate(reads):
-            hooks.setdefault(self.read_hook_name(read), []).append(_read_hook(read, slot, values, grad))
+            if read.kind is ReadKind.PARAM:
+                values[slot] = self._param(read)
+            elif read.layer >= start_layer:
+                hooks.setdefault(self.read_tap(read), []).append(_read_hook(read, slot, values, grad))
 
-        fwd_hooks = [(name, fn) for name, fns in hooks.items() for fn in fns]
-        start_layer, start_input = (None, batch.input_ids) if plan.start is None else plan.start
-        with torch.set_grad_enabled(grad), self.bridge.hooks(fwd_hooks=fwd_hooks):
-            logits = self.bridge(start_input, start_at_layer=start_layer, attention_mask=batch.attention_mask)
+        fired: set[Tap] = set()
+        named = [(tap.hook, _firing(fn, tap, fired)) for tap, fns in hooks.items() if tap.hook for fn in fns]
+        raw = {tap: [_firing(fn, tap, fired) for fn in fns] for tap, fns in hooks.items() if not tap.hook}
+        # The bridge runs on the tokens; a start block's input is replaced by a hook (the
+        # bridge's own start_at_layer feeds the residual in as embeddings, which SSM blocks
+        # ignore and Zamba2's hybrid layers also read as their "original" embeddings).
+        patterns = any(read.kind is ReadKind.PATTERN for read in reads)
+        with torch.set_grad_enabled(grad), self._eager_attention(patterns), self._raw_hooks(raw), self.bridge.hooks(fwd_hooks=named):
+            logits = self.bridge(batch.input_ids, attention_mask=batch.attention_mask)
+        silent = [tap for tap in hooks if tap not in fired]
+        if silent:
+            raise RuntimeError(f"backend 'tlens': {_describe(silent[0])} never ran in this forward: its site could not be read or edited")
         return RunOutput(logits=logits, acts=captured, reads=values)
 
+    @contextmanager
+    def _eager_attention(self, needed: bool) -> Iterator[None]:
+        """HF returns attention weights only from eager attention (TransformerLens 4.x
+        switches the model to it when booting; older versions do not): switch for one
+        forward and restore the setting afterwards, exceptions included."""
+        config = getattr(self.root, "config", None)
+        if not needed or config is None:
+            yield
+            return
+        previous = config._attn_implementation
+        config._attn_implementation = "eager"
+        try:
+            yield
+        finally:
+            config._attn_implementation = previous
 
-def _site_hook(site: Site, edits: list, keep: bool, captured: dict[Site, Tensor], grad: bool) -> HookFn:
+    @contextmanager
+    def _raw_hooks(self, raw: dict[Tap, list[HookFn]]) -> Iterator[None]:
+        """Torch hooks on modules the bridge does not wrap, removed on exit (also on error).
+        A hook on a module shared by several blocks acts only while its own block runs."""
+        with ExitStack() as undo:
+            running = [-1]
+            shared = self._shared_modules() if raw else {}
+            if any(id(self.root.get_submodule(tap.path)) in shared for tap in raw):
+                for layer, block in enumerate(self._blocks()):
+                    undo.callback(block.register_forward_pre_hook(_enter_block(layer, running)).remove)
+            for tap, fns in raw.items():
+                module = self.root.get_submodule(tap.path)
+                only = tap.layer if id(module) in shared else None
+                if tap.io == "input":
+                    handle = module.register_forward_pre_hook(_raw_pre(fns, only, running), with_kwargs=True)
+                else:
+                    handle = module.register_forward_hook(_raw_post(fns, tap.item, only, running))
+                undo.callback(handle.remove)
+            yield
+
+
+def _describe(tap: Tap) -> str:
+    where = f"hook {tap.hook!r}" if tap.hook else f"module {tap.path!r}"
+    return f"the {tap.io} of layer {tap.layer}'s {where}"
+
+
+def _select(value: Tensor, read: Read) -> Tensor:
+    for dim, index in read.selects:
+        value = value.index_select(dim, index.to(value.device))
+    return value
+
+
+# ----- hook functions: each takes the tapped tensor and returns it (edited) ---------------------
+
+
+def _firing(fn: HookFn, tap: Tap, fired: set[Tap]) -> Callable[..., Tensor]:
     def hook(act: Tensor, hook: Any = None) -> Tensor:
-        act = apply_edits(act, edits)
+        fired.add(tap)
+        return fn(act)
+
+    return hook
+
+
+def _site_hook(site: Site, view: View, edits: list[Edit], keep: bool, captured: dict[Site, Tensor], grad: bool) -> HookFn:
+    kind, shape = view
+
+    def hook(act: Tensor) -> Tensor:
+        flat = act.reshape(*act.shape[:2], -1)
+        if kind == "columns":
+            first, units, width = shape
+            piece = flat[..., first : first + units * width].reshape(*flat.shape[:2], units, width)
+        else:
+            piece = flat.reshape(*flat.shape[:2], *shape) if kind == "heads" else act
+        piece = apply_edits(piece, edits)
         if keep:
-            captured[site] = act if grad else act.detach()
-        return act
+            captured[site] = piece if grad else piece.detach()
+        if kind != "columns":
+            return piece.reshape(act.shape) if (edits or keep) else act
+        if not edits and not grad:
+            return act
+        flat = flat.clone()
+        flat[..., first : first + units * width] = piece.reshape(*flat.shape[:2], units * width)
+        return flat.reshape(act.shape)
+
+    return hook
+
+
+def _start_hook(resid: Tensor) -> HookFn:
+    def hook(act: Tensor) -> Tensor:
+        return resid.to(act.device, act.dtype)
 
     return hook
 
 
 def _stash_hook(layer: int, stash: dict[int, Tensor]) -> HookFn:
-    def hook(act: Tensor, hook: Any = None) -> Tensor:
+    def hook(act: Tensor) -> Tensor:
         stash[layer] = act
         return act
 
@@ -105,18 +314,58 @@ def _stash_hook(layer: int, stash: dict[int, Tensor]) -> HookFn:
 
 
 def _skip_hook(layer: int, rows: Tensor, stash: dict[int, Tensor]) -> HookFn:
-    def hook(act: Tensor, hook: Any = None) -> Tensor:
+    def hook(act: Tensor) -> Tensor:
         return torch.where(rows.to(act.device).view(-1, 1, 1), stash.pop(layer), act)
 
     return hook
 
 
 def _read_hook(read: Read, slot: int, values: list[Tensor], grad: bool) -> HookFn:
-    def hook(act: Tensor, hook: Any = None) -> Tensor:
-        value = act
-        for dim, index in read.selects:
-            value = value.index_select(dim, index.to(value.device))
+    def hook(act: Tensor) -> Tensor:
+        if act is None:
+            raise RuntimeError(f"layer {read.layer} returned no attention weights: its attention does not compute them (not eager)")
+        value = _select(act, read)
         values[slot] = value if grad else value.detach()
         return act
 
     return hook
+
+
+# ----- raw torch hooks for modules the bridge does not wrap -----------------------------------
+
+
+def _enter_block(layer: int, running: list[int]) -> Callable[..., None]:
+    def pre(module: nn.Module, args: Any) -> None:
+        running[0] = layer
+
+    return pre
+
+
+def _raw_pre(fns: list[Callable[..., Tensor]], only: int | None, running: list[int]) -> Callable[..., Any]:
+    """Edit the module's first input (positional, or ``hidden_states``)."""
+
+    def pre(module: nn.Module, args: tuple, kwargs: dict) -> Any:
+        if only is not None and running[0] != only:
+            return None
+        act = args[0] if args else kwargs["hidden_states"]
+        for fn in fns:
+            act = fn(act)
+        if args:
+            return (act, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": act}
+
+    return pre
+
+
+def _raw_post(fns: list[Callable[..., Tensor]], item: int, only: int | None, running: list[int]) -> Callable[..., Any]:
+    """Edit the module's output (item ``item`` of a tuple output)."""
+
+    def post(module: nn.Module, args: Any, output: Any) -> Any:
+        if only is not None and running[0] != only:
+            return None
+        act = output[item] if isinstance(output, tuple) else output
+        for fn in fns:
+            act = fn(act)
+        return (*output[:item], act, *output[item + 1 :]) if isinstance(output, tuple) else act
+
+    return post

@@ -453,6 +453,9 @@ class ArchSpec:
         block_output: ``0`` if a block returns its hidden state as a tensor, else the
             length of the tuple it returns (hidden state first; the rest ``None`` when a
             block is not run).
+        default_backend: what `gna_interp.load` picks when no backend is given
+            (``"nnsight"`` for SSMs and hybrids even where ``tlens`` works: see
+            docs/backends.md for the measured reason).
     """
 
     family: str
@@ -463,10 +466,11 @@ class ArchSpec:
     mixers: MixerTable
     tlens: bool
     block_output: int = 0
+    default_backend: str = "nnsight"
 
-    @property
-    def default_backend(self) -> str:
-        return "tlens" if self.tlens else "nnsight"
+    def __post_init__(self) -> None:
+        if self.default_backend not in ("tlens", "nnsight") or (self.default_backend == "tlens" and not self.tlens):
+            raise ValueError(f"ArchSpec {self.family!r}: default_backend={self.default_backend!r} is not a backend it supports")
 
     def block_path(self, layer: int) -> str:
         return f"{self.layers_path}.{layer}"

@@ -37,10 +37,11 @@ def load(
         model: a HF hub id (``"meta-llama/Llama-3.1-8B-Instruct"``), a local folder with
             ``config.json`` and weights, or a ``transformers.PreTrainedModel``.
         backend: ``"tlens"`` (TransformerLens ``TransformerBridge``) or ``"nnsight"``.
-            Default: ``tlens`` for Transformer families it supports, ``nnsight`` for
-            SSMs, hybrids (Zamba2, Jamba, Bamba, GraniteMoeHybrid, NemotronH, FalconH1;
-            ``tlens`` refuses them), ``remote=True`` and a model holding blocks of another
-            family (loaded inside `gna_interp.swap_layers`; ``tlens`` refuses it).
+            Default: the family's ``ArchSpec.default_backend``: ``tlens`` for Llama,
+            Mistral and Qwen2, ``nnsight`` for SSMs and hybrids (both backends run them,
+            with the same numbers); ``nnsight`` for ``remote=True`` and for a model
+            holding blocks of another family (loaded inside `gna_interp.swap_layers`;
+            ``tlens`` refuses it).
         tokenizer: a HF tokenizer or a path/id; default: loaded from ``model``.
         device: where the weights go.
         dtype: the weights' dtype.
@@ -151,9 +152,12 @@ def _tlens_backend(hf_model: Any, tokenizer: Any, name: str, spec: ArchSpec) -> 
 
     from ..backends.tlens import TLensBackend
 
+    config = hf_model.config
+    if not getattr(config, "architectures", None):  # built from a config: TransformerLens picks its adapter by this name
+        config.architectures = [type(hf_model).__name__]
     bridge_tokenizer = tokenizer_on_disk(tokenizer)
     bridge = TransformerBridge.boot_transformers(name or spec.family, hf_model=hf_model, tokenizer=bridge_tokenizer)
-    return TLensBackend(bridge, int(hf_model.config.num_hidden_layers))
+    return TLensBackend(bridge, spec, spec.resolve(config, int(config.num_hidden_layers)))
 
 
 def tokenizer_on_disk(tokenizer: Any) -> Any:

@@ -221,15 +221,16 @@ def zamba2_mixers(config: Any, layer: int) -> tuple[MixerSpec, ...]:
 
 
 def _llama_like(family: str) -> ArchSpec:
-    return ArchSpec(family, (family,), LayerKind.ATTENTION, "model.layers", "model.norm", uniform(attention()), tlens=True)
+    mixers = uniform(attention())
+    return ArchSpec(family, (family,), LayerKind.ATTENTION, "model.layers", "model.norm", mixers, tlens=True, default_backend="tlens")
 
 
 def _mamba_like(family: str, mixer: MixerSpec) -> ArchSpec:
-    return ArchSpec(family, (family,), LayerKind.SSM, "backbone.layers", "backbone.norm_f", uniform(mixer), tlens=False)
+    return ArchSpec(family, (family,), LayerKind.SSM, "backbone.layers", "backbone.norm_f", uniform(mixer), tlens=True)
 
 
 def _hybrid(family: str, final_norm: str, mixers: MixerTable, block_output: int = 0) -> ArchSpec:
-    return ArchSpec(family, (family,), LayerKind.HYBRID, "model.layers", final_norm, mixers, tlens=False, block_output=block_output)
+    return ArchSpec(family, (family,), LayerKind.HYBRID, "model.layers", final_norm, mixers, tlens=True, block_output=block_output)
 
 
 # Qwen3-Next: q_proj outputs each head's query and its output gate side by side, so only
