@@ -203,6 +203,8 @@ def test_path_patching(trio):
         assert abs(expected - clean_metric) > 1e-5, f"{sender} has no effect: the test could not fail"
         assert got == pytest.approx(expected, abs=EXACT)
     receivers = later[:: max(1, len(later) // 3)][:3]
+    if family == "mamba":  # a channel is a head: three channels of 64 carry too little of an isolated path
+        receivers = [h for h in later if h.layer == receivers[0].layer]
     streams = sorted({tl.receiver_inputs(h)[-1] for h in receivers})
     got = gna.path_patching(tl, CLEAN, CORRUPT, [sender], receivers, metric, receiver_input=streams)
     assert abs(got - clean_metric) > 1e-6, f"{sender} -> {receivers} via {streams}: no effect, the test could not fail"
