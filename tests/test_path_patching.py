@@ -401,12 +401,12 @@ def test_runs_under_remote_simulation(models, tokenizer, family):
 
 
 def test_pre_norm_site_only_where_a_group_norm_runs(models, tokenizer):
-    """The pre-norm head site exists for mixers that run a group norm: not for attention
-    (either backend), nor for FalconH1's Mamba-2 without ``mamba_rms_norm``."""
+    """The pre-norm head site exists for mixers that run a group norm (both backends): not
+    for attention, nor for FalconH1's Mamba-2 without ``mamba_rms_norm``."""
     _, loaded = models
     site = Site(SiteKind.PRE_NORM, 1)
-    with pytest.raises(ValueError, match=r"backend 'tlens' has no pre_norm site \(layer 1\): SSM mixers need backend='nnsight'"):
-        loaded["llama-tlens"].backend.hook_name(site)
+    with pytest.raises(ValueError, match=r"layer 1 mixer 0 has no gated group norm: no pre_norm site"):
+        loaded["llama-tlens"].backend.tap(site)
     with pytest.raises(ValueError, match=r"mixer 0 of layer 1 \(model.layers.1.self_attn\) has no pre_norm site"):
         loaded["llama-nnsight"].backend.steps(Plan(), {site})
     assert [m.norm_path for m in loaded["falcon_h1"].layer_specs[1].mixers] == ["", "model.layers.1.mamba.norm"]
