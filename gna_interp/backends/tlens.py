@@ -143,7 +143,14 @@ class TLensBackend:
         if read.kind is ReadKind.PATTERN:
             # An attention mixer the bridge does not wrap returns (output, weights): item 1.
             return Tap(read.layer, mixer.path, "output", self._hook_name(mixer.path, "hook_pattern"), item=1)
-        return self._resolve(read.layer, f"{mixer.path}.{read.name}", "output")
+        path = f"{mixer.path}.{read.name}"
+        try:
+            self.root.get_submodule(path)
+        except AttributeError:
+            raise ValueError(
+                f"cannot read output {read.name!r} of layer {read.layer}: its {mixer.kind.value} mixer ({mixer.path}) has no such submodule"
+            ) from None
+        return self._resolve(read.layer, path, "output")
 
     def _resolve(self, layer: int, path: str, io: str) -> Tap:
         return Tap(layer, path, io, self._hook_name(path, "hook_in" if io == "input" else "hook_out"))

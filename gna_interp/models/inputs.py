@@ -139,6 +139,10 @@ def unknown_words(tokenizer: Any, text: str, ids: Sequence[int], offsets: Sequen
     return [text[start:end] for token, (start, end) in zip(ids, offsets, strict=True) if token == unk and end > start]
 
 
+class UnknownWordsWarning(UserWarning):
+    """Words of a task or prompt became the tokenizer's unknown token."""
+
+
 def warn_unknown(words: Sequence[str], tokenizer: Any, where: str) -> None:
     """One warning naming the words of ``where`` that became the unknown token."""
     if not words:
@@ -151,6 +155,6 @@ def warn_unknown(words: Sequence[str], tokenizer: Any, where: str) -> None:
         f"{len(distinct)} word(s) in {where} are not in the tokenizer's vocabulary and became {tokenizer.unk_token!r}: {shown}. "
         "The model cannot tell them apart, so results on them are meaningless (e.g. accuracy near 0 or chance): "
         "use words the tokenizer knows (for the bundled toy models: gna.tasks.toy.VOCAB)",
-        UserWarning,
+        UnknownWordsWarning,
         stacklevel=3,
     )
