@@ -3,12 +3,16 @@ tiny random models of the same family through the same code path (env overrides)
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
 import runpy
 import subprocess
 import sys
+import traceback
+import warnings
 from pathlib import Path
 
 import pytest
@@ -25,8 +29,35 @@ MMLU_ROWS = [
 
 
 def run(script: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    environment = {**os.environ, **env}
-    return subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, cwd=tmp_path, env=environment)
+    """Run an example as ``python script`` would, but in this process (a subprocess spends
+    most of a small example's time importing torch, transformers and the backends): its
+    environment, working folder, ``argv`` and warning filters are set for the run and
+    restored after; an exception is exit status 1 with its traceback on stderr."""
+    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    os.environ.update(env)
+    os.chdir(tmp_path)
+    sys.argv = [str(EXAMPLES / script)]
+    try:
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            warnings.simplefilter("default")  # a plain interpreter's filters, not the suite's "error"
+            try:
+                runpy.run_path(str(EXAMPLES / script), run_name="__main__")
+            finally:
+                for item in caught:  # on stderr, as a plain interpreter prints them
+                    err.write(warnings.formatwarning(item.message, item.category, item.filename, item.lineno))
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except Exception:
+        code = 1
+        err.write(traceback.format_exc())
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+    return subprocess.CompletedProcess(sys.argv, code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
