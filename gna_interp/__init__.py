@@ -10,6 +10,7 @@ Everything a user needs is importable from here::
 from . import attention, tasks, viz
 from .attention import attention_pattern, entropy, mass_on, top1_mass
 from .core import Ablate, ArchSpec, Head, LayerKind, MaskAttentionRows, Patch, Resid, SkipLayers, Truncate, keep_attention_rows
+from .cost import Cost, cost_meter
 from .discovery import GnACircuit, discover, write_report
 from .evaluation import Evaluation, evaluate
 from .models import GnaModel, load
@@ -34,6 +35,7 @@ __all__ = [
     "ARCHITECTURES",
     "Ablate",
     "ArchSpec",
+    "Cost",
     "Evaluation",
     "GnACircuit",
     "GnaModel",
@@ -50,6 +52,7 @@ __all__ = [
     "attention_pattern",
     "attribution_patching",
     "candidate_accuracy",
+    "cost_meter",
     "discover",
     "entropy",
     "evaluate",

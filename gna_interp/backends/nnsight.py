@@ -51,6 +51,7 @@ import torch
 
 from ..core.arch import ArchSpec, LayerMixer, LayerSpec
 from ..core.plan import Plan, Read, ReadKind, Site, SiteKind
+from ..cost import charge_forward
 from ..models.inputs import Batch
 from .base import RunOutput
 
@@ -198,6 +199,7 @@ class NNsightBackend:
     def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), reads: Sequence[Read] = (), grad: bool = False) -> RunOutput:
         steps = self.steps(plan, capture, reads)
         n_saved = len(capture) + len(reads)
+        charge_forward(self, batch.n_rows, plan.start_layer, self.n_layers, request=bool(self.remote))
         model = self.envoy
         block_items = self.spec.block_output  # 0: blocks return a tensor; n: a tuple of n items
         # Two statements on purpose: nnsight captures the source of the trace block itself.

@@ -12,7 +12,12 @@ Sites map to hook names in exactly one place, `hook_name`:
   them out);
 - a skipped block ``l`` stashes ``blocks.{l}.hook_resid_pre`` and writes it over
   ``blocks.{l}.hook_resid_post``;
-- a plan that starts at block ``l`` calls the bridge with ``start_at_layer=l``;
+- a plan that starts at block ``l > 0`` does not run blocks ``0 .. l-1``: for that one
+  forward each of them returns the given residual stream instead of computing (its
+  ``forward`` is shadowed on the instance and restored afterwards, exceptions included;
+  the bridge's own ``start_at_layer`` still computes the earlier blocks). Generic over
+  block types: only the block's return structure (``block_output``) is needed. ``l ==
+  n_layers`` runs no block at all: the final norm and unembedding of the given stream;
 - a `Read` of attention probabilities at layer ``l``: ``blocks.{l}.attn.hook_pattern``
   (``[batch, head, query, key]``); other reads (SSM internals) need the nnsight backend.
 
@@ -22,13 +27,15 @@ computes the same function.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..core.plan import Plan, Read, ReadKind, Site, SiteKind, apply_edits
+from ..cost import charge_forward
 from ..models.inputs import Batch
 from .base import RunOutput
 
@@ -41,9 +48,11 @@ _STREAM_HOOKS = {"q": "hook_q", "k": "hook_k", "v": "hook_v"}
 class TLensBackend:
     name = "tlens"
 
-    def __init__(self, bridge: Any, n_layers: int) -> None:
+    def __init__(self, bridge: Any, n_layers: int, block_output: int = 0) -> None:
         self.bridge = bridge
         self.n_layers = n_layers
+        self.block_output = block_output
+        """``0``: a block returns its hidden state as a tensor; ``n``: a tuple of ``n`` items."""
 
     def hook_name(self, site: Site) -> str:
         if site.kind is SiteKind.HEADS:
@@ -76,10 +85,40 @@ class TLensBackend:
             hooks.setdefault(self.read_hook_name(read), []).append(_read_hook(read, slot, values, grad))
 
         fwd_hooks = [(name, fn) for name, fns in hooks.items() for fn in fns]
-        start_layer, start_input = (None, batch.input_ids) if plan.start is None else plan.start
-        with torch.set_grad_enabled(grad), self.bridge.hooks(fwd_hooks=fwd_hooks):
+        charge_forward(self, batch.n_rows, plan.start_layer, self.n_layers)
+        start_layer, start_input = (None, batch.input_ids) if plan.start is None or plan.start[0] > 0 else plan.start
+        with torch.set_grad_enabled(grad), self.bridge.hooks(fwd_hooks=fwd_hooks), self._not_run(plan):
             logits = self.bridge(start_input, start_at_layer=start_layer, attention_mask=batch.attention_mask)
         return RunOutput(logits=logits, acts=captured, reads=values)
+
+    @contextmanager
+    def _not_run(self, plan: Plan) -> Iterator[None]:
+        """Blocks before ``plan.start``'s layer return its residual without computing, for
+        the forward inside the block; each block's own ``forward`` is restored on exit."""
+        if plan.start is None or plan.start[0] == 0:
+            yield
+            return
+        layer, resid = plan.start
+        output = resid if self.block_output == 0 else (resid, *([None] * (self.block_output - 1)))
+        blocks = [self.bridge.blocks[index] for index in range(layer)]
+        saved = [block.__dict__.get("forward", _UNSET) for block in blocks]  # e.g. accelerate's wrapper
+
+        def passes_resid(*args: Any, **kwargs: Any) -> Any:
+            return output
+
+        try:
+            for block in blocks:
+                object.__setattr__(block, "forward", passes_resid)  # the bridge's __setattr__ forwards to the HF module
+            yield
+        finally:
+            for block, previous in zip(blocks, saved, strict=True):
+                if previous is _UNSET:
+                    block.__dict__.pop("forward", None)
+                else:
+                    object.__setattr__(block, "forward", previous)
+
+
+_UNSET = object()
 
 
 def _site_hook(site: Site, edits: list, keep: bool, captured: dict[Site, Tensor], grad: bool) -> HookFn:

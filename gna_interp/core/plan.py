@@ -25,6 +25,7 @@ to reuse the clean prefix that every variant of a chunk shares.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -137,6 +138,27 @@ class Plan:
         if self.start is not None:
             tiled.start = (self.start[0], _tile_rows(self.start[1], n_rows, copies))
         return tiled
+
+    @property
+    def start_layer(self) -> int:
+        """The first block this plan's forward evaluates (0 without a `start`)."""
+        return 0 if self.start is None else self.start[0]
+
+    def reusable_start(self, n_layers: int, capture: Collection[Site] = ()) -> tuple[int, int]:
+        """Where a forward of this plan can begin from the *unedited* run's residual stream:
+        ``(first, resume)``. ``first`` is its first edited, skipped or captured layer
+        (``n_layers`` when it touches nothing): blocks before it compute what the unedited
+        run computes. ``resume >= first`` moves on past blocks skipped on every row with
+        nothing edited or captured in them (the residual passes through those unchanged):
+        the forward can begin at block ``resume`` from the unedited residual entering block
+        ``first`` (``Truncate(k)``: ``(k, n_layers)``, no block runs). Meaningful only
+        without a `start`."""
+        touched = {site.layer for site in [*self.edits, *capture]}
+        first = min([*touched, *self.skips, n_layers])
+        resume = first
+        while resume < n_layers and resume not in touched and bool(self.skips.get(resume, torch.zeros(1, dtype=torch.bool)).all()):
+            resume += 1
+        return first, resume
 
     def __bool__(self) -> bool:
         return bool(self.edits) or bool(self.skips) or self.start is not None

@@ -25,6 +25,7 @@ roles from the patterns and confirm them:
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -33,6 +34,7 @@ import torch
 
 from ..core.heads import Head
 from ..core.interventions import Ablate
+from ..cost import cost_meter
 from ..evaluation import evaluate
 from ..patching.metrics import logit_diff, reduce_metric
 from ..patching.paths import path_patching
@@ -66,12 +68,14 @@ def discover(
     stages: Sequence[str] = STAGES,
     layers: Sequence[int] | None = None,
     max_candidates: int = 16,
-    max_heads_per_role: int = 5,
+    max_heads_per_role: int = 8,
     chance_margin: float = 0.10,
     thresholds: RoleThresholds | None = None,
     pattern_prompts: int = 64,
     screen_above: int = 64,
     check_labels: bool = True,
+    prescreen_above: int = 64,
+    prescreen_keep: int | None = None,
     progress: bool = True,
 ) -> GnACircuit:
     """Find the G&A heads of ``model`` on ``task``.
@@ -84,11 +88,18 @@ def discover(
         layers: layers to head-scan; default every layer.
         max_candidates: heads examined for roles: the most harmful ones when ablated
             (every head of the scanned layers, if there are at most this many).
-        max_heads_per_role: largest head set tried when measuring what a role needs.
+        max_heads_per_role: largest head set tried when measuring what a role needs: a
+            role whose heads together do not collapse accuracy keeps growing up to it (the
+            curve of accuracy against heads ablated is in ``circuit.needs[role].curve``).
         chance_margin: "collapsed" means accuracy at most chance + this.
         thresholds: role-label thresholds (`RoleThresholds`).
         pattern_prompts: prompts used for the pattern scores.
         screen_above: layers with more heads are pre-screened in groups.
+        prescreen_above: when the scanned layers hold more heads than this, only some are
+            ablated one by one (`scans.prescreen`): every head of the layers whose removal
+            costs at least ``thresholds.min_effect`` (layer scan), and the
+            ``prescreen_keep`` heads with the largest attribution estimate (default
+            ``2 * max_candidates``). The others are not measured (NaN in ``head_scan``).
         check_labels: on multiple-choice tasks, measure the accuracy with the labels
             shuffled (`tasks.shuffle_labels`), as ``accuracy["shuffled_labels"]``.
         progress: progress bars: one per scan, and `evaluate`'s per-batch bars (its
@@ -96,8 +107,49 @@ def discover(
             baseline, the label check and the confirmation. ``False``: no bar at all.
 
     Returns:
-        a `GnACircuit`.
+        a `GnACircuit`; its ``cost`` holds what discovery ran (`gna_interp.cost`): forwards,
+        rows, block evaluations, passes over the task, remote requests, seconds. Forwards
+        over a batch seen before start from its cached clean prefix (`GnaModel.prefix_cache`).
     """
+    with model.prefix_cache(), cost_meter(model) as cost:
+        started = time.perf_counter()
+        circuit = _discover(
+            model,
+            task,
+            stages=stages,
+            layers=layers,
+            max_candidates=max_candidates,
+            max_heads_per_role=max_heads_per_role,
+            chance_margin=chance_margin,
+            thresholds=thresholds,
+            pattern_prompts=pattern_prompts,
+            screen_above=screen_above,
+            check_labels=check_labels,
+            prescreen_above=prescreen_above,
+            prescreen_keep=2 * max_candidates if prescreen_keep is None else prescreen_keep,
+            progress=progress,
+        )
+    circuit.cost = {**cost.to_dict(len(task)), "seconds": time.perf_counter() - started}
+    return circuit
+
+
+def _discover(
+    model: GnaModel,
+    task: Task,
+    *,
+    stages: Sequence[str],
+    layers: Sequence[int] | None,
+    max_candidates: int,
+    max_heads_per_role: int,
+    chance_margin: float,
+    thresholds: RoleThresholds | None,
+    pattern_prompts: int,
+    screen_above: int,
+    check_labels: bool,
+    prescreen_above: int,
+    prescreen_keep: int,
+    progress: bool,
+) -> GnACircuit:
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise ValueError(f"unknown stages {unknown}: expected a subset of {STAGES}")
@@ -116,7 +168,7 @@ def discover(
     notes = []
     if clean.accuracy < chance + chance_margin:
         notes.append(f"clean accuracy {clean.accuracy:.3f} is near chance ({chance:.3f}): there is no retrieval to explain")
-        warnings.warn(notes[-1], NoRetrievalWarning, stacklevel=2)
+        warnings.warn(notes[-1], NoRetrievalWarning, stacklevel=3)
     circuit = GnACircuit(
         model=model.name,
         family=model.arch.family,
@@ -137,6 +189,8 @@ def discover(
             "thresholds": thresholds.to_dict(),
             "pattern_prompts": pattern_prompts,
             "check_labels": check_labels,
+            "prescreen_above": prescreen_above,
+            "prescreen_keep": prescreen_keep,
         },
     )
     if check_labels and clean.accuracy >= chance + chance_margin:
@@ -148,7 +202,13 @@ def discover(
         circuit.layer_scan = scans.layer_scan(model, task, progress=progress)
     if "heads" not in stages:
         return circuit
-    scan = scans.head_scan(model, task, scan_layers, screen_above=screen_above, progress=progress)
+    only = None
+    if sum(model.heads_per_layer[layer] for layer in scan_layers) > prescreen_above:
+        costly = [layer for layer, accuracy in enumerate(circuit.layer_scan or []) if clean.accuracy - accuracy >= thresholds.min_effect]
+        only, estimates = scans.prescreen(model, task, scan_layers, [layer for layer in costly if layer in scan_layers], prescreen_keep)
+        if estimates is not None:
+            circuit.attribution = [[_float(v) for v in row] for row in estimates]
+    scan = scans.head_scan(model, task, scan_layers, screen_above=screen_above, only=only, progress=progress)
     circuit.head_scan = [[None if v != v else float(v) for v in row] for row in scan.accuracy.tolist()]
     candidates = _candidates(scan.accuracy, scan.verified, max_candidates)
     evidence = {h: HeadEvidence(h, None, float(scan.accuracy[h.layer, h.head]), bool(scan.verified[h.layer, h.head])) for h in candidates}
@@ -247,6 +307,7 @@ class _JointSearch:
         confirmation then falls back to the most harmful heads of the role)."""
         positions = self.encoded.final if role == "aggregate" else scans.segment_positions(self.encoded)
         pool = self.pool(circuit, role)
+        curve: list[tuple[Head, float]] = []
         chosen, _, _ = scans.joint_set(
             self.model,
             self.task,
@@ -257,6 +318,7 @@ class _JointSearch:
             progress=self.progress,
             desc=f"joint {role}",
             clean=circuit.accuracy["clean"],
+            curve=curve,
         )
         if not chosen:
             return None
@@ -268,7 +330,7 @@ class _JointSearch:
                 item.pattern_agrees = None if item.scores is None else pattern_agrees(role, item.scores)
                 members.append(head)
         accuracy = evaluate(self.model, self.task, [Ablate(chosen)], progress=False).accuracy
-        return RoleNeed(chosen, accuracy, accuracy <= threshold)
+        return RoleNeed(chosen, accuracy, accuracy <= threshold, curve, "final" if role == "aggregate" else "segments")
 
 
 def _check_labels(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float, evaluate_bars: bool | None) -> None:
@@ -284,7 +346,7 @@ def _check_labels(model: GnaModel, task: Task, circuit: GnACircuit, threshold: f
             f"with the labels shuffled, accuracy falls from {circuit.accuracy['clean']:.3f} to {shuffled:.3f}: the model answers "
             "by the option's place, not by its label, so its heads may count options rather than gather and aggregate them"
         )
-        warnings.warn(circuit.warnings[-1], PositionalAnswerWarning, stacklevel=3)
+        warnings.warn(circuit.warnings[-1], PositionalAnswerWarning, stacklevel=4)
 
 
 def _acts_where_it_writes(model: GnaModel, head: Head) -> bool:
@@ -345,10 +407,11 @@ def _confirm(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float,
     for role, heads in (("gather", circuit.gather), ("aggregate", circuit.aggregate)):
         if heads and role not in circuit.needs:
             clean = circuit.accuracy["clean"]
+            curve: list[tuple[Head, float]] = []
             chosen, accuracy, reached = scans.collapsing_set(
-                model, task, heads, threshold, max_heads, clean, evaluate_progress=evaluate_bars
+                model, task, heads, threshold, max_heads, clean, evaluate_progress=evaluate_bars, curve=curve
             )
-            circuit.needs[role] = RoleNeed(chosen, accuracy, reached)
+            circuit.needs[role] = RoleNeed(chosen, accuracy, reached, curve, "all")
     circuit.path_patching = _gather_to_aggregate(model, task, circuit)
 
 

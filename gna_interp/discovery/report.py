@@ -130,11 +130,30 @@ def contrast_rows(circuits: list[GnACircuit]) -> list[dict[str, Any]]:
     return rows
 
 
+def curve_table(circuit: GnACircuit) -> list[dict[str, Any]]:
+    """One row per head added to a role's set: role, heads ablated so far, the head's name,
+    accuracy, and where the heads were ablated."""
+    rows = []
+    for role, need in circuit.needs.items():
+        for count, (head, accuracy) in enumerate(need.curve, start=1):
+            rows.append(
+                {"role": role, "heads ablated": count, "head added": str(head), "accuracy": accuracy, "positions": need.curve_positions}
+            )
+    return rows
+
+
 def _section(circuit: GnACircuit, model: Any, task: Any, folder: Path) -> str:
     slug = _slug(circuit.model)
     parts = [f"<h2>{html.escape(circuit.model)} <small>({html.escape(circuit.family)}, {html.escape(circuit.task)})</small></h2>"]
     parts += [f'<p class="note">{html.escape(w)}</p>' for w in circuit.warnings]
     parts.append(_table([{"condition": k, "accuracy": v} for k, v in circuit.accuracy.items()]))
+    curve_rows = curve_table(circuit)
+    if curve_rows:
+        parts.append("<p>Accuracy as each role's set grows (heads ablated together, in the order added):</p>")
+        parts.append(_table(curve_rows))
+    if circuit.cost is not None:
+        parts.append("<p>What discovery ran (passes: rows x blocks evaluated / (prompts x layers)):</p>")
+        parts.append(_table([{"quantity": k, "value": v} for k, v in circuit.cost.items()]))
     if circuit.path_patching is not None:
         parts.append("<p>Path patching, Gather &rarr; Aggregate (logit of the clean answer minus the corrupted one):</p>")
         parts.append(_table([{"quantity": k, "value": v} for k, v in circuit.path_patching.items()]))
@@ -166,7 +185,7 @@ def write_report(items: list[ReportLike], directory: str | Path) -> Path:
     body.append("<h2>Heads per role and sharpness</h2>")
     body.append(
         "<p>How many heads of each role, ablated together, bring accuracy to chance (at most "
-        f"{circuits[0].settings.get('max_heads_per_role', 5)} tried), and how sharp the rows they use are "
+        f"{circuits[0].settings.get('max_heads_per_role', 8)} tried), and how sharp the rows they use are "
         "(Gather: segment-end rows; Aggregate: the final row). Reported as measured.</p>"
     )
     body.append(_table(contrast_rows(circuits)))

@@ -119,7 +119,7 @@ def _tlens_backend(hf_model: Any, tokenizer: Any, name: str, spec: ArchSpec) -> 
 
     bridge_tokenizer = tokenizer_on_disk(tokenizer)
     bridge = TransformerBridge.boot_transformers(name or spec.family, hf_model=hf_model, tokenizer=bridge_tokenizer)
-    return TLensBackend(bridge, int(hf_model.config.num_hidden_layers))
+    return TLensBackend(bridge, int(hf_model.config.num_hidden_layers), spec.block_output)
 
 
 def tokenizer_on_disk(tokenizer: Any) -> Any:

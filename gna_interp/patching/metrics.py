@@ -81,6 +81,34 @@ def candidate_accuracy(candidates: TokenSpec, correct: Sequence[int] | Tensor, p
     return metric
 
 
+def candidate_logprob(candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int = -1) -> Metric:
+    """Log-probability of the correct candidate among ``candidates`` alone (a log-softmax
+    over their logits): the differentiable counterpart of `candidate_accuracy`."""
+    correct_index = torch.as_tensor(correct, dtype=torch.long).view(-1, 1)
+
+    def metric(logits: Tensor) -> Tensor:
+        final = logits[:, position].float()
+        table = _token_table(candidates, final.shape[0], "candidates").to(final.device)
+        return final.gather(1, table).log_softmax(-1).gather(1, correct_index.to(final.device)).squeeze(1)
+
+    return metric
+
+
+def candidate_logit_diff(candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int = -1) -> Metric:
+    """Logit of the correct candidate minus the mean logit of the other candidates: linear
+    in the logits, so it does not saturate where the model is confident (as
+    `candidate_logprob` does); what attribution estimates best."""
+    correct_index = torch.as_tensor(correct, dtype=torch.long).view(-1, 1)
+
+    def metric(logits: Tensor) -> Tensor:
+        final = logits[:, position].float()
+        table = final.gather(1, _token_table(candidates, final.shape[0], "candidates").to(final.device))
+        right = table.gather(1, correct_index.to(final.device)).squeeze(1)
+        return right - (table.sum(1) - right) / max(1, table.shape[1] - 1)
+
+    return metric
+
+
 def reduce_metric(value: Tensor | float) -> float:
     """A metric's output as one number: scalars pass, per-example tensors are averaged."""
     if isinstance(value, Tensor):

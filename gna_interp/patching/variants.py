@@ -78,7 +78,7 @@ def run_variants(
     order = sorted(range(len(variants)), key=lambda i: variants[i].first_layer) if reuse_prefix else list(range(len(variants)))
     starts = {variants[i].first_layer for i in order} if reuse_prefix and base.start is None else set()
     prefix_sites = {Site(SiteKind.RESID, layer) for layer in starts if 0 < layer < model.n_layers}
-    base_out = model.backend.run(batch, base, capture=prefix_sites)
+    base_out = model.run_plan(batch, base, capture=prefix_sites)  # from an open prefix cache, if any
     baseline = reduce_metric(metric(base_out.logits))
     scores = torch.empty(len(variants))
     with tqdm(total=len(variants), desc=desc, disable=not progress, leave=False) as bar:
