@@ -78,6 +78,18 @@ class Read:
     mixer: int = 0
 
 
+@dataclass(frozen=True)
+class Ref:
+    """A tensor another forward of the same batch of jobs captures
+    (`gna_interp.backends.jobs`): job ``job``'s activation at ``site``, repeated ``copies``
+    times along the batch. On a remote model it never travels: the server captures it and
+    uses it in the same request."""
+
+    job: int
+    site: Site
+    copies: int = 1
+
+
 @dataclass
 class Edit:
     """``act = where(mask, value, act)``; both broadcast to the site's activation."""
@@ -111,8 +123,9 @@ class Plan:
     edits: dict[Site, list[Edit]] = field(default_factory=dict)
     skips: dict[int, Tensor] = field(default_factory=dict)
     """layer -> ``[batch]`` bool: rows on which the block is skipped."""
-    start: tuple[int, Tensor] | None = None
-    """``(layer, resid [batch, pos, d_model])``: begin at that block from that residual."""
+    start: tuple[int, Tensor | Ref] | None = None
+    """``(layer, resid [batch, pos, d_model])``: begin at that block from that residual
+    (a `Ref`: the residual another job of a batch of jobs captures)."""
 
     def add(self, site: Site, edit: Edit) -> None:
         self.edits.setdefault(site, []).append(edit)
@@ -136,7 +149,11 @@ class Plan:
         for layer, rows in self.skips.items():
             tiled.skips[layer] = _tile_rows(rows, n_rows, copies)
         if self.start is not None:
-            tiled.start = (self.start[0], _tile_rows(self.start[1], n_rows, copies))
+            layer, resid = self.start
+            tiled.start = (
+                layer,
+                Ref(resid.job, resid.site, resid.copies * copies) if isinstance(resid, Ref) else _tile_rows(resid, n_rows, copies),
+            )
         return tiled
 
     @property

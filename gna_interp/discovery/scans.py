@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from ..backends.jobs import is_batched_remote
 from ..core.heads import Head
 from ..core.interventions import Ablate, Intervention, SkipLayers, Truncate
-from ..evaluation import evaluate, progress_bar
+from ..evaluation import evaluate, evaluate_many, progress_bar
 from ..models.inputs import Batch
 from ..patching.metrics import candidate_accuracy
 from ..patching.sweeps import ablation_sweep
@@ -169,6 +170,10 @@ def entry_scan(
     if not encoded.single_token or not heads:
         return {}
     where = {"final": encoded.final, "segments": segment_positions(encoded), "ends": encoded.segment_ends}
+    if is_batched_remote(model):  # every evaluation in one request
+        runs = [(task, [Ablate([head], positions=positions)]) for head in heads for positions in where.values()]
+        values = iter(result.accuracy for result in evaluate_many(model, runs))
+        return {head: {name: next(values) for name in where} for head in heads}
     out: dict[Head, dict[str, float]] = {}
     for head in progress_bar(list(heads), progress, "entry scan"):
         out[head] = {name: _accuracy(model, task, [Ablate([head], positions=positions)]) for name, positions in where.items()}

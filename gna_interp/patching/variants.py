@@ -10,7 +10,8 @@ Prefix reuse: every block before the first one a variant touches computes exactl
 the baseline run computed. So variants are sorted by that first layer, and each chunk
 starts at its earliest one from the baseline's residual stream there
 (``Plan.start``); earlier blocks are not run again. The baseline run is the one
-forward every sweep needs anyway.
+forward every sweep needs anyway. On a remote nnsight model the baseline and every chunk
+go in one session request, the prefix captured and used on the server.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..core.plan import Edit, Plan, Site, SiteKind
+from ..backends.jobs import Job, is_batched_remote, run_jobs
+from ..core.plan import Edit, Plan, Ref, Site, SiteKind
 from ..models.inputs import Batch
 from .metrics import Metric, reduce_metric
 
@@ -78,20 +80,45 @@ def run_variants(
     order = sorted(range(len(variants)), key=lambda i: variants[i].first_layer) if reuse_prefix else list(range(len(variants)))
     starts = {variants[i].first_layer for i in order} if reuse_prefix and base.start is None else set()
     prefix_sites = {Site(SiteKind.RESID, layer) for layer in starts if 0 < layer < model.n_layers}
+    chunks = [order[offset : offset + per_chunk] for offset in range(0, len(order), per_chunk)]
+    if is_batched_remote(model):
+        return _run_remote(model, batch, base, variants, chunks, prefix_sites, metric)
     base_out = model.run_plan(batch, base, capture=prefix_sites)  # from an open prefix cache, if any
     baseline = reduce_metric(metric(base_out.logits))
     scores = torch.empty(len(variants))
     with tqdm(total=len(variants), desc=desc, disable=not progress, leave=False) as bar:
-        for offset in range(0, len(order), per_chunk):
-            chunk = [variants[i] for i in order[offset : offset + per_chunk]]
+        for indices in chunks:
+            chunk = [variants[i] for i in indices]
             plan = stacked_plan(model, batch, base, chunk)
             start = Site(SiteKind.RESID, chunk[0].first_layer)
             if start in base_out.acts:
                 plan.start = (start.layer, base_out.acts[start].repeat(len(chunk), 1, 1))
             logits = model.backend.run(batch.repeat(len(chunk)), plan).logits
-            for i, rows in zip(order[offset : offset + per_chunk], logits.split(batch.n_rows), strict=True):
+            for i, rows in zip(indices, logits.split(batch.n_rows), strict=True):
                 scores[i] = reduce_metric(metric(rows))
             bar.update(len(chunk))
+    return baseline, scores
+
+
+def _run_remote(
+    model: GnaModel, batch: Batch, base: Plan, variants: Sequence[Variant], chunks: list[list[int]], prefix_sites: set[Site], metric: Metric
+) -> tuple[float, Tensor]:
+    """The same forwards as `run_variants` as jobs of one request (`gna_interp.backends.jobs`):
+    the baseline captures the prefix on the server, each chunk starts from it there."""
+    jobs = [Job(batch, base, frozenset(prefix_sites))]
+    for indices in chunks:
+        chunk = [variants[i] for i in indices]
+        plan = stacked_plan(model, batch, base, chunk)
+        start = Site(SiteKind.RESID, chunk[0].first_layer)
+        if start in prefix_sites:
+            plan.start = (start.layer, Ref(0, start, len(chunk)))
+        jobs.append(Job(batch.repeat(len(chunk)), plan))
+    outputs = run_jobs(model, jobs)
+    baseline = reduce_metric(metric(outputs[0].logits))  # type: ignore[union-attr]
+    scores = torch.empty(len(variants))
+    for indices, out in zip(chunks, outputs[1:], strict=True):
+        for i, rows in zip(indices, out.logits.split(batch.n_rows), strict=True):  # type: ignore[union-attr]
+            scores[i] = reduce_metric(metric(rows))
     return baseline, scores
 
 
