@@ -61,3 +61,15 @@ def test_ablation_sweep_benchmark_matches_its_hook_loop(tmp_path):
     for backend in ("tlens", "nnsight"):
         phase = figures["phases"][backend]
         assert phase["ok"] and phase["max_abs_diff_scores"] <= 1e-5, phase
+
+
+def test_discover_scale_benchmark_finds_the_toy_at_depth(tmp_path):
+    """The 2-layer toy and its 3-layer deep copy (toy at layers 0, 1): the toy's heads,
+    shifted, with their cost (the remote comparison is tests/test_sessions.py's)."""
+    figures = run_benchmark(
+        "discover_scale", *("--layers", "2", "3", "--prompts", "24", "--families", "llama", "--no-remote"), out=tmp_path / "scale.json"
+    )
+    assert figures["ok"] and [row["layers"] for row in figures["rows"]] == [2, 3]
+    for row in figures["rows"]:
+        assert row["toy_heads_shifted"] and row["forwards"] > 0 and row["passes"] > 0, row
+    assert figures["prescreen"]["llama"]["live"] >= 2

@@ -12,8 +12,8 @@ runs a list of jobs in order:
   `GnaModel.prefix_cache` applies), references resolved from the earlier outputs.
 
 ``keep``: ``0`` nothing comes back (a prefix or source for later jobs; ``None`` in the
-outputs); ``1`` the logits and the captures; ``2`` the captures and the final position's
-logits only, shaped ``[batch, 1, vocab]`` (what single-token scoring reads; far less to
+outputs); ``1`` the logits and the captures; ``2`` the final position's logits only,
+shaped ``[batch, 1, vocab]``, no captures (what single-token scoring reads; far less to
 download from a server).
 """
 
@@ -40,7 +40,7 @@ class Job:
     capture: frozenset[Site] = field(default_factory=frozenset)
     reads: tuple[Read, ...] = ()
     keep: int = 1
-    """``0`` nothing back, ``1`` logits and captures, ``2`` captures and final logits (module docs)."""
+    """``0`` nothing back, ``1`` logits and captures, ``2`` final logits only (module docs)."""
 
 
 def is_batched_remote(model: GnaModel) -> bool:
@@ -89,7 +89,7 @@ def kept(out: RunOutput, keep: int) -> RunOutput | None:
     if keep == 0:
         return None
     if keep == 2:
-        return RunOutput(logits=out.logits[:, -1:], acts=out.acts, reads=out.reads)
+        return RunOutput(logits=out.logits[:, -1:])
     return out
 
 

@@ -312,7 +312,9 @@ class NNsightBackend:
                 continue
             job = jobs[index]
             saved, logits = item
-            logits = logits[:, None] if job.keep == 2 else logits
+            if job.keep == 2:
+                outputs.append(RunOutput(logits=logits[:, None].detach()))
+                continue
             acts = {site: saved[i].detach() for i, site in enumerate(sorted(job.capture))}
             values = [saved[len(job.capture) + i].detach() for i in range(len(job.reads))]
             outputs.append(RunOutput(logits=logits.detach(), acts=acts, reads=values))

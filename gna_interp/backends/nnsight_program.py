@@ -124,8 +124,8 @@ def run_trace(model: Any, ids: Any, mask: Any, steps: list, n_saved: int, block_
 def run_jobs(model: Any, jobs: list, block_items: int) -> list:
     """Each job ``(ids, mask, steps, n_saved, keep)`` as one trace, in order; a job's
     references point at earlier jobs. ``keep``: 0 = nothing comes back (a prefix or
-    source kept on the server), 1 = saved values and logits, 2 = saved values and the
-    final position's logits ``[batch, vocab]``."""
+    source kept on the server), 1 = saved values and logits, 2 = the final position's
+    logits ``[batch, vocab]`` alone."""
     results: list = []
     for ids, mask, steps, n_saved, _ in jobs:
         results.append(run_trace(model, ids, mask, resolve_steps(steps, results), n_saved, block_items))
@@ -134,7 +134,7 @@ def run_jobs(model: Any, jobs: list, block_items: int) -> list:
         if keep == 0:
             returned.append(None)
         else:
-            returned.append((list(saved), logits[:, -1] if keep == 2 else logits))
+            returned.append(([], logits[:, -1]) if keep == 2 else (list(saved), logits))
     return returned
 
 

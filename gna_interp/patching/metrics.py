@@ -48,7 +48,7 @@ def logit_diff(correct: TokenSpec, incorrect: TokenSpec, position: int = -1) -> 
         bad = final.gather(1, _token_table(incorrect, final.shape[0], "incorrect").to(final.device)).mean(1)
         return good - bad
 
-    return metric
+    return _reads(metric, position)
 
 
 def target_logprob(targets: TokenSpec, position: int = -1) -> Metric:
@@ -61,7 +61,7 @@ def target_logprob(targets: TokenSpec, position: int = -1) -> Metric:
             raise ValueError(f"targets has {table.shape[1]} ids per row: target_logprob takes one id per row")
         return logprobs.gather(1, table).squeeze(1)
 
-    return metric
+    return _reads(metric, position)
 
 
 def candidate_accuracy(candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int = -1) -> Metric:
@@ -78,7 +78,7 @@ def candidate_accuracy(candidates: TokenSpec, correct: Sequence[int] | Tensor, p
         chosen = final.gather(1, table).argmax(1)
         return (chosen == correct_index.to(final.device)).float()
 
-    return metric
+    return _reads(metric, position)
 
 
 def candidate_logprob(candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int = -1) -> Metric:
@@ -91,7 +91,7 @@ def candidate_logprob(candidates: TokenSpec, correct: Sequence[int] | Tensor, po
         table = _token_table(candidates, final.shape[0], "candidates").to(final.device)
         return final.gather(1, table).log_softmax(-1).gather(1, correct_index.to(final.device)).squeeze(1)
 
-    return metric
+    return _reads(metric, position)
 
 
 def candidate_logit_diff(candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int = -1) -> Metric:
@@ -106,6 +106,13 @@ def candidate_logit_diff(candidates: TokenSpec, correct: Sequence[int] | Tensor,
         right = table.gather(1, correct_index.to(final.device)).squeeze(1)
         return right - (table.sum(1) - right) / max(1, table.shape[1] - 1)
 
+    return _reads(metric, position)
+
+
+def _reads(metric: Metric, position: int) -> Metric:
+    """Tag ``metric`` with the one position it reads (``metric.position``): a sweep on a
+    remote model then asks only for that position's logits back."""
+    metric.position = position  # type: ignore[attr-defined]
     return metric
 
 

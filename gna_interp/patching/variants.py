@@ -105,14 +105,15 @@ def _run_remote(
 ) -> tuple[float, Tensor]:
     """The same forwards as `run_variants` as jobs of one request (`gna_interp.backends.jobs`):
     the baseline captures the prefix on the server, each chunk starts from it there."""
-    jobs = [Job(batch, base, frozenset(prefix_sites))]
+    final_only = getattr(metric, "position", None) == -1  # the metric reads the last position alone
+    jobs = [Job(batch, base, frozenset(prefix_sites), keep=2 if final_only else 1)]
     for indices in chunks:
         chunk = [variants[i] for i in indices]
         plan = stacked_plan(model, batch, base, chunk)
         start = Site(SiteKind.RESID, chunk[0].first_layer)
         if start in prefix_sites:
             plan.start = (start.layer, Ref(0, start, len(chunk)))
-        jobs.append(Job(batch.repeat(len(chunk)), plan))
+        jobs.append(Job(batch.repeat(len(chunk)), plan, keep=2 if final_only else 1))
     outputs = run_jobs(model, jobs)
     baseline = reduce_metric(metric(outputs[0].logits))  # type: ignore[union-attr]
     scores = torch.empty(len(variants))
@@ -147,6 +148,10 @@ def stacked_plan(model: GnaModel, batch: Batch, base: Plan, chunk: Sequence[Vari
     sites = sorted({site for variant in chunk for site, _ in variant.edits})
     for site in sites:
         shape = (n_rows, n_pos, *model.site_shape(site))
+        compact = _one_scalar_value(model, site, chunk, n_rows)
+        if compact is not None:
+            plan.add(site, compact)
+            continue
         masks, values = [], []
         for variant in chunk:
             mine = [edit for s, edit in variant.edits if s == site]
@@ -164,3 +169,27 @@ def stacked_plan(model: GnaModel, batch: Batch, base: Plan, chunk: Sequence[Vari
         rows = torch.cat([torch.full((n_rows,), layer in v.skip_layers, dtype=torch.bool) for v in chunk])
         plan.add_skip(layer, rows)
     return plan
+
+
+def _one_scalar_value(model: GnaModel, site: Site, chunk: Sequence[Variant], n_rows: int) -> Edit | None:
+    """The chunk's edits at ``site`` as one `Edit` with a scalar value and masks kept at
+    their own broadcast shape (rows, positions: 1 where no variant varies along them), when
+    every edit writes the same scalar (zero ablation); ``None`` otherwise. The same forward
+    as the full ``[rows, pos, ...]`` tensors, far less to build, hold and send to a server."""
+    edits = [[edit for s, edit in variant.edits if s == site] for variant in chunk]
+    values = [edit.value for mine in edits for edit in mine]
+    if any(value.dim() != 0 for value in values) or len({float(value) for value in values}) != 1:
+        return None
+    trailing = (*model.site_shape(site)[:-1], 1)
+    masks = []
+    for mine in edits:
+        mask = torch.zeros((1, 1, *trailing), dtype=torch.bool)
+        for edit in mine:
+            mask = mask | edit.mask
+        masks.append(mask)
+    common = torch.broadcast_shapes(*(mask.shape for mask in masks))
+    if common[0] == 1:  # no variant's mask depends on the row: one row per copy, repeated per row
+        stacked = torch.cat([mask.expand(1, *common[1:]) for mask in masks]).repeat_interleave(n_rows, 0)
+    else:
+        stacked = torch.cat([mask.expand(n_rows, *common[1:]) for mask in masks])
+    return Edit(stacked, values[0])
