@@ -67,7 +67,7 @@ def test_discover_scale_benchmark_finds_the_toy_at_depth(tmp_path):
     """The 2-layer toy and its 3-layer deep copy (toy at layers 0, 1): the toy's heads,
     shifted, with their cost (the remote comparison is tests/test_sessions.py's)."""
     figures = run_benchmark(
-        "discover_scale", *("--layers", "2", "3", "--prompts", "24", "--families", "llama", "--no-remote"), out=tmp_path / "scale.json"
+        "discover_scale", *("--layers", "2", "3", "--prompts", "16", "--families", "llama", "--no-remote"), out=tmp_path / "scale.json"
     )
     assert figures["ok"] and [row["layers"] for row in figures["rows"]] == [2, 3]
     for row in figures["rows"]:

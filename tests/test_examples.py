@@ -119,7 +119,7 @@ def test_examples_that_need_weights_run_on_tiny_models(script, family, extra, tm
 
 
 def test_discover_at_depth_example(tmp_path):
-    """A 4-layer deep toy on 60 prompts: the summary with its cost, and 10 remote requests."""
-    result = run("discover_at_depth.py", tmp_path, GNA_EXAMPLE_LAYERS="4", GNA_EXAMPLE_N="60")
+    """A 3-layer deep toy on 24 prompts: the summary with its cost, and 10 remote requests."""
+    result = run("discover_at_depth.py", tmp_path, GNA_EXAMPLE_LAYERS="3", GNA_EXAMPLE_N="24")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "cost " in result.stdout and "remote='local': 10 requests" in result.stdout, result.stdout
