@@ -22,7 +22,11 @@ How to read the output
 ----------------------
 - ``best`` is the fastest of ``--repeats`` timed runs after one untimed warm-up
   (wall clock, ``time.perf_counter``); ``all`` lists every timed run.
-- ``loop/batched`` above 1 means the batched sweep is faster than the loop.
+- ``loop/batched`` above 1 means the batched sweep is faster than the loop. ``limit`` is
+  ``2L / (L + 1)``: the loop's block evaluations over the batched sweep's, whose chunks
+  start at their heads' layer from the baseline's residual (prefix reuse). ``blocks`` is
+  that ratio as `gna.cost_meter` counts it (the baseline and layer-0 chunks included). A
+  time ratio above it comes from stacking variants (per-call overhead saved), not blocks.
 - ``max |diff|`` is the largest absolute difference between the backend's
   ``[layer, head]`` score table and the loop's (and between the two baselines). Above
   ``--tolerance`` (1e-4) the script prints FAIL and exits with status 1; time is never
@@ -232,12 +236,18 @@ def main(argv: list[str] | None = None) -> int:
         lambda: reference_loop(reference_model, batch.input_ids, batch.attention_mask, metric, args.heads, args.head_dim), args.repeats
     )
     max_effect = float((ref_scores - ref_baseline).abs().max())  # 0 would make the comparison vacuous
-    phases: dict[str, dict[str, Any]] = {"loop": {"times_s": ref_times, "memory": ref_memory, "max_abs_effect": max_effect}}
+    loop_blocks = (args.layers * args.heads + 1) * args.prompts * args.layers  # every head, and the baseline, over every block
+    limit = 2 * args.layers / (args.layers + 1)  # prefix reuse: head i of layer l costs L - l blocks, (L + 1) / 2 on average
+    phases: dict[str, dict[str, Any]] = {
+        "loop": {"times_s": ref_times, "memory": ref_memory, "max_abs_effect": max_effect, "block_rows": loop_blocks}
+    }
     failed = False
     for backend, model in models.items():
         result, times, memory = timed(
             lambda model=model: gna.ablation_sweep(model, prompts, metric, how="zero", max_rows=args.max_rows, progress=False), args.repeats
         )
+        with gna.cost_meter(model) as cost:  # one more, untimed run: the block evaluations it makes
+            gna.ablation_sweep(model, prompts, metric, how="zero", max_rows=args.max_rows, progress=False)
         diff = float((result.scores - ref_scores).abs().max())
         diff = diff if diff == diff else float("inf")  # NaN (a head not swept) counts as a failure
         baseline_diff = abs(result.baseline - ref_baseline)
@@ -247,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
             "times_s": times,
             "memory": memory,
             "loop_over_batched": min(ref_times) / min(times),
+            "block_rows": cost.block_rows,
+            "loop_over_batched_blocks": loop_blocks / cost.block_rows,
             "max_abs_diff_scores": diff,
             "abs_diff_baseline": baseline_diff,
             "ok": ok,
@@ -258,15 +270,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {'versions':22} " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     exact = all(p["memory"].exact for p in phases.values())
     memory_note = "phase peak minus RSS at phase start" if exact else "rise of the lifetime ru_maxrss: a lower bound"
-    print(f"\n{'phase':8} {'best s':>8} {'loop/batched':>13} {'max |diff|':>11} {'baseline diff':>14} {'peak RSS +MiB':>14}  all s")
+    header = f"{'phase':8} {'best s':>8} {'loop/batched':>13} {'limit':>6} {'blocks':>7} {'max |diff|':>11} {'baseline diff':>14}"
+    print(f"\n{header} {'peak RSS +MiB':>14}  all s")
     for name, phase in phases.items():
         ratio = f"{phase['loop_over_batched']:.2f}x" if "loop_over_batched" in phase else "-"
+        bound = f"{limit:.2f}x" if "loop_over_batched" in phase else "-"
+        blocks = f"{phase['loop_over_batched_blocks']:.2f}x" if "loop_over_batched_blocks" in phase else "-"
         diff = f"{phase['max_abs_diff_scores']:.2e}" if "max_abs_diff_scores" in phase else "-"
         baseline_diff = f"{phase['abs_diff_baseline']:.2e}" if "abs_diff_baseline" in phase else "-"
         all_s = " ".join(f"{t:.4f}" for t in phase["times_s"])
         best, extra = min(phase["times_s"]), phase["memory"].extra_mib
-        print(f"{name:8} {best:8.4f} {ratio:>13} {diff:>11} {baseline_diff:>14} {extra:14.1f}  {all_s}")
+        print(f"{name:8} {best:8.4f} {ratio:>13} {bound:>6} {blocks:>7} {diff:>11} {baseline_diff:>14} {extra:14.1f}  {all_s}")
     print(f"(peak RSS +MiB: {memory_note}; process peak RSS overall {max(p['memory'].peak_mib for p in phases.values()):.0f} MiB)")
+    print(
+        f"limit: 2L/(L+1) = {limit:.2f}x, the loop's block evaluations over the batched sweep's with prefix reuse (L = {args.layers}); "
+        "blocks: that ratio as counted by gna.cost_meter (the rest of a ratio above it is per-call overhead saved by stacking)"
+    )
     print(f"\nheads swept: {args.layers * args.heads}; baseline metric {ref_baseline:.6f}")
     for name in models:
         worst = max(phases[name]["max_abs_diff_scores"], phases[name]["abs_diff_baseline"])
@@ -279,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             "versions": versions,
             "memory_measure": memory_note,
             "baseline_metric": ref_baseline,
+            "limit": limit,
             "phases": {
                 name: {
                     **{k: v for k, v in phase.items() if k != "memory"},

@@ -26,6 +26,8 @@ _EXPORTS: dict[str, str] = {
     "Ablate": "core",
     "ArchSpec": "core",
     "core": "core:",
+    "cost_meter": "cost",
+    "Cost": "cost",
     "Evaluation": "evaluation",
     "GnACircuit": "discovery",
     "GnaModel": "models",

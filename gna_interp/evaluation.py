@@ -173,27 +173,109 @@ def _slice(batch: Batch, start: int, stop: int) -> Batch:
     return Batch(ids[:, first:], mask[:, first:])
 
 
+def _single_token_chunks(
+    encoded: EncodedTask, interventions: Sequence[Intervention], size: int, keep_columns: bool = False
+) -> list[tuple[int, int, Batch, list[Intervention]]]:
+    """The forwards `evaluate` runs for single-token candidates: ``(start, stop, rows,
+    interventions)``, ``size`` prompts each. ``keep_columns``: chunks keep the task's padded
+    width (positional interventions index it) and per-row positions are sliced with the
+    rows; otherwise columns that are padding in every row of a chunk are dropped."""
+    batch = encoded.batch
+    chunks = []
+    for start in range(0, batch.n_rows, size):
+        stop = min(start + size, batch.n_rows)
+        if size >= batch.n_rows:  # one forward: the padded width row-paired interventions expect
+            chunks.append((start, stop, batch, list(interventions)))
+        elif keep_columns:
+            rows = Batch(batch.input_ids[start:stop], batch.attention_mask[start:stop])
+            chunks.append((start, stop, rows, [_rows_of(item, start, stop) for item in interventions]))
+        else:
+            chunks.append((start, stop, _slice(batch, start, stop), list(interventions)))
+    return chunks
+
+
+def _candidate_logprobs(final_logits: Tensor, candidate_ids: Tensor) -> Tensor:
+    """``[rows, candidate]`` log-probs from the final position's logits ``[rows, vocab]``."""
+    return final_logits.float().log_softmax(-1).cpu().gather(1, candidate_ids)
+
+
 def _single_token_scores(
     model: GnaModel, encoded: EncodedTask, interventions: Sequence[Intervention], size: int, progress: Any, keep_columns: bool = False
 ) -> Tensor:
-    """Log-probs ``[batch, candidate]`` of single-token candidates, ``size`` prompts per
-    forward. ``keep_columns``: chunks keep the task's padded width (positional
-    interventions index it) and per-row positions are sliced with the rows."""
-    candidate_ids = encoded.candidate_ids
+    """Log-probs ``[batch, candidate]`` of single-token candidates (see `_single_token_chunks`)."""
+    chunks = _single_token_chunks(encoded, interventions, size, keep_columns)
     parts = []
-    batch = encoded.batch
-    for start in _chunks(batch.n_rows, size, progress, "evaluate"):
-        stop = min(start + size, batch.n_rows)
-        if size >= batch.n_rows:  # one forward: the padded width row-paired interventions expect
-            rows, chunk = batch, list(interventions)
-        elif keep_columns:
-            rows = Batch(batch.input_ids[start:stop], batch.attention_mask[start:stop])
-            chunk = [_rows_of(item, start, stop) for item in interventions]
-        else:
-            rows, chunk = _slice(batch, start, stop), list(interventions)
-        logprobs = model.logits(rows, chunk)[:, -1].float().log_softmax(-1).cpu()
-        parts.append(logprobs.gather(1, candidate_ids[start:stop]))
+    for start, stop, rows, chunk in progress_bar(chunks, show=len(chunks) > 4 if progress is None else progress, desc="evaluate"):
+        parts.append(_candidate_logprobs(model.logits(rows, chunk)[:, -1], encoded.candidate_ids[start:stop]))
     return torch.cat(parts)
+
+
+def evaluate_many(
+    model: GnaModel, runs: Sequence[tuple[Task, Sequence[Intervention]]], *, batch_size: int = 64, progress: bool | None = None
+) -> list[Evaluation]:
+    """`evaluate` of each ``(task, interventions)``, the same numbers, run together: see
+    `evaluate_with_logits`, which this is without extra logits."""
+    return evaluate_with_logits(model, runs, (), batch_size=batch_size, progress=progress)[0]
+
+
+def evaluate_with_logits(
+    model: GnaModel,
+    runs: Sequence[tuple[Task, Sequence[Intervention]]],
+    logits_of: Sequence[Any],
+    *,
+    batch_size: int = 64,
+    progress: bool | None = None,
+) -> tuple[list[Evaluation], list[Tensor]]:
+    """`evaluate` of each ``(task, interventions)``, the same numbers, run together, and
+    the final position's logits ``[batch, 1, vocab]`` of each input of ``logits_of`` (no
+    interventions beyond active contexts).
+
+    Locally this is a loop of `evaluate` and `GnaModel.logits`. On a remote nnsight model (NDIF or
+    ``remote="local"``) every forward of every run goes into one session request
+    (`gna_interp.backends.jobs`), each starting from its batch's clean prefix captured on
+    the server, and only the final position's logits come back. Interventions that need
+    activations (mean / resample ablation, patching) capture them first, in requests of
+    their own; runs with multi-token candidates are evaluated one by one.
+    """
+    from .backends.jobs import JobList, is_batched_remote
+    from .patching.compile import compile_plan
+
+    if not is_batched_remote(model):
+        evaluations = [evaluate(model, task, interventions, batch_size=batch_size, progress=progress) for task, interventions in runs]
+        return evaluations, [model.logits(inputs)[:, -1:] for inputs in logits_of]
+    jobs = JobList(model)
+    pending: list[tuple[EncodedTask, list[tuple[int, int, int]]] | Evaluation] = []
+    for task, interventions in runs:
+        if not isinstance(task, Task):
+            raise TypeError(f"expected a gna_interp Task, got {type(task).__name__}")
+        encoded = task.encode(task.tokenizer_for(model.tokenizer))
+        if not encoded.single_token:
+            pending.append(evaluate(model, task, interventions, batch_size=batch_size, progress=progress))
+            continue
+        check_context(model, encoded)
+        ambient = model.active_interventions
+        row_paired = any(_row_paired(item) for item in interventions) or any(_row_paired(i) or _per_row(i) for i in ambient)
+        positional = any(_positional(item) for item in [*ambient, *interventions])
+        size = encoded.batch.n_rows if row_paired else batch_size
+        handles = []
+        for start, stop, rows, chunk in _single_token_chunks(encoded, interventions, size, keep_columns=positional):
+            rows = rows.to(model.device)
+            handles.append((start, stop, jobs.add(rows, compile_plan(model, rows, [*ambient, *chunk]), keep=2)))
+        pending.append((encoded, handles))
+    plain = []
+    for inputs in logits_of:
+        batch = model.to_batch(inputs)
+        plain.append(jobs.add(batch, compile_plan(model, batch, list(model.active_interventions)), keep=2))
+    outputs = jobs.run()
+    evaluations = []
+    for item in pending:
+        if isinstance(item, Evaluation):
+            evaluations.append(item)
+            continue
+        encoded, handles = item
+        parts = [_candidate_logprobs(outputs[h].logits[:, -1], encoded.candidate_ids[start:stop]) for start, stop, h in handles]  # type: ignore[union-attr]
+        evaluations.append(Evaluation(scores=torch.cat(parts), correct=encoded.correct.clone()))
+    return evaluations, [outputs[h].logits for h in plain]  # type: ignore[union-attr]
 
 
 def _continuation_scores(model: GnaModel, encoded: EncodedTask, interventions: Sequence[Intervention], size: int, progress: Any) -> Tensor:

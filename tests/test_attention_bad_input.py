@@ -63,7 +63,9 @@ def test_heads_of_a_kind_the_model_lacks(mamba2, llama_tlens):
         gna.attention_pattern(llama_tlens, PROMPTS, [gna.Head(1, 2)], include_skip=True)
     with pytest.raises(ValueError, match=r"layer 0 of .* is an attention layer"):
         gna.attention.ssm_inputs(llama_tlens, PROMPTS, 0)
-    with pytest.raises(ValueError, match=r"cannot read output 'in_proj' of layer 0: its attention mixer \(model.layers.0.self_attn\) has no such submodule"):
+    with pytest.raises(
+        ValueError, match=r"cannot read output 'in_proj' of layer 0: its attention mixer \(model.layers.0.self_attn\) has no such submodule"
+    ):
         llama_tlens.backend.run(llama_tlens.to_batch(PROMPTS), Plan(), reads=[Read(ReadKind.OUTPUT, 0, "in_proj")])
 
 

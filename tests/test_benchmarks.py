@@ -75,3 +75,15 @@ def test_backends_benchmark_compares_equal_nonzero_results(tmp_path, monkeypatch
     for row in rows:
         assert row["max_abs_value"] > 1e-3 and row["max_abs_diff"] <= 1e-5, row
         assert row["nnsight_s"] > 0 and row["tlens_s"] > 0 and math.isfinite(row["ratio"]), row
+
+
+def test_discover_scale_benchmark_finds_the_toy_at_depth(tmp_path):
+    """The 2-layer toy and its 3-layer deep copy (toy at layers 0, 1): the toy's heads,
+    shifted, with their cost (the remote comparison is tests/test_sessions.py's)."""
+    figures = run_benchmark(
+        "discover_scale", *("--layers", "2", "3", "--prompts", "16", "--families", "llama", "--no-remote"), out=tmp_path / "scale.json"
+    )
+    assert figures["ok"] and [row["layers"] for row in figures["rows"]] == [2, 3]
+    for row in figures["rows"]:
+        assert row["toy_heads_shifted"] and row["forwards"] > 0 and row["passes"] > 0, row
+    assert figures["prescreen"]["llama"]["live"] >= 2

@@ -172,3 +172,10 @@ def test_examples_that_need_weights_run_on_tiny_models(script, family, extra, tm
     env = {"GNA_EXAMPLE_MODEL": str(tiny_folder(tmp_path, family)), "GNA_EXAMPLE_MMLU": str(mmlu_file), "GNA_EXAMPLE_N": "8", **extra}
     result = run(script, tmp_path, **env)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_discover_at_depth_example(tmp_path):
+    """A 3-layer deep toy on 24 prompts: the summary with its cost, and 10 remote requests."""
+    result = run("discover_at_depth.py", tmp_path, GNA_EXAMPLE_LAYERS="3", GNA_EXAMPLE_N="24")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "cost " in result.stdout and "remote='local': 10 requests" in result.stdout, result.stdout

@@ -6,6 +6,7 @@ view drawn, every found head named in the figures."""
 
 from __future__ import annotations
 
+import copy
 import html
 import itertools
 import json
@@ -140,24 +141,45 @@ def test_the_prompt_shown_is_answered_and_representative(llama_picture):
     assert choose_prompt(picture.masses, torch.zeros_like(answered), len(circuit.aggregate)) is None
 
 
-def test_heads_needed_curves_are_measured_and_named(report, items):
-    """Each role's curve starts at its first head's single ablation (the head scan's
-    batched sweep, another code path) and ends at the circuit's own collapse accuracy;
-    the page names every head of every curve, and the role table names them too."""
+# A curve's first step is its first head alone, ablated where the curve ablates.
+_SINGLE_AT = {"all": "ablated_accuracy", "final": "final_ablated_accuracy", "segments": "segments_ablated_accuracy"}
+
+
+def test_heads_needed_curves_are_recorded_and_named(report, items):
+    """Each role's curve (recorded by discover) names its heads in order, starts at its first
+    head's single ablation at the curve's positions (the head and entry scans, other code
+    paths) and ends at the role's own accuracy; the page names every head of every curve,
+    and the role table names them too."""
     index, page = report
     for circuit, _, _ in items:
         data = json.loads((index.parent / f"{circuit.model}.json").read_text())
         for role, need in circuit.needs.items():
-            curve = data["needs"][role]["curve"]
-            assert len(curve) == len(need.heads) and curve[-1] == pytest.approx(need.accuracy)
-            assert curve[0] == pytest.approx(circuit.evidence(need.heads[0]).ablated_accuracy)
+            curve, positions = data["needs"][role]["curve"], data["needs"][role]["curve_positions"]
+            assert [point["head"] for point in curve] == [str(h) for h in need.heads]
+            assert curve[-1]["accuracy"] == pytest.approx(need.accuracy)
+            assert curve[0]["accuracy"] == pytest.approx(getattr(circuit.evidence(need.heads[0]), _SINGLE_AT[positions]))
             assert f"{len(need.heads)}: {circuit.named(need.heads)}" in page
-            assert need.curve is None, "the circuit passed in is not changed"
     figures = re.findall(r'<figure data-role="needs">(.*?)</figure>', page, re.S)
     assert len(figures) == len(items)
     for (circuit, _, _), figure in zip(items, figures, strict=True):
         labels = set(re.findall(r"<text[^>]*>([^<]*)</text>", figure))
         assert {f"+{h}" for need in circuit.needs.values() for h in need.heads} <= labels
+
+
+def test_a_circuit_without_curves_gets_them_measured(items, tmp_path):
+    """A circuit without curves (e.g. loaded from an older JSON): the report measures each
+    at every position, one evaluate per head, and leaves the circuit passed in unchanged."""
+    circuit, model, task = items[0]
+    bare = copy.deepcopy(circuit)
+    for need in bare.needs.values():
+        need.curve = []
+    index = write_report([(bare, model, task)], tmp_path)
+    data = json.loads((index.parent / f"{circuit.model}.json").read_text())
+    for role, need in bare.needs.items():
+        curve = data["needs"][role]["curve"]
+        assert data["needs"][role]["curve_positions"] == "all" and not need.curve, "the circuit passed in is not changed"
+        assert [point["head"] for point in curve] == [str(h) for h in need.heads]
+        assert curve[0]["accuracy"] == pytest.approx(circuit.evidence(need.heads[0]).ablated_accuracy)
 
 
 def test_one_bundle_per_page_and_offline(report, items):

@@ -50,20 +50,26 @@ from typing import Any
 
 import nnsight
 import torch
+from torch import Tensor
 
 from ..core.arch import ArchSpec, LayerMixer, LayerSpec
-from ..core.plan import Plan, Read, ReadKind, Site, SiteKind
+from ..core.plan import Plan, Read, ReadKind, Ref, Site, SiteKind
+from ..cost import charge, charge_forward
 from ..models.inputs import Batch
+from . import nnsight_program as program
 from .base import RunOutput
+from .jobs import Job
 
-# Step opcodes, in the order a block executes them.
-_READ_INPUT = 0  # a block's (or the final norm's) input: the residual stream
-_READ_HEADS = 1  # the out-projection's input, per head
-_SKIP_BLOCK = 2  # write a block's input over its output
-_NOT_RUN = 3  # do not run a block; it outputs a given value
-_READ_OUTPUT = 4  # a module's output (one item of a tuple output), index-selected
-_READ_PARAM = 5  # a module's parameter, index-selected
-_STREAMS = 6  # column blocks of a module's output or input, per unit
+# Step opcodes, in the order a block executes them (the trace body: `nnsight_program.apply_steps`).
+_READ_INPUT = program.READ_INPUT  # a block's (or the final norm's) input: the residual stream
+_READ_HEADS = program.READ_HEADS  # the out-projection's input, per head
+_SKIP_BLOCK = program.SKIP_BLOCK  # write a block's input over its output
+_NOT_RUN = program.NOT_RUN  # do not run a block; it outputs a given value
+_READ_OUTPUT = program.READ_OUTPUT  # a module's output (one item of a tuple output), index-selected
+_READ_PARAM = program.READ_PARAM  # a module's parameter, index-selected
+_STREAMS = program.STREAMS  # column blocks of a module's output or input, per unit
+
+nnsight.register(program)  # shipped by value: NDIF need not have gna_interp installed
 
 
 # Per-head views of a module's first input, ``[batch, pos, head, d_head]``, by site kind:
@@ -83,6 +89,8 @@ class NNsightBackend:
         self.layers = tuple(layers)
         self.n_layers = len(self.layers)
         self.remote = remote
+        self.max_request_mb = 256.0
+        """Tensor payload one session request may carry (`run_many` packs jobs up to it)."""
         self._shared: tuple[Any, dict[int, tuple[int, ...]]] | None = None
 
     def steps(self, plan: Plan, capture: Collection[Site], reads: Sequence[Read] = ()) -> list[tuple]:
@@ -128,6 +136,21 @@ class NNsightBackend:
             steps += [(layer, -1, _NOT_RUN, self.spec.block_path(layer), [], -1, resid, None) for layer in range(start_layer)]
         steps.sort(key=lambda s: (s[0], s[1]))  # stable: reads of one layer keep their order
         return [(*s[2:], self._occurrence(s[3], s[0], start_layer)) for s in steps]
+
+    def keyed_steps(self, plan: Plan) -> list[tuple[tuple, tuple]]:
+        """`steps` of a plan of edits (no captures or reads) with each step's execution-order
+        key ``(layer, rank, op, path, occurrence)``: steps of several plans with the same start
+        merge by key (their edit lists concatenated) into the steps of the combined plan."""
+        keys = []
+        for site in sorted(plan.edits):
+            if site.kind is not SiteKind.HEADS:
+                raise ValueError(f"keyed_steps takes head edits only, got {site}")
+            keys.append((site.layer, self._stage(self._mixer(site.layer, site.mixer), 0.7)))
+        start_layer = plan.start_layer
+        keys += [(layer, -1) for layer in range(start_layer)]
+        keys.sort()
+        steps = self.steps(plan, ())
+        return [((*key, step[0], step[1], step[-1]), step) for key, step in zip(keys, steps, strict=True)]
 
     def _mixer(self, layer: int, index: int) -> LayerMixer:
         mixers = self.layers[layer].mixers
@@ -213,72 +236,14 @@ class NNsightBackend:
     def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), reads: Sequence[Read] = (), grad: bool = False) -> RunOutput:
         steps = self.steps(plan, capture, reads)
         n_saved = len(capture) + len(reads)
+        charge_forward(self, batch.n_rows, plan.start_layer, self.n_layers, request=bool(self.remote))
         model = self.envoy
         block_items = self.spec.block_output  # 0: blocks return a tensor; n: a tuple of n items
         # Two statements on purpose: nnsight captures the source of the trace block itself.
         patterns = any(read.kind is ReadKind.PATTERN for read in reads)
         with torch.set_grad_enabled(grad), self._eager_attention(patterns):  # noqa: SIM117
             with model.trace(input_ids=batch.input_ids, attention_mask=batch.attention_mask, remote=self.remote) as tracer:
-                saved = nnsight.save([None] * n_saved)
-                stash = batch.input_ids  # replaced by a block's input before any skip reads it
-                for op, path, edits, slot, rows, spec, occurrence in steps:
-                    envoy = model
-                    for part in path.split("."):
-                        envoy = envoy[int(part)] if part.isdigit() else getattr(envoy, part)
-                    for _ in tracer.iter[occurrence] if occurrence else (0,):  # which call of a shared module
-                        if op == 6:  # column blocks of a module's output / input, viewed per unit
-                            full = envoy.input if spec[0] else envoy.output
-                            lead = (full.shape[0], full.shape[1])
-                            parts = []
-                            touched = grad
-                            for start, units, width, block_edits, block_slot in spec[1]:
-                                piece = full[:, :, start : start + units * width].reshape(lead[0], lead[1], units, width)
-                                for mask, value in block_edits:
-                                    piece = torch.where(mask.to(piece.device), value.to(piece.device, piece.dtype), piece)
-                                touched = touched or len(block_edits) > 0
-                                if block_slot >= 0:
-                                    saved[block_slot] = piece
-                                parts.append(piece)
-                            if touched:
-                                new = full.clone()
-                                for (start, units, width, _, _), piece in zip(spec[1], parts, strict=True):
-                                    new[:, :, start : start + units * width] = piece.reshape(lead[0], lead[1], units * width)
-                                if spec[0]:
-                                    envoy.input = new
-                                else:
-                                    envoy.output = new
-                            continue
-                        if op >= 4:
-                            value = envoy.output if op == 4 else getattr(envoy, spec[1]).detach()
-                            if spec[0] >= 0:
-                                value = value[spec[0]]
-                            if value is not None:
-                                for dim, index in spec[2]:
-                                    value = value.index_select(dim, index.to(value.device))
-                            saved[slot] = value
-                            continue
-                        if op == 3:  # a captured residual, already on the model's device
-                            envoy.skip(rows if block_items == 0 else (rows, *([None] * (block_items - 1))))
-                            continue
-                        if op == 2:
-                            output = envoy.output
-                            hidden = output if block_items == 0 else output[0]
-                            hidden = torch.where(rows.to(hidden.device).view(-1, 1, 1), stash, hidden)
-                            envoy.output = hidden if block_items == 0 else (hidden, *output[1:])
-                            continue
-                        act = envoy.input
-                        flat_shape = act.shape
-                        if op == 1:
-                            act = act.reshape(flat_shape[0], flat_shape[1], spec[0], spec[1])
-                        for mask, value in edits:
-                            act = torch.where(mask.to(act.device), value.to(act.device, act.dtype), act)
-                        if edits or grad:  # with grad: the captured tensor must be the one used downstream
-                            envoy.input = act.reshape(flat_shape)
-                        if slot >= 0:
-                            saved[slot] = act
-                        if op == 0:
-                            stash = act
-                logits = model.output.logits.save()
+                saved, logits = program.apply_steps(model, tracer, steps, n_saved, block_items, grad)
         acts = {site: saved[i] for i, site in enumerate(sorted(capture))}
         values = [saved[len(capture) + i] for i in range(len(reads))]
         for read, value in zip(reads, values, strict=True):
@@ -292,3 +257,128 @@ class NNsightBackend:
             values = [value.detach() for value in values]
             logits = logits.detach()
         return RunOutput(logits=logits, acts=acts, reads=values)
+
+    def run_many(self, jobs: Sequence[Job]) -> list[RunOutput | None]:
+        """``jobs`` (`gna_interp.backends.jobs`) in as few requests as the payload allows:
+        one nnsight session per request, its traces run in order on the server
+        (`nnsight_program.run_jobs`), each `Ref` resolved there. Jobs are packed in order
+        up to ``max_request_mb`` of tensors; a job whose reference falls in an earlier
+        request takes the referenced job along (run again). Locally: one forward each."""
+        if not self.remote:
+            from .jobs import kept, resolved
+
+            full: list[RunOutput] = []
+            for job in jobs:
+                full.append(self.run(job.batch, resolved(job.plan, full), capture=job.capture, reads=job.reads))
+            return [kept(out, job.keep) for out, job in zip(full, jobs, strict=True)]
+        outputs: list[RunOutput | None] = [None] * len(jobs)
+        for group, own in self._request_groups(jobs):
+            for index, out in zip(group, self._session(jobs, group, own), strict=True):
+                if index in own:
+                    outputs[index] = out
+        return outputs
+
+    def _request_groups(self, jobs: Sequence[Job]) -> list[tuple[list[int], set[int]]]:
+        """Per request: the job indices it runs, in order (those its own jobs' references
+        need included), and its own jobs (each job is own in exactly one request)."""
+        limit = self.max_request_mb * 2**20
+        groups: list[tuple[list[int], set[int]]] = []
+        group: list[int] = []
+        own: set[int] = set()
+        size = 0.0
+        for index in range(len(jobs)):
+            needed = [j for j in _closure(jobs, index) if j not in group]
+            extra = sum(_payload_bytes(jobs[j]) for j in needed)
+            if group and size + extra > limit:
+                groups.append((group, own))
+                group, own, size = [], set(), 0.0
+                needed = _closure(jobs, index)
+                extra = sum(_payload_bytes(jobs[j]) for j in needed)
+            group = sorted({*group, *needed})
+            own.add(index)
+            size += extra
+        if group:
+            groups.append((group, own))
+        return groups
+
+    def _session(self, jobs: Sequence[Job], group: list[int], own: set[int]) -> list[RunOutput | None]:
+        """One session request running ``jobs[i]`` for ``i`` in ``group``, in order; the
+        outputs in ``group`` order (``None`` for ``keep=0`` and for jobs taken along)."""
+        local = {job: position for position, job in enumerate(group)}
+        prepared = []
+        for index in group:
+            job = jobs[index]
+            steps = [self._with_markers(step, jobs, local) for step in self.steps(job.plan, job.capture, job.reads)]
+            keep = job.keep if index in own else 0
+            prepared.append((job.batch.input_ids, job.batch.attention_mask, steps, len(job.capture) + len(job.reads), keep))
+            charge_forward(self, job.batch.n_rows, job.plan.start_layer, self.n_layers)
+        charge(self, requests=1)
+        model = self.envoy
+        block_items = self.spec.block_output
+        patterns = any(read.kind is ReadKind.PATTERN for index in group for read in jobs[index].reads)
+        # Two statements on purpose: nnsight captures the source of the session block itself.
+        with torch.no_grad(), self._eager_attention(patterns):  # noqa: SIM117
+            with model.session(remote=self.remote):
+                returned = nnsight.save(program.run_jobs(model, prepared, block_items))
+        outputs: list[RunOutput | None] = []
+        for index, item in zip(group, returned, strict=True):
+            if item is None:
+                outputs.append(None)
+                continue
+            job = jobs[index]
+            saved, logits = item
+            if job.keep == 2:
+                outputs.append(RunOutput(logits=logits[:, None].detach()))
+                continue
+            acts = {site: saved[i].detach() for i, site in enumerate(sorted(job.capture))}
+            values = [saved[len(job.capture) + i].detach() for i in range(len(job.reads))]
+            outputs.append(RunOutput(logits=logits.detach(), acts=acts, reads=values))
+        return outputs
+
+    def run_greedy(self, problem: dict) -> list:
+        """`nnsight_program.greedy_joint` in one session request (remote models only)."""
+        if not self.remote:
+            raise ValueError("run_greedy sends a session program to a remote model: load it with remote=True or 'local'")
+        model = self.envoy
+        block_items = self.spec.block_output
+        # Two statements on purpose: nnsight captures the source of the session block itself.
+        with torch.no_grad():  # noqa: SIM117
+            with model.session(remote=self.remote):
+                result = nnsight.save(program.greedy_joint(model, problem, block_items))
+        roles, (forwards, rows, block_rows) = result
+        charge(self, forwards=forwards, rows=rows, block_rows=block_rows, requests=1)
+        return list(roles)
+
+    @staticmethod
+    def _with_markers(step: tuple, jobs: Sequence[Job], local: dict[int, int]) -> tuple:
+        """A step with each `Ref` as the plain marker ``("ref", job in the request, slot, copies)``."""
+
+        def marker(value: Any) -> Any:
+            if not isinstance(value, Ref):
+                return value
+            slot = sorted(jobs[value.job].capture).index(value.site)
+            return ("ref", local[value.job], slot, value.copies)
+
+        op, path, edits, slot, rows, spec, occurrence = step
+        return (op, path, [(marker(m), marker(v)) for m, v in edits], slot, marker(rows), spec, occurrence)
+
+
+def _closure(jobs: Sequence[Job], index: int) -> list[int]:
+    """``index`` and the jobs its references need, earliest first."""
+    needed = {index}
+    stack = [index]
+    while stack:
+        start = jobs[stack.pop()].plan.start
+        if start is not None and isinstance(start[1], Ref) and start[1].job not in needed:
+            needed.add(start[1].job)
+            stack.append(start[1].job)
+    return sorted(needed)
+
+
+def _payload_bytes(job: Job) -> float:
+    """Tensor bytes a job sends: ids, mask, edit masks and values, skip rows, a start residual."""
+    tensors = [job.batch.input_ids, job.batch.attention_mask, *job.plan.skips.values()]
+    tensors += [t for edits in job.plan.edits.values() for edit in edits for t in (edit.mask, edit.value)]
+    if job.plan.start is not None and isinstance(job.plan.start[1], Tensor):
+        tensors.append(job.plan.start[1])
+    return float(sum(t.numel() * t.element_size() for t in tensors))

@@ -16,8 +16,12 @@ is the one function that turns a site into a hook:
   ``blocks.{l}.mixer.x_proj.hook_in``), viewed ``[batch, pos, unit, width]``;
 - a skipped block ``l`` stashes the block's input and writes it over its output
   (``blocks.{l}.hook_in`` / ``hook_out``, aliases ``hook_resid_pre`` / ``hook_resid_post``);
-- a plan that starts at block ``l`` runs the bridge on the tokens and replaces the input
-  of block ``l`` with the given residual stream (see `TLensBackend.run`);
+- a plan that starts at block ``l`` does not run blocks ``0 .. l-1``: for that one forward
+  each of them returns the given residual stream instead of computing (its ``forward`` is
+  shadowed on the instance and restored afterwards, exceptions included; generic over
+  block types: only the block's return structure, ``ArchSpec.block_output``, is needed),
+  and the input of block ``l`` (the final norm for ``l == n_layers``: no block runs) is
+  replaced by that stream. The bridge itself runs on the tokens (see `TLensBackend.run`);
 - a `Read`: ``PATTERN`` is ``blocks.{l}.attn.hook_pattern`` (``[batch, head, query,
   key]``; the bridge runs attention eagerly); ``OUTPUT`` is the output of the mixer's
   submodule ``name``; ``PARAM`` is read straight from the module, no hook.
@@ -56,6 +60,7 @@ from torch import Tensor, nn
 
 from ..core.arch import ArchSpec, LayerMixer, LayerSpec
 from ..core.plan import Edit, Plan, Read, ReadKind, Site, SiteKind, apply_edits
+from ..cost import charge_forward
 from ..models.inputs import Batch
 from .base import RunOutput
 
@@ -113,6 +118,9 @@ TAPS: dict[SiteKind, Callable[[TLensBackend, Site], tuple[str, str, View]]] = {
 }
 """Site kind -> ``(module path, "input" | "output", view)``: where a site lives. A new site
 kind is one entry here (and one in the nnsight backend's `steps`)."""
+
+
+_UNSET = object()  # a block had no instance-level ``forward`` before `TLensBackend._not_run`
 
 
 class TLensBackend:
@@ -191,8 +199,12 @@ class TLensBackend:
         hooks: dict[Tap, list[HookFn]] = {}
         start_layer = 0 if plan.start is None else plan.start[0]
 
-        if plan.start is not None:  # first hook at the start block's input: the given residual
-            hooks.setdefault(self._resolve(start_layer, self.spec.block_path(start_layer), "input"), []).append(_start_hook(plan.start[1]))
+        if plan.start is not None:  # first hook at the start block's (or final norm's) input: the given residual
+            resid = plan.start[1]
+            if not isinstance(resid, Tensor):  # a `Ref` to another job's capture: sessions are nnsight's (remote)
+                raise TypeError(f"backend 'tlens' starts a plan from a residual tensor, got {type(resid).__name__}")
+            path = _resid(self, Site(SiteKind.RESID, start_layer))[0]
+            hooks.setdefault(self._resolve(start_layer, path, "input"), []).append(_start_hook(resid))
         for site in sorted(set(plan.edits) | set(capture)):
             if site.layer >= start_layer:
                 tap, view = self.tap(site)
@@ -211,11 +223,19 @@ class TLensBackend:
         fired: set[Tap] = set()
         named = [(tap.hook, _firing(fn, tap, fired)) for tap, fns in hooks.items() if tap.hook for fn in fns]
         raw = {tap: [_firing(fn, tap, fired) for fn in fns] for tap, fns in hooks.items() if not tap.hook}
-        # The bridge runs on the tokens; a start block's input is replaced by a hook (the
-        # bridge's own start_at_layer feeds the residual in as embeddings, which SSM blocks
-        # ignore and Zamba2's hybrid layers also read as their "original" embeddings).
+        # The bridge runs on the tokens; blocks before a start are not run (`_not_run`) and
+        # the start block's input is replaced by a hook (the bridge's own start_at_layer feeds
+        # the residual in as embeddings, which SSM blocks ignore and Zamba2's hybrid layers
+        # also read as their "original" embeddings).
         patterns = any(read.kind is ReadKind.PATTERN for read in reads)
-        with torch.set_grad_enabled(grad), self._eager_attention(patterns), self._raw_hooks(raw), self.bridge.hooks(fwd_hooks=named):
+        charge_forward(self, batch.n_rows, plan.start_layer, self.n_layers)
+        with (
+            torch.set_grad_enabled(grad),
+            self._eager_attention(patterns),
+            self._raw_hooks(raw),
+            self.bridge.hooks(fwd_hooks=named),
+            self._not_run(plan),
+        ):
             logits = self.bridge(batch.input_ids, attention_mask=batch.attention_mask)
         silent = [tap for tap in hooks if tap not in fired]
         if silent:
@@ -237,6 +257,33 @@ class TLensBackend:
             yield
         finally:
             config._attn_implementation = previous
+
+    @contextmanager
+    def _not_run(self, plan: Plan) -> Iterator[None]:
+        """Blocks before ``plan.start``'s layer return its residual without computing, for
+        the forward inside the block; each block's own ``forward`` is restored on exit."""
+        if plan.start is None or plan.start[0] == 0:
+            yield
+            return
+        layer, resid = plan.start
+        items = self.spec.block_output  # the start residual's type is checked in `run`
+        output = resid if items == 0 else (resid, *([None] * (items - 1)))
+        blocks = self._blocks()[:layer]  # what the model's own block loop calls
+        saved = [block.__dict__.get("forward", _UNSET) for block in blocks]  # e.g. accelerate's wrapper
+
+        def passes_resid(*args: Any, **kwargs: Any) -> Any:
+            return output
+
+        try:
+            for block in blocks:
+                object.__setattr__(block, "forward", passes_resid)  # the bridge's __setattr__ forwards to the HF module
+            yield
+        finally:
+            for block, previous in zip(blocks, saved, strict=True):
+                if previous is _UNSET:
+                    block.__dict__.pop("forward", None)
+                else:
+                    object.__setattr__(block, "forward", previous)
 
     @contextmanager
     def _raw_hooks(self, raw: dict[Tap, list[HookFn]]) -> Iterator[None]:

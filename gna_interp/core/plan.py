@@ -29,6 +29,7 @@ to reuse the clean prefix that every variant of a chunk shares.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -83,6 +84,18 @@ class Read:
     mixer: int = 0
 
 
+@dataclass(frozen=True)
+class Ref:
+    """A tensor another forward of the same batch of jobs captures
+    (`gna_interp.backends.jobs`): job ``job``'s activation at ``site``, repeated ``copies``
+    times along the batch. On a remote model it never travels: the server captures it and
+    uses it in the same request."""
+
+    job: int
+    site: Site
+    copies: int = 1
+
+
 @dataclass
 class Edit:
     """``act = where(mask, value, act)``; both broadcast to the site's activation."""
@@ -116,8 +129,9 @@ class Plan:
     edits: dict[Site, list[Edit]] = field(default_factory=dict)
     skips: dict[int, Tensor] = field(default_factory=dict)
     """layer -> ``[batch]`` bool: rows on which the block is skipped."""
-    start: tuple[int, Tensor] | None = None
-    """``(layer, resid [batch, pos, d_model])``: begin at that block from that residual."""
+    start: tuple[int, Tensor | Ref] | None = None
+    """``(layer, resid [batch, pos, d_model])``: begin at that block from that residual
+    (a `Ref`: the residual another job of a batch of jobs captures)."""
 
     def add(self, site: Site, edit: Edit) -> None:
         self.edits.setdefault(site, []).append(edit)
@@ -141,8 +155,33 @@ class Plan:
         for layer, rows in self.skips.items():
             tiled.skips[layer] = _tile_rows(rows, n_rows, copies)
         if self.start is not None:
-            tiled.start = (self.start[0], _tile_rows(self.start[1], n_rows, copies))
+            layer, resid = self.start
+            tiled.start = (
+                layer,
+                Ref(resid.job, resid.site, resid.copies * copies) if isinstance(resid, Ref) else _tile_rows(resid, n_rows, copies),
+            )
         return tiled
+
+    @property
+    def start_layer(self) -> int:
+        """The first block this plan's forward evaluates (0 without a `start`)."""
+        return 0 if self.start is None else self.start[0]
+
+    def reusable_start(self, n_layers: int, capture: Collection[Site] = ()) -> tuple[int, int]:
+        """Where a forward of this plan can begin from the *unedited* run's residual stream:
+        ``(first, resume)``. ``first`` is its first edited, skipped or captured layer
+        (``n_layers`` when it touches nothing): blocks before it compute what the unedited
+        run computes. ``resume >= first`` moves on past blocks skipped on every row with
+        nothing edited or captured in them (the residual passes through those unchanged):
+        the forward can begin at block ``resume`` from the unedited residual entering block
+        ``first`` (``Truncate(k)``: ``(k, n_layers)``, no block runs). Meaningful only
+        without a `start`."""
+        touched = {site.layer for site in [*self.edits, *capture]}
+        first = min([*touched, *self.skips, n_layers])
+        resume = first
+        while resume < n_layers and resume not in touched and bool(self.skips.get(resume, torch.zeros(1, dtype=torch.bool)).all()):
+            resume += 1
+        return first, resume
 
     def __bool__(self) -> bool:
         return bool(self.edits) or bool(self.skips) or self.start is not None

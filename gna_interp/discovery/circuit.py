@@ -69,23 +69,42 @@ class HeadEvidence:
 
 @dataclass
 class RoleNeed:
-    """How many heads of a role, ablated together, collapse accuracy."""
+    """How many heads of a role, ablated together, collapse accuracy, and the curve that
+    got there: accuracy as the set grew head by head."""
 
     heads: list[Head]
     accuracy: float
     reached_chance: bool
-    curve: list[float] | None = None
-    """Accuracy with the first ``k`` heads ablated together at every position, for
-    ``k = 1..len(heads)`` (its last value is ``accuracy``); ``None``: not measured (the
-    report then measures it, given the model)."""
+    curve: list[tuple[Head, float]] = field(default_factory=list)
+    """``(head added, accuracy with it and every earlier head ablated)``, in order: the
+    joint search's steps (ablated at ``curve_positions``), or the cumulative ablations of
+    the confirmation's fallback (at every position)."""
+    curve_positions: str = "all"
+    """Where the curve's heads were ablated: ``"final"``, ``"segments"`` or ``"all"``."""
 
     def to_dict(self) -> dict[str, Any]:
-        data = {"heads": [str(h) for h in self.heads], "accuracy": self.accuracy, "reached_chance": self.reached_chance}
-        return data | ({} if self.curve is None else {"curve": self.curve})
+        return {
+            "heads": [str(h) for h in self.heads],
+            "accuracy": self.accuracy,
+            "reached_chance": self.reached_chance,
+            "curve": [{"head": str(head), "accuracy": accuracy} for head, accuracy in self.curve],
+            "curve_positions": self.curve_positions,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RoleNeed:
-        return cls([Head.parse(h) for h in data["heads"]], data["accuracy"], bool(data["reached_chance"]), data.get("curve"))
+        curve = [(Head.parse(point["head"]), point["accuracy"]) for point in data.get("curve", [])]
+        return cls(
+            [Head.parse(h) for h in data["heads"]],
+            data["accuracy"],
+            bool(data["reached_chance"]),
+            curve,
+            data.get("curve_positions", "all"),
+        )
+
+    def describe_curve(self) -> str:
+        """``"L1H0 0.230, +L1H2 0.210"``: accuracy after each head joins the set."""
+        return ", ".join(f"{'+' if i else ''}{head} {accuracy:.3f}" for i, (head, accuracy) in enumerate(self.curve)) or "-"
 
 
 @dataclass
@@ -100,7 +119,8 @@ class GnACircuit:
         needs: per role, the heads whose joint ablation brings accuracy to ``chance +
             chance_margin`` (at most ``max_heads_per_role``): from the joint search when
             it ran, else the most harmful heads of the role, cumulatively. Its accuracy is
-            with those heads ablated at every position.
+            with those heads ablated at every position; its ``curve``, accuracy as the set
+            grew, with each head's name.
         truncation, layer_scan: per layer, accuracy keeping layers ``0..l`` / skipping ``l``.
         head_scan: ``[layer][head]`` single-ablation accuracy (``None``: not scanned).
         critical_layer: from the truncation scan (``None``: no jump found).
@@ -108,6 +128,12 @@ class GnACircuit:
             (clean answer minus corrupted answer), the metric when only that path carries
             the Gather heads' corruption, and the share of the effect it carries.
         settings: thresholds and knobs used.
+        attribution: ``[layer][head]`` attribution estimate of each head's zero-ablation
+            effect on the candidate logit difference, when the prescreen ran (``None``
+            otherwise; see `discover`'s ``prescreen_above``).
+        cost: what discovery ran (`gna_interp.cost.Cost`): ``forwards``, ``rows``,
+            ``block_rows``, ``passes`` (block_rows / (prompts x layers)), ``requests``
+            (remote round trips), ``backwards``, ``seconds``.
     """
 
     model: str
@@ -126,6 +152,8 @@ class GnACircuit:
     warnings: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     path_patching: dict[str, float] | None = None
+    cost: dict[str, Any] | None = None
+    attribution: list[list[float | None]] | None = None
 
     # ----- tables and serialisation ---------------------------------------------
     def evidence(self, head: Head) -> HeadEvidence:
@@ -198,9 +226,13 @@ class GnACircuit:
         for role, need in self.needs.items():
             verdict = "collapses to chance" if need.reached_chance else "does not reach chance"
             parts.append(f"  {role:9s} needs {len(need.heads)} head(s): {verdict} ({need.accuracy:.3f})")
+            if need.curve:
+                parts.append(f"            curve ({need.curve_positions}): {need.describe_curve()}")
         if self.path_patching is not None:
             share = self.path_patching["fraction_of_effect"]
             parts.append(f"  path patching gather -> aggregate carries {share:.1%} of the clean - corrupt logit difference")
+        if self.cost is not None:
+            parts.append(f"  cost      {describe_cost(self.cost)}")
         parts += [f"  note: {note}" for note in self.warnings]
         return "\n".join(parts)
 
@@ -221,6 +253,15 @@ class GnACircuit:
 
         items: list[ReportLike] = [(self, model, task)]
         return write_report(items, directory)
+
+
+def describe_cost(cost: dict[str, Any]) -> str:
+    """``"181 forwards, 58.0 passes over 200 prompts x 2 layers, 0 requests, 12.3 s"``."""
+    text = f"{cost['forwards']} forwards, {cost['passes']:.1f} passes over {cost['n_prompts']} prompts x {cost['n_layers']} layers"
+    text += f", {cost['requests']} requests"
+    if cost.get("backwards"):
+        text += f", {cost['backwards']} backward(s)"
+    return text + f", {cost['seconds']:.1f} s"
 
 
 def _finite(value: Any) -> Any:

@@ -25,6 +25,7 @@ roles from the patterns and confirm them:
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -33,14 +34,15 @@ import torch
 
 from ..core.heads import Head
 from ..core.interventions import Ablate
+from ..cost import cost_meter
 from ..evaluation import evaluate
 from ..patching.metrics import logit_diff, reduce_metric
 from ..patching.paths import path_patching
 from ..tasks.base import EncodedTask, Task
 from ..tasks.mcq import shuffle_labels
-from . import scans
+from . import remote, scans
 from .circuit import GnACircuit, HeadEvidence, RoleNeed
-from .roles import RoleThresholds, entry_shares, label, pattern_agrees, role_scores
+from .roles import RoleScores, RoleThresholds, entry_shares, label, pattern_agrees, role_scores
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
@@ -66,12 +68,14 @@ def discover(
     stages: Sequence[str] = STAGES,
     layers: Sequence[int] | None = None,
     max_candidates: int = 16,
-    max_heads_per_role: int = 5,
+    max_heads_per_role: int = 8,
     chance_margin: float = 0.10,
     thresholds: RoleThresholds | None = None,
     pattern_prompts: int = 64,
     screen_above: int = 64,
     check_labels: bool = True,
+    prescreen_above: int = 64,
+    prescreen_keep: int | None = None,
     progress: bool = True,
 ) -> GnACircuit:
     """Find the G&A heads of ``model`` on ``task``.
@@ -84,11 +88,18 @@ def discover(
         layers: layers to head-scan; default every layer.
         max_candidates: heads examined for roles: the most harmful ones when ablated
             (every head of the scanned layers, if there are at most this many).
-        max_heads_per_role: largest head set tried when measuring what a role needs.
+        max_heads_per_role: largest head set tried when measuring what a role needs: a
+            role whose heads together do not collapse accuracy keeps growing up to it (the
+            curve of accuracy against heads ablated is in ``circuit.needs[role].curve``).
         chance_margin: "collapsed" means accuracy at most chance + this.
         thresholds: role-label thresholds (`RoleThresholds`).
         pattern_prompts: prompts used for the pattern scores.
         screen_above: layers with more heads are pre-screened in groups.
+        prescreen_above: when the scanned layers hold more heads than this, only some are
+            ablated one by one (`scans.prescreen`): every head of the layers whose removal
+            costs at least ``thresholds.min_effect`` (layer scan), and the
+            ``prescreen_keep`` heads with the largest attribution estimate (default
+            ``2 * max_candidates``). The others are not measured (NaN in ``head_scan``).
         check_labels: on multiple-choice tasks, measure the accuracy with the labels
             shuffled (`tasks.shuffle_labels`), as ``accuracy["shuffled_labels"]``.
         progress: progress bars: one per scan, and `evaluate`'s per-batch bars (its
@@ -96,8 +107,49 @@ def discover(
             baseline, the label check and the confirmation. ``False``: no bar at all.
 
     Returns:
-        a `GnACircuit`.
+        a `GnACircuit`; its ``cost`` holds what discovery ran (`gna_interp.cost`): forwards,
+        rows, block evaluations, passes over the task, remote requests, seconds. Forwards
+        over a batch seen before start from its cached clean prefix (`GnaModel.prefix_cache`).
     """
+    with model.prefix_cache(), cost_meter(model) as cost:
+        started = time.perf_counter()
+        circuit = _discover(
+            model,
+            task,
+            stages=stages,
+            layers=layers,
+            max_candidates=max_candidates,
+            max_heads_per_role=max_heads_per_role,
+            chance_margin=chance_margin,
+            thresholds=thresholds,
+            pattern_prompts=pattern_prompts,
+            screen_above=screen_above,
+            check_labels=check_labels,
+            prescreen_above=prescreen_above,
+            prescreen_keep=2 * max_candidates if prescreen_keep is None else prescreen_keep,
+            progress=progress,
+        )
+    circuit.cost = {**cost.to_dict(len(task)), "seconds": time.perf_counter() - started}
+    return circuit
+
+
+def _discover(
+    model: GnaModel,
+    task: Task,
+    *,
+    stages: Sequence[str],
+    layers: Sequence[int] | None,
+    max_candidates: int,
+    max_heads_per_role: int,
+    chance_margin: float,
+    thresholds: RoleThresholds | None,
+    pattern_prompts: int,
+    screen_above: int,
+    check_labels: bool,
+    prescreen_above: int,
+    prescreen_keep: int,
+    progress: bool,
+) -> GnACircuit:
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise ValueError(f"unknown stages {unknown}: expected a subset of {STAGES}")
@@ -111,12 +163,14 @@ def discover(
         model.check_layer(layer)
 
     evaluate_bars = None if progress else False  # evaluate's own default for single evaluations, or none
-    clean = evaluate(model, task, progress=evaluate_bars)
+    batched = remote.batched(model)  # a remote model: each stage in one request (`remote`)
+    first = remote.first_scans(model, task, stages, check_labels) if batched else None
+    clean = first.clean if first is not None else evaluate(model, task, progress=evaluate_bars)
     chance = clean.chance
     notes = []
     if clean.accuracy < chance + chance_margin:
         notes.append(f"clean accuracy {clean.accuracy:.3f} is near chance ({chance:.3f}): there is no retrieval to explain")
-        warnings.warn(notes[-1], NoRetrievalWarning, stacklevel=2)
+        warnings.warn(notes[-1], NoRetrievalWarning, stacklevel=3)
     circuit = GnACircuit(
         model=model.name,
         family=model.arch.family,
@@ -137,18 +191,26 @@ def discover(
             "thresholds": thresholds.to_dict(),
             "pattern_prompts": pattern_prompts,
             "check_labels": check_labels,
+            "prescreen_above": prescreen_above,
+            "prescreen_keep": prescreen_keep,
         },
     )
     if check_labels and clean.accuracy >= chance + chance_margin:
-        _check_labels(model, task, circuit, chance + chance_margin, evaluate_bars)
+        _check_labels(model, task, circuit, chance + chance_margin, evaluate_bars, None if first is None else first.shuffled)
     if "truncation" in stages:
-        circuit.truncation = scans.truncation_scan(model, task, progress=progress)
-        circuit.critical_layer = scans.critical_layer(circuit.truncation, clean.accuracy, chance)
+        circuit.truncation = scans.truncation_scan(model, task, progress=progress) if first is None else first.truncation
+        circuit.critical_layer = scans.critical_layer(circuit.truncation, clean.accuracy, chance)  # type: ignore[arg-type]
     if "layers" in stages:
-        circuit.layer_scan = scans.layer_scan(model, task, progress=progress)
+        circuit.layer_scan = scans.layer_scan(model, task, progress=progress) if first is None else first.layer_scan
     if "heads" not in stages:
         return circuit
-    scan = scans.head_scan(model, task, scan_layers, screen_above=screen_above, progress=progress)
+    only = None
+    if sum(model.heads_per_layer[layer] for layer in scan_layers) > prescreen_above:
+        costly = [layer for layer, accuracy in enumerate(circuit.layer_scan or []) if clean.accuracy - accuracy >= thresholds.min_effect]
+        only, estimates = scans.prescreen(model, task, scan_layers, [layer for layer in costly if layer in scan_layers], prescreen_keep)
+        if estimates is not None:
+            circuit.attribution = [[_float(v) for v in row] for row in estimates]
+    scan = scans.head_scan(model, task, scan_layers, screen_above=screen_above, only=only, progress=progress)
     circuit.head_scan = [[None if v != v else float(v) for v in row] for row in scan.accuracy.tolist()]
     candidates = _candidates(scan.accuracy, scan.verified, max_candidates)
     evidence = {h: HeadEvidence(h, None, float(scan.accuracy[h.layer, h.head]), bool(scan.verified[h.layer, h.head])) for h in candidates}
@@ -160,8 +222,10 @@ def discover(
         local = [h for h in harmful if _acts_where_it_writes(model, h)]
         for head, entry in scans.entry_scan(model, task, encoded, local, progress=progress).items():
             evidence[head].entry = entry
+    ahead = remote.pool_heads(model, harmful, evidence, screen_above) if batched and "joint" in stages else []
+    measured = role_scores(model, encoded, [*candidates, *ahead], pattern_prompts) if "roles" in stages and candidates else {}
     if "roles" in stages and candidates:
-        for head, scores in role_scores(model, encoded, candidates, pattern_prompts).items():
+        for head, scores in ((h, measured[h]) for h in candidates):
             item = evidence[head]
             item.scores = scores
             if head in harmful:
@@ -175,7 +239,10 @@ def discover(
     circuit.aggregate = [e.head for e in by_harm if e.role == "aggregate"]
     if "joint" in stages and "roles" in stages and encoded.single_token:  # positions need single-token scoring
         search = _JointSearch(model, task, encoded, evidence, scan, thresholds, pattern_prompts, screen_above, progress)
-        for role in ("aggregate", "gather"):
+        search.scored = {h: measured[h] for h in ahead}
+        if batched:
+            circuit.needs |= remote.joint_search(search, circuit, chance + chance_margin, max_heads_per_role)
+        for role in ("aggregate", "gather") if not batched else ():
             if getattr(circuit, role):
                 need = search.run(circuit, role, chance + chance_margin, max_heads_per_role)
                 if need is not None:
@@ -210,8 +277,12 @@ class _JointSearch:
     ) -> None:
         self.model, self.task, self.encoded, self.evidence, self.scan = model, task, encoded, evidence, scan
         self.thresholds, self.pattern_prompts, self.screen_above, self.progress = thresholds, pattern_prompts, screen_above, progress
+        self.scored: dict[Head, RoleScores] = {}
+        """Pattern scores measured ahead (a remote run measures every head it may need in one request)."""
 
-    def pool(self, circuit: GnACircuit, role: str) -> list[Head]:
+    def pool(self, circuit: GnACircuit, role: str, bounded: bool = True) -> list[Head]:
+        """The role's pool (module docs); ``bounded=False``: a Gather pool without the bound
+        of the last Aggregate position (a remote search applies it on the server)."""
         members: list[Head] = getattr(circuit, role)
         other = "gather" if role == "aggregate" else "aggregate"
         pool = []
@@ -221,7 +292,10 @@ class _JointSearch:
                 layer_heads = [h for h in layer_heads if h in self.evidence]
             pool += [h for h in layer_heads if h not in self.evidence or self.evidence[h].role != other]
         unscored = [h for h in pool if h not in self.evidence or self.evidence[h].scores is None]
-        for head, scores in (role_scores(self.model, self.encoded, unscored, self.pattern_prompts) if unscored else {}).items():
+        measured = {h: self.scored[h] for h in unscored if h in self.scored}
+        missing = [h for h in unscored if h not in measured]
+        measured |= role_scores(self.model, self.encoded, missing, self.pattern_prompts) if missing else {}
+        for head, scores in ((h, measured[h]) for h in unscored):
             if head not in self.evidence:
                 layer, index = head.layer, head.head
                 accuracy, verified = _float(self.scan.accuracy[layer, index]), bool(self.scan.verified[layer, index])
@@ -240,13 +314,14 @@ class _JointSearch:
                 )
             ]
         last_aggregate = max((position(h) for h in circuit.aggregate), default=(self.model.n_layers, 0))
-        return [h for h in pool if h in members or position(h) < last_aggregate]
+        return [h for h in pool if h in members or position(h) < last_aggregate or not bounded]
 
     def run(self, circuit: GnACircuit, role: str, threshold: float, max_heads: int) -> RoleNeed | None:
         """The role's joint set (``None`` if no head lowers accuracy at the role's positions:
         confirmation then falls back to the most harmful heads of the role)."""
         positions = self.encoded.final if role == "aggregate" else scans.segment_positions(self.encoded)
         pool = self.pool(circuit, role)
+        curve: list[tuple[Head, float]] = []
         chosen, _, _ = scans.joint_set(
             self.model,
             self.task,
@@ -257,9 +332,17 @@ class _JointSearch:
             progress=self.progress,
             desc=f"joint {role}",
             clean=circuit.accuracy["clean"],
+            curve=curve,
         )
         if not chosen:
             return None
+        accuracy = evaluate(self.model, self.task, [Ablate(chosen)], progress=False).accuracy
+        return self.accept(circuit, role, chosen, curve, accuracy, threshold)
+
+    def accept(
+        self, circuit: GnACircuit, role: str, chosen: list[Head], curve: list[tuple[Head, float]], accuracy: float, threshold: float
+    ) -> RoleNeed:
+        """Give the chosen heads the role (``joint=True`` for those it adds) and return the need."""
         members: list[Head] = getattr(circuit, role)
         for head in chosen:
             item = self.evidence[head]
@@ -267,24 +350,26 @@ class _JointSearch:
                 item.role, item.joint = role, True
                 item.pattern_agrees = None if item.scores is None else pattern_agrees(role, item.scores)
                 members.append(head)
-        accuracy = evaluate(self.model, self.task, [Ablate(chosen)], progress=False).accuracy
-        return RoleNeed(chosen, accuracy, accuracy <= threshold)
+        return RoleNeed(chosen, accuracy, accuracy <= threshold, curve, "final" if role == "aggregate" else "segments")
 
 
-def _check_labels(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float, evaluate_bars: bool | None) -> None:
-    """Accuracy with the labels shuffled (skipped for tasks that are not multiple choice)."""
+def _check_labels(
+    model: GnaModel, task: Task, circuit: GnACircuit, threshold: float, evaluate_bars: bool | None, measured: float | None = None
+) -> None:
+    """Accuracy with the labels shuffled (skipped for tasks that are not multiple choice);
+    ``measured``: already measured (a remote run measures it with the first scans)."""
     try:
         relabelled = shuffle_labels(task)
     except ValueError:
         return
-    shuffled = evaluate(model, relabelled, progress=evaluate_bars).accuracy
+    shuffled = evaluate(model, relabelled, progress=evaluate_bars).accuracy if measured is None else measured
     circuit.accuracy["shuffled_labels"] = shuffled
     if shuffled < threshold:
         circuit.warnings.append(
             f"with the labels shuffled, accuracy falls from {circuit.accuracy['clean']:.3f} to {shuffled:.3f}: the model answers "
             "by the option's place, not by its label, so its heads may count options rather than gather and aggregate them"
         )
-        warnings.warn(circuit.warnings[-1], PositionalAnswerWarning, stacklevel=3)
+        warnings.warn(circuit.warnings[-1], PositionalAnswerWarning, stacklevel=4)
 
 
 def _acts_where_it_writes(model: GnaModel, head: Head) -> bool:
@@ -331,31 +416,54 @@ def _gather_before_aggregate(evidence: dict[Head, HeadEvidence], position: Calla
 
 
 def _confirm(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float, max_heads: int, evaluate_bars: bool | None) -> None:
-    def accuracy_without(heads: list[Head]) -> float:
-        return evaluate(model, task, [Ablate(heads)], progress=evaluate_bars).accuracy if heads else circuit.accuracy["clean"]
-
-    circuit.accuracy["-gather"] = accuracy_without(circuit.gather)
-    circuit.accuracy["-aggregate"] = accuracy_without(circuit.aggregate)
-    circuit.accuracy["-both"] = accuracy_without([*circuit.gather, *circuit.aggregate])
+    clean = circuit.accuracy["clean"]
+    sets = {"-gather": circuit.gather, "-aggregate": circuit.aggregate, "-both": [*circuit.gather, *circuit.aggregate]}
     kept = {*circuit.gather, *circuit.aggregate}
     if kept:
         layers = {h.layer for h in kept}
-        others = [Head(layer, h) for layer in sorted(layers) for h in range(model.heads_per_layer[layer]) if Head(layer, h) not in kept]
-        circuit.accuracy["only_gna"] = accuracy_without(others)
-    for role, heads in (("gather", circuit.gather), ("aggregate", circuit.aggregate)):
-        if heads and role not in circuit.needs:
-            clean = circuit.accuracy["clean"]
-            chosen, accuracy, reached = scans.collapsing_set(
-                model, task, heads, threshold, max_heads, clean, evaluate_progress=evaluate_bars
-            )
-            circuit.needs[role] = RoleNeed(chosen, accuracy, reached)
-    circuit.path_patching = _gather_to_aggregate(model, task, circuit)
+        sets["only_gna"] = [
+            Head(layer, h) for layer in sorted(layers) for h in range(model.heads_per_layer[layer]) if Head(layer, h) not in kept
+        ]
+    fallback = {
+        role: heads for role, heads in (("gather", circuit.gather), ("aggregate", circuit.aggregate)) if heads and role not in circuit.needs
+    }
+    logits: list[torch.Tensor] | None = None
+    measured: dict[str, float] = {}
+    prefixes: dict[str, list[float]] = {}
+    if remote.batched(model):  # one request: every accuracy below, and the path-patching metric's logits
+        corrupt = task.corrupted() if circuit.gather and circuit.aggregate else None
+        measured, prefixes, logits = remote.confirm(model, task, {k: v for k, v in sets.items() if v}, fallback, max_heads, corrupt)
+    for name, heads in sets.items():
+        if not heads:
+            circuit.accuracy[name] = clean
+        elif logits is not None:
+            circuit.accuracy[name] = measured[name]
+        else:
+            circuit.accuracy[name] = evaluate(model, task, [Ablate(heads)], progress=evaluate_bars).accuracy
+    for role, heads in fallback.items():
+        curve: list[tuple[Head, float]] = []
+        if logits is not None:  # the cumulative sets were all measured: stop where the sequential search stops
+            for head, accuracy in zip(heads, prefixes[role], strict=False):
+                curve.append((head, accuracy))
+                if accuracy <= threshold:
+                    break
+            chosen, accuracy = [head for head, _ in curve], curve[-1][1]
+            circuit.needs[role] = RoleNeed(chosen, accuracy, accuracy <= threshold, curve, "all")
+            continue
+        chosen, accuracy, reached = scans.collapsing_set(
+            model, task, heads, threshold, max_heads, clean, evaluate_progress=evaluate_bars, curve=curve
+        )
+        circuit.needs[role] = RoleNeed(chosen, accuracy, reached, curve, "all")
+    circuit.path_patching = _gather_to_aggregate(model, task, circuit, logits)
 
 
-def _gather_to_aggregate(model: GnaModel, task: Task, circuit: GnACircuit) -> dict[str, float] | None:
+def _gather_to_aggregate(
+    model: GnaModel, task: Task, circuit: GnACircuit, logits: list[torch.Tensor] | None = None
+) -> dict[str, float] | None:
     """Path patching of the edge: the Gather heads switched to a corrupted prompt (another
     correct option), their change allowed to reach the output only through the Aggregate
-    heads of later layers. Metric: logit of the clean answer minus the corrupted one."""
+    heads of later layers. Metric: logit of the clean answer minus the corrupted one.
+    ``logits``: the clean and corrupt final logits, if already measured."""
     if not circuit.gather or not circuit.aggregate:
         return None
     last_gather = max(model.head_position(h) for h in circuit.gather)
@@ -373,8 +481,9 @@ def _gather_to_aggregate(model: GnaModel, task: Task, circuit: GnACircuit) -> di
     right = clean_enc.candidate_ids[rows, clean_enc.correct]
     wrong = corrupt_enc.candidate_ids[rows, corrupt_enc.correct]
     metric = logit_diff(right, wrong)
-    clean_value = reduce_metric(metric(model.logits(task)))
-    corrupt_value = reduce_metric(metric(model.logits(corrupt)))
+    clean_logits, corrupt_logits = logits if logits is not None else (model.logits(task), model.logits(corrupt))
+    clean_value = reduce_metric(metric(clean_logits))
+    corrupt_value = reduce_metric(metric(corrupt_logits))
     path = path_patching(model, task, corrupt, circuit.gather, receivers, metric)
     span = clean_value - corrupt_value
     return {

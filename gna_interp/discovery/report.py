@@ -105,8 +105,9 @@ def _curves(circuit: GnACircuit, model: Any, task: Any) -> None:
     from .picture import need_curve
 
     for need in circuit.needs.values():
-        if need.curve is None and model is not None and task is not None and need.heads:
-            need.curve = need_curve(model, task, need.heads, need.accuracy)
+        if not need.curve and model is not None and task is not None and need.heads:
+            need.curve = list(zip(need.heads, need_curve(model, task, need.heads), strict=True))  # at every position
+            need.curve_positions = "all"
 
 
 def _short(circuit: GnACircuit, head: Any) -> str:
@@ -114,11 +115,18 @@ def _short(circuit: GnACircuit, head: Any) -> str:
     return circuit.named([head]).replace(" (attention)", " attn").replace(" (ssm)", " ssm")
 
 
+_ROLE_AT = {
+    (role, positions): f"{role}{where}"
+    for role in ("aggregate", "gather")
+    for positions, where in (("all", ""), ("final", " (at the final position)"), ("segments", " (on the segments)"))
+}
+
+
 def _needs_svg(circuit: GnACircuit) -> str | None:
     curves = [
-        (role, [_short(circuit, h) for h in need.heads], need.curve, need.reached_chance)
+        (_ROLE_AT[role, need.curve_positions], [_short(circuit, h) for h, _ in need.curve], [a for _, a in need.curve], need.reached_chance)
         for role, need in sorted(circuit.needs.items())
-        if need.curve is not None and len(need.curve) == len(need.heads)
+        if need.curve
     ]
     chance = circuit.accuracy["chance"]
     threshold = chance + float(circuit.settings.get("chance_margin", 0.0))
@@ -182,6 +190,11 @@ def _section(circuit: GnACircuit, model: Any, task: Any, folder: Path) -> str:
     parts.append(f"<h2>{html.escape(circuit.model)} <small>({html.escape(circuit.family)}, {html.escape(circuit.task)})</small></h2>")
     parts += [f'<p class="note">{html.escape(w)}</p>' for w in circuit.warnings]
     tables = [_table([{"condition": k, "accuracy": v} for k, v in circuit.accuracy.items()])]
+    if circuit.cost is not None:
+        tables.append(
+            "<p>What discovery ran (passes: rows x blocks evaluated / (prompts x layers)):</p>"
+            + _table([{"quantity": k, "value": v} for k, v in circuit.cost.items()])
+        )
     if circuit.path_patching is not None:
         tables.append(
             "<div><p>Path patching, Gather &rarr; Aggregate<br>(logit of the clean answer minus the corrupted one):</p>"
@@ -230,7 +243,7 @@ def write_report(items: list[ReportLike], directory: str | Path) -> Path:
     body.append("<h2>Heads per role and sharpness</h2>")
     body.append(
         '<p class="caption">How many heads of each role, ablated together, bring accuracy to chance (at most '
-        f"{circuits[0].settings.get('max_heads_per_role', 5)} tried), and how sharp the rows they use are "
+        f"{circuits[0].settings.get('max_heads_per_role', 8)} tried), and how sharp the rows they use are "
         "(Gather: segment-end rows; Aggregate: the final row). Reported as measured.</p>"
     )
     body.append(_table(contrast_rows(circuits)))

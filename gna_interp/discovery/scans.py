@@ -15,16 +15,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from ..backends.jobs import is_batched_remote
 from ..core.heads import Head
 from ..core.interventions import Ablate, Intervention, SkipLayers, Truncate
-from ..evaluation import evaluate
+from ..evaluation import evaluate, evaluate_many
+from ..models.inputs import Batch
 from ..patching.metrics import candidate_accuracy
 from ..patching.sweeps import ablation_sweep
 from ..progress import progress_bar
@@ -70,6 +72,40 @@ class HeadScan:
     """``[layer, head]`` bool: measured alone (not only through its group)."""
 
 
+def prescreen(
+    model: GnaModel, task: Task, layers: Sequence[int], harmful_layers: Sequence[int], keep: int, rows: int = 64
+) -> tuple[list[Head], Tensor | None]:
+    """Which heads of ``layers`` to ablate one by one when there are too many: every head of
+    ``harmful_layers`` (from the layer scan: removing the layer costs accuracy), and the
+    ``keep`` heads with the largest attribution estimate of their zero-ablation effect on
+    the candidate logit difference (`ablation_attribution`; one forward and one backward).
+    A head whose estimate is exactly 0 (its output reaches nothing the metric depends on,
+    e.g. its out-projection columns are zero) is kept only through its layer. Remote
+    models get no attribution (no local backward): the layers alone.
+
+    Returns:
+        the heads, layer-major, and the ``[layer, head]`` estimates (``None`` without them).
+    """
+    from ..patching.attribution import ablation_attribution
+    from ..patching.metrics import candidate_logit_diff
+
+    scanned = [Head(layer, h) for layer in layers for h in range(model.heads_per_layer[layer])]
+    chosen = {head for head in scanned if head.layer in set(harmful_layers)}
+    estimates = None
+    if not getattr(model.backend, "remote", False) and scanned:
+        encoded = task.encode(task.tokenizer_for(model.tokenizer))
+        estimates = torch.zeros(model.n_layers, model.n_heads)
+        for start in range(0, encoded.batch.n_rows, rows):  # gradients of `rows` prompts at a time
+            stop = min(start + rows, encoded.batch.n_rows)
+            chunk = Batch(encoded.batch.input_ids[start:stop], encoded.batch.attention_mask[start:stop])
+            metric = candidate_logit_diff(encoded.candidate_ids[start:stop], encoded.correct[start:stop])
+            result = ablation_attribution(model, chunk, metric, scanned)
+            estimates += (result.scores - result.baseline).nan_to_num() * (stop - start) / encoded.batch.n_rows
+        ranked = sorted(scanned, key=lambda h: (-abs(float(estimates[h.layer, h.head])), h))
+        chosen |= {h for h in ranked[:keep] if float(estimates[h.layer, h.head]) != 0.0}
+    return sorted(chosen), estimates
+
+
 def head_scan(
     model: GnaModel,
     task: Task,
@@ -78,12 +114,17 @@ def head_scan(
     screen_above: int = 64,
     group_size: int = 16,
     verify_groups: int = 4,
+    only: Collection[Head] | None = None,
     progress: bool = True,
 ) -> HeadScan:
-    """Single-head zero-ablation accuracy for every head of ``layers`` (see module docs)."""
+    """Single-head zero-ablation accuracy for every head of ``layers`` (see module docs);
+    with ``only``, for those heads alone (a `prescreen`; no grouped screening then)."""
     accuracy = torch.full((model.n_layers, model.n_heads), float("nan"))
     verified = torch.zeros(model.n_layers, model.n_heads, dtype=torch.bool)
     direct: list[Head] = []
+    if only is not None:
+        layers = []
+        direct = sorted(only)
     for layer in layers:
         heads = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
         if len(heads) <= screen_above:
@@ -132,6 +173,10 @@ def entry_scan(
     if not encoded.single_token or not heads:
         return {}
     where = {"final": encoded.final, "segments": segment_positions(encoded), "ends": encoded.segment_ends}
+    if is_batched_remote(model):  # every evaluation in one request
+        runs = [(task, [Ablate([head], positions=positions)]) for head in heads for positions in where.values()]
+        values = iter(result.accuracy for result in evaluate_many(model, runs))
+        return {head: {name: next(values) for name in where} for head in heads}
     out: dict[Head, dict[str, float]] = {}
     for head in progress_bar(list(heads), show=progress, desc="entry scan"):
         out[head] = {name: _accuracy(model, task, [Ablate([head], positions=positions)]) for name, positions in where.items()}
@@ -149,6 +194,7 @@ def joint_set(
     progress: bool = True,
     desc: str = "joint search",
     clean: float | None = None,
+    curve: list[tuple[Head, float]] | None = None,
 ) -> tuple[list[Head], float, bool]:
     """Greedy search for heads that matter together: at each step, add the head of
     ``pool`` whose ablation at ``positions``, jointly with the heads already chosen,
@@ -157,6 +203,7 @@ def joint_set(
 
     Args:
         clean: the accuracy with nothing ablated, if already known (else measured).
+        curve: if given, ``(head, accuracy)`` of each step is appended to it.
 
     Returns:
         the heads chosen (in order), the accuracy with them ablated at ``positions``, and
@@ -174,6 +221,8 @@ def joint_set(
         chosen.append(best)
         remaining.remove(best)
         accuracy = trials[best]
+        if curve is not None:
+            curve.append((best, accuracy))
         if accuracy <= threshold:
             return chosen, accuracy, True
     return chosen, accuracy, False
@@ -188,6 +237,7 @@ def collapsing_set(
     clean: float,
     *,
     evaluate_progress: bool | None = None,
+    curve: list[tuple[Head, float]] | None = None,
 ) -> tuple[list[Head], float, bool]:
     """Ablate ``ordered`` heads cumulatively until accuracy is at most ``threshold``.
 
@@ -195,6 +245,7 @@ def collapsing_set(
         clean: the accuracy with nothing ablated (returned when ``ordered`` is empty).
         evaluate_progress: `evaluate`'s per-batch bars (``None``: its default; ``False``:
             none). This search draws no bar of its own.
+        curve: if given, ``(head, accuracy)`` of each cumulative ablation is appended to it.
 
     Returns:
         the heads used, the accuracy with all of them ablated, and whether the
@@ -205,6 +256,8 @@ def collapsing_set(
     for head in list(ordered)[:max_heads]:
         chosen.append(head)
         accuracy = evaluate(model, task, [Ablate(chosen)], progress=evaluate_progress).accuracy
+        if curve is not None:
+            curve.append((head, accuracy))
         if accuracy <= threshold:
             return chosen, accuracy, True
     return chosen, accuracy, False

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -12,9 +12,13 @@ from torch import Tensor
 from ..core.arch import ArchSpec, LayerKind, LayerMixer, LayerSpec, check_head_in
 from ..core.heads import Head, Resid, Target
 from ..core.interventions import Ablate, Intervention, as_interventions
-from ..core.plan import Site, SiteKind
+from ..core.plan import Plan, Site, SiteKind
 from .inputs import Batch, make_batch
+from .prefix import DEFAULT_PREFIX_MB, PrefixCache
 from .swap_block import swapped_in_layers
+
+if TYPE_CHECKING:
+    from ..backends.base import RunOutput
 
 
 class GnaModel:
@@ -58,6 +62,7 @@ class GnaModel:
         self.d_model: int = int(config.hidden_size)
         self.vocab_size: int = int(config.vocab_size)
         self._ambient: list[Intervention] = []
+        self._prefix: PrefixCache | None = None
         self.foreign_layers: dict[int, str] = swapped_in_layers(hf_model, arch.layers_path)
         """Layers holding a block of another family: layer -> the donor's ``model_type``.
         Set by `swap_layers` on a `GnaModel` target for its context, and found when a model
@@ -201,7 +206,7 @@ class GnaModel:
         targets = list(capture)
         sites = {self.site_of(t) for t in targets}
         plan = compile_plan(self, batch, [*self._ambient, *as_interventions(interventions)])
-        out = self.backend.run(batch, plan, capture=sites)
+        out = self.run_plan(batch, plan, capture=sites)
         acts: dict[Target, Tensor] = {}
         for target in targets:
             if isinstance(target, Head):
@@ -210,6 +215,28 @@ class GnaModel:
             else:
                 acts[target] = out.acts[self.site_of(target)]
         return out.logits, acts
+
+    def run_plan(self, batch: Batch, plan: Plan, capture: Collection[Site] = ()) -> RunOutput:
+        """``backend.run``, starting from the clean prefix cached by an open `prefix_cache`
+        where the plan allows (see `gna_interp.models.prefix`)."""
+        if self._prefix is None:
+            return self.backend.run(batch, plan, capture=capture)  # type: ignore[no-any-return]
+        return self._prefix.run(batch, plan, capture)
+
+    @contextmanager
+    def prefix_cache(self, max_mb: float = DEFAULT_PREFIX_MB) -> Iterator[PrefixCache | None]:
+        """Inside the block, forwards over a batch seen before start at their first edited
+        block from its cached clean residual stream (`gna_interp.models.prefix`): the same
+        numbers, fewer blocks evaluated. Nested blocks share the outer cache; a remote model
+        gets none (yields ``None``). The cache is dropped on exit."""
+        if self._prefix is not None or getattr(self.backend, "remote", False):
+            yield self._prefix
+            return
+        self._prefix = PrefixCache(self, max_mb)
+        try:
+            yield self._prefix
+        finally:
+            self._prefix = None
 
     def logits(self, inputs: Any, interventions: Intervention | Sequence[Intervention] = ()) -> Tensor:
         """``[batch, pos, vocab]`` logits with ``interventions`` (and any active

@@ -1,8 +1,8 @@
 """Ablation, activation patching, path patching, attribution patching, and the batched
 variant runner they share."""
 
-from .attribution import attribution_patching
-from .metrics import candidate_accuracy, logit_diff, target_logprob
+from .attribution import ablation_attribution, attribution_patching
+from .metrics import candidate_accuracy, candidate_logprob, logit_diff, target_logprob
 from .paths import LOGITS, path_patching, path_patching_sweep
 from .results import SweepResult
 from .sweeps import ablation_sweep, patching_sweep
@@ -10,9 +10,11 @@ from .sweeps import ablation_sweep, patching_sweep
 __all__ = [
     "LOGITS",
     "SweepResult",
+    "ablation_attribution",
     "ablation_sweep",
     "attribution_patching",
     "candidate_accuracy",
+    "candidate_logprob",
     "logit_diff",
     "patching_sweep",
     "path_patching",

@@ -30,6 +30,7 @@ from torch import Tensor
 from ..core.heads import Head
 from ..core.interventions import Intervention
 from ..core.plan import Site, SiteKind
+from ..cost import charge
 from .compile import check_aligned, clean_corrupt_batches, compile_plan, heads_by_site
 from .metrics import Metric, check_metric, reduce_metric
 from .results import SweepResult
@@ -102,6 +103,55 @@ def attribution_patching(
         per_token = (delta * grad).sum(-1)  # heads: [batch, pos, head]; resid: [batch, pos]
         effects[site] = per_token.sum(0) if by_position else per_token.sum((0, 1))
     return _result(model, sites, head_list, effects, baseline, reference, target.n_pos, by_position, direction)
+
+
+def ablation_attribution(
+    model: GnaModel,
+    inputs: Any,
+    metric: Metric,
+    heads: Sequence[Head] | None = None,
+    *,
+    interventions: Sequence[Intervention] = (),
+) -> SweepResult:
+    """First-order estimate of `ablation_sweep` (zero ablation) for every head at once.
+
+    Zero-ablating a head replaces its output ``a`` by 0, so to first order the metric
+    moves by ``(0 - a) . dm/da``: one forward and one backward give every head's estimate.
+    Exact where the metric is linear in the head's output (a test builds such a model);
+    elsewhere an estimate, used by `discover` to choose which heads to ablate one by one.
+
+    Args:
+        model: a `GnaModel` with local weights.
+        inputs: prompts or token ids.
+        metric: logits -> scalar or ``[batch]`` tensor, differentiable (``candidate_logprob``,
+            ``logit_diff``; not ``candidate_accuracy``). Averaged over the rows.
+        heads: heads to score (default every head).
+        interventions: applied to every row, on top of active contexts.
+
+    Returns:
+        `SweepResult` of kind ``"attribution"``: ``scores`` ``[layer, head]`` = baseline +
+        estimated effect (NaN for heads not scored), ``baseline`` the metric.
+    """
+    if getattr(model.backend, "remote", False):
+        raise ValueError("ablation_attribution needs gradients of a local forward: load the model without remote=")
+    head_list = list(model.heads if heads is None else heads)
+    if not head_list:
+        raise ValueError("heads is empty: expected at least one Head (or None for every head)")
+    batch = model.to_batch(inputs)
+    site_list = sorted(heads_by_site(model, head_list))
+    ambient = [*model.active_interventions, *interventions]
+    out = model.backend.run(batch, compile_plan(model, batch, ambient), capture=set(site_list), grad=True)
+    value = _scalar(metric(out.logits))
+    grads = _gradients(value, [out.acts[site] for site in site_list])
+    charge(model.backend, backwards=1, backward_block_rows=batch.n_rows * model.n_layers)
+    total = float(value.detach())
+    effects = {site: (-out.acts[site].detach() * grad).sum((0, 1, 3)).float().cpu() for site, grad in zip(site_list, grads, strict=True)}
+    scores = torch.full((model.n_layers, model.n_heads), float("nan"))
+    for head in head_list:
+        site, index = model.head_site(head)
+        scores[head.layer, head.head] = total + effects[site][index]  # effects: [head] of the site
+    meta = {"how": "zero", "method": "attribution", "n_prompts": batch.n_rows}
+    return SweepResult(scores, ("layer", "head"), total, kind="attribution", meta=meta)
 
 
 def _scalar(value: Tensor | float) -> Tensor:

@@ -48,7 +48,7 @@ def logit_diff(correct: TokenSpec, incorrect: TokenSpec, position: int = -1) -> 
         bad = final.gather(1, _token_table(incorrect, final.shape[0], "incorrect").to(final.device)).mean(1)
         return good - bad
 
-    return metric
+    return _reads(metric, position)
 
 
 def target_logprob(targets: TokenSpec, position: int = -1) -> Metric:
@@ -61,7 +61,7 @@ def target_logprob(targets: TokenSpec, position: int = -1) -> Metric:
             raise ValueError(f"targets has {table.shape[1]} ids per row: target_logprob takes one id per row")
         return logprobs.gather(1, table).squeeze(1)
 
-    return metric
+    return _reads(metric, position)
 
 
 def candidate_accuracy(candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int = -1) -> Metric:
@@ -78,6 +78,41 @@ def candidate_accuracy(candidates: TokenSpec, correct: Sequence[int] | Tensor, p
         chosen = final.gather(1, table).argmax(1)
         return (chosen == correct_index.to(final.device)).float()
 
+    return _reads(metric, position)
+
+
+def candidate_logprob(candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int = -1) -> Metric:
+    """Log-probability of the correct candidate among ``candidates`` alone (a log-softmax
+    over their logits): the differentiable counterpart of `candidate_accuracy`."""
+    correct_index = torch.as_tensor(correct, dtype=torch.long).view(-1, 1)
+
+    def metric(logits: Tensor) -> Tensor:
+        final = logits[:, position].float()
+        table = _token_table(candidates, final.shape[0], "candidates").to(final.device)
+        return final.gather(1, table).log_softmax(-1).gather(1, correct_index.to(final.device)).squeeze(1)
+
+    return _reads(metric, position)
+
+
+def candidate_logit_diff(candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int = -1) -> Metric:
+    """Logit of the correct candidate minus the mean logit of the other candidates: linear
+    in the logits, so it does not saturate where the model is confident (as
+    `candidate_logprob` does); what attribution estimates best."""
+    correct_index = torch.as_tensor(correct, dtype=torch.long).view(-1, 1)
+
+    def metric(logits: Tensor) -> Tensor:
+        final = logits[:, position].float()
+        table = final.gather(1, _token_table(candidates, final.shape[0], "candidates").to(final.device))
+        right = table.gather(1, correct_index.to(final.device)).squeeze(1)
+        return right - (table.sum(1) - right) / max(1, table.shape[1] - 1)
+
+    return _reads(metric, position)
+
+
+def _reads(metric: Metric, position: int) -> Metric:
+    """Tag ``metric`` with the one position it reads (``metric.position``): a sweep on a
+    remote model then asks only for that position's logits back."""
+    metric.position = position  # type: ignore[attr-defined]
     return metric
 
 

@@ -10,7 +10,8 @@ Prefix reuse: every block before the first one a variant touches computes exactl
 the baseline run computed. So variants are sorted by that first layer, and each chunk
 starts at its earliest one from the baseline's residual stream there
 (``Plan.start``); earlier blocks are not run again. The baseline run is the one
-forward every sweep needs anyway.
+forward every sweep needs anyway. On a remote nnsight model the baseline and every chunk
+go in one session request, the prefix captured and used on the server.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ..core.plan import Edit, Plan, Site, SiteKind
+from ..backends.jobs import Job, is_batched_remote, run_jobs
+from ..core.plan import Edit, Plan, Ref, Site, SiteKind
 from ..models.inputs import Batch
 from ..progress import progress_bar
 from .metrics import Metric, reduce_metric
@@ -78,20 +80,46 @@ def run_variants(
     order = sorted(range(len(variants)), key=lambda i: variants[i].first_layer) if reuse_prefix else list(range(len(variants)))
     starts = {variants[i].first_layer for i in order} if reuse_prefix and base.start is None else set()
     prefix_sites = {Site(SiteKind.RESID, layer) for layer in starts if 0 < layer < model.n_layers}
-    base_out = model.backend.run(batch, base, capture=prefix_sites)
+    chunks = [order[offset : offset + per_chunk] for offset in range(0, len(order), per_chunk)]
+    if is_batched_remote(model):
+        return _run_remote(model, batch, base, variants, chunks, prefix_sites, metric)
+    base_out = model.run_plan(batch, base, capture=prefix_sites)  # from an open prefix cache, if any
     baseline = reduce_metric(metric(base_out.logits))
     scores = torch.empty(len(variants))
     with progress_bar(total=len(variants), show=progress, desc=desc) as bar:
-        for offset in range(0, len(order), per_chunk):
-            chunk = [variants[i] for i in order[offset : offset + per_chunk]]
+        for indices in chunks:
+            chunk = [variants[i] for i in indices]
             plan = stacked_plan(model, batch, base, chunk)
             start = Site(SiteKind.RESID, chunk[0].first_layer)
             if start in base_out.acts:
                 plan.start = (start.layer, base_out.acts[start].repeat(len(chunk), 1, 1))
             logits = model.backend.run(batch.repeat(len(chunk)), plan).logits
-            for i, rows in zip(order[offset : offset + per_chunk], logits.split(batch.n_rows), strict=True):
+            for i, rows in zip(indices, logits.split(batch.n_rows), strict=True):
                 scores[i] = reduce_metric(metric(rows))
             bar.update(len(chunk))
+    return baseline, scores
+
+
+def _run_remote(
+    model: GnaModel, batch: Batch, base: Plan, variants: Sequence[Variant], chunks: list[list[int]], prefix_sites: set[Site], metric: Metric
+) -> tuple[float, Tensor]:
+    """The same forwards as `run_variants` as jobs of one request (`gna_interp.backends.jobs`):
+    the baseline captures the prefix on the server, each chunk starts from it there."""
+    final_only = getattr(metric, "position", None) == -1  # the metric reads the last position alone
+    jobs = [Job(batch, base, frozenset(prefix_sites), keep=2 if final_only else 1)]
+    for indices in chunks:
+        chunk = [variants[i] for i in indices]
+        plan = stacked_plan(model, batch, base, chunk)
+        start = Site(SiteKind.RESID, chunk[0].first_layer)
+        if start in prefix_sites:
+            plan.start = (start.layer, Ref(0, start, len(chunk)))
+        jobs.append(Job(batch.repeat(len(chunk)), plan, keep=2 if final_only else 1))
+    outputs = run_jobs(model, jobs)
+    baseline = reduce_metric(metric(outputs[0].logits))  # type: ignore[union-attr]
+    scores = torch.empty(len(variants))
+    for indices, out in zip(chunks, outputs[1:], strict=True):
+        for i, rows in zip(indices, out.logits.split(batch.n_rows), strict=True):  # type: ignore[union-attr]
+            scores[i] = reduce_metric(metric(rows))
     return baseline, scores
 
 
@@ -120,6 +148,10 @@ def stacked_plan(model: GnaModel, batch: Batch, base: Plan, chunk: Sequence[Vari
     sites = sorted({site for variant in chunk for site, _ in variant.edits})
     for site in sites:
         shape = (n_rows, n_pos, *model.site_shape(site))
+        compact = _one_scalar_value(model, site, chunk, n_rows)
+        if compact is not None:
+            plan.add(site, compact)
+            continue
         masks, values = [], []
         for variant in chunk:
             mine = [edit for s, edit in variant.edits if s == site]
@@ -137,3 +169,27 @@ def stacked_plan(model: GnaModel, batch: Batch, base: Plan, chunk: Sequence[Vari
         rows = torch.cat([torch.full((n_rows,), layer in v.skip_layers, dtype=torch.bool) for v in chunk])
         plan.add_skip(layer, rows)
     return plan
+
+
+def _one_scalar_value(model: GnaModel, site: Site, chunk: Sequence[Variant], n_rows: int) -> Edit | None:
+    """The chunk's edits at ``site`` as one `Edit` with a scalar value and masks kept at
+    their own broadcast shape (rows, positions: 1 where no variant varies along them), when
+    every edit writes the same scalar (zero ablation); ``None`` otherwise. The same forward
+    as the full ``[rows, pos, ...]`` tensors, far less to build, hold and send to a server."""
+    edits = [[edit for s, edit in variant.edits if s == site] for variant in chunk]
+    values = [edit.value for mine in edits for edit in mine]
+    if any(value.dim() != 0 for value in values) or len({float(value) for value in values}) != 1:
+        return None
+    trailing = (*model.site_shape(site)[:-1], 1)
+    masks = []
+    for mine in edits:
+        mask = torch.zeros((1, 1, *trailing), dtype=torch.bool)
+        for edit in mine:
+            mask = mask | edit.mask
+        masks.append(mask)
+    common = torch.broadcast_shapes(*(mask.shape for mask in masks))
+    if common[0] == 1:  # no variant's mask depends on the row: one row per copy, repeated per row
+        stacked = torch.cat([mask.expand(1, *common[1:]) for mask in masks]).repeat_interleave(n_rows, 0)
+    else:
+        stacked = torch.cat([mask.expand(n_rows, *common[1:]) for mask in masks])
+    return Edit(stacked, values[0])

@@ -1,0 +1,218 @@
+"""The code the nnsight backend runs inside traces and sessions, local or remote (NDIF).
+
+Everything here uses only torch, nnsight and builtins on plain tensors, ints and tuples,
+and the module is registered with ``nnsight.register`` (shipped by value, as source), so
+the same functions run locally, under nnsight's ``remote="local"`` simulation and on an
+NDIF server where gna_interp is not installed.
+
+- `apply_steps`: the body of one trace (the steps of `NNsightBackend.steps`).
+- `run_jobs`: many traces in one session (one request). A tensor written
+  ``("ref", job, slot, copies)`` in a step is the value job ``job`` of the same session
+  saved in ``slot``, repeated ``copies`` times along the batch: a clean prefix or a patch
+  source captured on the server and used there, never sent back and forth.
+- `greedy_joint`: the joint search of `discover` (`gna_interp.discovery.scans.joint_set`)
+  as a session program: its data-dependent steps run on the server, in one request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import nnsight
+import torch
+
+# Step opcodes, in the order a block executes them (see NNsightBackend.steps).
+READ_INPUT = 0  # a block's (or the final norm's) input: the residual stream
+READ_HEADS = 1  # the out-projection's input, per head
+SKIP_BLOCK = 2  # write a block's input over its output
+NOT_RUN = 3  # do not run a block; it outputs a given value
+READ_OUTPUT = 4  # a module's output (one item of a tuple output), index-selected
+READ_PARAM = 5  # a module's parameter, index-selected
+STREAMS = 6  # column blocks of a module's output or input, per unit
+
+
+def apply_steps(model: Any, tracer: Any, steps: list, n_saved: int, block_items: int, grad: bool) -> tuple[Any, Any]:
+    """The body of one trace: apply ``steps`` in execution order; returns the saved list
+    (captures and reads, by slot) and the logits."""
+    saved = nnsight.save([None] * n_saved)
+    stash: Any = None  # replaced by a block's input before any skip reads it
+    for op, path, edits, slot, rows, spec, occurrence in steps:
+        envoy = model
+        for part in path.split("."):
+            envoy = envoy[int(part)] if part.isdigit() else getattr(envoy, part)
+        for _ in tracer.iter[occurrence] if occurrence else (0,):  # which call of a shared module
+            if op == 6:  # column blocks of a module's output / input, viewed per unit
+                full = envoy.input if spec[0] else envoy.output
+                lead = (full.shape[0], full.shape[1])
+                parts = []
+                touched = grad
+                for start, units, width, block_edits, block_slot in spec[1]:
+                    piece = full[:, :, start : start + units * width].reshape(lead[0], lead[1], units, width)
+                    for mask, value in block_edits:
+                        piece = torch.where(mask.to(piece.device), value.to(piece.device, piece.dtype), piece)
+                    touched = touched or len(block_edits) > 0
+                    if block_slot >= 0:
+                        saved[block_slot] = piece
+                    parts.append(piece)
+                if touched:
+                    new = full.clone()
+                    for (start, units, width, _, _), piece in zip(spec[1], parts, strict=True):
+                        new[:, :, start : start + units * width] = piece.reshape(lead[0], lead[1], units * width)
+                    if spec[0]:
+                        envoy.input = new
+                    else:
+                        envoy.output = new
+                continue
+            if op >= 4:
+                value = envoy.output if op == 4 else getattr(envoy, spec[1]).detach()
+                if spec[0] >= 0:
+                    value = value[spec[0]]
+                if value is not None:
+                    for dim, index in spec[2]:
+                        value = value.index_select(dim, index.to(value.device))
+                saved[slot] = value
+                continue
+            if op == 3:  # a captured residual, already on the model's device
+                envoy.skip(rows if block_items == 0 else (rows, *([None] * (block_items - 1))))
+                continue
+            if op == 2:
+                output = envoy.output
+                hidden = output if block_items == 0 else output[0]
+                hidden = torch.where(rows.to(hidden.device).view(-1, 1, 1), stash, hidden)
+                envoy.output = hidden if block_items == 0 else (hidden, *output[1:])
+                continue
+            act = envoy.input
+            flat_shape = act.shape
+            if op == 1:
+                act = act.reshape(flat_shape[0], flat_shape[1], spec[0], spec[1])
+            for mask, value in edits:
+                act = torch.where(mask.to(act.device), value.to(act.device, act.dtype), act)
+            if edits or grad:  # with grad: the captured tensor must be the one used downstream
+                envoy.input = act.reshape(flat_shape)
+            if slot >= 0:
+                saved[slot] = act
+            if op == 0:
+                stash = act
+    logits = model.output.logits.save()
+    return saved, logits
+
+
+def resolve(value: Any, results: list) -> Any:
+    """A ``("ref", job, slot, copies)`` marker -> that saved value, tiled; else ``value``."""
+    if isinstance(value, tuple) and len(value) == 4 and value[0] == "ref":
+        found = results[value[1]][0][value[2]]
+        return found if value[3] == 1 else found.repeat(value[3], *([1] * (found.dim() - 1)))
+    return value
+
+
+def resolve_steps(steps: list, results: list) -> list:
+    """``steps`` with every reference (edit values, not-run residuals) replaced by its value."""
+    out = []
+    for op, path, edits, slot, rows, spec, occurrence in steps:
+        edits = [(resolve(mask, results), resolve(value, results)) for mask, value in edits]
+        out.append((op, path, edits, slot, resolve(rows, results), spec, occurrence))
+    return out
+
+
+def run_trace(model: Any, ids: Any, mask: Any, steps: list, n_saved: int, block_items: int) -> tuple[Any, Any]:
+    """One trace (inside a session: on the session's backend)."""
+    with model.trace(input_ids=ids, attention_mask=mask) as tracer:
+        saved, logits = apply_steps(model, tracer, steps, n_saved, block_items, False)
+    return saved, logits
+
+
+def run_jobs(model: Any, jobs: list, block_items: int) -> list:
+    """Each job ``(ids, mask, steps, n_saved, keep)`` as one trace, in order; a job's
+    references point at earlier jobs. ``keep``: 0 = nothing comes back (a prefix or
+    source kept on the server), 1 = saved values and logits, 2 = the final position's
+    logits ``[batch, vocab]`` alone."""
+    results: list = []
+    for ids, mask, steps, n_saved, _ in jobs:
+        results.append(run_trace(model, ids, mask, resolve_steps(steps, results), n_saved, block_items))
+    returned: list = []
+    for (_, _, _, _, keep), (saved, logits) in zip(jobs, results, strict=True):
+        if keep == 0:
+            returned.append(None)
+        else:
+            returned.append(([], logits[:, -1]) if keep == 2 else (list(saved), logits))
+    return returned
+
+
+def verdicts(logits: Any, candidate_ids: Any, correct: Any) -> Any:
+    """``[rows]`` bool: answered correctly, scored as `gna_interp.evaluate` scores single tokens."""
+    logprobs = logits[:, -1].float().log_softmax(-1)
+    return logprobs.gather(1, candidate_ids.to(logprobs.device)).argmax(-1) == correct.to(logprobs.device)
+
+
+def greedy_joint(model: Any, problem: dict, block_items: int) -> tuple[list, list]:
+    """`gna_interp.discovery.scans.joint_set` for one or more roles, in order, on the server.
+
+    ``problem`` holds plain data built by the client (`gna_interp.discovery.remote`):
+
+    - ``prefix_jobs``: jobs as in `run_jobs`, run first: the clean residual streams;
+    - ``chunks``: ``{"positional" | "plain": [(ids, mask, candidate_ids, correct)]}``, the
+      batches `evaluate` runs with and without positional ablations;
+    - ``entries``: ``{(where, start, head, chunk): [(key, step)]}``, the steps (from
+      `NNsightBackend.keyed_steps`) of ablating ``head`` at ``where`` (``"final"``,
+      ``"segments"``, ``"all"``) in a forward that starts at layer ``start``; steps of
+      several heads merge by key;
+    - ``head_layer``, ``positions``: per head id, its layer and ``(layer, stage)``;
+    - ``roles``: dicts with ``pool``, ``members`` (head ids), ``where``, ``threshold``,
+      ``max_heads``, ``start_accuracy``, and ``after`` / ``bound``: a role searched after
+      another drops that role's chosen heads from its pool and keeps only heads before
+      the last of ``bound`` and the chosen heads' positions (or its members);
+    - ``n_rows``.
+
+    Returns ``(per role: (pool, chosen, curve, accuracy with the chosen heads ablated at
+    every position or None), [forwards, rows, block rows])``; heads are ids, curve the
+    accuracy after each step.
+    """
+    n_layers = problem["n_layers"]
+    cost = [0, 0, 0]
+    prefix: list = []
+    for ids, mask, steps, n_saved, _ in problem["prefix_jobs"]:
+        prefix.append(run_trace(model, ids, mask, resolve_steps(steps, prefix), n_saved, block_items))
+        cost = [cost[0] + 1, cost[1] + ids.shape[0], cost[2] + ids.shape[0] * n_layers]
+
+    def accuracy(heads: list, where: str) -> float:
+        start = min(problem["head_layer"][h] for h in heads)
+        found = []
+        for c, (ids, mask, candidate_ids, correct) in enumerate(problem["chunks"]["plain" if where == "all" else "positional"]):
+            merged: dict = {}
+            for h in heads:
+                for key, step in problem["entries"][(where, start, h, c)]:
+                    if key in merged and step[0] != NOT_RUN:
+                        previous = merged[key]
+                        merged[key] = (previous[0], previous[1], previous[2] + step[2], *previous[3:])
+                    else:
+                        merged[key] = step
+            steps = resolve_steps([merged[key] for key in sorted(merged)], prefix)
+            _, logits = run_trace(model, ids, mask, steps, 0, block_items)
+            found.append(verdicts(logits, candidate_ids, correct))
+            cost[0], cost[1], cost[2] = cost[0] + 1, cost[1] + ids.shape[0], cost[2] + ids.shape[0] * (n_layers - start)
+        return float(torch.cat(found).float().mean())
+
+    out: list = []
+    for role in problem["roles"]:
+        pool = list(role["pool"])
+        if role["after"] is not None:
+            earlier = out[role["after"]][1]
+            last = max([*role["bound"], *(problem["positions"][h] for h in earlier)])
+            pool = [h for h in pool if h not in earlier and (h in role["members"] or problem["positions"][h] < last)]
+        chosen: list = []
+        curve: list = []
+        current = role["start_accuracy"]
+        remaining = list(pool)
+        for _ in range(min(role["max_heads"], len(remaining))):
+            trials = [(accuracy([*chosen, h], role["where"]), h) for h in remaining]
+            best_accuracy, best = min(trials)
+            if best_accuracy >= current:
+                break
+            chosen.append(best)
+            remaining.remove(best)
+            current = best_accuracy
+            curve.append(current)
+            if current <= role["threshold"]:
+                break
+        out.append((pool, chosen, curve, accuracy(chosen, "all") if chosen else None))
+    return out, cost

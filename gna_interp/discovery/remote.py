@@ -1,0 +1,211 @@
+"""`discover` on a remote nnsight model (NDIF, or ``remote="local"``) in a handful of requests.
+
+Every forward of a remote model is a round trip with its own queue wait, so each stage
+sends all its forwards in one nnsight session (`gna_interp.backends.jobs`), chunked by
+payload, with the clean prefix captured and used on the server:
+
+1. the clean accuracy, the label check (measured whether or not it is needed), the
+   truncation scan and the layer scan: one request;
+2. the head scan (`ablation_sweep`): one request;
+3. the entry scan: one request;
+4. the pattern scores of the candidates and of every head the joint search may pool (the
+   heads of the harmful candidates' layers): one request;
+5. the joint search of both roles: one request, its greedy steps decided on the server
+   (`gna_interp.backends.nnsight_program.greedy_joint`);
+6. the confirmation's accuracies (and, for a role without a joint set, every cumulative
+   set up to ``max_heads_per_role``: the first that reaches chance is the one the
+   sequential search stops at) and the clean and corrupt logits of the path-patching
+   metric: one request;
+7. path patching of the Gather -> Aggregate edge: its own forwards (`path_patching`:
+   two captures, then its chain, one request each).
+
+The numbers are those of the local run (tests compare every stage). The prescreen has no
+attribution on a remote model (no local backward): layers only. Discovery under an
+active intervention context (``model.ablated``) runs the local code path, one request per
+forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..backends.jobs import is_batched_remote
+from ..core.heads import Head
+from ..core.interventions import Ablate, Intervention, SkipLayers, Truncate
+from ..core.plan import Plan, Site, SiteKind
+from ..evaluation import Evaluation, _single_token_chunks, evaluate_many, evaluate_with_logits
+from ..patching.compile import compile_plan
+from ..tasks.mcq import shuffle_labels
+from .circuit import GnACircuit, HeadEvidence, RoleNeed
+from .scans import segment_positions
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ..models.handle import GnaModel
+    from ..tasks.base import Task
+    from .pipeline import _JointSearch
+
+
+def batched(model: GnaModel) -> bool:
+    """Whether `discover` sends each stage as one request (a remote nnsight model, no
+    active intervention context)."""
+    return is_batched_remote(model) and not model.active_interventions
+
+
+@dataclass
+class FirstScans:
+    clean: Evaluation
+    shuffled: float | None
+    truncation: list[float] | None
+    layer_scan: list[float] | None
+
+
+def first_scans(model: GnaModel, task: Task, stages: Any, check_labels: bool) -> FirstScans:
+    """Request 1: clean, shuffled labels, truncation and layer scans."""
+    runs: list[tuple[Task, list[Intervention]]] = [(task, [])]
+    relabelled = None
+    if check_labels:
+        try:
+            relabelled = shuffle_labels(task)
+        except ValueError:
+            relabelled = None
+    if relabelled is not None:
+        runs.append((relabelled, []))
+    n_layers = model.n_layers
+    if "truncation" in stages:
+        runs += [(task, [Truncate(k)]) for k in range(1, n_layers + 1)]
+    if "layers" in stages:
+        runs += [(task, [SkipLayers([layer])]) for layer in range(n_layers)]
+    evaluations = evaluate_many(model, runs)
+    results = [result.accuracy for result in evaluations]
+    at = 2 if relabelled is not None else 1
+    truncation = results[at : at + n_layers] if "truncation" in stages else None
+    at += n_layers if "truncation" in stages else 0
+    layer_scan = results[at : at + n_layers] if "layers" in stages else None
+    return FirstScans(evaluations[0], results[1] if relabelled is not None else None, truncation, layer_scan)
+
+
+def pool_heads(model: GnaModel, harmful: list[Head], evidence: dict[Head, HeadEvidence], screen_above: int) -> list[Head]:
+    """Heads the joint search may pool that are not examined yet: every head of the harmful
+    candidates' layers (roles go to harmful heads; pools are their layers' heads), where a
+    layer has at most ``screen_above`` heads."""
+    layers = sorted({head.layer for head in harmful})
+    heads = [h for layer in layers for h in (Head(layer, i) for i in range(model.heads_per_layer[layer]))]
+    return [h for h in heads if h not in evidence and model.heads_per_layer[h.layer] <= screen_above]
+
+
+def joint_search(search: _JointSearch, circuit: GnACircuit, threshold: float, max_heads: int) -> dict[str, RoleNeed]:
+    """Request 5: `scans.joint_set` for both roles on the server (`greedy_joint`)."""
+    model, encoded = search.model, search.encoded
+    roles = [role for role in ("aggregate", "gather") if getattr(circuit, role)]
+    if not roles:
+        return {}
+    pools = {role: search.pool(circuit, role, bounded=False) for role in roles}
+    members = {role: list(getattr(circuit, role)) for role in roles}
+    heads = sorted({h for role in roles for h in [*pools[role], *members[role]]})
+    ids = {head: i for i, head in enumerate(heads)}
+    where = {"aggregate": "final", "gather": "segments"}
+    positions = {"final": encoded.final, "segments": segment_positions(encoded), "all": None}
+    backend = model.backend
+    starts = sorted({h.layer for h in heads})
+    chunk_sets = {
+        "positional": _single_token_chunks(encoded, [Ablate([heads[0]], positions=encoded.final)], 64, keep_columns=True),
+        "plain": _single_token_chunks(encoded, [Ablate([heads[0]])], 64),
+    }
+    prefix_jobs: list[tuple] = []
+    clean_index: dict[tuple[str, int], int] = {}
+    for name, chunks in chunk_sets.items():
+        for c, (_, _, rows, _) in enumerate(chunks):
+            rows = rows.to(model.device)
+            capture = sorted(Site(SiteKind.RESID, layer) for layer in starts if layer > 0)
+            clean_index[(name, c)] = len(prefix_jobs)
+            steps = backend.steps(Plan(), capture)
+            prefix_jobs.append((rows.input_ids, rows.attention_mask, steps, len(capture), 0))
+    entries: dict[tuple, list] = {}
+    for mode in ("final", "segments", "all"):
+        name = "plain" if mode == "all" else "positional"
+        for c, (start_row, stop_row, rows, _) in enumerate(chunk_sets[name]):
+            rows = rows.to(model.device)
+            capture = sorted(Site(SiteKind.RESID, layer) for layer in starts if layer > 0)
+            for head in heads:
+                chosen = positions[mode]
+                ablate = Ablate([head], positions=None if chosen is None else chosen[start_row:stop_row])
+                plan = compile_plan(model, rows, [ablate])
+                for start in (s for s in starts if s <= head.layer):
+                    if start > 0:
+                        ref = ("ref", clean_index[(name, c)], capture.index(Site(SiteKind.RESID, start)), 1)
+                        plan = Plan(edits=plan.edits, start=(start, _Marker(ref)))  # type: ignore[arg-type]
+                    else:
+                        plan = Plan(edits=plan.edits)
+                    keyed = backend.keyed_steps(plan)
+                    entries[(mode, start, ids[head], c)] = [(key, _unmark(step)) for key, step in keyed]
+    chunk_data = {
+        name: [
+            (rows.input_ids.to(model.device), rows.attention_mask.to(model.device), encoded.candidate_ids[a:b], encoded.correct[a:b])
+            for a, b, rows, _ in chunk_list
+        ]
+        for name, chunk_list in chunk_sets.items()
+    }
+    bound = [model.head_position(h) for h in members.get("aggregate", [])] or [(model.n_layers, 0)]
+    problem = {
+        "prefix_jobs": prefix_jobs,
+        "chunks": chunk_data,
+        "entries": entries,
+        "head_layer": {ids[h]: h.layer for h in heads},
+        "positions": {ids[h]: model.head_position(h) for h in heads},
+        "n_rows": encoded.batch.n_rows,
+        "n_layers": model.n_layers,
+        "roles": [
+            {
+                "pool": [ids[h] for h in pools[role]],
+                "members": [ids[h] for h in members[role]],
+                "where": where[role],
+                "threshold": threshold,
+                "max_heads": max_heads,
+                "start_accuracy": circuit.accuracy["clean"],
+                "after": roles.index("aggregate") if role == "gather" and "aggregate" in roles else None,
+                "bound": bound if role == "gather" else [],
+            }
+            for role in roles
+        ],
+    }
+    results = backend.run_greedy(problem)
+    needs = {}
+    for role, (_, chosen, curve, everywhere) in zip(roles, results, strict=True):
+        if chosen:
+            chosen_heads = [heads[i] for i in chosen]
+            needs[role] = search.accept(circuit, role, chosen_heads, list(zip(chosen_heads, curve, strict=True)), everywhere, threshold)
+    return needs
+
+
+class _Marker:
+    """A reference marker carried through `NNsightBackend.steps` in place of a tensor."""
+
+    def __init__(self, ref: tuple) -> None:
+        self.ref = ref
+
+
+def _unmark(step: tuple) -> tuple:
+    op, path, edits, slot, rows, spec, occurrence = step
+    return (op, path, edits, slot, rows.ref if isinstance(rows, _Marker) else rows, spec, occurrence)
+
+
+def confirm(
+    model: GnaModel, task: Task, sets: dict[str, list[Head]], cumulative: dict[str, list[Head]], max_heads: int, corrupt: Task | None
+) -> tuple[dict[str, float], dict[str, list[float]], list[Tensor]]:
+    """Request 6: accuracy with each set ablated, with each cumulative set of each role up to
+    ``max_heads``, and the clean (and corrupt) final logits."""
+    runs: list[tuple[Task, list[Intervention]]] = [(task, [Ablate(heads)]) for heads in sets.values()]
+    spans = {}
+    for role, heads in cumulative.items():
+        first = len(runs)
+        runs += [(task, [Ablate(list(heads)[:k])]) for k in range(1, min(max_heads, len(heads)) + 1)]
+        spans[role] = (first, len(runs))
+    inputs: list[Any] = [task] if corrupt is None else [task, corrupt]
+    results, logits = evaluate_with_logits(model, runs, inputs)
+    accuracies = [result.accuracy for result in results]
+    measured = dict(zip(sets, accuracies, strict=False))
+    prefixes = {role: accuracies[a:b] for role, (a, b) in spans.items()}
+    return measured, prefixes, logits

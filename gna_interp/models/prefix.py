@@ -1,0 +1,109 @@
+"""Prefix reuse across calls: the clean residual streams of the batches a model has run.
+
+A forward whose edits (and skips, and captures) all sit at layer ``>= k`` computes
+blocks ``0 .. k-1`` exactly as the clean run does. Inside ``with model.prefix_cache():``
+the first forward over a batch also captures its clean residual stream entering every
+block (one clean forward, the same that ``evaluate`` runs for its baseline); every
+later forward over the same batch (same token ids and mask, compared by content) starts
+at its first touched block from the cached stream (`gna_interp.core.plan.Plan.start`):
+the earlier blocks are not run again, on either backend. A plain (unedited) forward
+then costs the final norm and unembedding alone.
+
+The numbers do not change: the cached stream is the one the full forward would compute
+on that batch, and everything after it runs as before (tests compare to 1e-5).
+
+Memory: one entry holds ``rows x pos x d_model`` floats per cached layer. Entries keep
+every ``stride``-th layer, the smallest stride that keeps one entry under an eighth of
+``max_mb`` (a forward then starts at the latest cached layer at or before its first
+touched one); the least recently used entry is dropped beyond ``max_mb``. Remote models
+(NDIF) get no cache: their residuals would travel both ways; sessions reuse the prefix
+on the server instead. The model must not change inside the block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from ..core.plan import Plan, Site, SiteKind
+from .inputs import Batch
+
+if TYPE_CHECKING:
+    from ..backends.base import RunOutput
+    from .handle import GnaModel
+
+DEFAULT_PREFIX_MB = 1024.0
+
+
+class PrefixCache:
+    """Clean residual streams by batch (see the module docs)."""
+
+    def __init__(self, model: GnaModel, max_mb: float = DEFAULT_PREFIX_MB) -> None:
+        if not max_mb > 0:
+            raise ValueError(f"max_mb={max_mb!r} must be > 0")
+        self.model = model
+        self.max_bytes = int(max_mb * 2**20)
+        self.entries: OrderedDict[bytes, dict[int, Tensor]] = OrderedDict()
+        self.used = 0
+
+    @staticmethod
+    def key(batch: Batch) -> bytes:
+        digest = hashlib.sha1()
+        for tensor in (batch.input_ids, batch.attention_mask):
+            digest.update(str(tuple(tensor.shape)).encode())
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        return digest.digest()
+
+    def layers_to_keep(self, batch: Batch) -> list[int]:
+        """Layers ``1 .. L`` at the smallest stride that keeps one entry within budget / 8."""
+        n_layers = self.model.n_layers
+        per_layer = batch.n_rows * batch.n_pos * self.model.d_model * 4
+        stride = 1
+        while stride < n_layers and per_layer * len(range(stride, n_layers + 1, stride)) > self.max_bytes // 8:
+            stride += 1
+        return sorted({*range(stride, n_layers + 1, stride), n_layers})
+
+    def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = ()) -> RunOutput:
+        """``backend.run(batch, plan, capture)``, from the cached clean prefix where it can."""
+        backend, n_layers = self.model.backend, self.model.n_layers
+        if plan.start is not None:
+            return backend.run(batch, plan, capture=capture)
+        first, resume = plan.reusable_start(n_layers, capture)
+        if first == 0:
+            return backend.run(batch, plan, capture=capture)
+        key = self.key(batch)
+        entry = self.entries.get(key)
+        if entry is None:
+            layers = self.layers_to_keep(batch)
+            sites = {Site(SiteKind.RESID, layer) for layer in layers}
+            clean = backend.run(batch, Plan(), capture=sites | set(capture) if not plan else sites)
+            entry = self._store(key, {layer: clean.acts[Site(SiteKind.RESID, layer)] for layer in layers})
+            if not plan:
+                from ..backends.base import RunOutput
+
+                return RunOutput(logits=clean.logits, acts={site: clean.acts[site] for site in capture})
+        self.entries.move_to_end(key)
+        if not plan and all(site.kind is SiteKind.RESID and site.layer in entry for site in capture):
+            from ..backends.base import RunOutput
+
+            out = backend.run(batch, Plan(start=(n_layers, entry[n_layers])))
+            return RunOutput(logits=out.logits, acts={site: entry[site.layer] for site in capture})
+        source = max((layer for layer in entry if layer <= first), default=0)
+        if source == 0:
+            return backend.run(batch, plan, capture=capture)
+        start = resume if source == first else source  # past fully skipped blocks only from `first` itself
+        return backend.run(batch, Plan(edits=plan.edits, skips=plan.skips, start=(start, entry[source])), capture=capture)
+
+    def _store(self, key: bytes, entry: dict[int, Tensor]) -> dict[int, Tensor]:
+        size = sum(t.numel() * t.element_size() for t in entry.values())
+        while self.entries and self.used + size > self.max_bytes:
+            _, dropped = self.entries.popitem(last=False)
+            self.used -= sum(t.numel() * t.element_size() for t in dropped.values())
+        if size <= self.max_bytes:
+            self.entries[key] = entry
+            self.used += size
+        return entry
