@@ -141,14 +141,17 @@ def test_the_prompt_shown_is_answered_and_representative(llama_picture):
     assert choose_prompt(picture.masses, torch.zeros_like(answered), len(circuit.aggregate)) is None
 
 
-# A curve's first step is its first head alone, ablated where the curve ablates.
-_SINGLE_AT = {"all": "ablated_accuracy", "final": "final_ablated_accuracy", "segments": "segments_ablated_accuracy"}
+def _single(evidence, positions: str) -> float:
+    """A head's accuracy ablated alone where a curve ablates: everywhere (the head scan) or
+    at the final position / on the segments (the entry scan)."""
+    return evidence.ablated_accuracy if positions == "all" else evidence.entry[positions]
 
 
 def test_heads_needed_curves_are_recorded_and_named(report, items):
     """Each role's curve (recorded by discover) names its heads in order, starts at its first
     head's single ablation at the curve's positions (the head and entry scans, other code
-    paths) and ends at the role's own accuracy; the page names every head of every curve,
+    paths) and, ablated everywhere, ends at the role's own accuracy (tests/test_discovery_depth.py
+    re-measures every step of a joint-search curve); the page names every head of every curve,
     and the role table names them too."""
     index, page = report
     for circuit, _, _ in items:
@@ -156,8 +159,9 @@ def test_heads_needed_curves_are_recorded_and_named(report, items):
         for role, need in circuit.needs.items():
             curve, positions = data["needs"][role]["curve"], data["needs"][role]["curve_positions"]
             assert [point["head"] for point in curve] == [str(h) for h in need.heads]
-            assert curve[-1]["accuracy"] == pytest.approx(need.accuracy)
-            assert curve[0]["accuracy"] == pytest.approx(getattr(circuit.evidence(need.heads[0]), _SINGLE_AT[positions]))
+            if positions == "all":  # the role's accuracy is measured with its heads ablated everywhere
+                assert curve[-1]["accuracy"] == pytest.approx(need.accuracy)
+            assert curve[0]["accuracy"] == pytest.approx(_single(circuit.evidence(need.heads[0]), positions))
             assert f"{len(need.heads)}: {circuit.named(need.heads)}" in page
     figures = re.findall(r'<figure data-role="needs">(.*?)</figure>', page, re.S)
     assert len(figures) == len(items)

@@ -190,7 +190,7 @@ def greedy_joint(model: Any, problem: dict, block_items: int) -> tuple[list, lis
             _, logits = run_trace(model, ids, mask, steps, 0, block_items)
             found.append(verdicts(logits, candidate_ids, correct))
             cost[0], cost[1], cost[2] = cost[0] + 1, cost[1] + ids.shape[0], cost[2] + ids.shape[0] * (n_layers - start)
-        return float(torch.cat(found).float().mean())
+        return float(torch.cat(found).double().mean())  # exact, as `Evaluation.accuracy`
 
     out: list = []
     for role in problem["roles"]:
