@@ -173,6 +173,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per phase, after one warm-up; the best is reported")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads; None: torch's own choice")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model weights and the prompts")
+    parser.add_argument("--device", default="cpu", help="where the model runs (e.g. cuda); peak RSS then counts host memory only")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed |score difference| before exiting with 1")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         intermediate_size=2 * hidden,
         num_attention_heads=args.heads,
         num_key_value_heads=args.kv_heads,
-    )
+    ).to(args.device)
     # Copies before anything boots a bridge: tlens wraps hf_model's modules in place.
     reference_model = copy.deepcopy(hf_model)
     nnsight_hf_model = copy.deepcopy(hf_model)
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": f"best of {args.repeats} after 1 warm-up",
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
-        "device": "cpu",
+        "device": str(args.device) + (f" ({torch.cuda.get_device_name()})" if str(args.device).startswith("cuda") else ""),
         "seed": args.seed,
     }
     versions = {"python": platform.python_version(), "torch": torch.__version__, "gna_interp": gna.__version__}

@@ -56,12 +56,13 @@ def card_of(name: str | Path) -> dict[str, Any]:
     return dict(json.loads(file.read_text()))
 
 
-def load_toy(name: str, backend: str | None = None) -> Any:
+def load_toy(name: str, backend: str | None = None, device: Any = None) -> Any:
     """Load a bundled toy model offline.
 
     Args:
         name: a bundled toy, ``"llama"``, ``"mamba2"`` or ``"falcon_h1"`` (see `toy_names`).
         backend: ``"tlens"`` or ``"nnsight"``; default as `gna_interp.load`.
+        device: where the weights go (``"cuda"``, a ``torch.device``); default: the CPU.
 
     Returns:
         a `GnaModel` with the toy tokenizer.
@@ -69,7 +70,7 @@ def load_toy(name: str, backend: str | None = None) -> Any:
     from ..models.loading import load
 
     folder = toy_path(name)
-    model = load(str(folder), backend=backend)
+    model = load(str(folder), backend=backend, device=device)
     model.name = f"toy-{name}"
     return model
 
