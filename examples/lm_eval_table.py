@@ -27,7 +27,7 @@ CONDITIONS = {
     "mamba2": {"Gather": ["L0H3", "L0H1", "L0H2", "L0H5", "L0H6", "L0H4"], "Aggregate": ["L1H6"]},
     "falcon_h1": {  # attention heads 0-3, then Mamba-2 heads 4-11, in each layer
         "Gather": ["L0H1", "L0H2", "L0H0", "L0H9", "L0H4", "L0H6", "L0H5", "L0H11", "L0H7"],
-        "Aggregate": ["L1H2", "L1H0", "L1H1", "L1H5", "L1H7"],
+        "Aggregate": ["L1H2", "L1H0", "L1H1", "L1H5", "L1H7", "L1H9"],
     },
 }
 folder = tempfile.mkdtemp(prefix="gna_lm_eval_tasks_")
