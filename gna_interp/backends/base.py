@@ -3,9 +3,10 @@ return the logits plus the activations captured at the requested sites."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from torch import Tensor
 
@@ -33,3 +34,20 @@ class Backend(Protocol):
         the tensors the forward goes on with: the logits can be differentiated with
         respect to them."""
         ...
+
+
+@contextmanager
+def eager_attention(config: Any, needed: bool) -> Iterator[None]:
+    """HF returns attention weights only from eager attention: switch ``config`` to it for
+    one forward (when ``needed``) and restore the previous setting afterwards, exceptions
+    included. (TransformerLens 4.x switches a bridged model to eager attention itself;
+    3.9 does not.)"""
+    if not needed or config is None:
+        yield
+        return
+    previous = config._attn_implementation
+    config._attn_implementation = "eager"
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous

@@ -44,8 +44,7 @@ without edits), so it is the tensor the rest of the forward uses and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import nnsight
@@ -57,7 +56,7 @@ from ..core.plan import Plan, Read, ReadKind, Ref, Site, SiteKind
 from ..cost import charge, charge_forward
 from ..models.inputs import Batch
 from . import nnsight_program as program
-from .base import RunOutput
+from .base import RunOutput, eager_attention
 from .jobs import Job
 
 # Step opcodes, in the order a block executes them (the trace body: `nnsight_program.apply_steps`).
@@ -218,21 +217,6 @@ class NNsightBackend:
         layers = shared.get(id(self.envoy._module.get_submodule(path)), ())
         return sum(1 for other in layers if start_layer <= other < layer)
 
-    @contextmanager
-    def _eager_attention(self, needed: bool) -> Iterator[None]:
-        """HF returns attention weights only from eager attention: switch to it for one
-        trace and restore the previous setting afterwards, exceptions included."""
-        config = getattr(self.envoy._module, "config", None)
-        if not needed or config is None:
-            yield
-            return
-        previous = config._attn_implementation
-        config._attn_implementation = "eager"
-        try:
-            yield
-        finally:
-            config._attn_implementation = previous
-
     def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), reads: Sequence[Read] = (), grad: bool = False) -> RunOutput:
         steps = self.steps(plan, capture, reads)
         n_saved = len(capture) + len(reads)
@@ -241,7 +225,7 @@ class NNsightBackend:
         block_items = self.spec.block_output  # 0: blocks return a tensor; n: a tuple of n items
         # Two statements on purpose: nnsight captures the source of the trace block itself.
         patterns = any(read.kind is ReadKind.PATTERN for read in reads)
-        with torch.set_grad_enabled(grad), self._eager_attention(patterns):  # noqa: SIM117
+        with torch.set_grad_enabled(grad), eager_attention(getattr(self.envoy._module, "config", None), patterns):  # noqa: SIM117
             with model.trace(input_ids=batch.input_ids, attention_mask=batch.attention_mask, remote=self.remote) as tracer:
                 saved, logits = program.apply_steps(model, tracer, steps, n_saved, block_items, grad)
         acts = {site: saved[i] for i, site in enumerate(sorted(capture))}
@@ -317,7 +301,7 @@ class NNsightBackend:
         block_items = self.spec.block_output
         patterns = any(read.kind is ReadKind.PATTERN for index in group for read in jobs[index].reads)
         # Two statements on purpose: nnsight captures the source of the session block itself.
-        with torch.no_grad(), self._eager_attention(patterns):  # noqa: SIM117
+        with torch.no_grad(), eager_attention(getattr(self.envoy._module, "config", None), patterns):  # noqa: SIM117
             with model.session(remote=self.remote):
                 returned = nnsight.save(program.run_jobs(model, prepared, block_items))
         outputs: list[RunOutput | None] = []

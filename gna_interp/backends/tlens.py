@@ -62,7 +62,7 @@ from ..core.arch import ArchSpec, LayerMixer, LayerSpec
 from ..core.plan import Edit, Plan, Read, ReadKind, Site, SiteKind, apply_edits
 from ..cost import charge_forward
 from ..models.inputs import Batch
-from .base import RunOutput
+from .base import RunOutput, eager_attention
 
 HookFn = Callable[[Tensor], Tensor]
 View = tuple[str, tuple[int, ...]]
@@ -231,7 +231,7 @@ class TLensBackend:
         charge_forward(self, batch.n_rows, plan.start_layer, self.n_layers)
         with (
             torch.set_grad_enabled(grad),
-            self._eager_attention(patterns),
+            eager_attention(getattr(self.root, "config", None), patterns),
             self._raw_hooks(raw),
             self.bridge.hooks(fwd_hooks=named),
             self._not_run(plan),
@@ -241,22 +241,6 @@ class TLensBackend:
         if silent:
             raise RuntimeError(f"backend 'tlens': {_describe(silent[0])} never ran in this forward: its site could not be read or edited")
         return RunOutput(logits=logits, acts=captured, reads=values)
-
-    @contextmanager
-    def _eager_attention(self, needed: bool) -> Iterator[None]:
-        """HF returns attention weights only from eager attention (TransformerLens 4.x
-        switches the model to it when booting; older versions do not): switch for one
-        forward and restore the setting afterwards, exceptions included."""
-        config = getattr(self.root, "config", None)
-        if not needed or config is None:
-            yield
-            return
-        previous = config._attn_implementation
-        config._attn_implementation = "eager"
-        try:
-            yield
-        finally:
-            config._attn_implementation = previous
 
     @contextmanager
     def _not_run(self, plan: Plan) -> Iterator[None]:
