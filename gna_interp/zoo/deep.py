@@ -40,11 +40,12 @@ def deep_toy(name: str, n_layers: int, *, at: int | None = None, backend: str | 
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..models.loading import load
+    from ..models.loading import load, quiet_weight_loading
     from ..models.registry import spec_for
 
     folder = toy_path(name)
-    toy = AutoModelForCausalLM.from_pretrained(str(folder))
+    with quiet_weight_loading(local=True):
+        toy = AutoModelForCausalLM.from_pretrained(str(folder))
     family = toy.config.model_type
     if family not in WRITERS:
         raise ValueError(f"deep_toy supports the families {sorted(WRITERS)}; toy {name!r} is a {family!r}")

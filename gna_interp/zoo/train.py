@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..models.loading import quiet_weight_loading
 from ..progress import progress_bar
 from ..tasks.toy import LETTERS, VOCAB, toy_token_batch
 from .prune import frozen_at_zero, head_masks, prune_heads, still_pruned
@@ -60,7 +61,8 @@ def build_model(recipe: Recipe, init: str | Path | None = None) -> Any:
         source = Path(init) if init is not None else toy_path(recipe.init_from)
         if not (source / "config.json").is_file():
             raise ValueError(f"init={str(source)!r}: expected the folder of a trained toy (with config.json)")
-        model = AutoModelForCausalLM.from_pretrained(source)
+        with quiet_weight_loading(local=True):
+            model = AutoModelForCausalLM.from_pretrained(source)
         differs = {k: (getattr(model.config, k, None), v) for k, v in recipe.config.items() if getattr(model.config, k, None) != v}
         if model.config.model_type != recipe.family or differs:
             raise ValueError(
