@@ -126,13 +126,18 @@ _UNSET = object()  # a block had no instance-level ``forward`` before `TLensBack
 class TLensBackend:
     name = "tlens"
 
-    def __init__(self, bridge: Any, spec: ArchSpec, layers: Sequence[LayerSpec]) -> None:
+    def __init__(self, bridge: Any, spec: ArchSpec, layers: Sequence[LayerSpec], attn_implementation: str | None = None) -> None:
+        """``attn_implementation``: the HF model's attention kernel before the bridge
+        switched it to eager (``"sdpa"``, ``"eager"``, ...); forwards that read no
+        pattern run it (`TLensBackend._kernel_attention`). ``None``: keep the config's."""
         self.bridge = bridge
         self.spec = spec
         self.layers = tuple(layers)
         self.n_layers = len(self.layers)
         self.root: nn.Module = bridge.original_model
+        self.attn_implementation = attn_implementation
         self._shared: dict[int, tuple[int, ...]] | None = None
+        self._kernel_attentions: list[tuple[nn.Module, str]] | None = None
 
     # ----- where sites live ----------------------------------------------------------------
     def mixer(self, layer: int, index: int) -> LayerMixer:
@@ -232,6 +237,7 @@ class TLensBackend:
         with (
             torch.set_grad_enabled(grad),
             eager_attention(getattr(self.root, "config", None), patterns),
+            self._kernel_attention([name for name, _ in named], patterns),
             self._raw_hooks(raw),
             self.bridge.hooks(fwd_hooks=named),
             self._not_run(plan),
@@ -268,6 +274,73 @@ class TLensBackend:
                     block.__dict__.pop("forward", None)
                 else:
                     object.__setattr__(block, "forward", previous)
+
+    def _attentions(self) -> list[tuple[nn.Module, str]]:
+        """``(attention bridge, prefix of its own hook names)`` for every attention the
+        bridge reimplements, if HF's own forward of each calls the bridge's q/k/v/o
+        projections (so their hook points fire either way); ``[]`` if any does not."""
+        if self._kernel_attentions is None:
+            self._kernel_attentions = []
+            try:
+                from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+                from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (
+                    PositionEmbeddingsAttentionBridge,
+                )
+            except ImportError:  # a TransformerLens without these classes: always its own attention
+                return self._kernel_attentions
+            found: list[tuple[nn.Module, str]] = []
+            for module in self.bridge.modules():
+                if not isinstance(module, AttentionBridge):
+                    continue
+                hf_attention = module._modules.get("_original_component")
+                pattern_name = getattr(getattr(module, "hook_pattern", None), "name", None)
+                projections = [module._modules[key] for key in ("q", "k", "v", "o") if key in module._modules]
+                if (
+                    type(module) is not PositionEmbeddingsAttentionBridge
+                    or hf_attention is None
+                    or not isinstance(pattern_name, str)
+                    or len(projections) != 4
+                    or any(projection not in list(hf_attention.children()) for projection in projections)
+                ):
+                    return self._kernel_attentions  # one attention that must run the bridge's way: all do
+                found.append((module, pattern_name.rpartition(".")[0] + ".hook_"))
+            self._kernel_attentions = found
+        return self._kernel_attentions
+
+    @contextmanager
+    def _kernel_attention(self, hook_names: Sequence[str], patterns: bool) -> Iterator[None]:
+        """Run HF's own attention (its kernel, e.g. sdpa) inside the bridge's attention
+        modules for one forward, when nothing needs the bridge's step-by-step version.
+
+        The bridge recomputes attention as separate matmul / mask / softmax operations so
+        that ``hook_attn_scores`` and ``hook_pattern`` fire; a forward that reads no pattern
+        and hooks no hook point of an attention itself (only of its ``q`` / ``k`` / ``v`` /
+        ``o`` projections, which HF's forward calls) does not need that. Each attention's
+        ``forward`` is shadowed on the instance by HF's, and the config's
+        ``_attn_implementation`` set to the model's own kernel; both restored on exit,
+        exceptions included. Logits then equal the HF model's bit for bit (the bridge's
+        recomputation differs by float rounding, and at padded positions)."""
+        attentions = [] if patterns else self._attentions()
+        if not attentions or any(name.startswith(prefix) for name in hook_names for _, prefix in attentions):
+            yield
+            return
+        config = getattr(self.root, "config", None)
+        previous = getattr(config, "_attn_implementation", None)
+        saved = [module.__dict__.get("forward", _UNSET) for module, _ in attentions]
+        try:
+            for module, _ in attentions:
+                object.__setattr__(module, "forward", module.get_submodule("_original_component").forward)
+            if config is not None and self.attn_implementation is not None:
+                config._attn_implementation = self.attn_implementation
+            yield
+        finally:
+            for (module, _), before in zip(attentions, saved, strict=True):
+                if before is _UNSET:
+                    module.__dict__.pop("forward", None)
+                else:
+                    object.__setattr__(module, "forward", before)
+            if config is not None and self.attn_implementation is not None:
+                config._attn_implementation = previous
 
     @contextmanager
     def _raw_hooks(self, raw: dict[Tap, list[HookFn]]) -> Iterator[None]:

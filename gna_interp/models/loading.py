@@ -156,8 +156,9 @@ def _tlens_backend(hf_model: Any, tokenizer: Any, name: str, spec: ArchSpec) -> 
     if not getattr(config, "architectures", None):  # built from a config: TransformerLens picks its adapter by this name
         config.architectures = [type(hf_model).__name__]
     bridge_tokenizer = tokenizer_on_disk(tokenizer)
+    kernel = getattr(config, "_attn_implementation", None)  # the bridge switches the config to eager
     bridge = TransformerBridge.boot_transformers(name or spec.family, hf_model=hf_model, tokenizer=bridge_tokenizer)
-    return TLensBackend(bridge, spec, spec.resolve(config, int(config.num_hidden_layers)))
+    return TLensBackend(bridge, spec, spec.resolve(config, int(config.num_hidden_layers)), attn_implementation=kernel)
 
 
 def tokenizer_on_disk(tokenizer: Any) -> Any:

@@ -1,0 +1,127 @@
+"""The tlens backend runs HF's own attention kernel inside the bridge when a forward reads
+no pattern (`TLensBackend._kernel_attention`), and the bridge's step-by-step attention when
+it does. Checked against the pristine HF model (raw forward, sdpa), by counting calls of the
+bridge's own attention forward, and for residue after calls that raise."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (
+    PositionEmbeddingsAttentionBridge,
+)
+
+import gna_interp as gna
+from gna_interp.models.tiny import tiny_model
+
+from .conftest import CLEAN, PROMPTS
+
+H = gna.Head
+FAMILIES = ("llama", "qwen2", "falcon_h1", "qwen3_next")
+
+
+def hf_logits(hf, batch) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+
+
+@pytest.fixture
+def count_bridge_attention(monkeypatch):
+    """Calls of the bridge's own (step-by-step) attention forward."""
+    calls = {"n": 0}
+    original = PositionEmbeddingsAttentionBridge.forward
+
+    def counting(self, *args, **kwargs):
+        calls["n"] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(PositionEmbeddingsAttentionBridge, "forward", counting)
+    return calls
+
+
+def attentions(model: gna.GnaModel) -> list[torch.nn.Module]:
+    return [m for m in model.backend.bridge.modules() if isinstance(m, PositionEmbeddingsAttentionBridge)]
+
+
+def assert_pristine(model: gna.GnaModel) -> None:
+    """No attention forward left shadowed, and the config back on the bridge's eager."""
+    assert all("forward" not in m.__dict__ for m in attentions(model))
+    assert model.backend.root.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_plain_forwards_run_hf_attention_and_equal_hf(family, tokenizer, count_bridge_attention):
+    hf = tiny_model(family, seed=4)
+    model = gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="tlens")
+    assert attentions(model) and model.backend.attn_implementation == hf.config._attn_implementation
+    batch = model.to_batch(PROMPTS)  # left-padded
+    expected = hf_logits(hf, batch)
+    logits = model.logits(PROMPTS)
+    assert count_bridge_attention["n"] == 0
+    # Every position, padding included: the same kernel on the same inputs (Qwen3-Next's
+    # gated DeltaNet, which the bridge wraps its own way, adds about 1e-6).
+    atol = 1e-5 if family == "qwen3_next" else 1e-6
+    assert torch.allclose(logits, expected, atol=atol, rtol=0), float((logits - expected).abs().max())
+    assert_pristine(model)
+
+
+def test_pattern_reads_run_the_bridge_attention(tokenizer, count_bridge_attention):
+    hf = tiny_model("llama", seed=4)
+    model = gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="tlens")
+    n_attention = len(attentions(model))
+    patterns = gna.attention_pattern(model, CLEAN, [H(1, 2)])
+    assert count_bridge_attention["n"] == n_attention  # hook_pattern needs the bridge's own attention
+    assert patterns.shape[-2:] == (5, 5) and torch.allclose(patterns.sum(-1), torch.ones(()))
+    assert_pristine(model)
+    count_bridge_attention["n"] = 0
+    model.logits(CLEAN, [gna.Ablate([H(1, 2)])])  # an edit of a projection's hook point only
+    assert count_bridge_attention["n"] == 0
+    assert_pristine(model)
+
+
+def test_ablation_on_the_kernel_equals_a_raw_hook(tokenizer):
+    """The head hook (``o.hook_in``) still fires inside HF's attention: zeroing a head equals
+    a raw pre-hook on the pristine model's ``o_proj``."""
+    hf = tiny_model("llama", seed=4)
+    model = gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="tlens")
+    batch = model.to_batch(PROMPTS)
+    o_proj = hf.model.layers[1].self_attn.o_proj
+    width = hf.config.head_dim if getattr(hf.config, "head_dim", None) else hf.config.hidden_size // hf.config.num_attention_heads
+
+    def zero_head(module, args):
+        x = args[0].clone()
+        x[..., 2 * width : 3 * width] = 0
+        return (x,)
+
+    handle = o_proj.register_forward_pre_hook(zero_head)
+    try:
+        expected = hf_logits(hf, batch)
+    finally:
+        handle.remove()
+    actual = model.logits(PROMPTS, [gna.Ablate([H(1, 2)])])
+    assert torch.allclose(actual, expected, atol=1e-6, rtol=0)
+    assert not torch.allclose(actual, hf_logits(hf, batch), atol=1e-4)  # the ablation did something
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def test_a_failing_forward_leaves_the_bridge_as_it_was(tokenizer):
+    model = gna.load(tiny_model("llama", seed=4), tokenizer=tokenizer, backend="tlens")
+    before = model.logits(CLEAN)
+
+    def exploding(values):
+        raise Boom("metric failed")
+
+    with pytest.raises(Boom):
+        gna.ablation_sweep(model, CLEAN, exploding, heads=[H(0, 1), H(1, 2)], progress=False)
+    assert_pristine(model)
+    bad = gna.core.plan.Plan()
+    bad.add(model.head_site(H(1, 2))[0], gna.core.plan.Edit(torch.ones(1, 1, 1, 1, dtype=torch.bool), torch.zeros(3, 3, 3, 3, 3)))
+    with pytest.raises(RuntimeError):
+        model.backend.run(model.to_batch(CLEAN), bad)  # raises inside the kernel's forward
+    assert_pristine(model)
+    assert torch.equal(model.logits(CLEAN), before)
