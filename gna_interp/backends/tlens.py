@@ -120,7 +120,26 @@ TAPS: dict[SiteKind, Callable[[TLensBackend, Site], tuple[str, str, View]]] = {
 kind is one entry here (and one in the nnsight backend's `steps`)."""
 
 
-_UNSET = object()  # a block had no instance-level ``forward`` before `TLensBackend._not_run`
+_UNSET = object()  # a module had no instance-level ``forward`` before `_shadowed_forwards`
+
+
+@contextmanager
+def _shadowed_forwards(replacements: Sequence[tuple[nn.Module, Callable[..., Any]]]) -> Iterator[None]:
+    """Each module's ``forward`` replaced on the instance for the block inside, and its own
+    (an instance-level one too, e.g. accelerate's wrapper) restored on exit, exceptions
+    included. ``object.__setattr__``: a bridge component's ``__setattr__`` would forward the
+    attribute to the HF module it wraps."""
+    saved = [module.__dict__.get("forward", _UNSET) for module, _ in replacements]
+    try:
+        for module, forward in replacements:
+            object.__setattr__(module, "forward", forward)
+        yield
+    finally:
+        for (module, _), previous in zip(replacements, saved, strict=True):
+            if previous is _UNSET:
+                module.__dict__.pop("forward", None)
+            else:
+                object.__setattr__(module, "forward", previous)
 
 
 class TLensBackend:
@@ -258,22 +277,12 @@ class TLensBackend:
         layer, resid = plan.start
         items = self.spec.block_output  # the start residual's type is checked in `run`
         output = resid if items == 0 else (resid, *([None] * (items - 1)))
-        blocks = self._blocks()[:layer]  # what the model's own block loop calls
-        saved = [block.__dict__.get("forward", _UNSET) for block in blocks]  # e.g. accelerate's wrapper
 
         def passes_resid(*args: Any, **kwargs: Any) -> Any:
             return output
 
-        try:
-            for block in blocks:
-                object.__setattr__(block, "forward", passes_resid)  # the bridge's __setattr__ forwards to the HF module
+        with _shadowed_forwards([(block, passes_resid) for block in self._blocks()[:layer]]):  # what the block loop calls
             yield
-        finally:
-            for block, previous in zip(blocks, saved, strict=True):
-                if previous is _UNSET:
-                    block.__dict__.pop("forward", None)
-                else:
-                    object.__setattr__(block, "forward", previous)
 
     def _attentions(self) -> list[tuple[nn.Module, str]]:
         """``(attention bridge, prefix of its own hook names)`` for every attention the
@@ -318,29 +327,24 @@ class TLensBackend:
         ``o`` projections, which HF's forward calls) does not need that. Each attention's
         ``forward`` is shadowed on the instance by HF's, and the config's
         ``_attn_implementation`` set to the model's own kernel; both restored on exit,
-        exceptions included. Logits then equal the HF model's bit for bit (the bridge's
-        recomputation differs by float rounding, and at padded positions)."""
+        exceptions included. Logits then equal the HF model's at every position (to 1e-6,
+        tested; the bridge's recomputation differs by float rounding, and at padded
+        positions)."""
         attentions = [] if patterns else self._attentions()
         if not attentions or any(name.startswith(prefix) for name in hook_names for _, prefix in attentions):
             yield
             return
         config = getattr(self.root, "config", None)
         previous = getattr(config, "_attn_implementation", None)
-        saved = [module.__dict__.get("forward", _UNSET) for module, _ in attentions]
-        try:
-            for module, _ in attentions:
-                object.__setattr__(module, "forward", module.get_submodule("_original_component").forward)
-            if config is not None and self.attn_implementation is not None:
-                config._attn_implementation = self.attn_implementation
-            yield
-        finally:
-            for (module, _), before in zip(attentions, saved, strict=True):
-                if before is _UNSET:
-                    module.__dict__.pop("forward", None)
-                else:
-                    object.__setattr__(module, "forward", before)
-            if config is not None and self.attn_implementation is not None:
-                config._attn_implementation = previous
+        hf_forwards = [(module, module.get_submodule("_original_component").forward) for module, _ in attentions]
+        with _shadowed_forwards(hf_forwards):
+            try:
+                if config is not None and self.attn_implementation is not None:
+                    config._attn_implementation = self.attn_implementation
+                yield
+            finally:
+                if config is not None and self.attn_implementation is not None:
+                    config._attn_implementation = previous
 
     @contextmanager
     def _raw_hooks(self, raw: dict[Tap, list[HookFn]]) -> Iterator[None]:
