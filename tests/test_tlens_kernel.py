@@ -1,7 +1,8 @@
 """The tlens backend runs HF's own attention kernel inside the bridge when a forward reads
-no pattern (`TLensBackend._kernel_attention`), and the bridge's step-by-step attention when
-it does. Checked against the pristine HF model (raw forward, sdpa), by counting calls of the
-bridge's own attention forward, and for residue after calls that raise."""
+no pattern, and the bridge's step-by-step attention when it does; and HF's own norms where
+no hook sits on a norm (`TLensBackend._native_forwards`). Checked against the pristine HF
+model (raw forward, sdpa), by counting calls of the bridge's own forwards, and for residue
+after calls that raise."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import copy
 
 import pytest
 import torch
+from transformer_lens.model_bridge.generalized_components.normalization import NormalizationBridge
 from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (
     PositionEmbeddingsAttentionBridge,
 )
@@ -41,25 +43,44 @@ def count_bridge_attention(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def count_bridge_norms(monkeypatch):
+    """Calls of the bridge's own normalization forward."""
+    calls = {"n": 0}
+    original = NormalizationBridge.forward
+
+    def counting(self, *args, **kwargs):
+        calls["n"] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(NormalizationBridge, "forward", counting)
+    return calls
+
+
 def attentions(model: gna.GnaModel) -> list[torch.nn.Module]:
     return [m for m in model.backend.bridge.modules() if isinstance(m, PositionEmbeddingsAttentionBridge)]
 
 
+def norms(model: gna.GnaModel) -> list[torch.nn.Module]:
+    return [m for m in model.backend.bridge.modules() if isinstance(m, NormalizationBridge)]
+
+
 def assert_pristine(model: gna.GnaModel) -> None:
-    """No attention forward left shadowed, and the config back on the bridge's eager."""
-    assert all("forward" not in m.__dict__ for m in attentions(model))
+    """No attention or norm forward left shadowed, and the config back on the bridge's eager."""
+    assert all("forward" not in m.__dict__ for m in attentions(model) + norms(model))
     assert model.backend.root.config._attn_implementation == "eager"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_plain_forwards_run_hf_attention_and_equal_hf(family, tokenizer, count_bridge_attention):
+def test_plain_forwards_run_hf_attention_and_equal_hf(family, tokenizer, count_bridge_attention, count_bridge_norms):
     hf = tiny_model(family, seed=4)
     model = gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="tlens")
     assert attentions(model) and model.backend.attn_implementation == hf.config._attn_implementation
+    assert len(model.backend._norms()) == len(norms(model)) > 0
     batch = model.to_batch(PROMPTS)  # left-padded
     expected = hf_logits(hf, batch)
     logits = model.logits(PROMPTS)
-    assert count_bridge_attention["n"] == 0
+    assert count_bridge_attention["n"] == 0 and count_bridge_norms["n"] == 0
     # Every position, padding included: the same kernel on the same inputs (Qwen3-Next's
     # gated DeltaNet, which the bridge wraps its own way, adds about 1e-6).
     atol = 1e-5 if family == "qwen3_next" else 1e-6
@@ -125,3 +146,32 @@ def test_a_failing_forward_leaves_the_bridge_as_it_was(tokenizer):
         model.backend.run(model.to_batch(CLEAN), bad)  # raises inside the kernel's forward
     assert_pristine(model)
     assert torch.equal(model.logits(CLEAN), before)
+
+
+@pytest.mark.parametrize("family", ["llama", "mamba2"])
+def test_a_hooked_norm_runs_the_bridge_norm(family, tokenizer, count_bridge_norms):
+    """A hook on any hook point of a norm keeps that norm on the bridge's own forward (so
+    the hook fires, and an edit there acts); every other norm runs HF's."""
+    hf = tiny_model(family, seed=4)
+    model = gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="tlens")
+    backend = model.backend
+    norm = norms(model)[1]
+    name = norm.hook_out.name
+    seen: list[torch.Tensor] = []
+
+    def double(act, hook=None):
+        seen.append(act)
+        return 2 * act
+
+    batch = model.to_batch(PROMPTS)
+    plain = model.logits(PROMPTS)
+    with backend._native_forwards([name], patterns=False), backend._named_hooks([(name, double)]):
+        assert "forward" not in norm.__dict__
+        assert all("forward" in other.__dict__ for other in norms(model) if other is not norm)
+        with torch.no_grad():
+            edited = backend.bridge(batch.input_ids, attention_mask=batch.attention_mask)
+    assert count_bridge_norms["n"] == 1 and len(seen) == 1
+    assert not torch.allclose(edited, plain, atol=1e-3)  # the edit at hook_out acted
+    assert_pristine(model)
+    assert not norm.hook_out.fwd_hooks  # the hook went with its context
+    assert torch.equal(model.logits(PROMPTS), plain)

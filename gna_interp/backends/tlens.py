@@ -27,7 +27,7 @@ is the one function that turns a site into a hook:
   submodule ``name``; ``PARAM`` is read straight from the module, no hook.
 
 A module the bridge wraps has its own hook points (``hook_in`` / ``hook_out``): the tap
-uses them by name through ``bridge.hooks``. A module the bridge does not wrap (GraniteMoe-
+uses them by name (``HookPoint.add_hook``, as ``bridge.hooks`` does). A module the bridge does not wrap (GraniteMoe-
 Hybrid's Mamba-2 ``out_proj``, NemotronH's attention, Zamba2's hybrid layers, Qwen3-Next's
 gated DeltaNet, FalconMamba's ``dt`` / ``B`` / ``C`` norms) gets a raw torch hook on the
 module itself, registered for the one forward and removed after it, exceptions included.
@@ -148,7 +148,7 @@ class TLensBackend:
     def __init__(self, bridge: Any, spec: ArchSpec, layers: Sequence[LayerSpec], attn_implementation: str | None = None) -> None:
         """``attn_implementation``: the HF model's attention kernel before the bridge
         switched it to eager (``"sdpa"``, ``"eager"``, ...); forwards that read no
-        pattern run it (`TLensBackend._kernel_attention`). ``None``: keep the config's."""
+        pattern run it (`TLensBackend._native_forwards`). ``None``: keep the config's."""
         self.bridge = bridge
         self.spec = spec
         self.layers = tuple(layers)
@@ -157,6 +157,8 @@ class TLensBackend:
         self.attn_implementation = attn_implementation
         self._shared: dict[int, tuple[int, ...]] | None = None
         self._kernel_attentions: list[tuple[nn.Module, str]] | None = None
+        self._native_norms: list[tuple[nn.Module, Callable[..., Tensor], str]] | None = None
+        self._hook_points: dict[str, Any] | None = None
 
     # ----- where sites live ----------------------------------------------------------------
     def mixer(self, layer: int, index: int) -> LayerMixer:
@@ -193,9 +195,15 @@ class TLensBackend:
         from transformer_lens.hook_points import HookPoint
 
         point = getattr(self.root.get_submodule(path), attribute, None)
-        if isinstance(point, HookPoint) and self.bridge.hook_dict.get(point.name) is point:
-            return str(point.name)
-        return ""
+        name = point.name if isinstance(point, HookPoint) else None
+        return name if name is not None and self._points().get(name) is point else ""
+
+    def _points(self) -> dict[str, Any]:
+        """The bridge's hook points by name, aliases included (``bridge.hook_dict`` rebuilds
+        this on every access; the bridge's hook points are fixed once it has booted)."""
+        if self._hook_points is None:
+            self._hook_points = dict(self.bridge.hook_dict)
+        return self._hook_points
 
     def _param(self, read: Read) -> Tensor:
         owner, _, attr = f"{self.mixer(read.layer, read.mixer).path}.{read.name}".rpartition(".")
@@ -256,9 +264,9 @@ class TLensBackend:
         with (
             torch.set_grad_enabled(grad),
             eager_attention(getattr(self.root, "config", None), patterns),
-            self._kernel_attention([name for name, _ in named], patterns),
+            self._native_forwards([name for name, _ in named], patterns),
             self._raw_hooks(raw),
-            self.bridge.hooks(fwd_hooks=named),
+            self._named_hooks(named),
             self._not_run(plan),
         ):
             logits = self.bridge(batch.input_ids, attention_mask=batch.attention_mask)
@@ -266,6 +274,21 @@ class TLensBackend:
         if silent:
             raise RuntimeError(f"backend 'tlens': {_describe(silent[0])} never ran in this forward: its site could not be read or edited")
         return RunOutput(logits=logits, acts=captured, reads=values)
+
+    @contextmanager
+    def _named_hooks(self, named: Sequence[tuple[str, Callable[..., Tensor]]]) -> Iterator[None]:
+        """Hooks on the bridge's hook points by canonical name, added to each point directly
+        and removed on exit, exceptions included. Same hooks as ``bridge.hooks(fwd_hooks=named)``
+        (the point's own tensor conversion, the bridge's gating check), without rebuilding its
+        alias maps on every forward (several ms, which short forwards of deep models feel)."""
+        points = self._points()
+        with ExitStack() as undo:
+            for name, fn in named:
+                point = points[name]
+                self.bridge.check_hooks_to_add(point, name, fn)
+                handle = point.add_hook(fn, dir="fwd")
+                undo.callback(_remove_handle, point, handle)
+            yield
 
     @contextmanager
     def _not_run(self, plan: Plan) -> Iterator[None]:
@@ -312,39 +335,68 @@ class TLensBackend:
                     or any(projection not in list(hf_attention.children()) for projection in projections)
                 ):
                     return self._kernel_attentions  # one attention that must run the bridge's way: all do
-                found.append((module, pattern_name.rpartition(".")[0] + ".hook_"))
+                found.append((module, _hook_prefix(pattern_name)))
             self._kernel_attentions = found
         return self._kernel_attentions
 
+    def _norms(self) -> list[tuple[nn.Module, Callable[..., Tensor], str]]:
+        """``(norm bridge, HF's forward, prefix of its hook names)`` for every normalization
+        bridge on TransformerLens's native path: with no hook on its ``hook_scale`` /
+        ``hook_normalized``, that path computes the statistics for those hooks and then
+        returns the HF norm's own output (cast to the input's dtype)."""
+        if self._native_norms is None:
+            self._native_norms = []
+            try:
+                from transformer_lens.model_bridge.generalized_components.normalization import NormalizationBridge
+            except ImportError:
+                return self._native_norms
+            for module in self.bridge.modules():
+                hf_norm = module._modules.get("_original_component")
+                name = getattr(getattr(module, "hook_in", None), "name", None)
+                if (
+                    isinstance(module, NormalizationBridge)
+                    and type(module).forward is NormalizationBridge.forward
+                    and getattr(module, "use_native_layernorm_autograd", False)
+                    and hf_norm is not None
+                    and not isinstance(hf_norm, nn.Identity)
+                    and isinstance(name, str)
+                ):
+                    self._native_norms.append((module, _in_input_dtype(hf_norm), _hook_prefix(name)))
+        return self._native_norms
+
     @contextmanager
-    def _kernel_attention(self, hook_names: Sequence[str], patterns: bool) -> Iterator[None]:
-        """Run HF's own attention (its kernel, e.g. sdpa) inside the bridge's attention
-        modules for one forward, when nothing needs the bridge's step-by-step version.
+    def _native_forwards(self, hook_names: Sequence[str], patterns: bool) -> Iterator[None]:
+        """Run HF's own attention (its kernel, e.g. sdpa) and HF's own norms inside the
+        bridge's modules for one forward, where nothing needs the bridge's versions.
 
         The bridge recomputes attention as separate matmul / mask / softmax operations so
         that ``hook_attn_scores`` and ``hook_pattern`` fire; a forward that reads no pattern
         and hooks no hook point of an attention itself (only of its ``q`` / ``k`` / ``v`` /
         ``o`` projections, which HF's forward calls) does not need that. Each attention's
         ``forward`` is shadowed on the instance by HF's, and the config's
-        ``_attn_implementation`` set to the model's own kernel; both restored on exit,
-        exceptions included. Logits then equal the HF model's at every position (to 1e-6,
-        tested; the bridge's recomputation differs by float rounding, and at padded
-        positions)."""
+        ``_attn_implementation`` set to the model's own kernel. Logits then equal the HF
+        model's at every position (to 1e-6, tested; the bridge's recomputation differs by
+        float rounding, and at padded positions). A norm none of whose hook points is hooked
+        runs HF's forward alone (the bridge's native path returns that same tensor after
+        computing ``hook_scale`` / ``hook_normalized`` for nobody). All restored on exit,
+        exceptions included."""
+        hooked = {_hook_prefix(name) for name in hook_names}
         attentions = [] if patterns else self._attentions()
-        if not attentions or any(name.startswith(prefix) for name in hook_names for _, prefix in attentions):
-            yield
-            return
+        if any(prefix in hooked for _, prefix in attentions):
+            attentions = []
+        shadows = [(module, module.get_submodule("_original_component").forward) for module, _ in attentions]
+        shadows += [(module, forward) for module, forward, prefix in self._norms() if prefix not in hooked]
         config = getattr(self.root, "config", None)
+        kernel = self.attn_implementation if attentions and config is not None else None
         previous = getattr(config, "_attn_implementation", None)
-        hf_forwards = [(module, module.get_submodule("_original_component").forward) for module, _ in attentions]
-        with _shadowed_forwards(hf_forwards):
+        with _shadowed_forwards(shadows):
             try:
-                if config is not None and self.attn_implementation is not None:
-                    config._attn_implementation = self.attn_implementation
+                if kernel is not None:
+                    config._attn_implementation = kernel  # type: ignore[union-attr]
                 yield
             finally:
-                if config is not None and self.attn_implementation is not None:
-                    config._attn_implementation = previous
+                if kernel is not None:
+                    config._attn_implementation = previous  # type: ignore[union-attr]
 
     @contextmanager
     def _raw_hooks(self, raw: dict[Tap, list[HookFn]]) -> Iterator[None]:
@@ -365,6 +417,24 @@ class TLensBackend:
                     handle = module.register_forward_hook(_raw_post(fns, tap.item, only, running))
                 undo.callback(handle.remove)
             yield
+
+
+def _hook_prefix(hook_name: str) -> str:
+    """``"blocks.0.attn.hook_pattern"`` -> ``"blocks.0.attn.hook_"``: what every hook point
+    of that module (and none of its children) is named."""
+    return hook_name.rpartition(".hook_")[0] + ".hook_"
+
+
+def _in_input_dtype(hf_norm: nn.Module) -> Callable[..., Tensor]:
+    def forward(hidden_states: Tensor, **kwargs: Any) -> Tensor:
+        return hf_norm(hidden_states).to(hidden_states.dtype)
+
+    return forward
+
+
+def _remove_handle(point: Any, handle: Any) -> None:
+    handle.hook.remove()
+    point.fwd_hooks[:] = [kept for kept in point.fwd_hooks if kept is not handle]
 
 
 def _describe(tap: Tap) -> str:
