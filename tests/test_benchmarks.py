@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -87,3 +89,19 @@ def test_discover_scale_benchmark_finds_the_toy_at_depth(tmp_path):
     for row in figures["rows"]:
         assert row["toy_heads_shifted"] and row["forwards"] > 0 and row["passes"] > 0, row
     assert figures["prescreen"]["llama"]["live"] >= 2
+
+
+def test_bridge_overhead_benchmark_variants_equal_hf(tmp_path, monkeypatch):
+    """In this process: every variant of the forward (tlens with the bridge's own or HF's
+    attention and norms, hooks through `bridge.hooks()` or direct; nnsight) gives HF's
+    logits on the real tokens."""
+    out = tmp_path / "overhead.json"
+    args = ["bridge_overhead.py", "--layers", "2", "--prompts", "4", "--repeats", "1", "--json", str(out)]
+    monkeypatch.setattr(sys, "argv", args)
+    with pytest.raises(SystemExit) as exit_code:
+        runpy.run_path(str(ROOT / "benchmarks" / "bridge_overhead.py"), run_name="__main__")
+    assert exit_code.value.code == 0
+    figures = json.loads(out.read_text())
+    assert len(figures["max_abs_diff"]) == 7 and {"hf", "nnsight"} <= set(figures["max_abs_diff"])
+    assert all(diff <= 1e-5 for diff in figures["max_abs_diff"].values()), figures
+    assert all(seconds > 0 for seconds in figures["seconds"].values())
