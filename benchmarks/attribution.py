@@ -16,7 +16,8 @@ Both use ``direction="denoise"`` (run corrupt, patch in clean values) and the sa
 
 Models (nothing downloaded):
 
-- ``toy-mamba2``, ``toy-llama`` (``tlens`` and ``nnsight``): the bundled toy models
+- ``toy-mamba2``, ``toy-llama`` (``tlens`` and ``nnsight``), ``toy-falcon_h1`` (the hybrid
+  toy: attention and Mamba-2 heads side by side in each layer): the bundled toy models
   (``gna.load_toy``), each on fresh prompts of its own task (``gna.toy_task``);
   corrupt = ``task.corrupted()`` (options rotated); metric = logit of the correct letter
   minus the corrupt prompt's correct letter.
@@ -202,6 +203,8 @@ def main() -> None:
         f"(other jobs share the machine: times are indicative); {args.prompts} prompts, best of {args.repeats}"
     )
     cases = [toy_case("mamba2", args.prompts, args.seed), *random_models(args.prompts, args.seed)]
+    if "falcon_h1" in gna.toy_names():
+        cases.append(toy_case("falcon_h1", args.prompts, args.seed))
     rows = [measure(*case, repeats=args.repeats) for case in cases]
     columns = ("attr s", "patch s", "speed-up", "max|eff|", "spearman")
     header = f"{'model':<30} {'heads':>5} {'live':>5} " + " ".join(f"{c:>8}" for c in columns) + " "
