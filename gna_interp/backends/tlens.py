@@ -27,10 +27,11 @@ is the one function that turns a site into a hook:
   submodule ``name``; ``PARAM`` is read straight from the module, no hook.
 
 A module the bridge wraps has its own hook points (``hook_in`` / ``hook_out``): the tap
-uses them by name (``HookPoint.add_hook``, as ``bridge.hooks`` does). A module the bridge does not wrap (GraniteMoe-
-Hybrid's Mamba-2 ``out_proj``, NemotronH's attention, Zamba2's hybrid layers, Qwen3-Next's
-gated DeltaNet, FalconMamba's ``dt`` / ``B`` / ``C`` norms) gets a raw torch hook on the
-module itself, registered for the one forward and removed after it, exceptions included.
+uses them by name (``HookPoint.add_hook``, as ``bridge.hooks`` does). A module the bridge
+does not wrap (GraniteMoeHybrid's Mamba-2 ``out_proj``, NemotronH's attention, Zamba2's
+hybrid layers, Qwen3-Next's gated DeltaNet, FalconMamba's ``dt`` / ``B`` / ``C`` norms) gets
+a raw torch hook on the module itself, registered for the one forward and removed after it,
+exceptions included.
 An attention mixer without ``hook_pattern`` gives its weights as item 1 of its output.
 
 Hooks that never fire. HF's PyTorch path for Mamba and Mamba-2 (the one that runs on
