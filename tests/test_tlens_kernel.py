@@ -29,32 +29,29 @@ def hf_logits(hf, batch) -> torch.Tensor:
         return hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
 
 
-@pytest.fixture
-def count_bridge_attention(monkeypatch):
-    """Calls of the bridge's own (step-by-step) attention forward."""
+def count_calls(monkeypatch, cls: type) -> dict[str, int]:
+    """Calls of ``cls.forward`` (the class's own, not an instance's shadow) from now on."""
     calls = {"n": 0}
-    original = PositionEmbeddingsAttentionBridge.forward
+    original = cls.forward
 
     def counting(self, *args, **kwargs):
         calls["n"] += 1
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(PositionEmbeddingsAttentionBridge, "forward", counting)
+    monkeypatch.setattr(cls, "forward", counting)
     return calls
+
+
+@pytest.fixture
+def count_bridge_attention(monkeypatch):
+    """Calls of the bridge's own (step-by-step) attention forward."""
+    return count_calls(monkeypatch, PositionEmbeddingsAttentionBridge)
 
 
 @pytest.fixture
 def count_bridge_norms(monkeypatch):
     """Calls of the bridge's own normalization forward."""
-    calls = {"n": 0}
-    original = NormalizationBridge.forward
-
-    def counting(self, *args, **kwargs):
-        calls["n"] += 1
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(NormalizationBridge, "forward", counting)
-    return calls
+    return count_calls(monkeypatch, NormalizationBridge)
 
 
 def attentions(model: gna.GnaModel) -> list[torch.nn.Module]:
