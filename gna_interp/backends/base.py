@@ -4,7 +4,7 @@ return the logits plus the activations captured at the requested sites."""
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -37,17 +37,23 @@ class Backend(Protocol):
 
 
 @contextmanager
-def eager_attention(config: Any, needed: bool) -> Iterator[None]:
-    """HF returns attention weights only from eager attention: switch ``config`` to it for
-    one forward (when ``needed``) and restore the previous setting afterwards, exceptions
-    included. (TransformerLens 4.x switches a bridged model to eager attention itself;
-    3.9 does not.)"""
-    if not needed or config is None:
+def attention_kernel(config: Any, kernel: str | None) -> Iterator[None]:
+    """``config._attn_implementation`` set to ``kernel`` (``"eager"``, ``"sdpa"``, ...) for
+    one forward and restored afterwards, exceptions included; ``None`` (or no config):
+    left as it is."""
+    if kernel is None or config is None:
         yield
         return
     previous = config._attn_implementation
-    config._attn_implementation = "eager"
+    config._attn_implementation = kernel
     try:
         yield
     finally:
         config._attn_implementation = previous
+
+
+def eager_attention(config: Any, needed: bool) -> AbstractContextManager[None]:
+    """HF returns attention weights only from eager attention: switch ``config`` to it for
+    one forward (when ``needed``; `attention_kernel`). (TransformerLens 4.x switches a
+    bridged model to eager attention itself; 3.9 does not.)"""
+    return attention_kernel(config, "eager" if needed else None)

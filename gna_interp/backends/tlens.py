@@ -63,7 +63,7 @@ from ..core.arch import ArchSpec, LayerMixer, LayerSpec
 from ..core.plan import Edit, Plan, Read, ReadKind, Site, SiteKind, apply_edits
 from ..cost import charge_forward
 from ..models.inputs import Batch
-from .base import RunOutput, eager_attention
+from .base import RunOutput, attention_kernel, eager_attention
 
 HookFn = Callable[[Tensor], Tensor]
 View = tuple[str, tuple[int, ...]]
@@ -121,6 +121,9 @@ TAPS: dict[SiteKind, Callable[[TLensBackend, Site], tuple[str, str, View]]] = {
 kind is one entry here (and one in the nnsight backend's `steps`)."""
 
 
+Native = tuple[nn.Module, Callable[..., Any], str]
+"""``(bridge component, HF's forward to run in its place, prefix of its own hook names)``."""
+
 _UNSET = object()  # a module had no instance-level ``forward`` before `_shadowed_forwards`
 
 
@@ -157,8 +160,8 @@ class TLensBackend:
         self.root: nn.Module = bridge.original_model
         self.attn_implementation = attn_implementation
         self._shared: dict[int, tuple[int, ...]] | None = None
-        self._kernel_attentions: list[tuple[nn.Module, str]] | None = None
-        self._native_norms: list[tuple[nn.Module, Callable[..., Tensor], str]] | None = None
+        self._kernel_attentions: list[Native] | None = None
+        self._native_norms: list[Native] | None = None
         self._hook_points: dict[str, Any] | None = None
 
     # ----- where sites live ----------------------------------------------------------------
@@ -308,10 +311,10 @@ class TLensBackend:
         with _shadowed_forwards([(block, passes_resid) for block in self._blocks()[:layer]]):  # what the block loop calls
             yield
 
-    def _attentions(self) -> list[tuple[nn.Module, str]]:
-        """``(attention bridge, prefix of its own hook names)`` for every attention the
-        bridge reimplements, if HF's own forward of each calls the bridge's q/k/v/o
-        projections (so their hook points fire either way); ``[]`` if any does not."""
+    def _attentions(self) -> list[Native]:
+        """``(attention bridge, HF's forward, prefix of its own hook names)`` for every
+        attention the bridge reimplements, if HF's own forward of each calls the bridge's
+        q/k/v/o projections (so their hook points fire either way); ``[]`` if any does not."""
         if self._kernel_attentions is None:
             self._kernel_attentions = []
             try:
@@ -321,7 +324,7 @@ class TLensBackend:
                 )
             except ImportError:  # a TransformerLens without these classes: always its own attention
                 return self._kernel_attentions
-            found: list[tuple[nn.Module, str]] = []
+            found: list[Native] = []
             for module in self.bridge.modules():
                 if not isinstance(module, AttentionBridge):
                     continue
@@ -336,11 +339,11 @@ class TLensBackend:
                     or any(projection not in list(hf_attention.children()) for projection in projections)
                 ):
                     return self._kernel_attentions  # one attention that must run the bridge's way: all do
-                found.append((module, _hook_prefix(pattern_name)))
+                found.append((module, hf_attention.forward, _hook_prefix(pattern_name)))
             self._kernel_attentions = found
         return self._kernel_attentions
 
-    def _norms(self) -> list[tuple[nn.Module, Callable[..., Tensor], str]]:
+    def _norms(self) -> list[Native]:
         """``(norm bridge, HF's forward, prefix of its hook names)`` for every normalization
         bridge on TransformerLens's native path: with no hook on its ``hook_scale`` /
         ``hook_normalized``, that path computes the statistics for those hooks and then
@@ -383,21 +386,15 @@ class TLensBackend:
         exceptions included."""
         hooked = {_hook_prefix(name) for name in hook_names}
         attentions = [] if patterns else self._attentions()
-        if any(prefix in hooked for _, prefix in attentions):
+        if any(prefix in hooked for _, _, prefix in attentions):
             attentions = []
-        shadows = [(module, module.get_submodule("_original_component").forward) for module, _ in attentions]
-        shadows += [(module, forward) for module, forward, prefix in self._norms() if prefix not in hooked]
-        config = getattr(self.root, "config", None)
-        kernel = self.attn_implementation if attentions and config is not None else None
-        previous = getattr(config, "_attn_implementation", None)
-        with _shadowed_forwards(shadows):
-            try:
-                if kernel is not None:
-                    config._attn_implementation = kernel  # type: ignore[union-attr]
-                yield
-            finally:
-                if kernel is not None:
-                    config._attn_implementation = previous  # type: ignore[union-attr]
+        norms = [native for native in self._norms() if native[2] not in hooked]
+        kernel = self.attn_implementation if attentions else None
+        with (
+            _shadowed_forwards([(module, forward) for module, forward, _ in attentions + norms]),
+            attention_kernel(getattr(self.root, "config", None), kernel),
+        ):
+            yield
 
     @contextmanager
     def _raw_hooks(self, raw: dict[Tap, list[HookFn]]) -> Iterator[None]:
