@@ -24,6 +24,7 @@ def test_load_from_a_local_folder(tmp_path, tokenizer, family):
     model = gna.load(str(tmp_path))
     assert model.backend_name == ("tlens" if family == "llama" else "nnsight")
     assert torch.allclose(model.logits(CLEAN), raw_logits(hf, model.to_batch(CLEAN)), atol=TOL)
+    assert model.name == str(tmp_path)  # the config's name_or_path, set by from_pretrained
 
 
 def test_every_table_row_has_a_tiny_config():

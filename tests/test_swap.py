@@ -18,6 +18,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import gna_interp as gna
+from gna_interp.models.hf_compat import cache_keyword, returned_cache
 from gna_interp.models.tiny import tiny_model
 
 from .conftest import PROMPTS, no_hooks_anywhere
@@ -245,7 +246,8 @@ def test_cross_family_refuses_to_continue_a_cache():
         with torch.no_grad():
             out = target(input_ids=IDS[:1], use_cache=True)
             with pytest.raises(NotImplementedError, match="use_cache=False"):
-                target(input_ids=IDS[:1, -1:], cache_params=out.cache_params, use_cache=True)
+                cache = {cache_keyword(target.forward): returned_cache(out)}  # cache_params before transformers 5.24
+                target(input_ids=IDS[:1, -1:], **cache, use_cache=True)
         with torch.no_grad():
             generated = target.generate(IDS[:1], max_new_tokens=3, do_sample=False, use_cache=False, pad_token_id=0)
         greedy = IDS[:1]

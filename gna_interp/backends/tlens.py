@@ -51,9 +51,11 @@ attention); the HF model still computes the same function.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import torch
@@ -289,7 +291,7 @@ class TLensBackend:
         with ExitStack() as undo:
             for name, fn in named:
                 point = points[name]
-                self.bridge.check_hooks_to_add(point, name, fn)
+                _check_hook_to_add(self.bridge, point, name, fn)
                 handle = point.add_hook(fn, dir="fwd")
                 undo.callback(_remove_handle, point, handle)
             yield
@@ -428,6 +430,20 @@ def _in_input_dtype(hf_norm: nn.Module) -> Callable[..., Tensor]:
         return hf_norm(hidden_states).to(hidden_states.dtype)
 
     return forward
+
+
+def _check_hook_to_add(bridge: Any, point: Any, name: str, fn: HookFn) -> None:
+    """The bridge's own check before a hook is added (it refuses gated-off hook points).
+    TransformerLens 4.x takes ``(point, name, hook)``; 3.9 took the name alone."""
+    if "hook_point" in _parameter_names(type(bridge).check_hooks_to_add):
+        bridge.check_hooks_to_add(point, name, fn)
+    else:
+        bridge.check_hooks_to_add(name)
+
+
+@cache
+def _parameter_names(function: Callable[..., Any]) -> frozenset[str]:
+    return frozenset(inspect.signature(function).parameters)
 
 
 def _remove_handle(point: Any, handle: Any) -> None:

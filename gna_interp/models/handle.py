@@ -48,7 +48,7 @@ class GnaModel:
         self.tokenizer = tokenizer
         self.arch = arch
         self.backend = backend
-        self.name = name or getattr(hf_model.config, "_name_or_path", "") or arch.family
+        self.name = name or hf_model.config.name_or_path or arch.family
         config = hf_model.config
         self.n_layers: int = int(config.num_hidden_layers)
         self._own_specs: tuple[LayerSpec, ...] = arch.resolve(config, self.n_layers)

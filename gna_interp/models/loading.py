@@ -117,7 +117,7 @@ def _hf_model(model: Any, device: Any, dtype: Any, hf_kwargs: dict[str, Any]) ->
     if isinstance(model, PreTrainedModel):
         if device is not None or dtype is not None:
             model = model.to(device=device, dtype=dtype)  # type: ignore[call-arg]
-        return model, str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+        return model, str(model.config.name_or_path or type(model).__name__)
     if not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"model must be a hub id, a local folder or a transformers PreTrainedModel, got {type(model).__name__}")
     path = str(model)

@@ -39,6 +39,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .hf_compat import build_causal_mask, passed_cache
+
 
 class Calls(str, Enum):
     """How a family's block is called when it is the donor."""
@@ -145,12 +147,12 @@ class SwappedBlock(nn.Module):
         return cls(block, rotary, config, calls, donor_layer, returns_pair, inputs)
 
     def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Any:
-        self._refuse_cached_decoding(kwargs.get("past_key_values", kwargs.get("cache_params")))
+        self._refuse_cached_decoding(passed_cache(kwargs))
         mask = self._padding_mask(hidden_states.shape[1])
         if self.calls is Calls.ATTENTION:
             out = self._attention_forward(hidden_states, mask, kwargs.get("position_ids", self._inputs.position_ids))
         else:
-            out = self.block(hidden_states, cache_params=None, attention_mask=mask)
+            out = self.block(hidden_states, attention_mask=mask)  # no cache: the default
         out = out[0] if isinstance(out, tuple) else out
         return (out, None) if self.returns_pair else out
 
@@ -162,14 +164,11 @@ class SwappedBlock(nn.Module):
         assert self.rotary is not None
         position_embeddings = self.rotary(hidden_states, position_ids=position_ids)
         make_mask = create_sliding_window_causal_mask if self._sliding() else create_causal_mask
-        causal_mask = make_mask(
-            config=self._config, inputs_embeds=hidden_states, attention_mask=mask, past_key_values=None, position_ids=position_ids
-        )
+        causal_mask = build_causal_mask(make_mask, self._config, hidden_states, mask, position_ids)
         return self.block(
             hidden_states,
             attention_mask=causal_mask,
             position_ids=position_ids,
-            past_key_values=None,
             use_cache=False,
             position_embeddings=position_embeddings,
         )

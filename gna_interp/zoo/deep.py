@@ -83,7 +83,7 @@ def deep_toy(name: str, n_layers: int, *, at: int | None = None, backend: str | 
     untouched = [key for key in missing if not (key.startswith(prefix) and int(key[len(prefix) :].split(".", 1)[0]) not in toy_layers)]
     if untouched:
         raise RuntimeError(f"deep_toy: weights the toy should have given are missing: {untouched[:3]}")
-    deep.config._name_or_path = f"toy-{name}-deep{n_layers}"
+    deep.config.name_or_path = f"toy-{name}-deep{n_layers}"
     deep.eval()
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     model = load(deep, tokenizer=tokenizer, backend=backend)
