@@ -75,7 +75,7 @@ _EXPORTS: dict[str, str] = {
     "toy_task": "zoo",
     "viz": "viz:",
     "zoo": "zoo:",
-    "write_report": "discovery",
+    "write_report": "viz.report",
 }
 """Public name -> where it lives, relative to this package (one line per name)."""
 

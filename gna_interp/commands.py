@@ -180,7 +180,8 @@ def summary_table(circuits: list[Any]) -> str:
 
 def demo(args: argparse.Namespace) -> int:
     """Discovery on the bundled Transformer, SSM and hybrid toy models, summary, offline report."""
-    from .discovery import discover, write_report
+    from .discovery import discover
+    from .viz.report import write_report
     from .zoo import load_toy, toy_names, toy_task
 
     if args.n < 1:
@@ -209,7 +210,8 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def discover_command(args: argparse.Namespace) -> int:
-    from .discovery import discover, write_report
+    from .discovery import discover
+    from .viz.report import write_report
 
     out = check_out_dir(args.out) if args.out else None  # fail before any work
     task = build_task(args)

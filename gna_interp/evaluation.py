@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from .core.inputs import Batch, make_batch
 from .core.interventions import Ablate, Intervention, MaskAttentionRows, Patch, as_interventions
-from .models.inputs import Batch, make_batch
 from .progress import progress_bar
 from .tasks.base import EncodedTask, Task
 
@@ -232,13 +232,12 @@ def evaluate_with_logits(
 
     Locally this is a loop of `evaluate` and `GnaModel.logits`. On a remote nnsight model (NDIF or
     ``remote="local"``) every forward of every run goes into one session request
-    (`gna_interp.backends.jobs`), each starting from its batch's clean prefix captured on
+    (`gna_interp.models.jobs`), each starting from its batch's clean prefix captured on
     the server, and only the final position's logits come back. Interventions that need
     activations (mean / resample ablation, patching) capture them first, in requests of
     their own; runs with multi-token candidates are evaluated one by one.
     """
-    from .backends.jobs import JobList, is_batched_remote
-    from .patching.compile import compile_plan
+    from .models.jobs import JobList, is_batched_remote
 
     if not is_batched_remote(model):
         evaluations = [evaluate(model, task, interventions, batch_size=batch_size, progress=progress) for task, interventions in runs]
@@ -260,12 +259,12 @@ def evaluate_with_logits(
         handles = []
         for start, stop, rows, chunk in _single_token_chunks(encoded, interventions, size, keep_columns=positional):
             rows = rows.to(model.device)
-            handles.append((start, stop, jobs.add(rows, compile_plan(model, rows, [*ambient, *chunk]), keep=2)))
+            handles.append((start, stop, jobs.add(rows, model.compile_plan(rows, [*ambient, *chunk]), keep=2)))
         pending.append((encoded, handles))
     plain = []
     for inputs in logits_of:
         batch = model.to_batch(inputs)
-        plain.append(jobs.add(batch, compile_plan(model, batch, list(model.active_interventions)), keep=2))
+        plain.append(jobs.add(batch, model.compile_plan(batch, list(model.active_interventions)), keep=2))
     outputs = jobs.run()
     evaluations = []
     for item in pending:

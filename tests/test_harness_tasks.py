@@ -94,7 +94,7 @@ def test_toy_parity_clean_and_ablated(name, toys, tasks_dir):
 
 
 # MMLU's header words are outside the toy's vocabulary (they become <unk> in both pipelines alike).
-@pytest.mark.filterwarnings("ignore::gna_interp.models.inputs.UnknownWordsWarning")
+@pytest.mark.filterwarnings("ignore::gna_interp.core.inputs.UnknownWordsWarning")
 def test_lm_eval_mmlu_config_parity_on_the_hybrid(toys, tasks_dir):
     """lm-eval's own ``mmlu_anatomy`` config (its description and template) over local rows
     builds exactly the prompts of ``gna.tasks.mmlu``; the hybrid toy scores them the same

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.discovery import write_report
 from gna_interp.discovery.picture import choose_prompt, role_picture
+from gna_interp.viz.report import write_report
 from gna_interp.viz.views import bundle_script
 
 from .toy_circuits import TOYS, discovered
@@ -231,6 +231,13 @@ MEASURE = """<script>
           text: figure ? Array.from(figure.querySelectorAll("svg text")).map((t) => t.textContent) : [],
         };
       }),
+      titles: Array.from(document.querySelectorAll("section.model")).map((s) =>
+        Array.from(s.querySelectorAll('[id$="-needs-title-aggregate"], [id$="-needs-title-gather"]')).map((t) => {
+          const r = t.getBoundingClientRect(); return { left: r.left, right: r.right, top: r.top, bottom: r.bottom };
+        })),
+      costGaps: Array.from(document.querySelectorAll('[data-role="cost"]')).map((c) =>
+        c.querySelector("table").getBoundingClientRect().top - c.querySelector("p").getBoundingClientRect().bottom),
+      examined: Array.from(document.querySelectorAll('[data-role="examined"] .scroll')).map((d) => [d.scrollWidth, d.clientWidth]),
     };
     const pre = document.createElement("pre");
     pre.id = "gna-measure";
@@ -249,7 +256,9 @@ def test_the_page_in_headless_chromium(report, items, tmp_path):
     measurement is written into the DOM (no wall-clock wait: virtual time only advances
     when the page is idle). The page must not be wider than the window, each model's
     section must sit below the previous one at full width, each averaged figure must sit
-    beside its circuitsvis view and name every Aggregate and Gather head of its circuit."""
+    beside its circuitsvis view and name every Aggregate and Gather head of its circuit. The
+    heads-needed panels' titles must not overlap, the cost table must sit under its caption,
+    and the examined-heads table must fit without scrolling."""
     index, page = report
     probe = index.parent / "measure.html"
     probe.write_text(page.replace("</body>", MEASURE + "</body>"), encoding="utf-8")
@@ -272,3 +281,11 @@ def test_the_page_in_headless_chromium(report, items, tmp_path):
         assert pair["gather"].split() == [str(h) for h in circuit.gather] and circuit.gather
         drawn = {line for text in pair["text"] for line in text.split()}
         assert {str(h) for h in [*circuit.aggregate, *circuit.gather]} <= drawn, (circuit.model, sorted(drawn))
+    for titles in measured["titles"]:
+        assert len(titles) == 2, titles  # one per role
+        first, second = sorted(titles, key=lambda t: t["left"])
+        assert first["right"] <= second["left"] or first["bottom"] <= second["top"], ("the titles overlap", titles)
+    assert measured["costGaps"] and all(0 <= gap < 30 for gap in measured["costGaps"]), measured["costGaps"]
+    assert len(measured["examined"]) == len(items) and all(scroll <= client for scroll, client in measured["examined"]), measured[
+        "examined"
+    ]

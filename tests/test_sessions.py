@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.backends.jobs import Job, run_jobs
+from gna_interp.backends.jobs import Job
 from gna_interp.core.plan import Plan, Ref, Site, SiteKind
 from gna_interp.evaluation import evaluate_many
+from gna_interp.models.jobs import run_jobs
 from gna_interp.zoo.deep import deep_toy
 
 N_PROMPTS = 40
@@ -40,7 +41,7 @@ def test_jobs_with_references_run_in_one_request(pair):
     local, remote, task = pair
     batch = local.to_batch(task)
     resid = Site(SiteKind.RESID, 2)
-    ablate = gna.patching.compile.compile_plan(local, batch, [gna.Ablate([gna.Head(2, 6)])])
+    ablate = local.compile_plan(batch, [gna.Ablate([gna.Head(2, 6)])])
     twice = ablate.tiled(batch.n_rows, 2)
     jobs = [
         Job(batch, Plan(), frozenset({resid}), keep=0),

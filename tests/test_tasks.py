@@ -447,7 +447,7 @@ def test_kv_format_and_answer():
 
 def test_task_is_valid_inputs_everywhere(bpe_tokenizer):
     task = gna.tasks.toy_mcq(3, seed=0)
-    from gna_interp.models.inputs import make_batch
+    from gna_interp.core.inputs import make_batch
 
     assert torch.equal(make_batch(task, bpe_tokenizer).input_ids, task.encode().batch.input_ids)  # toy task: its own tokenizer
     kv = gna.tasks.kv_retrieval(3, n=2, seed=0)

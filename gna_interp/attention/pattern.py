@@ -28,8 +28,8 @@ from .sharpness import NORMALIZE_OPTIONS, Normalize, normalize_rows
 from .softmax import softmax_read, softmax_rows
 
 if TYPE_CHECKING:
+    from ..core.inputs import Batch
     from ..models.handle import GnaModel
-    from ..models.inputs import Batch
 
 HeadKind = Literal["softmax", "implicit"]
 KINDS: dict[LayerKind, HeadKind] = {LayerKind.ATTENTION: "softmax", LayerKind.SSM: "implicit"}
@@ -163,7 +163,6 @@ def _compute(
 ) -> dict[Site, Any]:
     """One forward reading every mixer's inputs; ``head site -> [batch, head, query, key]``
     (or ``site -> SSMInputs`` with ``finish=False``), heads in ``per_site`` order."""
-    from ..patching.compile import compile_plan
 
     reads: list[Read] = []
     spans: dict[Site, tuple[int, int, Tensor | None]] = {}
@@ -177,7 +176,7 @@ def _compute(
             layer_reads, extra = recipe_for(mixer.spec.recipe).reads(mixer.dims, site.layer, mixer.index, index), None  # type: ignore[arg-type]
         spans[site] = (len(reads), len(reads) + len(layer_reads), extra)
         reads += layer_reads
-    plan = compile_plan(model, batch, [*model.active_interventions, *interventions])
+    plan = model.compile_plan(batch, [*model.active_interventions, *interventions])
     with torch.no_grad():
         values = model.backend.run(batch, plan, reads=reads).reads
     mask = batch.attention_mask.bool()

@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
+from ..core.inputs import Batch
 from ..core.plan import Plan, Read, Site
-from ..models.inputs import Batch
 
 
 @dataclass

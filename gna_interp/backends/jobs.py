@@ -1,15 +1,8 @@
-"""Many forwards at once: one request on a remote nnsight model, one forward each elsewhere.
+"""A `Job`: one forward of a list that runs together (`gna_interp.models.jobs.run_jobs`).
 
-A `Job` is one forward: a batch, a `Plan`, the sites to capture, the reads. Its plan may
-start from a `Ref`: the residual an earlier job of the same list captures. `run_jobs`
-runs a list of jobs in order:
-
-- on a remote nnsight model (NDIF, or ``remote="local"``'s simulation), as traces of one
-  nnsight session per request (`NNsightBackend.run_many`, chunked by payload): a prefix
-  or source captured by one job is used by later jobs on the server, never sent back
-  and forth, and only what ``keep`` asks for comes back;
-- elsewhere, one forward each, through `GnaModel.run_plan` (so an open
-  `GnaModel.prefix_cache` applies), references resolved from the earlier outputs.
+A job is a batch, a `Plan`, the sites to capture, the reads. Its plan may start from a
+`Ref`: the residual an earlier job of the same list captures. A backend that runs many
+jobs in one request (`NNsightBackend.run_many`) resolves those references with `resolved`.
 
 ``keep``: ``0`` nothing comes back (a prefix or source for later jobs; ``None`` in the
 outputs); ``1`` the logits and the captures; ``2`` the final position's logits only,
@@ -21,16 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from ..core.inputs import Batch
 from ..core.plan import Plan, Read, Ref, Site
-from ..models.inputs import Batch
 from .base import RunOutput
-
-if TYPE_CHECKING:
-    from ..models.handle import GnaModel
 
 
 @dataclass
@@ -41,34 +30,6 @@ class Job:
     reads: tuple[Read, ...] = ()
     keep: int = 1
     """``0`` nothing back, ``1`` logits and captures, ``2`` final logits only (module docs)."""
-
-
-def is_batched_remote(model: GnaModel) -> bool:
-    """Whether `run_jobs` sends the model's jobs as session requests."""
-    return bool(getattr(model.backend, "remote", False)) and hasattr(model.backend, "run_many")
-
-
-def run_jobs(model: GnaModel, jobs: Sequence[Job]) -> list[RunOutput | None]:
-    """The outputs of ``jobs``, in order (``None`` for ``keep=0``); see the module docs."""
-    for index, job in enumerate(jobs):
-        if job.keep not in (0, 1, 2):
-            raise ValueError(f"job {index}: keep={job.keep!r}, expected 0, 1 or 2")
-        start = job.plan.start
-        if start is not None and isinstance(start[1], Ref) and not 0 <= start[1].job < index:
-            raise ValueError(f"job {index} starts from job {start[1].job}'s capture: a job can use only an earlier job's")
-    if is_batched_remote(model):
-        return model.backend.run_many(jobs)  # type: ignore[no-any-return]
-    full: list[RunOutput] = []
-    outputs: list[RunOutput | None] = []
-    for job in jobs:
-        plan = resolved(job.plan, full)
-        if job.reads:
-            out = model.backend.run(job.batch, plan, capture=job.capture, reads=job.reads)
-        else:
-            out = model.run_plan(job.batch, plan, job.capture)
-        full.append(out)
-        outputs.append(kept(out, job.keep))
-    return outputs
 
 
 def resolved(plan: Plan, outputs: Sequence[RunOutput]) -> Plan:
@@ -91,55 +52,3 @@ def kept(out: RunOutput, keep: int) -> RunOutput | None:
     if keep == 2:
         return RunOutput(logits=out.logits[:, -1:])
     return out
-
-
-class JobList:
-    """Jobs collected, then run together by `run_jobs`, with prefix reuse on the server.
-
-    On a remote nnsight model every added job whose edits all sit at layer ``>= k``
-    starts from the clean residual at ``k`` of its batch, captured by one clean job per
-    distinct batch at the head of the request (kept on the server). Elsewhere jobs run as
-    added (an open `GnaModel.prefix_cache` gives the same reuse locally).
-    """
-
-    def __init__(self, model: GnaModel) -> None:
-        self.model = model
-        self.jobs: list[Job] = []
-
-    def add(self, batch: Batch, plan: Plan, capture: frozenset[Site] = frozenset(), reads: tuple[Read, ...] = (), keep: int = 1) -> int:
-        """Queue a forward; returns its index into `run`'s outputs."""
-        self.jobs.append(Job(batch, plan, capture, reads, keep))
-        return len(self.jobs) - 1
-
-    def run(self) -> list[RunOutput | None]:
-        if not is_batched_remote(self.model):
-            return run_jobs(self.model, self.jobs)
-        from ..core.plan import SiteKind
-
-        n_layers = self.model.n_layers
-        starts: list[tuple[int, int] | None] = []
-        needed: dict[bytes, tuple[Batch, set[int]]] = {}
-        for job in self.jobs:
-            first, resume = job.plan.reusable_start(n_layers, job.capture)
-            if job.reads or job.plan.start is not None or first == 0:
-                starts.append(None)
-                continue
-            starts.append((first, resume))
-            needed.setdefault(_batch_key(job.batch), (job.batch, set()))[1].add(first)
-        clean = {key: index for index, key in enumerate(needed)}
-        jobs = [Job(batch, Plan(), frozenset(Site(SiteKind.RESID, layer) for layer in layers), keep=0) for batch, layers in needed.values()]
-        for job, start in zip(self.jobs, starts, strict=True):
-            if start is not None:
-                first, resume = start
-                ref = Ref(clean[_batch_key(job.batch)], Site(SiteKind.RESID, first))
-                job = Job(
-                    job.batch, Plan(edits=job.plan.edits, skips=job.plan.skips, start=(resume, ref)), job.capture, job.reads, job.keep
-                )
-            jobs.append(job)
-        return run_jobs(self.model, jobs)[len(needed) :]
-
-
-def _batch_key(batch: Batch) -> bytes:
-    from ..models.prefix import PrefixCache
-
-    return PrefixCache.key(batch)

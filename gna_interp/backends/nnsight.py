@@ -52,9 +52,9 @@ import torch
 from torch import Tensor
 
 from ..core.arch import ArchSpec, LayerMixer, LayerSpec
+from ..core.inputs import Batch
 from ..core.plan import Plan, Read, ReadKind, Ref, Site, SiteKind
 from ..cost import charge, charge_forward
-from ..models.inputs import Batch
 from . import nnsight_program as program
 from .base import RunOutput, eager_attention
 from .jobs import Job

@@ -62,9 +62,9 @@ import torch
 from torch import Tensor, nn
 
 from ..core.arch import ArchSpec, LayerMixer, LayerSpec
+from ..core.inputs import Batch
 from ..core.plan import Edit, Plan, Read, ReadKind, Site, SiteKind, apply_edits
 from ..cost import charge_forward
-from ..models.inputs import Batch
 from .base import RunOutput, attention_kernel, eager_attention
 
 HookFn = Callable[[Tensor], Tensor]

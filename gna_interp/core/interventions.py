@@ -1,6 +1,6 @@
 """Intervention descriptions: plain data that every backend applies the same way.
 
-An intervention says *what* to change; `gna_interp.patching.compile` turns a list of
+An intervention says *what* to change; `gna_interp.core.compile` turns a list of
 them into tensor edits (a `Plan`) for one batch, and a backend applies the plan.
 """
 

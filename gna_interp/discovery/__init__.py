@@ -3,7 +3,6 @@
 from .circuit import GnACircuit, HeadEvidence, RoleNeed
 from .picture import RolePicture, role_picture
 from .pipeline import STAGES, NoRetrievalWarning, PositionalAnswerWarning, discover
-from .report import write_report
 from .roles import RoleScores, RoleThresholds
 
 __all__ = [
@@ -18,5 +17,4 @@ __all__ = [
     "RoleThresholds",
     "discover",
     "role_picture",
-    "write_report",
 ]

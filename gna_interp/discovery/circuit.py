@@ -14,8 +14,6 @@ from .roles import RoleScores, scores_from_dict
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .report import ReportLike
-
 
 @dataclass
 class HeadEvidence:
@@ -235,24 +233,6 @@ class GnACircuit:
             parts.append(f"  cost      {describe_cost(self.cost)}")
         parts += [f"  note: {note}" for note in self.warnings]
         return "\n".join(parts)
-
-    def show(self, model: Any, task: Any, row: int = 0) -> Any:
-        """circuitsvis view (offline) of the Gather and Aggregate heads on one prompt."""
-        from ..viz import attention_view
-
-        heads = [*self.gather, *self.aggregate]
-        if not heads:
-            raise ValueError("the circuit has no Gather or Aggregate head to show")
-        return attention_view(model, task, heads, row=row, title=f"{self.model}: G&A heads")
-
-    def report(self, directory: str | Path, model: Any = None, task: Any = None) -> Path:
-        """An offline HTML report (one self-contained ``index.html`` and the circuit's JSON) in
-        ``directory``; with the model and task, the averaged G&A figures and a circuitsvis
-        view (see `write_report`)."""
-        from .report import write_report
-
-        items: list[ReportLike] = [(self, model, task)]
-        return write_report(items, directory)
 
 
 def describe_cost(cost: dict[str, Any]) -> str:

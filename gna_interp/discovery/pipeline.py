@@ -38,11 +38,12 @@ from ..cost import cost_meter
 from ..evaluation import evaluate
 from ..patching.metrics import logit_diff, reduce_metric
 from ..patching.paths import path_patching
-from ..tasks.base import EncodedTask, Task
+from ..tasks.base import Task
 from ..tasks.mcq import shuffle_labels
 from . import remote, scans
 from .circuit import GnACircuit, HeadEvidence, RoleNeed
-from .roles import RoleScores, RoleThresholds, entry_shares, label, pattern_agrees, role_scores
+from .joint import JointSearch, head_float
+from .roles import RoleThresholds, entry_shares, label, pattern_agrees, role_scores
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
@@ -209,7 +210,7 @@ def _discover(
         costly = [layer for layer, accuracy in enumerate(circuit.layer_scan or []) if clean.accuracy - accuracy >= thresholds.min_effect]
         only, estimates = scans.prescreen(model, task, scan_layers, [layer for layer in costly if layer in scan_layers], prescreen_keep)
         if estimates is not None:
-            circuit.attribution = [[_float(v) for v in row] for row in estimates]
+            circuit.attribution = [[head_float(v) for v in row] for row in estimates]
     scan = scans.head_scan(model, task, scan_layers, screen_above=screen_above, only=only, progress=progress)
     circuit.head_scan = [[None if v != v else float(v) for v in row] for row in scan.accuracy.tolist()]
     candidates = _candidates(scan.accuracy, scan.verified, max_candidates)
@@ -238,7 +239,7 @@ def _discover(
     circuit.gather = [e.head for e in by_harm if e.role == "gather"]
     circuit.aggregate = [e.head for e in by_harm if e.role == "aggregate"]
     if "joint" in stages and "roles" in stages and encoded.single_token:  # positions need single-token scoring
-        search = _JointSearch(model, task, encoded, evidence, scan, thresholds, pattern_prompts, screen_above, progress)
+        search = JointSearch(model, task, encoded, evidence, scan, thresholds, pattern_prompts, screen_above, progress)
         search.scored = {h: measured[h] for h in ahead}
         if batched:
             circuit.needs |= remote.joint_search(search, circuit, chance + chance_margin, max_heads_per_role)
@@ -253,104 +254,6 @@ def _discover(
     if "confirm" in stages:
         _confirm(model, task, circuit, chance + chance_margin, max_heads_per_role, evaluate_bars)
     return circuit
-
-
-class _JointSearch:
-    """The joint stage: per role, `scans.joint_set` over the heads of the role's layers
-    (only the examined ones in layers of more than ``screen_above`` heads), minus heads
-    of the other role. An Aggregate pool head must read the options from the final row
-    (``aggregate_mass``) and sit after the first Gather head's position; a Gather pool
-    head must sit before the last Aggregate head's position (positions: `_gather_before_aggregate`).
-    Heads it adds get the role with ``joint=True``."""
-
-    def __init__(
-        self,
-        model: GnaModel,
-        task: Task,
-        encoded: EncodedTask,
-        evidence: dict[Head, HeadEvidence],
-        scan: scans.HeadScan,
-        thresholds: RoleThresholds,
-        pattern_prompts: int,
-        screen_above: int,
-        progress: bool,
-    ) -> None:
-        self.model, self.task, self.encoded, self.evidence, self.scan = model, task, encoded, evidence, scan
-        self.thresholds, self.pattern_prompts, self.screen_above, self.progress = thresholds, pattern_prompts, screen_above, progress
-        self.scored: dict[Head, RoleScores] = {}
-        """Pattern scores measured ahead (a remote run measures every head it may need in one request)."""
-
-    def pool(self, circuit: GnACircuit, role: str, bounded: bool = True) -> list[Head]:
-        """The role's pool (module docs); ``bounded=False``: a Gather pool without the bound
-        of the last Aggregate position (a remote search applies it on the server)."""
-        members: list[Head] = getattr(circuit, role)
-        other = "gather" if role == "aggregate" else "aggregate"
-        pool = []
-        for layer in sorted({h.layer for h in members}):
-            layer_heads = [h for h in self.model.heads if h.layer == layer]
-            if len(layer_heads) > self.screen_above:
-                layer_heads = [h for h in layer_heads if h in self.evidence]
-            pool += [h for h in layer_heads if h not in self.evidence or self.evidence[h].role != other]
-        unscored = [h for h in pool if h not in self.evidence or self.evidence[h].scores is None]
-        measured = {h: self.scored[h] for h in unscored if h in self.scored}
-        missing = [h for h in unscored if h not in measured]
-        measured |= role_scores(self.model, self.encoded, missing, self.pattern_prompts) if missing else {}
-        for head, scores in ((h, measured[h]) for h in unscored):
-            if head not in self.evidence:
-                layer, index = head.layer, head.head
-                accuracy, verified = _float(self.scan.accuracy[layer, index]), bool(self.scan.verified[layer, index])
-                self.evidence[head] = HeadEvidence(head, None, accuracy, verified)
-            self.evidence[head].scores = scores
-        position = self.model.head_position
-        if role == "aggregate":  # reads the options, after the first Gather head (as `_gather_before_aggregate`)
-            first_gather = min((position(h) for h in circuit.gather), default=None)
-            return [
-                h
-                for h in pool
-                if h in members
-                or (
-                    self.evidence[h].scores.aggregate_mass >= self.thresholds.aggregate_mass  # type: ignore[union-attr]
-                    and (first_gather is None or position(h) > first_gather)
-                )
-            ]
-        last_aggregate = max((position(h) for h in circuit.aggregate), default=(self.model.n_layers, 0))
-        return [h for h in pool if h in members or position(h) < last_aggregate or not bounded]
-
-    def run(self, circuit: GnACircuit, role: str, threshold: float, max_heads: int) -> RoleNeed | None:
-        """The role's joint set (``None`` if no head lowers accuracy at the role's positions:
-        confirmation then falls back to the most harmful heads of the role)."""
-        positions = self.encoded.final if role == "aggregate" else scans.segment_positions(self.encoded)
-        pool = self.pool(circuit, role)
-        curve: list[tuple[Head, float]] = []
-        chosen, _, _ = scans.joint_set(
-            self.model,
-            self.task,
-            pool,
-            positions,
-            threshold,
-            max_heads,
-            progress=self.progress,
-            desc=f"joint {role}",
-            clean=circuit.accuracy["clean"],
-            curve=curve,
-        )
-        if not chosen:
-            return None
-        accuracy = evaluate(self.model, self.task, [Ablate(chosen)], progress=False).accuracy
-        return self.accept(circuit, role, chosen, curve, accuracy, threshold)
-
-    def accept(
-        self, circuit: GnACircuit, role: str, chosen: list[Head], curve: list[tuple[Head, float]], accuracy: float, threshold: float
-    ) -> RoleNeed:
-        """Give the chosen heads the role (``joint=True`` for those it adds) and return the need."""
-        members: list[Head] = getattr(circuit, role)
-        for head in chosen:
-            item = self.evidence[head]
-            if item.role != role:
-                item.role, item.joint = role, True
-                item.pattern_agrees = None if item.scores is None else pattern_agrees(role, item.scores)
-                members.append(head)
-        return RoleNeed(chosen, accuracy, accuracy <= threshold, curve, "final" if role == "aggregate" else "segments")
 
 
 def _check_labels(
@@ -379,11 +282,6 @@ def _acts_where_it_writes(model: GnaModel, head: Head) -> bool:
     Such heads get no entry measurement; their labels come from the patterns."""
     layer, stage = model.head_position(head)
     return all(mixer.spec.stage <= stage for mixer in model.layer_specs[layer].mixers)
-
-
-def _float(value: torch.Tensor) -> float | None:
-    number = float(value)
-    return None if number != number else number
 
 
 def _candidates(accuracy: torch.Tensor, verified: torch.Tensor, limit: int) -> list[Head]:

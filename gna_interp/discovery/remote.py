@@ -1,7 +1,7 @@
 """`discover` on a remote nnsight model (NDIF, or ``remote="local"``) in a handful of requests.
 
 Every forward of a remote model is a round trip with its own queue wait, so each stage
-sends all its forwards in one nnsight session (`gna_interp.backends.jobs`), chunked by
+sends all its forwards in one nnsight session (`gna_interp.models.jobs`), chunked by
 payload, with the clean prefix captured and used on the server:
 
 1. the clean accuracy, the label check (measured whether or not it is needed), the
@@ -30,14 +30,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..backends.jobs import is_batched_remote
 from ..core.heads import Head
 from ..core.interventions import Ablate, Intervention, SkipLayers, Truncate
 from ..core.plan import Plan, Site, SiteKind
 from ..evaluation import Evaluation, _single_token_chunks, evaluate_many, evaluate_with_logits
-from ..patching.compile import compile_plan
+from ..models.jobs import is_batched_remote
 from ..tasks.mcq import shuffle_labels
 from .circuit import GnACircuit, HeadEvidence, RoleNeed
+from .joint import JointSearch
 from .scans import segment_positions
 
 if TYPE_CHECKING:
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 
     from ..models.handle import GnaModel
     from ..tasks.base import Task
-    from .pipeline import _JointSearch
 
 
 def batched(model: GnaModel) -> bool:
@@ -96,7 +95,7 @@ def pool_heads(model: GnaModel, harmful: list[Head], evidence: dict[Head, HeadEv
     return [h for h in heads if h not in evidence and model.heads_per_layer[h.layer] <= screen_above]
 
 
-def joint_search(search: _JointSearch, circuit: GnACircuit, threshold: float, max_heads: int) -> dict[str, RoleNeed]:
+def joint_search(search: JointSearch, circuit: GnACircuit, threshold: float, max_heads: int) -> dict[str, RoleNeed]:
     """Request 5: `scans.joint_set` for both roles on the server (`greedy_joint`)."""
     model, encoded = search.model, search.encoded
     roles = [role for role in ("aggregate", "gather") if getattr(circuit, role)]
@@ -132,7 +131,7 @@ def joint_search(search: _JointSearch, circuit: GnACircuit, threshold: float, ma
             for head in heads:
                 chosen = positions[mode]
                 ablate = Ablate([head], positions=None if chosen is None else chosen[start_row:stop_row])
-                plan = compile_plan(model, rows, [ablate])
+                plan = model.compile_plan(rows, [ablate])
                 for start in (s for s in starts if s <= head.layer):
                     if start > 0:
                         ref = ("ref", clean_index[(name, c)], capture.index(Site(SiteKind.RESID, start)), 1)

@@ -42,7 +42,7 @@ from torch import Tensor
 from ..attention.pattern import attention_pattern
 from ..attention.sharpness import entropy, top1_mass
 from ..core.heads import Head
-from ..models.inputs import Batch
+from ..core.inputs import Batch
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..backends.jobs import is_batched_remote
 from ..core.heads import Head
+from ..core.inputs import Batch
 from ..core.interventions import Ablate, Intervention, SkipLayers, Truncate
 from ..evaluation import evaluate, evaluate_many
-from ..models.inputs import Batch
+from ..models.jobs import is_batched_remote
 from ..patching.metrics import candidate_accuracy
 from ..patching.sweeps import ablation_sweep
 from ..progress import progress_bar

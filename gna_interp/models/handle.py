@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..core.arch import ArchSpec, LayerKind, LayerMixer, LayerSpec, check_head_in
-from ..core.heads import Head, Resid, Target
+from ..backends.base import RunOutput
+from ..core.arch import ArchSpec, LayerKind, LayerMixer, LayerSpec
+from ..core.compile import compile_plan
+from ..core.heads import Head, Target
+from ..core.inputs import Batch, make_batch
 from ..core.interventions import Ablate, Intervention, as_interventions
-from ..core.plan import Plan, Site, SiteKind
-from .inputs import Batch, make_batch
+from ..core.layout import ModelLayout
+from ..core.plan import Plan, Site
 from .prefix import DEFAULT_PREFIX_MB, PrefixCache
 from .swap_block import swapped_in_layers
-
-if TYPE_CHECKING:
-    from ..backends.base import RunOutput
 
 
 class GnaModel:
@@ -48,28 +48,42 @@ class GnaModel:
         self.tokenizer = tokenizer
         self.arch = arch
         self.backend = backend
-        self.name = name or hf_model.config.name_or_path or arch.family
         config = hf_model.config
         self.n_layers: int = int(config.num_hidden_layers)
-        self._own_specs: tuple[LayerSpec, ...] = arch.resolve(config, self.n_layers)
-        self._specs_cache: tuple[frozenset[int], tuple[LayerSpec, ...]] = (frozenset(), self._own_specs)
-        mixers = [mixer for spec in self._own_specs for mixer in spec.mixers]
-        self.n_heads: int = max((spec.n_heads for spec in self._own_specs), default=0)
-        """The most heads any layer has: the width of every ``[layer, head]`` table (NaN
-        where a layer has fewer heads). The model's own: a swap leaves it as it is."""
-        self.head_dim: int = max((mixer.head_dim for mixer in mixers), default=0)
-        """The widest head (every head in pure families); `head_dim_of` for one head."""
         self.d_model: int = int(config.hidden_size)
         self.vocab_size: int = int(config.vocab_size)
+        self.layout = ModelLayout(
+            name or config.name_or_path or arch.family,
+            arch.resolve(config, self.n_layers),
+            self.d_model,
+            swapped_in_layers(hf_model, arch.layers_path),
+        )
+        """Layers, heads and sites (`gna_interp.core.layout`): what plans are compiled against."""
+        self.n_heads: int = self.layout.n_heads
+        """The most heads any layer has: the width of every ``[layer, head]`` table (NaN
+        where a layer has fewer heads). The model's own: a swap leaves it as it is."""
+        self.head_dim: int = self.layout.head_dim
+        """The widest head (every head in pure families); `head_dim_of` for one head."""
         self._ambient: list[Intervention] = []
         self._prefix: PrefixCache | None = None
-        self.foreign_layers: dict[int, str] = swapped_in_layers(hf_model, arch.layers_path)
+
+    # ----- structure (answered by `layout`) ----------------------------------------
+    @property
+    def name(self) -> str:
+        return self.layout.name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self.layout.name = value
+
+    @property
+    def foreign_layers(self) -> dict[int, str]:
         """Layers holding a block of another family: layer -> the donor's ``model_type``.
         Set by `swap_layers` on a `GnaModel` target for its context, and found when a model
         is loaded inside the context (its block list holds a `SwappedBlock`; such a
         `GnaModel` describes the swapped model: use it inside the context)."""
+        return self.layout.foreign_layers
 
-    # ----- structure -------------------------------------------------------------
     @property
     def backend_name(self) -> str:
         return str(self.backend.name)
@@ -78,56 +92,35 @@ class GnaModel:
     def layer_specs(self) -> tuple[LayerSpec, ...]:
         """Per layer: its mixers (kind, path, heads, width), in head-numbering order. A
         layer in `foreign_layers` has none: its block is not the one the table describes."""
-        if not self.foreign_layers:
-            return self._own_specs
-        key = frozenset(self.foreign_layers)
-        if self._specs_cache[0] != key:
-            specs = tuple(LayerSpec(spec.layer, ()) if spec.layer in key else spec for spec in self._own_specs)
-            self._specs_cache = (key, specs)
-        return self._specs_cache[1]
+        return self.layout.layer_specs
 
     @property
     def layer_kinds(self) -> tuple[LayerKind, ...]:
         """Per layer: ``ATTENTION``, ``SSM``, ``HYBRID`` (both kinds of mixer in one block)
         or ``MLP`` (no heads: no token mixer, or a swapped-in block of another family,
         see `foreign_layers`)."""
-        return tuple(spec.kind for spec in self.layer_specs)
+        return self.layout.layer_kinds
 
     @property
     def heads_per_layer(self) -> tuple[int, ...]:
         """Per layer: its head count (0 for a layer without a mixer and at `foreign_layers`)."""
-        return tuple(spec.n_heads for spec in self.layer_specs)
+        return self.layout.heads_per_layer
 
     @property
     def heads(self) -> list[Head]:
         """Every head, layer-major (within a layer: attention heads, then SSM heads);
         none at `foreign_layers`."""
-        return [Head(layer, head) for layer in range(self.n_layers) for head in range(self.heads_per_layer[layer])]
+        return self.layout.heads
 
     def check_layer(self, layer: int, *, allow_final: bool = False) -> None:
-        top = self.n_layers if allow_final else self.n_layers - 1
-        if isinstance(layer, bool) or not isinstance(layer, int):
-            raise TypeError(f"layer must be an int, got {layer!r}")
-        if not 0 <= layer <= top:
-            raise ValueError(f"layer {layer} out of range: {self.name} has layers 0..{top}")
+        self.layout.check_layer(layer, allow_final=allow_final)
 
     def check_head(self, head: Head) -> None:
-        if not isinstance(head, Head):
-            raise TypeError(f"expected a gna_interp.Head, got {head!r} ({type(head).__name__})")
-        self.check_layer(head.layer)
-        if head.layer in self.foreign_layers:
-            raise ValueError(
-                f"head {head}: layer {head.layer} of {self.name} holds a swapped-in {self.foreign_layers[head.layer]} block "
-                "(swap_layers), whose heads the architecture table does not describe, so head-level interventions there are "
-                f"not supported; residual-stream sites (Resid({head.layer}), Resid({head.layer + 1})) and SkipLayers({head.layer}) "
-                "work at that layer, and heads work at every other layer"
-            )
-        check_head_in(self.layer_specs, head, self.name)
+        self.layout.check_head(head)
 
     def mixer_of(self, head: Head) -> tuple[LayerMixer, int]:
         """The mixer that holds ``head`` and the head's index among that mixer's heads."""
-        self.check_head(head)
-        return self.layer_specs[head.layer].locate(head.head)
+        return self.layout.mixer_of(head)
 
     def receiver_inputs(self, head: Head) -> tuple[str, ...]:
         """The input streams path patching can patch on ``head`` as a receiver (besides
@@ -136,7 +129,7 @@ class GnaModel:
 
     def head_kind(self, head: Head) -> LayerKind:
         """``ATTENTION`` or ``SSM``."""
-        return self.mixer_of(head)[0].kind
+        return self.layout.head_kind(head)
 
     def head_position(self, head: Head) -> tuple[int, int]:
         """``(layer, stage)``: a head at a later position can read this head's output
@@ -149,31 +142,22 @@ class GnaModel:
 
     def head_site(self, head: Head) -> tuple[Site, int]:
         """The site of ``head``'s mixer and the head's index in that site's ``head`` axis."""
-        mixer, index = self.mixer_of(head)
-        return Site(SiteKind.HEADS, head.layer, mixer=mixer.index), index
+        return self.layout.head_site(head)
 
     def head_sites(self, layer: int) -> list[Site]:
         """One head site per mixer of ``layer`` (none for a layer without heads)."""
-        return [Site(SiteKind.HEADS, layer, mixer=mixer.index) for mixer in self.layer_specs[layer].mixers]
+        return self.layout.head_sites(layer)
 
     def mixer(self, site: Site) -> LayerMixer:
         """The mixer a head or stream site belongs to."""
-        return self.layer_specs[site.layer].mixers[site.mixer]
+        return self.layout.mixer(site)
 
     def site_of(self, target: Target) -> Site:
-        if isinstance(target, Head):
-            return self.head_site(target)[0]
-        if isinstance(target, Resid):
-            self.check_layer(target.layer, allow_final=True)
-            return Site(SiteKind.RESID, target.layer)
-        raise TypeError(f"expected a Head or Resid, got {target!r}")
+        return self.layout.site_of(target)
 
     def site_shape(self, site: Site) -> tuple[int, ...]:
         """Per-position shape of a site's activation."""
-        if site.kind in (SiteKind.HEADS, SiteKind.PRE_NORM):
-            mixer = self.mixer(site)
-            return (mixer.n_heads, mixer.head_dim)
-        return (self.d_model,)
+        return self.layout.site_shape(site)
 
     # ----- running ---------------------------------------------------------------
     @property
@@ -200,12 +184,10 @@ class GnaModel:
         Captured heads come back as ``[batch, pos, d_head]``, residual sites as
         ``[batch, pos, d_model]``, both after the interventions at that site.
         """
-        from ..patching.compile import compile_plan
-
         batch = self.to_batch(inputs)
         targets = list(capture)
         sites = {self.site_of(t) for t in targets}
-        plan = compile_plan(self, batch, [*self._ambient, *as_interventions(interventions)])
+        plan = self.compile_plan(batch, [*self._ambient, *as_interventions(interventions)])
         out = self.run_plan(batch, plan, capture=sites)
         acts: dict[Target, Tensor] = {}
         for target in targets:
@@ -215,6 +197,17 @@ class GnaModel:
             else:
                 acts[target] = out.acts[self.site_of(target)]
         return out.logits, acts
+
+    def compile_plan(self, batch: Batch, interventions: Sequence[Intervention]) -> Plan:
+        """The `Plan` of tensor edits that ``interventions`` make on ``batch``
+        (`gna_interp.core.compile`); the activations they need from other inputs (means,
+        resample references, patch sources) come from `capture_sites`."""
+        return compile_plan(self.layout, batch, interventions, self.capture_sites)
+
+    def capture_sites(self, inputs: Any, sites: Collection[Site]) -> tuple[Batch, dict[Site, Tensor]]:
+        """One forward over ``inputs`` with no interventions: the batch and the activations at ``sites``."""
+        batch = self.to_batch(inputs)
+        return batch, self.backend.run(batch, Plan(), capture=set(sites)).acts
 
     def run_plan(self, batch: Batch, plan: Plan, capture: Collection[Site] = ()) -> RunOutput:
         """``backend.run``, starting from the clean prefix cached by an open `prefix_cache`
@@ -232,7 +225,7 @@ class GnaModel:
         if self._prefix is not None or getattr(self.backend, "remote", False):
             yield self._prefix
             return
-        self._prefix = PrefixCache(self, max_mb)
+        self._prefix = PrefixCache(self.backend, self.n_layers, self.d_model, max_mb)
         try:
             yield self._prefix
         finally:

@@ -25,16 +25,12 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Collection
-from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from ..backends.base import Backend, RunOutput
+from ..core.inputs import Batch
 from ..core.plan import Plan, Site, SiteKind
-from .inputs import Batch
-
-if TYPE_CHECKING:
-    from ..backends.base import RunOutput
-    from .handle import GnaModel
 
 DEFAULT_PREFIX_MB = 1024.0
 
@@ -42,10 +38,11 @@ DEFAULT_PREFIX_MB = 1024.0
 class PrefixCache:
     """Clean residual streams by batch (see the module docs)."""
 
-    def __init__(self, model: GnaModel, max_mb: float = DEFAULT_PREFIX_MB) -> None:
+    def __init__(self, backend: Backend, n_layers: int, d_model: int, max_mb: float = DEFAULT_PREFIX_MB) -> None:
+        """``backend``: what runs the forwards (a `GnaModel`'s); ``n_layers``, ``d_model``: its model's."""
         if not max_mb > 0:
             raise ValueError(f"max_mb={max_mb!r} must be > 0")
-        self.model = model
+        self.backend, self.n_layers, self.d_model = backend, n_layers, d_model
         self.max_bytes = int(max_mb * 2**20)
         self.entries: OrderedDict[bytes, dict[int, Tensor]] = OrderedDict()
         self.used = 0
@@ -60,8 +57,8 @@ class PrefixCache:
 
     def layers_to_keep(self, batch: Batch) -> list[int]:
         """Layers ``1 .. L`` at the smallest stride that keeps one entry within budget / 8."""
-        n_layers = self.model.n_layers
-        per_layer = batch.n_rows * batch.n_pos * self.model.d_model * 4
+        n_layers = self.n_layers
+        per_layer = batch.n_rows * batch.n_pos * self.d_model * 4
         stride = 1
         while stride < n_layers and per_layer * len(range(stride, n_layers + 1, stride)) > self.max_bytes // 8:
             stride += 1
@@ -69,7 +66,7 @@ class PrefixCache:
 
     def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = ()) -> RunOutput:
         """``backend.run(batch, plan, capture)``, from the cached clean prefix where it can."""
-        backend, n_layers = self.model.backend, self.model.n_layers
+        backend, n_layers = self.backend, self.n_layers
         if plan.start is not None:
             return backend.run(batch, plan, capture=capture)
         first, resume = plan.reusable_start(n_layers, capture)
@@ -83,13 +80,9 @@ class PrefixCache:
             clean = backend.run(batch, Plan(), capture=sites | set(capture) if not plan else sites)
             entry = self._store(key, {layer: clean.acts[Site(SiteKind.RESID, layer)] for layer in layers})
             if not plan:
-                from ..backends.base import RunOutput
-
                 return RunOutput(logits=clean.logits, acts={site: clean.acts[site] for site in capture})
         self.entries.move_to_end(key)
         if not plan and all(site.kind is SiteKind.RESID and site.layer in entry for site in capture):
-            from ..backends.base import RunOutput
-
             out = backend.run(batch, Plan(start=(n_layers, entry[n_layers])))
             return RunOutput(logits=out.logits, acts={site: entry[site.layer] for site in capture})
         source = max((layer for layer in entry if layer <= first), default=0)

@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor
 
+from ..core.compile import heads_by_site
 from ..core.heads import Head
 from ..core.interventions import Intervention
 from ..core.plan import Site, SiteKind
 from ..cost import charge
-from .compile import check_aligned, clean_corrupt_batches, compile_plan, heads_by_site
+from .checks import check_local, check_sites, head_list, target_and_source
 from .metrics import Metric, check_metric, reduce_metric
 from .results import SweepResult
 
@@ -72,28 +73,18 @@ def attribution_patching(
         ``baseline`` the metric of the run, ``reference`` that of the value source.
     """
     check_metric(metric)
-    if sites not in ("heads", "resid"):
-        raise ValueError(f"sites={sites!r}: expected 'heads' or 'resid'")
-    if sites == "resid" and heads is not None:
-        raise ValueError("heads= selects heads to score; it has no meaning with sites='resid'")
-    if direction not in ("denoise", "noise"):
-        raise ValueError(f"direction={direction!r}: expected 'denoise' or 'noise'")
-    if getattr(model.backend, "remote", False):
-        raise ValueError("attribution_patching needs gradients of a local forward: load the model without remote=")
-    clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "attribution patching (an estimate of patching)")
-    target, source = (corrupt_batch, clean_batch) if direction == "denoise" else (clean_batch, corrupt_batch)
-    check_aligned(target, source, "clean/corrupt")
-    head_list = list(model.heads if heads is None else heads)
-    if sites == "heads" and not head_list:
-        raise ValueError("heads is empty: expected at least one Head (or None for every head)")
+    check_sites(sites, heads, "score")
+    check_local(model, "attribution_patching")
+    target, source = target_and_source(model, clean, corrupt, direction, "attribution patching (an estimate of patching)")
+    chosen = head_list(model, heads) if sites == "heads" else []
     if sites == "heads":
-        site_list = sorted(heads_by_site(model, head_list))
+        site_list = sorted(heads_by_site(model.layout, chosen))
     else:
         site_list = [Site(SiteKind.RESID, layer) for layer in range(model.n_layers)]
     ambient = [*model.active_interventions, *interventions]
-    source_out = model.backend.run(source, compile_plan(model, source, ambient), capture=set(site_list))
+    source_out = model.backend.run(source, model.compile_plan(source, ambient), capture=set(site_list))
     reference = reduce_metric(metric(source_out.logits))
-    target_out = model.backend.run(target, compile_plan(model, target, ambient), capture=set(site_list), grad=True)
+    target_out = model.backend.run(target, model.compile_plan(target, ambient), capture=set(site_list), grad=True)
     value = _scalar(metric(target_out.logits))
     grads = _gradients(value, [target_out.acts[site] for site in site_list])
     baseline = float(value.detach())
@@ -102,7 +93,7 @@ def attribution_patching(
         delta = source_out.acts[site].to(grad.dtype) - target_out.acts[site].detach()
         per_token = (delta * grad).sum(-1)  # heads: [batch, pos, head]; resid: [batch, pos]
         effects[site] = per_token.sum(0) if by_position else per_token.sum((0, 1))
-    return _result(model, sites, head_list, effects, baseline, reference, target.n_pos, by_position, direction)
+    return _result(model, sites, chosen, effects, baseline, reference, target.n_pos, by_position, direction)
 
 
 def ablation_attribution(
@@ -132,22 +123,19 @@ def ablation_attribution(
         `SweepResult` of kind ``"attribution"``: ``scores`` ``[layer, head]`` = baseline +
         estimated effect (NaN for heads not scored), ``baseline`` the metric.
     """
-    if getattr(model.backend, "remote", False):
-        raise ValueError("ablation_attribution needs gradients of a local forward: load the model without remote=")
-    head_list = list(model.heads if heads is None else heads)
-    if not head_list:
-        raise ValueError("heads is empty: expected at least one Head (or None for every head)")
+    check_local(model, "ablation_attribution")
+    chosen = head_list(model, heads)
     batch = model.to_batch(inputs)
-    site_list = sorted(heads_by_site(model, head_list))
+    site_list = sorted(heads_by_site(model.layout, chosen))
     ambient = [*model.active_interventions, *interventions]
-    out = model.backend.run(batch, compile_plan(model, batch, ambient), capture=set(site_list), grad=True)
+    out = model.backend.run(batch, model.compile_plan(batch, ambient), capture=set(site_list), grad=True)
     value = _scalar(metric(out.logits))
     grads = _gradients(value, [out.acts[site] for site in site_list])
     charge(model.backend, backwards=1, backward_block_rows=batch.n_rows * model.n_layers)
     total = float(value.detach())
     effects = {site: (-out.acts[site].detach() * grad).sum((0, 1, 3)).float().cpu() for site, grad in zip(site_list, grads, strict=True)}
     scores = torch.full((model.n_layers, model.n_heads), float("nan"))
-    for head in head_list:
+    for head in chosen:
         site, index = model.head_site(head)
         scores[head.layer, head.head] = total + effects[site][index]  # effects: [head] of the site
     meta = {"how": "zero", "method": "attribution", "n_prompts": batch.n_rows}

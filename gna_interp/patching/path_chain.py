@@ -49,10 +49,10 @@ import torch
 from torch import Tensor
 
 from ..core.arch import LayerKind
+from ..core.compile import head_mask, heads_by_site
 from ..core.heads import Head
+from ..core.inputs import Batch
 from ..core.plan import Edit, Plan, Site, SiteKind
-from ..models.inputs import Batch
-from .compile import head_mask, heads_by_site
 from .metrics import Metric, reduce_metric
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ def receiver_positions(model: GnaModel, receivers: dict[int, tuple[int, ...]]) -
 
 def receiver_mixers(model: GnaModel, layer: int, heads: Sequence[int]) -> dict[Site, list[int]]:
     """The head sites of the receivers ``heads`` of ``layer``, with their indices there."""
-    return heads_by_site(model, [Head(layer, head) for head in heads])
+    return heads_by_site(model.layout, [Head(layer, head) for head in heads])
 
 
 def norm_inputs(model: GnaModel, mixers: dict[Site, list[int]]) -> dict[Site, list[int]]:
@@ -151,7 +151,7 @@ def norm_inputs(model: GnaModel, mixers: dict[Site, list[int]]) -> dict[Site, li
 def others_mask(model: GnaModel, site: Site, heads: Sequence[int]) -> Tensor:
     """``[1, 1, head | unit, 1]`` bool: True except on ``heads`` (a stream site's units
     must be one per head)."""
-    return ~(unit_mask(model, site, heads) if site.kind is SiteKind.STREAM else head_mask(model, site, heads))
+    return ~(unit_mask(model, site, heads) if site.kind is SiteKind.STREAM else head_mask(model.layout, site, heads))
 
 
 def unpatched_sites(model: GnaModel, layer: int, heads: Sequence[int], streams: Sequence[str], whole_output: bool) -> set[Site]:
@@ -297,7 +297,7 @@ class _Chunk:
         ]
         if s.whole_output:
             _, d_acts = self.d_run(position, set(mixers), others_norm)
-            return [(site, Edit(head_mask(model, site, idx), d_acts[site])) for site, idx in sorted(mixers.items())]
+            return [(site, Edit(head_mask(model.layout, site, idx), d_acts[site])) for site, idx in sorted(mixers.items())]
         chosen = receiver_streams(model, layer, heads, s.streams)
         _, d_acts = self.d_run(position, set(chosen))
         edits = [(site, Edit(unit_mask(model, site, idx), d_acts[site])) for site, idx in sorted(chosen.items())]
@@ -305,7 +305,7 @@ class _Chunk:
         # A shared unit (key/value head, B / C group, Mamba-1's dt / B / C) is patched whole:
         # the other heads that read it get their unpatched outputs back.
         edits += others_norm
-        edits += [(site, Edit(~head_mask(model, site, idx), before[site])) for site, idx in sorted(mixers.items())]
+        edits += [(site, Edit(~head_mask(model.layout, site, idx), before[site])) for site, idx in sorted(mixers.items())]
         return edits
 
 

@@ -64,7 +64,7 @@ import torch
 from ..core.heads import Head, refuse_string
 from ..core.interventions import Intervention
 from ..progress import progress_bar
-from .compile import clean_corrupt_batches, compile_plan
+from .checks import clean_corrupt_batches
 from .metrics import Metric, check_metric, reduce_metric
 from .path_chain import PathSetup, path_scores, receiver_streams, setup_sites
 from .results import SweepResult
@@ -266,10 +266,10 @@ def prepare(
     sender_layers = {head.layer for head in senders}
     clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "path patching")
     ambient = [*model.active_interventions, *interventions]
-    base = compile_plan(model, clean_batch, ambient)
+    base = model.compile_plan(clean_batch, ambient)
     clean_out = model.backend.run(clean_batch, base, capture=setup_sites(model, heads, streams, sender_layers, whole_output))
     corrupt_sites = {model.head_site(head)[0] for head in senders}
-    corrupt_out = model.backend.run(corrupt_batch, compile_plan(model, corrupt_batch, ambient), capture=corrupt_sites)
+    corrupt_out = model.backend.run(corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=corrupt_sites)
     setup = PathSetup(
         model=model,
         batch=clean_batch,

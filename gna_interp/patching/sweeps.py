@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor
 
+from ..core.compile import ablation_values, head_mask, heads_by_site
 from ..core.heads import Head
-from ..core.interventions import ABLATION_KINDS, Intervention
+from ..core.interventions import Intervention
 from ..core.plan import Edit, Site, SiteKind
-from .compile import ablation_values, check_aligned, clean_corrupt_batches, compile_plan, head_mask, heads_by_site
+from .checks import check_ablation, check_sites, head_list, target_and_source
 from .metrics import Metric, check_metric, reduce_metric
 from .results import SweepResult
 from .variants import Variant, score_table
@@ -68,21 +69,16 @@ def ablation_sweep(
         any layer has) and ``baseline`` the metric with no head ablated.
     """
     check_metric(metric)
-    if how not in ABLATION_KINDS:
-        raise ValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
-    if how != "zero" and reference is None:
-        raise ValueError(f"how={how!r} needs reference= inputs to take activations from")
-    heads = list(model.heads if heads is None else heads)
-    if not heads:
-        raise ValueError("heads is empty: expected at least one Head (or None for every head)")
-    grouped = heads_by_site(model, heads)
+    check_ablation(how, reference)
+    heads = head_list(model, heads)
+    grouped = heads_by_site(model.layout, heads)
     batch = model.to_batch(inputs)
-    base = compile_plan(model, batch, [*model.active_interventions, *interventions])
-    values = ablation_values(model, batch, sorted(grouped), how, reference)
+    base = model.compile_plan(batch, [*model.active_interventions, *interventions])
+    values = ablation_values(batch, sorted(grouped), how, reference, model.capture_sites)
     variants = []
     for head in heads:
         site, index = model.head_site(head)
-        variants.append(Variant([(site, Edit(head_mask(model, site, [index]), values[site]))]))
+        variants.append(Variant([(site, Edit(head_mask(model.layout, site, [index]), values[site]))]))
     cells = [(head.layer, head.head) for head in heads]
     chunking = dict(max_rows=max_rows, memory_budget_mb=memory_budget_mb, progress=progress, desc=f"ablation ({how})")
     baseline, scores = score_table(model, batch, base, variants, cells, (model.n_layers, model.n_heads), metric, **chunking)
@@ -122,23 +118,14 @@ def patching_sweep(
         ``[layer]``; ``baseline`` is the unpatched run, ``reference`` the run on the value source.
     """
     check_metric(metric)
-    if sites not in ("heads", "resid"):
-        raise ValueError(f"sites={sites!r}: expected 'heads' or 'resid'")
-    if sites == "resid" and heads is not None:
-        raise ValueError("heads= selects heads to patch; it has no meaning with sites='resid'")
-    if direction not in ("denoise", "noise"):
-        raise ValueError(f"direction={direction!r}: expected 'denoise' or 'noise'")
-    clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "patching", " (by_position=True)" if by_position else "")
-    target, source = (corrupt_batch, clean_batch) if direction == "denoise" else (clean_batch, corrupt_batch)
-    check_aligned(target, source, "clean/corrupt")
+    check_sites(sites, heads, "patch")
+    target, source = target_and_source(model, clean, corrupt, direction, "patching", " (by_position=True)" if by_position else "")
     ambient = [*model.active_interventions, *interventions]
-    base = compile_plan(model, target, ambient)
-    source_base = compile_plan(model, source, ambient)
+    base = model.compile_plan(target, ambient)
+    source_base = model.compile_plan(source, ambient)
     if sites == "heads":
-        head_list = list(model.heads if heads is None else heads)
-        if not head_list:
-            raise ValueError("heads is empty: expected at least one Head (or None for every head)")
-        layer_sites = set(heads_by_site(model, head_list))
+        chosen = head_list(model, heads)
+        layer_sites = set(heads_by_site(model.layout, chosen))
     else:
         layer_sites = {Site(SiteKind.RESID, layer) for layer in range(model.n_layers)}
     source_out = model.backend.run(source, source_base, capture=layer_sites)
@@ -147,7 +134,7 @@ def patching_sweep(
     shape: tuple[int, ...]
     dims: tuple[str, ...]
     if sites == "heads":
-        variants, cells = _head_variants(model, head_list, source_out.acts, n_pos, by_position)
+        variants, cells = _head_variants(model, chosen, source_out.acts, n_pos, by_position)
         shape, dims = (model.n_layers, model.n_heads), ("layer", "head")
     else:
         variants, cells = _resid_variants(model, source_out.acts, n_pos, by_position)
@@ -174,7 +161,7 @@ def _head_variants(
     for suffix, pos_mask in _position_masks(n_pos, by_position):
         for head in heads:
             site, index = model.head_site(head)
-            mask = pos_mask[:, :, None, None] & head_mask(model, site, [index])
+            mask = pos_mask[:, :, None, None] & head_mask(model.layout, site, [index])
             variants.append(Variant([(site, Edit(mask, acts[site]))]))
             cells.append((head.layer, head.head, *suffix))
     return variants, cells

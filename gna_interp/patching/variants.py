@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ..backends.jobs import Job, is_batched_remote, run_jobs
+from ..backends.jobs import Job
+from ..core.inputs import Batch
 from ..core.plan import Edit, Plan, Ref, Site, SiteKind
-from ..models.inputs import Batch
+from ..models.jobs import is_batched_remote, run_jobs
 from ..progress import progress_bar
 from .metrics import Metric, reduce_metric
 
@@ -103,7 +104,7 @@ def run_variants(
 def _run_remote(
     model: GnaModel, batch: Batch, base: Plan, variants: Sequence[Variant], chunks: list[list[int]], prefix_sites: set[Site], metric: Metric
 ) -> tuple[float, Tensor]:
-    """The same forwards as `run_variants` as jobs of one request (`gna_interp.backends.jobs`):
+    """The same forwards as `run_variants` as jobs of one request (`gna_interp.models.jobs`):
     the baseline captures the prefix on the server, each chunk starts from it there."""
     final_only = getattr(metric, "position", None) == -1  # the metric reads the last position alone
     jobs = [Job(batch, base, frozenset(prefix_sites), keep=2 if final_only else 1)]

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..models.inputs import Batch, make_batch, unk_id, unknown_words, warn_unknown
+from ..core.inputs import Batch, make_batch, unk_id, unknown_words, warn_unknown
 
 
 @dataclass(frozen=True)

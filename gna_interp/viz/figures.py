@@ -143,13 +143,14 @@ def needs_figure(curves: Sequence[tuple[str, list[str], list[float], bool]], cle
             axes.axhline(chance, color="gray", lw=0.8, ls=":", label="chance")
             axes.set_xticks(steps, ["none", *(f"+{n}" for n in names)], rotation=35, ha="right", fontsize=7)
             verdict = "collapses" if reached else "does not collapse"
-            axes.set_title(f"{role}: {len(names)} head{'s' if len(names) != 1 else ''} ({verdict})", fontsize=9)
+            title = axes.set_title(f"{role}\n{len(names)} head{'s' if len(names) != 1 else ''}: {verdict}", fontsize=9)
+            title.set_gid(f"needs-title-{role.split()[0]}")  # found by the report's layout test
             axes.set_ylim(0, 1.02)
         panels[0].set_ylabel("accuracy, heads ablated together")
         panels[-1].legend(fontsize=7, frameon=False)
 
-    width = sum(1.6 + 0.45 * len(c[1]) for c in curves)
-    return to_svg(draw, (min(6.4, max(3.2, width)), 2.7))
+    width = sum(max(2.8, 1.6 + 0.45 * len(c[1])) for c in curves)  # each panel wide enough for its two-line title
+    return to_svg(draw, (min(7.2, max(3.2, width)), 2.9))
 
 
 def scan_figure(truncation: list[float] | None, layer_scan: list[float] | None, clean: float, chance: float) -> str | None:

@@ -1,4 +1,4 @@
-"""Matplotlib heatmaps of attention panels, as PNG bytes.
+"""`Panel`: one prompt's attention patterns for some heads; matplotlib heatmaps of panels, as PNG bytes.
 
 Uses matplotlib's object API (``Figure`` + the Agg canvas), never ``pyplot``: no global
 state is touched and no display is needed.
@@ -7,34 +7,29 @@ state is touched and no display is needed.
 from __future__ import annotations
 
 import io
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
-
-from ..attention.sharpness import Normalize
-from ..core.heads import Head
-from .views import Panel, attention_view
-
-if TYPE_CHECKING:
-    from ..models.handle import GnaModel
+from torch import Tensor
 
 
-def heatmap_png(
-    model: GnaModel,
-    inputs: Any,
-    head: Head,
-    row: int = 0,
-    *,
-    normalize: Normalize = "row",
-    include_skip: bool = False,
-    path: str | Path | None = None,
-) -> bytes:
-    """A heatmap of one head on prompt ``row`` as PNG bytes (also written to ``path``).
-    Arguments as for `attention_view`."""
-    if not isinstance(head, Head):
-        raise TypeError(f"heatmap_png draws one head: expected a gna_interp.Head, got {head!r}")
-    return attention_view(model, inputs, head, row, normalize=normalize, include_skip=include_skip).png(path)
+@dataclass
+class Panel:
+    """One prompt's patterns for some heads of one model."""
+
+    title: str
+    tokens: list[str]
+    """Labels of the prompt's real tokens (padding removed)."""
+    pattern: Tensor
+    """``[head, query, key]`` over those tokens, as displayed."""
+    head_names: list[str]
+    signed: bool
+    """Whether the values keep their sign (raw implicit attention)."""
+
+    def value_range(self) -> tuple[float, float]:
+        top = float(self.pattern.abs().max()) or 1.0
+        return (-top, top) if self.signed else (0.0, 1.0 if float(self.pattern.max()) <= 1.0 else top)
 
 
 def render_png(panels: list[Panel], max_heads: int = 4, dpi: int = 110) -> bytes:

@@ -30,28 +30,12 @@ from torch import Tensor
 from ..attention.pattern import attention_pattern
 from ..attention.sharpness import Normalize
 from ..core.heads import Head
-from ..models.inputs import Batch
+from ..core.inputs import Batch
+from .heatmap import Panel, render_png
 
 if TYPE_CHECKING:
+    from ..discovery.circuit import GnACircuit
     from ..models.handle import GnaModel
-
-
-@dataclass
-class Panel:
-    """One prompt's patterns for some heads of one model."""
-
-    title: str
-    tokens: list[str]
-    """Labels of the prompt's real tokens (padding removed)."""
-    pattern: Tensor
-    """``[head, query, key]`` over those tokens, as displayed."""
-    head_names: list[str]
-    signed: bool
-    """Whether the values keep their sign (raw implicit attention)."""
-
-    def value_range(self) -> tuple[float, float]:
-        top = float(self.pattern.abs().max()) or 1.0
-        return (-top, top) if self.signed else (0.0, 1.0 if float(self.pattern.max()) <= 1.0 else top)
 
 
 @dataclass
@@ -85,8 +69,6 @@ class AttentionView:
 
     def png(self, path: str | Path | None = None, max_heads: int = 4) -> bytes:
         """Heatmaps (up to ``max_heads`` per panel) as PNG bytes; also written to ``path`` if given."""
-        from .heatmap import render_png
-
         data = render_png(self.panels, max_heads)
         if path is not None:
             Path(path).write_bytes(data)
@@ -192,3 +174,28 @@ def _render(panels: list[Panel]) -> str:
         + "".join(blocks)
         + "</div>"
     )
+
+
+def heatmap_png(
+    model: GnaModel,
+    inputs: Any,
+    head: Head,
+    row: int = 0,
+    *,
+    normalize: Normalize = "row",
+    include_skip: bool = False,
+    path: str | Path | None = None,
+) -> bytes:
+    """A heatmap of one head on prompt ``row`` as PNG bytes (also written to ``path``).
+    Arguments as for `attention_view`."""
+    if not isinstance(head, Head):
+        raise TypeError(f"heatmap_png draws one head: expected a gna_interp.Head, got {head!r}")
+    return attention_view(model, inputs, head, row, normalize=normalize, include_skip=include_skip).png(path)
+
+
+def circuit_view(circuit: GnACircuit, model: GnaModel, inputs: Any, row: int = 0) -> AttentionView:
+    """The circuitsvis view (offline) of a circuit's Gather and Aggregate heads on prompt ``row``."""
+    heads = [*circuit.gather, *circuit.aggregate]
+    if not heads:
+        raise ValueError("the circuit has no Gather or Aggregate head to show")
+    return attention_view(model, inputs, heads, row=row, title=f"{circuit.model}: G&A heads")

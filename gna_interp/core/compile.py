@@ -1,35 +1,40 @@
 """Turning intervention descriptions into a `Plan` of tensor edits for one batch.
 
-Activations that an intervention needs (means, resample values, patch sources) come
-from one plain forward over its reference / source inputs, with no interventions.
+The compiler needs the model's layout (`ModelLayout`: layers, heads, sites), never the
+model. Activations an intervention needs from other inputs (means, resample values,
+patch sources) are asked of ``sources``: whoever owns the backend runs one plain forward
+over those inputs (`GnaModel.capture_sites`) and hands back the batch and the activations.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..core.arch import LayerKind
-from ..core.heads import Head, Resid
-from ..core.interventions import Ablate, Intervention, MaskAttentionRows, Patch, Positions, SkipLayers, Truncate
-from ..core.plan import Edit, Plan, Site
-from ..models.inputs import Batch
+from .arch import LayerKind
+from .heads import Head, Resid
+from .inputs import Batch
+from .interventions import Ablate, Intervention, MaskAttentionRows, Patch, Positions, SkipLayers, Truncate
+from .layout import ModelLayout
+from .plan import Edit, Plan, Site
 
-if TYPE_CHECKING:
-    from ..models.handle import GnaModel
+Sources = Callable[[Any, Collection[Site]], tuple[Batch, dict[Site, Tensor]]]
+"""``sources(inputs, sites) -> (batch, {site: [batch, pos, ...]})``: one forward over
+``inputs`` with no interventions, run by whoever owns the backend."""
 
 
-def compile_plan(model: GnaModel, batch: Batch, interventions: Sequence[Intervention]) -> Plan:
+def compile_plan(model: ModelLayout, batch: Batch, interventions: Sequence[Intervention], sources: Sources) -> Plan:
+    """The edits ``interventions`` make on ``batch`` (``[batch, pos]`` ids), for a model of layout ``model``."""
     plan = Plan()
     for item in interventions:
         if isinstance(item, Ablate):
-            _compile_ablate(model, batch, item, plan)
+            _compile_ablate(model, batch, item, plan, sources)
         elif isinstance(item, Patch):
-            _compile_patch(model, batch, item, plan)
+            _compile_patch(model, batch, item, plan, sources)
         elif isinstance(item, SkipLayers):
             for layer in item.layers:
                 model.check_layer(layer)
@@ -46,7 +51,7 @@ def compile_plan(model: GnaModel, batch: Batch, interventions: Sequence[Interven
     return plan
 
 
-def heads_by_site(model: GnaModel, heads: Sequence[Head]) -> dict[Site, list[int]]:
+def heads_by_site(model: ModelLayout, heads: Sequence[Head]) -> dict[Site, list[int]]:
     """Heads grouped by their site (one per mixer of a layer), as indices into that
     site's ``head`` axis. Attention and SSM heads may be mixed freely."""
     grouped: dict[Site, list[int]] = defaultdict(list)
@@ -56,18 +61,11 @@ def heads_by_site(model: GnaModel, heads: Sequence[Head]) -> dict[Site, list[int
     return dict(grouped)
 
 
-def head_mask(model: GnaModel, site: Site, head_indices: Sequence[int]) -> Tensor:
+def head_mask(model: ModelLayout, site: Site, head_indices: Sequence[int]) -> Tensor:
     """``[1, 1, head, 1]`` bool over ``site``'s heads, True on the given ones."""
     mask = torch.zeros(1, 1, model.site_shape(site)[0], 1, dtype=torch.bool)
     mask[0, 0, list(head_indices), 0] = True
     return mask
-
-
-def capture_sites(model: GnaModel, inputs: Any, sites: set[Site]) -> tuple[Batch, dict[Site, Tensor]]:
-    """One forward with no interventions, returning the activations at ``sites``."""
-    batch = model.to_batch(inputs)
-    out = model.backend.run(batch, Plan(), capture=sites)
-    return batch, out.acts
 
 
 def token_mean(act: Tensor, attention_mask: Tensor) -> Tensor:
@@ -86,38 +84,21 @@ def check_aligned(batch: Batch, other: Batch, what: str) -> None:
         raise ValueError(f"{what} has {other.n_rows} rows but the inputs have {batch.n_rows}: expected {batch.n_rows} or 1")
 
 
-def clean_corrupt_batches(model: GnaModel, clean: Any, corrupt: Any, what: str, detail: str = "") -> tuple[Batch, Batch]:
-    """Tokenize a clean / corrupt pair and check they can be patched into each other.
-
-    Args:
-        what: the method, for the error (``"patching"``, ``"path patching"``...).
-        detail: appended to the error's first clause (e.g. the option that matters).
-    """
-    clean_batch, corrupt_batch = model.to_batch(clean), model.to_batch(corrupt)
-    if clean_batch.n_pos != corrupt_batch.n_pos:
-        raise ValueError(
-            f"clean has {clean_batch.n_pos} token positions and corrupt has {corrupt_batch.n_pos}{detail}: {what} "
-            "replaces activations position by position, so both must tokenize to the same length"
-        )
-    check_aligned(clean_batch, corrupt_batch, "corrupt")
-    return clean_batch, corrupt_batch
-
-
-def ablation_values(model: GnaModel, batch: Batch, sites: Sequence[Site], how: str, reference: Any) -> dict[Site, Tensor]:
+def ablation_values(batch: Batch, sites: Sequence[Site], how: str, reference: Any, sources: Sources) -> dict[Site, Tensor]:
     """Per head site, the replacement for its heads: ``[]`` zero, ``[1, 1, head, d_head]``
-    mean, or ``[batch | 1, pos, head, d_head]`` resample."""
+    mean, or ``[batch | 1, pos, head, d_head]`` resample (``reference``'s activations, from ``sources``)."""
     if how == "zero":
         return {site: torch.zeros(()) for site in sites}
-    ref_batch, acts = capture_sites(model, reference, set(sites))
+    ref_batch, acts = sources(reference, set(sites))
     if how == "mean":
         return {site: token_mean(acts[site], ref_batch.attention_mask)[None, None] for site in sites}
     check_aligned(batch, ref_batch, "resample reference")
     return {site: acts[site] for site in sites}
 
 
-def _compile_ablate(model: GnaModel, batch: Batch, item: Ablate, plan: Plan) -> None:
+def _compile_ablate(model: ModelLayout, batch: Batch, item: Ablate, plan: Plan, sources: Sources) -> None:
     grouped = heads_by_site(model, item.heads)
-    values = ablation_values(model, batch, sorted(grouped), item.how, item.reference)
+    values = ablation_values(batch, sorted(grouped), item.how, item.reference, sources)
     rows = None if item.positions is None else position_mask(item.positions, batch)[:, :, None, None]
     for site, indices in grouped.items():
         mask = head_mask(model, site, indices) if rows is None else rows & head_mask(model, site, indices)
@@ -176,7 +157,7 @@ def _check_positions(items: list[int], n_pos: int) -> None:
             raise ValueError(f"position {p} out of range for {n_pos} positions: expected {-n_pos}..{n_pos - 1}")
 
 
-def site_mask(model: GnaModel, target: Head | Resid, positions: Tensor) -> Tensor:
+def site_mask(model: ModelLayout, target: Head | Resid, positions: Tensor) -> Tensor:
     """Mask for one target at ``positions`` (``[batch | 1, pos]``), shaped for its site."""
     if isinstance(target, Head):
         site, index = model.head_site(target)
@@ -184,9 +165,9 @@ def site_mask(model: GnaModel, target: Head | Resid, positions: Tensor) -> Tenso
     return positions[:, :, None]
 
 
-def _compile_patch(model: GnaModel, batch: Batch, item: Patch, plan: Plan) -> None:
+def _compile_patch(model: ModelLayout, batch: Batch, item: Patch, plan: Plan, sources: Sources) -> None:
     sites = {model.site_of(t) for t in item.targets}
-    source_batch, acts = capture_sites(model, item.source, sites)
+    source_batch, acts = sources(item.source, sites)
     check_aligned(batch, source_batch, "patch source")
     positions = position_mask(item.positions, batch)
     for target in item.targets:
@@ -194,13 +175,13 @@ def _compile_patch(model: GnaModel, batch: Batch, item: Patch, plan: Plan) -> No
         plan.add(site, Edit(site_mask(model, target, positions), acts[site]))
 
 
-def attention_heads_of(model: GnaModel, layers: Sequence[int] | None = None) -> list[Head]:
+def attention_heads_of(model: ModelLayout, layers: Sequence[int] | None = None) -> list[Head]:
     """The attention (softmax) heads of ``layers`` (default: every layer)."""
     chosen = range(model.n_layers) if layers is None else layers
     return [head for head in model.heads if head.layer in chosen and model.head_kind(head) is LayerKind.ATTENTION]
 
 
-def _compile_row_mask(model: GnaModel, batch: Batch, item: MaskAttentionRows, plan: Plan) -> None:
+def _compile_row_mask(model: ModelLayout, batch: Batch, item: MaskAttentionRows, plan: Plan) -> None:
     """Zero rows of the attention weights == zero those heads' outputs at those rows."""
     attention = attention_heads_of(model)
     if item.heads is not None:

@@ -22,11 +22,12 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..viz import figures
+from ..discovery.roles import entry_shares
+from . import figures
 
 if TYPE_CHECKING:
-    from .circuit import GnACircuit
-    from .picture import RolePicture
+    from ..discovery.circuit import GnACircuit
+    from ..discovery.picture import RolePicture
 
 ReportLike = tuple["GnACircuit", Any, Any]
 """``(circuit, model or None, task or None)``: patterns are drawn when both are given."""
@@ -34,8 +35,8 @@ ReportLike = tuple["GnACircuit", Any, Any]
 _STYLE = """
 body { font-family: sans-serif; max-width: 1320px; margin: 1.5em auto; padding: 0 16px; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.85em; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
-th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
+th { background: #f3f3f3; } td.num { text-align: right; }
 section.model { border-top: 2px solid #888; margin-top: 2em; }
 .note { color: #8a5a00; } .caption { font-size: 0.85em; color: #444; max-width: 60em; }
 .scroll { overflow-x: auto; max-width: 100%; }
@@ -60,8 +61,14 @@ def _table(rows: list[dict[str, Any]]) -> str:
         return f"<p>{DASH}</p>"
     columns = list(rows[0])
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(c)))}</td>" for c in columns) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(_cell(row.get(c)) for c in columns) + "</tr>" for row in rows)
     return f'<div class="scroll"><table><tr>{head}</tr>{body}</table></div>'
+
+
+def _cell(value: Any) -> str:
+    """A table cell; numbers right-aligned, text left."""
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return f'<td class="num">{html.escape(_fmt(value))}</td>' if numeric else f"<td>{html.escape(_fmt(value))}</td>"
 
 
 def _fmt(value: Any) -> str:
@@ -102,7 +109,7 @@ def contrast_rows(circuits: list[GnACircuit]) -> list[dict[str, Any]]:
 
 def _curves(circuit: GnACircuit, model: Any, task: Any) -> None:
     """Fill each `RoleNeed.curve` the circuit lacks, when the model and task are given."""
-    from .picture import need_curve
+    from ..discovery.picture import need_curve
 
     for need in circuit.needs.values():
         if not need.curve and model is not None and task is not None and need.heads:
@@ -120,6 +127,37 @@ _ROLE_AT = {
     for role in ("aggregate", "gather")
     for positions, where in (("all", ""), ("final", " (at the final position)"), ("segments", " (on the segments)"))
 }
+
+
+def examined_rows(circuit: GnACircuit) -> list[dict[str, Any]]:
+    """The examined-heads table: what a reader needs per head (the full evidence is in the JSON)."""
+    clean = circuit.accuracy["clean"]
+    rows = []
+    for item in circuit.heads:
+        role = DASH if item.role is None else item.role + (" (joint)" if item.joint else "")
+        rows.append(
+            {
+                "head": str(item.head),
+                "kind": item.kind or DASH,
+                "role": role,
+                "accuracy, ablated alone": item.ablated_accuracy,
+                "effect enters at": _entry(clean, item.ablated_accuracy, item.entry),
+                "pattern shows the role": DASH if item.pattern_agrees is None else ("yes" if item.pattern_agrees else "no"),
+            }
+        )
+    return rows
+
+
+def _entry(clean: float, ablated: float | None, entry: dict[str, float] | None) -> str:
+    """Where a head's effect enters the residual stream, with the share of it that ablating
+    the head there alone reproduces (`entry_shares`)."""
+    if ablated is None or entry is None:
+        return DASH
+    shares = entry_shares(clean, ablated, entry)
+    if shares is None:
+        return "no effect"
+    final, segments = shares
+    return f"final position ({final:.0%})" if final >= segments else f"segments ({segments:.0%})"
 
 
 def _needs_svg(circuit: GnACircuit) -> str | None:
@@ -140,7 +178,7 @@ def _figure(svg: str, caption: str, **data: str) -> str:
 
 def _picture_html(circuit: GnACircuit, picture: RolePicture, model: Any, task: Any) -> str:
     """The averaged figure beside the circuitsvis view of the chosen prompt."""
-    from ..viz import attention_view
+    from .views import attention_view
 
     svg = figures.role_figure(picture, lambda head: _short(circuit, head).replace(" ", "\n"))
     left = ""
@@ -183,7 +221,7 @@ def _picture_html(circuit: GnACircuit, picture: RolePicture, model: Any, task: A
 
 
 def _section(circuit: GnACircuit, model: Any, task: Any, folder: Path) -> str:
-    from .picture import role_picture
+    from ..discovery.picture import role_picture
 
     slug = _slug(circuit.model)
     parts = [f'<section class="model" id="{slug}">']
@@ -192,8 +230,9 @@ def _section(circuit: GnACircuit, model: Any, task: Any, folder: Path) -> str:
     tables = [_table([{"condition": k, "accuracy": v} for k, v in circuit.accuracy.items()])]
     if circuit.cost is not None:
         tables.append(
-            "<p>What discovery ran (passes: rows x blocks evaluated / (prompts x layers)):</p>"
+            '<div data-role="cost"><p>What discovery ran<br>(passes: rows x blocks evaluated / (prompts x layers)):</p>'
             + _table([{"quantity": k, "value": v} for k, v in circuit.cost.items()])
+            + "</div>"
         )
     if circuit.path_patching is not None:
         tables.append(
@@ -219,7 +258,11 @@ def _section(circuit: GnACircuit, model: Any, task: Any, folder: Path) -> str:
         cells = "".join(f'<div style="flex: 1 1 380px">{svg}</div>' for svg in scans if svg is not None)
         parts.append(f'<div class="row">{cells}</div>')
     parts.append("<h3>Examined heads</h3>")
-    parts.append(_table(circuit.to_frame().to_dict(orient="records")))
+    parts.append(
+        f'<p class="caption">Every head discovery ablated alone or screened; its pattern scores and the rest are in {slug}.json '
+        "(and <code>circuit.to_frame()</code>).</p>"
+    )
+    parts.append(f'<div data-role="examined">{_table(examined_rows(circuit))}</div>')
     parts.append("</section>")
     (folder / f"{slug}.json").write_text(circuit.to_json() + "\n")
     return "\n".join(parts)
@@ -229,7 +272,7 @@ def write_report(items: list[ReportLike], directory: str | Path) -> Path:
     """Write ``index.html`` (offline, self-contained) and one JSON per circuit into
     ``directory``. Heads-needed curves the circuits lack are measured when the model and
     task are given, and written in the JSON (the circuits passed in are not changed)."""
-    from ..viz.views import bundle_script
+    from .views import bundle_script
 
     folder = Path(directory)
     if folder.exists() and not folder.is_dir():

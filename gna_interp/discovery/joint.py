@@ -1,0 +1,124 @@
+"""The joint stage of discovery: per role, the smallest set of heads whose ablation
+together takes accuracy to chance (`JointSearch`), run locally by `pipeline` and in one
+request by `remote`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..core.heads import Head
+from ..core.interventions import Ablate
+from ..evaluation import evaluate
+from ..tasks.base import EncodedTask, Task
+from . import scans
+from .circuit import GnACircuit, HeadEvidence, RoleNeed
+from .roles import RoleScores, RoleThresholds, pattern_agrees, role_scores
+
+if TYPE_CHECKING:
+    from ..models.handle import GnaModel
+
+
+class JointSearch:
+    """The joint stage: per role, `scans.joint_set` over the heads of the role's layers
+    (only the examined ones in layers of more than ``screen_above`` heads), minus heads
+    of the other role. An Aggregate pool head must read the options from the final row
+    (``aggregate_mass``) and sit after the first Gather head's position; a Gather pool
+    head must sit before the last Aggregate head's position (positions: `_gather_before_aggregate`).
+    Heads it adds get the role with ``joint=True``."""
+
+    def __init__(
+        self,
+        model: GnaModel,
+        task: Task,
+        encoded: EncodedTask,
+        evidence: dict[Head, HeadEvidence],
+        scan: scans.HeadScan,
+        thresholds: RoleThresholds,
+        pattern_prompts: int,
+        screen_above: int,
+        progress: bool,
+    ) -> None:
+        self.model, self.task, self.encoded, self.evidence, self.scan = model, task, encoded, evidence, scan
+        self.thresholds, self.pattern_prompts, self.screen_above, self.progress = thresholds, pattern_prompts, screen_above, progress
+        self.scored: dict[Head, RoleScores] = {}
+        """Pattern scores measured ahead (a remote run measures every head it may need in one request)."""
+
+    def pool(self, circuit: GnACircuit, role: str, bounded: bool = True) -> list[Head]:
+        """The role's pool (module docs); ``bounded=False``: a Gather pool without the bound
+        of the last Aggregate position (a remote search applies it on the server)."""
+        members: list[Head] = getattr(circuit, role)
+        other = "gather" if role == "aggregate" else "aggregate"
+        pool = []
+        for layer in sorted({h.layer for h in members}):
+            layer_heads = [h for h in self.model.heads if h.layer == layer]
+            if len(layer_heads) > self.screen_above:
+                layer_heads = [h for h in layer_heads if h in self.evidence]
+            pool += [h for h in layer_heads if h not in self.evidence or self.evidence[h].role != other]
+        unscored = [h for h in pool if h not in self.evidence or self.evidence[h].scores is None]
+        measured = {h: self.scored[h] for h in unscored if h in self.scored}
+        missing = [h for h in unscored if h not in measured]
+        measured |= role_scores(self.model, self.encoded, missing, self.pattern_prompts) if missing else {}
+        for head, scores in ((h, measured[h]) for h in unscored):
+            if head not in self.evidence:
+                layer, index = head.layer, head.head
+                accuracy, verified = head_float(self.scan.accuracy[layer, index]), bool(self.scan.verified[layer, index])
+                self.evidence[head] = HeadEvidence(head, None, accuracy, verified)
+            self.evidence[head].scores = scores
+        position = self.model.head_position
+        if role == "aggregate":  # reads the options, after the first Gather head (as `_gather_before_aggregate`)
+            first_gather = min((position(h) for h in circuit.gather), default=None)
+            return [
+                h
+                for h in pool
+                if h in members
+                or (
+                    self.evidence[h].scores.aggregate_mass >= self.thresholds.aggregate_mass  # type: ignore[union-attr]
+                    and (first_gather is None or position(h) > first_gather)
+                )
+            ]
+        last_aggregate = max((position(h) for h in circuit.aggregate), default=(self.model.n_layers, 0))
+        return [h for h in pool if h in members or position(h) < last_aggregate or not bounded]
+
+    def run(self, circuit: GnACircuit, role: str, threshold: float, max_heads: int) -> RoleNeed | None:
+        """The role's joint set (``None`` if no head lowers accuracy at the role's positions:
+        confirmation then falls back to the most harmful heads of the role)."""
+        positions = self.encoded.final if role == "aggregate" else scans.segment_positions(self.encoded)
+        pool = self.pool(circuit, role)
+        curve: list[tuple[Head, float]] = []
+        chosen, _, _ = scans.joint_set(
+            self.model,
+            self.task,
+            pool,
+            positions,
+            threshold,
+            max_heads,
+            progress=self.progress,
+            desc=f"joint {role}",
+            clean=circuit.accuracy["clean"],
+            curve=curve,
+        )
+        if not chosen:
+            return None
+        accuracy = evaluate(self.model, self.task, [Ablate(chosen)], progress=False).accuracy
+        return self.accept(circuit, role, chosen, curve, accuracy, threshold)
+
+    def accept(
+        self, circuit: GnACircuit, role: str, chosen: list[Head], curve: list[tuple[Head, float]], accuracy: float, threshold: float
+    ) -> RoleNeed:
+        """Give the chosen heads the role (``joint=True`` for those it adds) and return the need."""
+        members: list[Head] = getattr(circuit, role)
+        for head in chosen:
+            item = self.evidence[head]
+            if item.role != role:
+                item.role, item.joint = role, True
+                item.pattern_agrees = None if item.scores is None else pattern_agrees(role, item.scores)
+                members.append(head)
+        return RoleNeed(chosen, accuracy, accuracy <= threshold, curve, "final" if role == "aggregate" else "segments")
+
+
+def head_float(value: torch.Tensor) -> float | None:
+    """A scan's entry as a float; None where it is NaN (not measured)."""
+    number = float(value)
+    return None if number != number else number
