@@ -62,16 +62,24 @@ def norms(model: gna.GnaModel) -> list[torch.nn.Module]:
     return [m for m in model.backend.bridge.modules() if isinstance(m, NormalizationBridge)]
 
 
+def loaded(hf: torch.nn.Module, tokenizer) -> gna.GnaModel:
+    """``hf`` on the bridge, with the attention kernel its config names after booting: the
+    bridge's eager on TransformerLens 4.x, HF's own kernel on 3.9 (which leaves the config)."""
+    model = gna.load(hf, tokenizer=tokenizer, backend="tlens")
+    model.booted_kernel = model.backend.root.config._attn_implementation
+    return model
+
+
 def assert_pristine(model: gna.GnaModel) -> None:
-    """No attention or norm forward left shadowed, and the config back on the bridge's eager."""
+    """No attention or norm forward left shadowed, and the config back on the kernel it had after booting."""
     assert all("forward" not in m.__dict__ for m in attentions(model) + norms(model))
-    assert model.backend.root.config._attn_implementation == "eager"
+    assert model.backend.root.config._attn_implementation == model.booted_kernel
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_plain_forwards_run_hf_attention_and_equal_hf(family, tokenizer, count_bridge_attention, count_bridge_norms):
     hf = tiny_model(family, seed=4)
-    model = gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="tlens")
+    model = loaded(copy.deepcopy(hf), tokenizer)
     assert attentions(model) and model.backend.attn_implementation == hf.config._attn_implementation
     assert len(model.backend._norms()) == len(norms(model)) > 0
     batch = model.to_batch(PROMPTS)  # left-padded
@@ -87,7 +95,7 @@ def test_plain_forwards_run_hf_attention_and_equal_hf(family, tokenizer, count_b
 
 def test_pattern_reads_run_the_bridge_attention(tokenizer, count_bridge_attention):
     hf = tiny_model("llama", seed=4)
-    model = gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="tlens")
+    model = loaded(copy.deepcopy(hf), tokenizer)
     n_attention = len(attentions(model))
     patterns = gna.attention_pattern(model, CLEAN, [H(1, 2)])
     assert count_bridge_attention["n"] == n_attention  # hook_pattern needs the bridge's own attention
@@ -103,7 +111,7 @@ def test_ablation_on_the_kernel_equals_a_raw_hook(tokenizer):
     """The head hook (``o.hook_in``) still fires inside HF's attention: zeroing a head equals
     a raw pre-hook on the pristine model's ``o_proj``."""
     hf = tiny_model("llama", seed=4)
-    model = gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="tlens")
+    model = loaded(copy.deepcopy(hf), tokenizer)
     batch = model.to_batch(PROMPTS)
     o_proj = hf.model.layers[1].self_attn.o_proj
     width = hf.config.head_dim if getattr(hf.config, "head_dim", None) else hf.config.hidden_size // hf.config.num_attention_heads
@@ -128,7 +136,7 @@ class Boom(RuntimeError):
 
 
 def test_a_failing_forward_leaves_the_bridge_as_it_was(tokenizer):
-    model = gna.load(tiny_model("llama", seed=4), tokenizer=tokenizer, backend="tlens")
+    model = loaded(tiny_model("llama", seed=4), tokenizer)
     before = model.logits(CLEAN)
 
     def exploding(values):
@@ -150,7 +158,7 @@ def test_a_hooked_norm_runs_the_bridge_norm(family, tokenizer, count_bridge_norm
     """A hook on any hook point of a norm keeps that norm on the bridge's own forward (so
     the hook fires, and an edit there acts); every other norm runs HF's."""
     hf = tiny_model(family, seed=4)
-    model = gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="tlens")
+    model = loaded(copy.deepcopy(hf), tokenizer)
     backend = model.backend
     norm = norms(model)[1]
     name = norm.hook_out.name

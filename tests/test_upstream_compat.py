@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers.masking_utils import create_causal_mask
 
-from gna_interp.backends.tlens import _check_hook_to_add
+from gna_interp.backends.tlens import _add_forward_hook, _check_hook_to_add
 from gna_interp.models import hf_compat
 from gna_interp.models.tiny import tiny_config
 
@@ -67,6 +67,20 @@ def test_bridge_hook_check_is_called_as_each_release_defines_it(release):
     bridge = Bridge39() if release == "3.9" else Bridge4()
     _check_hook_to_add(bridge, "POINT", "blocks.0.hook_out", print)
     assert calls == ([("blocks.0.hook_out",)] if release == "3.9" else [("POINT", "blocks.0.hook_out", print)])
+
+
+@pytest.mark.parametrize("release", ["3.9", "4.x"])
+def test_the_hook_handle_is_found_whether_or_not_add_hook_returns_it(release):
+    class Point:
+        def __init__(self):
+            self.fwd_hooks = ["earlier"]
+
+        def add_hook(self, fn, dir="fwd"):
+            self.fwd_hooks.append(("handle", fn))
+            return None if release == "3.9" else self.fwd_hooks[-1]
+
+    point = Point()
+    assert _add_forward_hook(point, print) == ("handle", print)
 
 
 def test_lock_drift_names_what_differs(tmp_path, capsys):

@@ -292,8 +292,7 @@ class TLensBackend:
             for name, fn in named:
                 point = points[name]
                 _check_hook_to_add(self.bridge, point, name, fn)
-                handle = point.add_hook(fn, dir="fwd")
-                undo.callback(_remove_handle, point, handle)
+                undo.callback(_remove_handle, point, _add_forward_hook(point, fn))
             yield
 
     @contextmanager
@@ -439,6 +438,13 @@ def _check_hook_to_add(bridge: Any, point: Any, name: str, fn: HookFn) -> None:
         bridge.check_hooks_to_add(point, name, fn)
     else:
         bridge.check_hooks_to_add(name)
+
+
+def _add_forward_hook(point: Any, fn: HookFn) -> Any:
+    """``point.add_hook(fn)``'s handle: TransformerLens 4.x returns it; 3.9 returns None and
+    appends it to ``point.fwd_hooks``."""
+    handle = point.add_hook(fn, dir="fwd")
+    return point.fwd_hooks[-1] if handle is None else handle
 
 
 @cache
