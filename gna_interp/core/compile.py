@@ -1,7 +1,7 @@
 """Turning intervention descriptions into a `Plan` of tensor edits for one batch.
 
 The compiler needs the model's layout (`ModelLayout`: layers, heads, sites), never the
-model. Activations an intervention needs from other inputs (means, resample values,
+layout. Activations an intervention needs from other inputs (means, resample values,
 patch sources) are asked of ``sources``: whoever owns the backend runs one plain forward
 over those inputs (`GnaModel.capture_sites`) and hands back the batch and the activations.
 """
@@ -27,43 +27,43 @@ Sources = Callable[[Any, Collection[Site]], tuple[Batch, dict[Site, Tensor]]]
 ``inputs`` with no interventions, run by whoever owns the backend."""
 
 
-def compile_plan(model: ModelLayout, batch: Batch, interventions: Sequence[Intervention], sources: Sources) -> Plan:
-    """The edits ``interventions`` make on ``batch`` (``[batch, pos]`` ids), for a model of layout ``model``."""
+def compile_plan(layout: ModelLayout, batch: Batch, interventions: Sequence[Intervention], sources: Sources) -> Plan:
+    """The edits ``interventions`` make on ``batch`` (``[batch, pos]`` ids), for a model of layout ``layout``."""
     plan = Plan()
     for item in interventions:
         if isinstance(item, Ablate):
-            _compile_ablate(model, batch, item, plan, sources)
+            _compile_ablate(layout, batch, item, plan, sources)
         elif isinstance(item, Patch):
-            _compile_patch(model, batch, item, plan, sources)
+            _compile_patch(layout, batch, item, plan, sources)
         elif isinstance(item, SkipLayers):
             for layer in item.layers:
-                model.check_layer(layer)
+                layout.check_layer(layer)
                 plan.add_skip(layer, torch.ones(1, dtype=torch.bool))
         elif isinstance(item, Truncate):
-            if item.n_layers > model.n_layers:
-                raise ValueError(f"Truncate({item.n_layers}) exceeds the model's {model.n_layers} layers")
-            for layer in range(item.n_layers, model.n_layers):
+            if item.n_layers > layout.n_layers:
+                raise ValueError(f"Truncate({item.n_layers}) exceeds the model's {layout.n_layers} layers")
+            for layer in range(item.n_layers, layout.n_layers):
                 plan.add_skip(layer, torch.ones(1, dtype=torch.bool))
         elif isinstance(item, MaskAttentionRows):
-            _compile_row_mask(model, batch, item, plan)
+            _compile_row_mask(layout, batch, item, plan)
         else:
             raise TypeError(f"expected an intervention (Ablate, Patch, SkipLayers, Truncate, MaskAttentionRows), got {item!r}")
     return plan
 
 
-def heads_by_site(model: ModelLayout, heads: Sequence[Head]) -> dict[Site, list[int]]:
+def heads_by_site(layout: ModelLayout, heads: Sequence[Head]) -> dict[Site, list[int]]:
     """Heads grouped by their site (one per mixer of a layer), as indices into that
     site's ``head`` axis. Attention and SSM heads may be mixed freely."""
     grouped: dict[Site, list[int]] = defaultdict(list)
     for head in heads:
-        site, index = model.head_site(head)
+        site, index = layout.head_site(head)
         grouped[site].append(index)
     return dict(grouped)
 
 
-def head_mask(model: ModelLayout, site: Site, head_indices: Sequence[int]) -> Tensor:
+def head_mask(layout: ModelLayout, site: Site, head_indices: Sequence[int]) -> Tensor:
     """``[1, 1, head, 1]`` bool over ``site``'s heads, True on the given ones."""
-    mask = torch.zeros(1, 1, model.site_shape(site)[0], 1, dtype=torch.bool)
+    mask = torch.zeros(1, 1, layout.site_shape(site)[0], 1, dtype=torch.bool)
     mask[0, 0, list(head_indices), 0] = True
     return mask
 
@@ -96,12 +96,12 @@ def ablation_values(batch: Batch, sites: Sequence[Site], how: str, reference: An
     return {site: acts[site] for site in sites}
 
 
-def _compile_ablate(model: ModelLayout, batch: Batch, item: Ablate, plan: Plan, sources: Sources) -> None:
-    grouped = heads_by_site(model, item.heads)
+def _compile_ablate(layout: ModelLayout, batch: Batch, item: Ablate, plan: Plan, sources: Sources) -> None:
+    grouped = heads_by_site(layout, item.heads)
     values = ablation_values(batch, sorted(grouped), item.how, item.reference, sources)
     rows = None if item.positions is None else position_mask(item.positions, batch)[:, :, None, None]
     for site, indices in grouped.items():
-        mask = head_mask(model, site, indices) if rows is None else rows & head_mask(model, site, indices)
+        mask = head_mask(layout, site, indices) if rows is None else rows & head_mask(layout, site, indices)
         plan.add(site, Edit(mask, values[site]))
 
 
@@ -157,63 +157,63 @@ def _check_positions(items: list[int], n_pos: int) -> None:
             raise ValueError(f"position {p} out of range for {n_pos} positions: expected {-n_pos}..{n_pos - 1}")
 
 
-def site_mask(model: ModelLayout, target: Head | Resid, positions: Tensor) -> Tensor:
+def site_mask(layout: ModelLayout, target: Head | Resid, positions: Tensor) -> Tensor:
     """Mask for one target at ``positions`` (``[batch | 1, pos]``), shaped for its site."""
     if isinstance(target, Head):
-        site, index = model.head_site(target)
-        return positions[:, :, None, None] & head_mask(model, site, [index])
+        site, index = layout.head_site(target)
+        return positions[:, :, None, None] & head_mask(layout, site, [index])
     return positions[:, :, None]
 
 
-def _compile_patch(model: ModelLayout, batch: Batch, item: Patch, plan: Plan, sources: Sources) -> None:
-    sites = {model.site_of(t) for t in item.targets}
+def _compile_patch(layout: ModelLayout, batch: Batch, item: Patch, plan: Plan, sources: Sources) -> None:
+    sites = {layout.site_of(t) for t in item.targets}
     source_batch, acts = sources(item.source, sites)
     check_aligned(batch, source_batch, "patch source")
     positions = position_mask(item.positions, batch)
     for target in item.targets:
-        site = model.site_of(target)
-        plan.add(site, Edit(site_mask(model, target, positions), acts[site]))
+        site = layout.site_of(target)
+        plan.add(site, Edit(site_mask(layout, target, positions), acts[site]))
 
 
-def attention_heads_of(model: ModelLayout, layers: Sequence[int] | None = None) -> list[Head]:
+def attention_heads_of(layout: ModelLayout, layers: Sequence[int] | None = None) -> list[Head]:
     """The attention (softmax) heads of ``layers`` (default: every layer)."""
-    chosen = range(model.n_layers) if layers is None else layers
-    return [head for head in model.heads if head.layer in chosen and model.head_kind(head) is LayerKind.ATTENTION]
+    chosen = range(layout.n_layers) if layers is None else layers
+    return [head for head in layout.heads if head.layer in chosen and layout.head_kind(head) is LayerKind.ATTENTION]
 
 
-def _compile_row_mask(model: ModelLayout, batch: Batch, item: MaskAttentionRows, plan: Plan) -> None:
+def _compile_row_mask(layout: ModelLayout, batch: Batch, item: MaskAttentionRows, plan: Plan) -> None:
     """Zero rows of the attention weights == zero those heads' outputs at those rows."""
-    attention = attention_heads_of(model)
+    attention = attention_heads_of(layout)
     if item.heads is not None:
         heads = list(item.heads)
         allowed = set(attention)
         for head in heads:
-            model.check_head(head)
+            layout.check_head(head)
             if head not in allowed:
-                kind = model.head_kind(head).value
-                raise ValueError(f"MaskAttentionRows: {head} is not an attention head ({model.name} layer {head.layer}: {kind})")
+                kind = layout.head_kind(head).value
+                raise ValueError(f"MaskAttentionRows: {head} is not an attention head ({layout.name} layer {head.layer}: {kind})")
     else:
         if item.layers is not None and not item.layers:
             raise ValueError("MaskAttentionRows layers=[] is empty: give attention layers, or None for every attention layer")
         attention_layers = sorted({h.layer for h in attention})
         for layer in item.layers or ():
-            model.check_layer(layer)
-            if layer in model.foreign_layers:
+            layout.check_layer(layer)
+            if layer in layout.foreign_layers:
                 raise ValueError(
-                    f"MaskAttentionRows: layer {layer} of {model.name} holds a swapped-in {model.foreign_layers[layer]} block "
+                    f"MaskAttentionRows: layer {layer} of {layout.name} holds a swapped-in {layout.foreign_layers[layer]} block "
                     "(swap_layers), whose attention the architecture table does not describe"
                 )
             if layer not in attention_layers:
-                kind = model.layer_kinds[layer].value
+                kind = layout.layer_kinds[layer].value
                 raise ValueError(
-                    f"MaskAttentionRows: layer {layer} of {model.name} is an {kind} layer with no attention weights; "
+                    f"MaskAttentionRows: layer {layer} of {layout.name} is an {kind} layer with no attention weights; "
                     f"attention layers are {attention_layers}"
                 )
         heads = attention if item.layers is None else [h for h in attention if h.layer in item.layers]
         if not heads:
-            raise ValueError(f"MaskAttentionRows: {model.name} has no attention layers (it is an SSM); use Ablate on its heads instead")
+            raise ValueError(f"MaskAttentionRows: {layout.name} has no attention layers (it is an SSM); use Ablate on its heads instead")
     rows = position_mask(item.positions, batch)  # [batch | 1, pos]
     rows = ~rows if item.keep else rows
     zero = torch.zeros(())
-    for site, indices in heads_by_site(model, heads).items():
-        plan.add(site, Edit(rows[:, :, None, None] & head_mask(model, site, indices), zero))
+    for site, indices in heads_by_site(layout, heads).items():
+        plan.add(site, Edit(rows[:, :, None, None] & head_mask(layout, site, indices), zero))

@@ -59,11 +59,6 @@ class GnaModel:
             swapped_in_layers(hf_model, arch.layers_path),
         )
         """Layers, heads and sites (`gna_interp.core.layout`): what plans are compiled against."""
-        self.n_heads: int = self.layout.n_heads
-        """The most heads any layer has: the width of every ``[layer, head]`` table (NaN
-        where a layer has fewer heads). The model's own: a swap leaves it as it is."""
-        self.head_dim: int = self.layout.head_dim
-        """The widest head (every head in pure families); `head_dim_of` for one head."""
         self._ambient: list[Intervention] = []
         self._prefix: PrefixCache | None = None
 
@@ -75,6 +70,17 @@ class GnaModel:
     @name.setter
     def name(self, value: str) -> None:
         self.layout.name = value
+
+    @property
+    def n_heads(self) -> int:
+        """The most heads any layer has: the width of every ``[layer, head]`` table (NaN
+        where a layer has fewer heads). The model's own: a swap leaves it as it is."""
+        return self.layout.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        """The widest head (every head in pure families); `head_dim_of` for one head."""
+        return self.layout.head_dim
 
     @property
     def foreign_layers(self) -> dict[int, str]:
