@@ -71,7 +71,7 @@ docs: setup
 	$(VENV)/bin/mkdocs build --strict -d /tmp/gna-site
 
 notebooks: setup
-	$(PY) examples/run_notebooks.py
+	$(PY) examples/run_notebooks.py --keep build/notebooks
 
 bench: setup
 	$(PY) benchmarks/ablation_sweep.py

@@ -48,10 +48,12 @@ def run(path: Path, keep: Path | None = None) -> list[str]:
         try:
             client.execute()
         except CellExecutionError as error:  # the failing cell and its traceback
-            return [*problems, f"a cell failed:\n{error}"]
-    if keep is not None:
+            problems.append(f"a cell failed:\n{error}")
+    if keep is not None:  # kept failed or not: the outputs up to a failing cell show what went wrong
         keep.mkdir(parents=True, exist_ok=True)
         nbformat.write(book, keep / path.name)
+    if problems and problems[-1].startswith("a cell failed"):
+        return problems
     size = output_bytes(book)
     if size > MAX_OUTPUT_BYTES:
         problems.append(f"outputs are {size:,} bytes, more than {MAX_OUTPUT_BYTES:,}: print less")
@@ -70,7 +72,8 @@ def main(args: list[str]) -> int:
     for path in notebooks:
         start = time.perf_counter()
         problems = run(path, keep)
-        print(f"{path.name}: {'ok' if not problems else 'FAILED'} in {time.perf_counter() - start:.0f} s")
+        kept = f", executed copy in {keep / path.name}" if keep is not None else ""
+        print(f"{path.name}: {'ok' if not problems else 'FAILED'} in {time.perf_counter() - start:.0f} s{kept}")
         for problem in problems:
             print(f"  {problem}")
         failed += bool(problems)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._lazy import lazy_attribute
+from ._lazy import lazy_attribute, public_dir
 
 __version__ = "0.1.0"
 
@@ -87,4 +87,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    return public_dir(__all__, globals())

@@ -20,3 +20,10 @@ def lazy_attribute(package: str, exports: dict[str, str], name: str) -> Any:
     value = module if where.endswith(":") else getattr(module, attribute or name)
     setattr(sys.modules[package], name, value)  # later lookups skip __getattr__
     return value
+
+
+def public_dir(exports: list[str], namespace: dict[str, Any]) -> list[str]:
+    """What ``dir(package)`` lists: the public names and the module's dunders (``__version__``,
+    ``__all__``), not its helper imports (``Any``, ``annotations``, ``lazy_attribute``) nor
+    submodules that happen to be loaded."""
+    return sorted({*exports, *(name for name in namespace if name.startswith("__"))})

@@ -54,6 +54,10 @@ def checked_heads(texts: list[str], name: str, remote: bool = False) -> list[Any
     from .core.heads import Head
 
     heads = [Head.parse(text) for text in texts]
+    for head in heads:
+        if heads.count(head) > 1:
+            typed = " and ".join(repr(text) for text, parsed in zip(texts, heads, strict=True) if parsed == head)
+            raise ValueError(f"--head {typed} all name head {head}: name each head once")
     layer_specs = layer_specs_of(model_source(name, remote))
     for head in heads:
         check_head_in(layer_specs, head, name)
@@ -116,7 +120,10 @@ def build_task(args: argparse.Namespace) -> Any:
                 shape = card_of(args.model).get("task", {})
         return tasks.toy_mcq(n, seed=args.seed, **shape)
     if args.task == "kv":
-        return tasks.kv_retrieval(args.kv_pairs, n=n, seed=args.seed)
+        try:
+            return tasks.kv_retrieval(args.kv_pairs, n=n, seed=args.seed)
+        except ValueError as error:  # the library names its parameter; the user typed the flag
+            raise ValueError(str(error).replace(f"n_pairs={args.kv_pairs}", f"--kv-pairs {args.kv_pairs}")) from None
     return tasks.mmlu(subjects=args.subjects, n=args.n, path=args.mmlu_path)
 
 

@@ -105,3 +105,15 @@ def test_bridge_overhead_benchmark_variants_equal_hf(tmp_path, monkeypatch):
     assert len(figures["max_abs_diff"]) == 7 and {"hf", "nnsight"} <= set(figures["max_abs_diff"])
     assert all(diff <= 1e-5 for diff in figures["max_abs_diff"].values()), figures
     assert all(seconds > 0 for seconds in figures["seconds"].values())
+
+
+def test_mamba2_chunk_size_benchmark_gives_equal_tables(tmp_path):
+    """Every chunk size's head table equals chunk 32's (the figures the performance page
+    quotes compare the same numbers), and the table is not all zeros."""
+    figures = run_benchmark(
+        "mamba2_chunk_size", *("--chunk-sizes", "32", "64", "--prompts", "2", "--words", "6", "--repeats", "1"), out=tmp_path / "chunk.json"
+    )
+    assert [row["chunk_size"] for row in figures["rows"]] == [32, 64]
+    assert figures["max_abs_score"] > 1e-3
+    assert all(row["max_diff"] <= 1e-4 for row in figures["rows"]), figures["rows"]
+    assert figures["rows"][1]["limit"] == 4.0  # 7 tokens: padded to 64 x 64 against 32 x 32

@@ -179,3 +179,26 @@ def test_discover_at_depth_example(tmp_path):
     result = run("discover_at_depth.py", tmp_path, GNA_EXAMPLE_LAYERS="3", GNA_EXAMPLE_N="24")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "cost " in result.stdout and "remote='local': 10 requests" in result.stdout, result.stdout
+
+
+def test_make_notebooks_keeps_the_executed_copies(tmp_path):
+    """`make notebooks` keeps each executed notebook, outputs included, in the folder the
+    README names; a failing notebook is kept too, its outputs up to the failing cell."""
+    import nbformat
+
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import run_notebooks
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    makefile = (EXAMPLES.parent / "Makefile").read_text()
+    kept_in = re.search(r"run_notebooks\.py --keep (\S+)", makefile)
+    assert kept_in is not None and f"`{kept_in.group(1)}/`" in (EXAMPLES.parent / "README.md").read_text()
+    book = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)"), nbformat.v4.new_code_cell("1 / 0")])
+    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(book, tmp_path / "sum.ipynb")
+    problems = run_notebooks.run(tmp_path / "sum.ipynb", keep=tmp_path / "kept")
+    assert problems and "ZeroDivisionError" in problems[-1]
+    executed = nbformat.read(tmp_path / "kept" / "sum.ipynb", as_version=4)
+    assert executed.cells[0].outputs[0]["text"] == "42\n"
+    assert executed.cells[1].outputs[0]["ename"] == "ZeroDivisionError"

@@ -52,6 +52,19 @@ def test_lazy_namespace_keeps_every_name():
         _ = gna.no_such_name
 
 
+@pytest.mark.parametrize("package", ["gna_interp", "gna_interp.core", "gna_interp.models", "gna_interp.zoo"])
+def test_dir_lists_only_the_public_api(package):
+    """Tab completion shows the public names, not the helpers the package imports."""
+    import importlib
+
+    module = importlib.import_module(package)
+    for name in module.__all__:  # load every name (and so every submodule) first
+        getattr(module, name)
+    shown = [name for name in dir(module) if not name.startswith("_")]
+    assert shown == sorted(module.__all__)
+    assert "Any" not in shown and "annotations" not in shown and "lazy_attribute" not in shown
+
+
 # ----- the CLI checks before any weights load -------------------------------------------------
 
 
@@ -71,6 +84,8 @@ def no_loading(monkeypatch):
         (["ablate", "--model", "llama", "--head", "7.9"], "head L7H9: layer 7 out of range: llama has layers 0..1"),
         (["ablate", "--model", "llama", "--head", "1.9"], "head L1H9 out of range: layer 1 of llama has heads 0..3"),
         (["patterns", "--model", "falcon_h1", "--head", "0.12", "--out", "p.png"], "head L0H12 out of range"),
+        (["ablate", "--model", "llama", "--head", "0.1", "--head", "L0H1"], "--head '0.1' and 'L0H1' all name head L0H1"),
+        (["ablate", "--model", "llama", "--head", "0.1", "--task", "kv", "--kv-pairs", "0"], "--kv-pairs 0: expected 2..64"),
     ],
 )
 def test_bad_heads_are_refused_from_the_config(no_loading, args, message, capsys):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._lazy import lazy_attribute
+from .._lazy import lazy_attribute, public_dir
 
 _EXPORTS: dict[str, str] = {
     "GnaModel": "handle",
@@ -20,4 +20,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    return public_dir(__all__, globals())
