@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             result = gna.ablation_sweep(model, prompts, metric)
             runs.append(time.perf_counter() - start)
         tables[chunk], times[chunk] = result.scores, runs
-    print(f"Mamba-2, {args.layers} layers x {args.heads} heads, {args.prompts} prompts x {length} tokens, CPU, {torch.get_num_threads()} threads")
+    shape = f"{args.layers} layers x {args.heads} heads, {args.prompts} prompts x {length} tokens"
+    print(f"Mamba-2, {shape}, CPU, {torch.get_num_threads()} threads")
     print(f"{'chunk_size':>10} {'best s':>8} {'/c32':>6} {'limit':>6} {'max |diff|':>11}  all")
     failed = False
     reference = min(times[32])
@@ -93,9 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         limit = padded(length, chunk) * chunk / (padded(length, 32) * 32)
         runs = ", ".join(f"{t:.3f}" for t in times[chunk])
         print(f"{chunk:>10} {min(times[chunk]):>8.3f} {min(times[chunk]) / reference:>6.1f} {limit:>6.1f} {diff:>11.2e}  {runs}")
-        rows.append(
-            dict(chunk_size=chunk, best_s=min(times[chunk]), runs_s=times[chunk], ratio=min(times[chunk]) / reference, limit=limit, max_diff=diff)
-        )
+        best = min(times[chunk])
+        rows.append(dict(chunk_size=chunk, best_s=best, runs_s=times[chunk], ratio=best / reference, limit=limit, max_diff=diff))
     if args.json:
         settings = {k: v for k, v in vars(args).items() if k != "json"}
         versions = dict(torch=torch.__version__, python=platform.python_version(), gna_interp=gna.__version__)
