@@ -4,6 +4,11 @@ Each candidate is scored by its log-probability after the prompt (summed over it
 tokens when it has several), as lm-eval scores MMLU. Single-token candidates come from
 the final-position logits of one forward; multi-token ones from forwards over the
 prompt followed by each candidate.
+
+A prompt is answered correctly when its correct candidate scores strictly above every
+other candidate: a tie is scored as wrong (so a model that cannot tell the candidates
+apart scores 0, never 1). Two candidates of one prompt that tokenize alike would always
+tie, and are refused.
 """
 
 from __future__ import annotations
@@ -37,22 +42,24 @@ class Evaluation:
 
     @property
     def predictions(self) -> Tensor:
-        """``[batch]`` index of the best-scoring candidate."""
+        """``[batch]`` index of the best-scoring candidate (the first of tied ones)."""
         return self.scores.argmax(-1)
 
     @property
     def is_correct(self) -> Tensor:
-        """``[batch]`` bool."""
-        return self.predictions == self.correct
+        """``[batch]`` bool: the correct candidate scores strictly above every other one.
+        A tie is wrong, even where `predictions` (the first of the tied) is the correct index."""
+        return self.margins > 0
 
     @property
     def accuracy(self) -> float:
+        """The share of prompts answered correctly (ties count as wrong)."""
         return float(self.is_correct.double().mean())  # exact: 31 of 100 is 0.31, not 0.3100000023841858
 
     @property
     def margins(self) -> Tensor:
-        """``[batch]`` log-prob of the correct candidate minus the best other one
-        (positive exactly when the example is answered correctly, ties aside)."""
+        """``[batch]`` log-prob of the correct candidate minus the best other one:
+        positive exactly when the example is answered correctly (0 on a tie, scored wrong)."""
         rows = torch.arange(self.scores.shape[0])
         right = self.scores[rows, self.correct]
         others = self.scores.clone()
@@ -108,6 +115,7 @@ def evaluate(
         raise ValueError(f"batch_size={batch_size!r}: expected a positive int")
     interventions = as_interventions(interventions)
     encoded = task.encode(task.tokenizer_for(model.tokenizer))
+    check_distinct_candidates(task, encoded)
     check_context(model, encoded)
     ambient = model.active_interventions
     row_paired = any(_row_paired(item) for item in interventions) or any(_row_paired(i) or _per_row(i) for i in ambient)
@@ -148,6 +156,22 @@ def _rows_of(item: Intervention, start: int, stop: int) -> Intervention:
         positions: Tensor = item.positions  # type: ignore[assignment]
         return replace(item, positions=positions[start:stop])
     return item
+
+
+def check_distinct_candidates(task: Task, encoded: EncodedTask) -> None:
+    """A clear error where two candidates of one prompt tokenize to the same tokens (e.g.
+    labels the tokenizer lacks, all become its unknown token): they would always tie."""
+    for row, (example, tokens) in enumerate(zip(task.examples, encoded.candidates, strict=True)):
+        seen: dict[tuple[int, ...], int] = {}
+        for index, candidate in enumerate(tokens):
+            first = seen.setdefault(tuple(candidate), index)
+            if first != index:
+                labels = example.candidates
+                raise ValueError(
+                    f"task {task.name!r}, prompt {row}: candidates {labels[first]!r} and {labels[index]!r} both tokenize "
+                    f"to {candidate}, so they always tie: every candidate needs its own tokens (labels the tokenizer "
+                    "knows; for the bundled toy models: gna.tasks.toy.VOCAB)"
+                )
 
 
 def check_context(model: GnaModel, encoded: EncodedTask) -> None:
@@ -248,6 +272,7 @@ def evaluate_with_logits(
         if not isinstance(task, Task):
             raise TypeError(f"expected a gna_interp Task, got {type(task).__name__}")
         encoded = task.encode(task.tokenizer_for(model.tokenizer))
+        check_distinct_candidates(task, encoded)
         if not encoded.single_token:
             pending.append(evaluate(model, task, interventions, batch_size=batch_size, progress=progress))
             continue

@@ -51,11 +51,12 @@ def manual_scores(hf_model, task, tokenizer) -> torch.Tensor:
 def check_against(evaluation, expected, correct):
     assert torch.allclose(evaluation.scores, expected, atol=1e-4), (evaluation.scores - expected).abs().max()
     assert torch.equal(evaluation.correct, correct)
-    manual_accuracy = float((expected.argmax(1) == correct).float().mean())
-    assert evaluation.accuracy == pytest.approx(manual_accuracy)
+    right = 0
     for row in range(len(correct)):
         others = [float(expected[row, c]) for c in range(expected.shape[1]) if c != int(correct[row])]
         assert float(evaluation.margins[row]) == pytest.approx(float(expected[row, correct[row]]) - max(others), abs=1e-4)
+        right += float(expected[row, correct[row]]) > max(others)  # strictly above every other: a tie is wrong
+    assert evaluation.accuracy == pytest.approx(right / len(correct))
 
 
 @pytest.mark.parametrize("family,backend", [("llama", "tlens"), ("llama", "nnsight"), ("mamba2", "nnsight"), ("mamba", "nnsight")])

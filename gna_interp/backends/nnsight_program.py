@@ -139,9 +139,12 @@ def run_jobs(model: Any, jobs: list, block_items: int) -> list:
 
 
 def verdicts(logits: Any, candidate_ids: Any, correct: Any) -> Any:
-    """``[rows]`` bool: answered correctly, scored as `gna_interp.evaluate` scores single tokens."""
+    """``[rows]`` bool: answered correctly, scored as `gna_interp.evaluate` scores single
+    tokens (the correct candidate strictly above every other: a tie is wrong)."""
     logprobs = logits[:, -1].float().log_softmax(-1)
-    return logprobs.gather(1, candidate_ids.to(logprobs.device)).argmax(-1) == correct.to(logprobs.device)
+    scores = logprobs.gather(1, candidate_ids.to(logprobs.device))
+    index = correct.to(logprobs.device).view(-1, 1)
+    return scores.gather(1, index).squeeze(1) > scores.scatter(1, index, float("-inf")).max(-1).values
 
 
 def greedy_joint(model: Any, problem: dict, block_items: int) -> tuple[list, list]:

@@ -82,6 +82,22 @@ def make_batch(inputs: Any, tokenizer: Any) -> Batch:
     return batch
 
 
+def check_token_ids(batch: Batch, vocab_size: int, model_name: str) -> None:
+    """A clear error for the first token id outside ``0..vocab_size - 1`` (in row-major
+    order), naming it, its row and position, and the valid range."""
+    ids = batch.input_ids
+    bad = (ids < 0) | (ids >= vocab_size)
+    if not bool(bad.any()):
+        return
+    row, position = (int(i) for i in bad.nonzero()[0])
+    count = int(bad.sum())
+    more = f" ({count - 1} more out of range)" if count > 1 else ""
+    raise ValueError(
+        f"token id {int(ids[row, position])} out of range at row {row}, position {position}{more}: "
+        f"{model_name} has a vocabulary of {vocab_size}, so ids must lie in 0..{vocab_size - 1}"
+    )
+
+
 def _pad_id(tokenizer: Any) -> int:
     for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
         value = getattr(tokenizer, name, None) if tokenizer is not None else None

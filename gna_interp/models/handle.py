@@ -13,7 +13,7 @@ from ..backends.base import RunOutput
 from ..core.arch import ArchSpec, LayerKind, LayerMixer, LayerSpec
 from ..core.compile import compile_plan
 from ..core.heads import Head, Target
-from ..core.inputs import Batch, make_batch
+from ..core.inputs import Batch, check_token_ids, make_batch
 from ..core.interventions import Ablate, Intervention, as_interventions
 from ..core.layout import ModelLayout
 from ..core.plan import Plan, Site
@@ -177,9 +177,7 @@ class GnaModel:
     def to_batch(self, inputs: Any) -> Batch:
         """Tokenize (left padding), validate against the vocabulary, move to `device`."""
         batch = make_batch(inputs, self.tokenizer)
-        top = int(batch.input_ids.max())
-        if top >= self.vocab_size or int(batch.input_ids.min()) < 0:
-            raise ValueError(f"token id {top} out of range: {self.name} has a vocabulary of {self.vocab_size}")
+        check_token_ids(batch, self.vocab_size, self.name)
         return batch.to(self.device)
 
     def run(

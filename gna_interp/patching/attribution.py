@@ -33,7 +33,7 @@ from ..core.interventions import Intervention
 from ..core.plan import Site, SiteKind
 from ..cost import charge
 from .checks import check_local, check_sites, head_list, target_and_source
-from .metrics import Metric, check_metric, reduce_metric
+from .metrics import Metric, check_metric, metric_name, reduce_metric
 from .results import SweepResult
 
 if TYPE_CHECKING:
@@ -83,9 +83,9 @@ def attribution_patching(
         site_list = [Site(SiteKind.RESID, layer) for layer in range(model.n_layers)]
     ambient = [*model.active_interventions, *interventions]
     source_out = model.backend.run(source, model.compile_plan(source, ambient), capture=set(site_list))
-    reference = reduce_metric(metric(source_out.logits))
+    reference = reduce_metric(metric(source_out.logits), metric)
     target_out = model.backend.run(target, model.compile_plan(target, ambient), capture=set(site_list), grad=True)
-    value = _scalar(metric(target_out.logits))
+    value = _scalar(metric(target_out.logits), metric)
     grads = _gradients(value, [target_out.acts[site] for site in site_list])
     baseline = float(value.detach())
     effects = {}
@@ -129,7 +129,7 @@ def ablation_attribution(
     site_list = sorted(heads_by_site(model.layout, chosen))
     ambient = [*model.active_interventions, *interventions]
     out = model.backend.run(batch, model.compile_plan(batch, ambient), capture=set(site_list), grad=True)
-    value = _scalar(metric(out.logits))
+    value = _scalar(metric(out.logits), metric)
     grads = _gradients(value, [out.acts[site] for site in site_list])
     charge(model.backend, backwards=1, backward_block_rows=batch.n_rows * model.n_layers)
     total = float(value.detach())
@@ -142,14 +142,19 @@ def ablation_attribution(
     return SweepResult(scores, ("layer", "head"), total, kind="attribution", meta=meta)
 
 
-def _scalar(value: Tensor | float) -> Tensor:
+def _scalar(value: Tensor | float, metric: Metric) -> Tensor:
+    """The metric's value averaged to a scalar tensor that gradients flow from."""
+    name = metric_name(metric)
     if not isinstance(value, Tensor):
-        raise TypeError(f"attribution patching needs a metric that returns a tensor computed from the logits, got {type(value).__name__}")
+        raise TypeError(
+            f"metric {name} returned {value!r}: attribution patching needs a metric that returns a tensor computed "
+            f"from the logits (a scalar, or one value per row), got {type(value).__name__}"
+        )
     if value.numel() == 0:
-        raise ValueError("metric returned an empty tensor")
+        raise ValueError(f"metric {name} returned an empty tensor: expected a scalar, or one value per row")
     if not value.requires_grad:
         raise ValueError(
-            "the metric's value does not depend differentiably on the logits (e.g. an argmax or a comparison): "
+            f"metric {name}'s value does not depend differentiably on the logits (e.g. an argmax or a comparison): "
             "attribution patching needs a differentiable metric such as logit_diff or target_logprob"
         )
     return value.float().mean()

@@ -2,11 +2,23 @@
 
 A sweep calls the metric on the logits of each variant (the same rows, in the same
 order, as the inputs) and averages a per-example result.
+
+Every helper checks what it can when it is built (ids are ints of 0 or more, a
+``correct`` index lies among the candidates, candidates are distinct) and the rest when
+it reads logits (``position`` within the positions, ids within the vocabulary, one row
+of ids or indices per row of logits); each error names the helper, the argument, the
+bad value and what was expected.
+
+Candidate accuracy counts a tie as wrong: a row scores 1.0 only when the correct
+candidate's logit is strictly above every other candidate's.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -15,24 +27,136 @@ Metric = Callable[[Tensor], Tensor | float]
 TokenSpec = int | Sequence[int] | Sequence[Sequence[int]] | Tensor
 
 
-def _token_table(tokens: TokenSpec, n_rows: int, what: str) -> Tensor:
-    """``[batch, k]`` long: per row, a set of ``k`` token ids.
+def _integer_tensor(value: Any, what: str, owner: str, kind: str) -> Tensor:
+    """``value`` as a long tensor; a float, bool, string or ragged list is refused."""
+    try:
+        raw = value if isinstance(value, Tensor) else torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as error:  # a string (TypeError), a ragged list (ValueError)
+        kind_of_error = TypeError if isinstance(error, TypeError) else ValueError
+        raise kind_of_error(f"{owner}: {what}={value!r} is not understood: expected {kind} ({error})") from None
+    if raw.numel() == 0:
+        raise ValueError(f"{owner}: {what} is empty: expected {kind}")
+    if raw.dtype == torch.bool or raw.is_floating_point() or raw.is_complex():
+        raise TypeError(f"{owner}: {what}={value!r} has dtype {raw.dtype}: expected {kind} (integers)")
+    return raw.long()
 
-    An int is one id for every row; a list of ints is one set shared by every row; a
-    1-D tensor is one id *per row*; a 2-D tensor or list of lists is one set per row.
+
+@dataclass(frozen=True)
+class _Ids:
+    """Token ids checked when a metric is built: ``table`` ``[1 or batch, k]``.
+
+    ``one_per_row``: given as a 1-D tensor, one id per row of logits.
     """
-    if isinstance(tokens, Tensor) and tokens.dim() == 1:
-        if tokens.numel() != n_rows:
-            raise ValueError(f"{what} is a 1-D tensor of {tokens.numel()} ids: expected one id per row ({n_rows})")
-        return tokens.long().view(-1, 1)
-    table = torch.as_tensor(tokens, dtype=torch.long)
-    if table.dim() == 0:
-        table = table.view(1, 1)
-    elif table.dim() == 1:
-        table = table.view(1, -1)
-    if table.dim() != 2 or table.shape[0] not in (1, n_rows) or table.shape[1] == 0:
-        raise ValueError(f"{what} has shape {tuple(table.shape)}: expected an id, a list of ids, or one row per example ({n_rows})")
-    return table.expand(n_rows, -1)
+
+    table: Tensor
+    one_per_row: bool
+    what: str
+    owner: str
+
+    def rows(self, n_rows: int, vocab: int, device: torch.device) -> Tensor:
+        """``[n_rows, k]`` long on ``device``, after the checks that need the logits."""
+        table = self.table
+        if self.one_per_row and table.shape[0] != n_rows:
+            raise ValueError(f"{self.owner}: {self.what} is a 1-D tensor of {table.shape[0]} ids: expected one id per row ({n_rows})")
+        if table.shape[0] not in (1, n_rows):
+            raise ValueError(
+                f"{self.owner}: {self.what} has shape {tuple(table.shape)}: expected an id, a list of ids, "
+                f"or one row per example ({n_rows})"
+            )
+        if int(table.max()) >= vocab:
+            where = _first(table >= vocab)
+            raise ValueError(
+                f"{self.owner}: {self.what} holds token id {int(table[where])}{_at(where, table)}, out of range "
+                f"for logits of a vocabulary of {vocab}: expected ids 0..{vocab - 1}"
+            )
+        return table.expand(n_rows, -1).to(device)
+
+
+def _first(mask: Tensor) -> tuple[int, ...]:
+    """Index of the first True of ``mask`` in row-major order."""
+    return tuple(int(i) for i in mask.nonzero()[0])
+
+
+def _at(where: tuple[int, ...], table: Tensor) -> str:
+    """`` (row 2, entry 1)`` for a table of several, nothing for a single id."""
+    if table.numel() == 1:
+        return ""
+    row, column = where
+    return f" (row {row}, entry {column})" if table.shape[0] > 1 else f" (entry {column})"
+
+
+def _token_ids(tokens: TokenSpec, what: str, owner: str) -> _Ids:
+    """Parse a token-id argument: an int is one id for every row; a list of ints is one
+    set shared by every row; a 1-D tensor is one id *per row*; a 2-D tensor or list of
+    lists is one set per row (or ``[1, k]``, one set for every row)."""
+    kind = "a token id, a list of ids, a 1-D tensor (one id per row) or a [batch, k] table"
+    raw = _integer_tensor(tokens, what, owner, kind)
+    one_per_row = isinstance(tokens, Tensor) and raw.dim() == 1
+    if raw.dim() > 2:
+        raise ValueError(f"{owner}: {what} has shape {tuple(raw.shape)}: expected {kind}")
+    table = raw.view(-1, 1) if one_per_row else raw.view(1, -1) if raw.dim() < 2 else raw
+    if int(table.min()) < 0:
+        where = _first(table < 0)
+        raise ValueError(f"{owner}: {what} holds token id {int(table[where])}{_at(where, table)}: token ids are 0 or more")
+    return _Ids(table.cpu(), one_per_row, what, owner)
+
+
+def _distinct(ids: _Ids) -> None:
+    """Candidates of one row that share a token could only tie: refused."""
+    table = ids.table
+    for row in range(table.shape[0]):
+        values = table[row].tolist()
+        for j, token in enumerate(values):
+            if token in values[:j]:
+                i = values.index(token)
+                where = f"row {row} of {ids.what}" if table.shape[0] > 1 else ids.what
+                raise ValueError(
+                    f"{ids.owner}: {where} has token id {token} twice (candidates {i} and {j}): each candidate "
+                    "needs its own token, or the two always tie"
+                )
+
+
+def _position(position: Any, owner: str) -> int:
+    if isinstance(position, bool):
+        raise TypeError(f"{owner}: position={position!r}: expected an int position (-1: the last)")
+    try:
+        return operator.index(position)
+    except TypeError:
+        raise TypeError(f"{owner}: position={position!r}: expected an int position (-1: the last)") from None
+
+
+def _read(logits: Tensor, position: int, owner: str) -> Tensor:
+    """``[batch, vocab]``: the logits at ``position``, checked against their shape."""
+    if not isinstance(logits, Tensor) or logits.dim() != 3:
+        shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(f"{owner}: got logits of shape {shape}: expected [batch, pos, vocab]")
+    n_pos = logits.shape[1]
+    if not -n_pos <= position < n_pos:
+        raise ValueError(f"{owner}: position={position} out of range for logits of {n_pos} positions: expected {-n_pos}..{n_pos - 1}")
+    return logits[:, position]
+
+
+def _correct_index(correct: Sequence[int] | Tensor | int, n_candidates: int, owner: str) -> Tensor:
+    """``[n]`` long indices into the candidates, each in ``0..n_candidates - 1``."""
+    index = _integer_tensor(correct, "correct", owner, "an index into the candidates, or one per row").reshape(-1)
+    bad = (index < 0) | (index >= n_candidates)
+    if bool(bad.any()):
+        first = int(bad.nonzero()[0])
+        name = f"correct[{first}]" if index.numel() > 1 else "correct"
+        raise ValueError(
+            f"{owner}: {name}={int(index[first])} out of range for {n_candidates} candidates: expected an index 0..{n_candidates - 1}"
+        )
+    return index.cpu()
+
+
+def _correct_rows(index: Tensor, n_rows: int, owner: str, device: torch.device) -> Tensor:
+    """``[n_rows, 1]`` long: one correct index per row of logits."""
+    if index.numel() not in (1, n_rows):
+        raise ValueError(
+            f"{owner}: correct has {index.numel()} values for logits of {n_rows} rows: "
+            f"expected one index per row ({n_rows}) or a single index"
+        )
+    return index.view(-1, 1).expand(n_rows, 1).to(device)
 
 
 def logit_diff(correct: TokenSpec, incorrect: TokenSpec, position: int = -1) -> Metric:
@@ -41,79 +165,109 @@ def logit_diff(correct: TokenSpec, incorrect: TokenSpec, position: int = -1) -> 
     ``correct`` / ``incorrect``: a token id, a list of ids (one set shared by every
     row), a 1-D ``[batch]`` tensor (one id per row) or a ``[batch, k]`` table of sets.
     """
+    owner = "logit_diff"
+    good_ids, bad_ids = _token_ids(correct, "correct", owner), _token_ids(incorrect, "incorrect", owner)
+    position = _position(position, owner)
 
     def metric(logits: Tensor) -> Tensor:
-        final = logits[:, position]
-        good = final.gather(1, _token_table(correct, final.shape[0], "correct").to(final.device)).mean(1)
-        bad = final.gather(1, _token_table(incorrect, final.shape[0], "incorrect").to(final.device)).mean(1)
+        final = _read(logits, position, owner)
+        n_rows, vocab = final.shape
+        good = final.gather(1, good_ids.rows(n_rows, vocab, final.device)).mean(1)
+        bad = final.gather(1, bad_ids.rows(n_rows, vocab, final.device)).mean(1)
         return good - bad
 
-    return _reads(metric, position)
+    return _reads(metric, position, owner)
 
 
 def target_logprob(targets: TokenSpec, position: int = -1) -> Metric:
     """Log-probability of ``targets`` (one id, or one per row) at ``position``."""
+    owner = "target_logprob"
+    ids = _token_ids(targets, "targets", owner)
+    if ids.table.shape[1] != 1:
+        raise ValueError(f"targets has {ids.table.shape[1]} ids per row: target_logprob takes one id per row")
+    position = _position(position, owner)
 
     def metric(logits: Tensor) -> Tensor:
-        logprobs = logits[:, position].float().log_softmax(-1)
-        table = _token_table(targets, logprobs.shape[0], "targets").to(logprobs.device)
-        if table.shape[1] != 1:
-            raise ValueError(f"targets has {table.shape[1]} ids per row: target_logprob takes one id per row")
-        return logprobs.gather(1, table).squeeze(1)
+        final = _read(logits, position, owner)
+        n_rows, vocab = final.shape
+        table = ids.rows(n_rows, vocab, final.device)
+        return final.float().log_softmax(-1).gather(1, table).squeeze(1)
 
-    return _reads(metric, position)
+    return _reads(metric, position, owner)
+
+
+def _candidate_metric(
+    owner: str, candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int, score: Callable[[Tensor, Tensor], Tensor]
+) -> Metric:
+    """A metric of the candidates' logits ``[batch, k]`` and the correct index ``[batch, 1]``."""
+    ids = _token_ids(candidates, "candidates", owner)
+    _distinct(ids)
+    index = _correct_index(correct, ids.table.shape[1], owner)
+    position = _position(position, owner)
+
+    def metric(logits: Tensor) -> Tensor:
+        final = _read(logits, position, owner)
+        n_rows, vocab = final.shape
+        chosen = final.gather(1, ids.rows(n_rows, vocab, final.device))
+        return score(chosen, _correct_rows(index, n_rows, owner, final.device))
+
+    return _reads(metric, position, owner)
 
 
 def candidate_accuracy(candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int = -1) -> Metric:
-    """1.0 where the correct candidate has the highest logit among ``candidates``.
+    """1.0 where the correct candidate's logit is strictly the highest among ``candidates``;
+    0.0 otherwise, a tie included (a tie is scored as wrong).
 
-    ``candidates``: a list of token ids shared by every row, or ``[batch, n_candidates]``;
-    ``correct``: ``[batch]`` index into the candidates.
+    ``candidates``: a list of distinct token ids shared by every row, or ``[batch,
+    n_candidates]``; ``correct``: ``[batch]`` index into the candidates (or one index for
+    every row), each in ``0..n_candidates - 1``.
     """
-    correct_index = torch.as_tensor(correct, dtype=torch.long).view(-1)
 
-    def metric(logits: Tensor) -> Tensor:
-        final = logits[:, position]
-        table = _token_table(candidates, final.shape[0], "candidates").to(final.device)
-        chosen = final.gather(1, table).argmax(1)
-        return (chosen == correct_index.to(final.device)).float()
+    def score(chosen: Tensor, index: Tensor) -> Tensor:
+        right = chosen.gather(1, index).squeeze(1)
+        others = chosen.scatter(1, index, float("-inf")).max(1).values
+        return (right > others).float()
 
-    return _reads(metric, position)
+    return _candidate_metric("candidate_accuracy", candidates, correct, position, score)
 
 
 def candidate_logprob(candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int = -1) -> Metric:
     """Log-probability of the correct candidate among ``candidates`` alone (a log-softmax
     over their logits): the differentiable counterpart of `candidate_accuracy`."""
-    correct_index = torch.as_tensor(correct, dtype=torch.long).view(-1, 1)
 
-    def metric(logits: Tensor) -> Tensor:
-        final = logits[:, position].float()
-        table = _token_table(candidates, final.shape[0], "candidates").to(final.device)
-        return final.gather(1, table).log_softmax(-1).gather(1, correct_index.to(final.device)).squeeze(1)
+    def score(chosen: Tensor, index: Tensor) -> Tensor:
+        return chosen.float().log_softmax(-1).gather(1, index).squeeze(1)
 
-    return _reads(metric, position)
+    return _candidate_metric("candidate_logprob", candidates, correct, position, score)
 
 
 def candidate_logit_diff(candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int = -1) -> Metric:
     """Logit of the correct candidate minus the mean logit of the other candidates: linear
     in the logits, so it does not saturate where the model is confident (as
     `candidate_logprob` does); what attribution estimates best."""
-    correct_index = torch.as_tensor(correct, dtype=torch.long).view(-1, 1)
 
-    def metric(logits: Tensor) -> Tensor:
-        final = logits[:, position].float()
-        table = final.gather(1, _token_table(candidates, final.shape[0], "candidates").to(final.device))
-        right = table.gather(1, correct_index.to(final.device)).squeeze(1)
+    def score(chosen: Tensor, index: Tensor) -> Tensor:
+        table = chosen.float()
+        right = table.gather(1, index).squeeze(1)
         return right - (table.sum(1) - right) / max(1, table.shape[1] - 1)
 
-    return _reads(metric, position)
+    return _candidate_metric("candidate_logit_diff", candidates, correct, position, score)
 
 
-def _reads(metric: Metric, position: int) -> Metric:
-    """Tag ``metric`` with the one position it reads (``metric.position``): a sweep on a
-    remote model then asks only for that position's logits back."""
+def _reads(metric: Callable[[Tensor], Tensor], position: int, name: str) -> Metric:
+    """Name ``metric`` for errors and tag it with the one position it reads
+    (``metric.position``): a sweep on a remote model then asks only for that position's
+    logits back."""
+    metric.__name__ = metric.__qualname__ = name
     metric.position = position  # type: ignore[attr-defined]
     return metric
+
+
+def metric_name(metric: object) -> str:
+    """How errors name a metric: its qualified name (``logit_diff``,
+    ``my_metric``, ``test.<locals>.<lambda>``), else its repr."""
+    name = getattr(metric, "__qualname__", None) or getattr(metric, "__name__", None)
+    return str(name) if isinstance(name, str) else repr(metric)
 
 
 def check_metric(metric: object) -> None:
@@ -129,10 +283,23 @@ def check_metric(metric: object) -> None:
     raise TypeError(f"metric={metric!r} is not callable: expected a function of logits [batch, pos, vocab] -> scalar or [batch]{hint}")
 
 
-def reduce_metric(value: Tensor | float) -> float:
-    """A metric's output as one number: scalars pass, per-example tensors are averaged."""
+METRIC_RESULT = "a float, or a tensor (a scalar, or one value per row: averaged)"
+
+
+def reduce_metric(value: Tensor | float, metric: object = None) -> float:
+    """A metric's output as one number: scalars pass, per-example tensors are averaged.
+
+    Args:
+        value: what ``metric`` returned.
+        metric: the metric, named in the error when ``value`` is not a number.
+    """
     if isinstance(value, Tensor):
         if value.numel() == 0:
-            raise ValueError("metric returned an empty tensor")
+            raise ValueError(f"metric {metric_name(metric)} returned an empty tensor: expected {METRIC_RESULT}")
         return float(value.float().mean())
-    return float(value)
+    if not isinstance(value, (str, bytes)) and value is not None:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise TypeError(f"metric {metric_name(metric)} returned {value!r} ({type(value).__name__}): expected {METRIC_RESULT}")

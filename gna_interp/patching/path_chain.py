@@ -282,7 +282,7 @@ class _Chunk:
             logits, _ = self.d_run(end, set())
         else:
             logits, _ = self.c_run(positions[0][0], patches, set())
-        return [reduce_metric(s.metric(rows)) for rows in logits.split(self.n_rows)]
+        return [reduce_metric(s.metric(rows), s.metric) for rows in logits.split(self.n_rows)]
 
     def layer_patches(self, position: Position, heads: Sequence[int], before: dict[Site, Tensor]) -> list[tuple[Site, Edit]]:
         """The edits of C for the receivers ``heads`` at ``position``, from one D run.

@@ -282,4 +282,4 @@ def prepare(
         corrupt_heads=dict(corrupt_out.acts),
         metric=metric,
     )
-    return setup, reduce_metric(metric(clean_out.logits)), reduce_metric(metric(corrupt_out.logits))
+    return setup, reduce_metric(metric(clean_out.logits), metric), reduce_metric(metric(corrupt_out.logits), metric)

@@ -129,7 +129,7 @@ def patching_sweep(
     else:
         layer_sites = {Site(SiteKind.RESID, layer) for layer in range(model.n_layers)}
     source_out = model.backend.run(source, source_base, capture=layer_sites)
-    reference = reduce_metric(metric(source_out.logits))
+    reference = reduce_metric(metric(source_out.logits), metric)
     n_pos = target.n_pos
     shape: tuple[int, ...]
     dims: tuple[str, ...]

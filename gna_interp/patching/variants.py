@@ -85,7 +85,7 @@ def run_variants(
     if is_batched_remote(model):
         return _run_remote(model, batch, base, variants, chunks, prefix_sites, metric)
     base_out = model.run_plan(batch, base, capture=prefix_sites)  # from an open prefix cache, if any
-    baseline = reduce_metric(metric(base_out.logits))
+    baseline = reduce_metric(metric(base_out.logits), metric)
     scores = torch.empty(len(variants))
     with progress_bar(total=len(variants), show=progress, desc=desc) as bar:
         for indices in chunks:
@@ -96,7 +96,7 @@ def run_variants(
                 plan.start = (start.layer, base_out.acts[start].repeat(len(chunk), 1, 1))
             logits = model.backend.run(batch.repeat(len(chunk)), plan).logits
             for i, rows in zip(indices, logits.split(batch.n_rows), strict=True):
-                scores[i] = reduce_metric(metric(rows))
+                scores[i] = reduce_metric(metric(rows), metric)
             bar.update(len(chunk))
     return baseline, scores
 
@@ -116,11 +116,11 @@ def _run_remote(
             plan.start = (start.layer, Ref(0, start, len(chunk)))
         jobs.append(Job(batch.repeat(len(chunk)), plan, keep=2 if final_only else 1))
     outputs = run_jobs(model, jobs)
-    baseline = reduce_metric(metric(outputs[0].logits))  # type: ignore[union-attr]
+    baseline = reduce_metric(metric(outputs[0].logits), metric)  # type: ignore[union-attr]
     scores = torch.empty(len(variants))
     for indices, out in zip(chunks, outputs[1:], strict=True):
         for i, rows in zip(indices, out.logits.split(batch.n_rows), strict=True):  # type: ignore[union-attr]
-            scores[i] = reduce_metric(metric(rows))
+            scores[i] = reduce_metric(metric(rows), metric)
     return baseline, scores
 
 
