@@ -26,12 +26,22 @@ def quiet_libraries() -> None:
 
 def model_source(name: str, remote: bool = False) -> str:
     """Where ``--model`` lives: a bundled toy's folder, a local folder, or a hub id."""
+    from .models import hub
+    from .models.preflight import local_folder
     from .zoo.store import toy_names, toy_path
 
+    if remote and name in toy_names():
+        raise ValueError(
+            f"--remote runs the model on NDIF, which serves hub models: {name!r} is a bundled toy, which runs locally (drop --remote)"
+        )
+    if remote and hub.ndif_api_key() is None:
+        raise ValueError(f"--remote needs an NDIF API key: {hub.NDIF_KEY_HELP}")
     if name in toy_names() and not remote:
         return str(toy_path(name))
     if not remote and not Path(name).exists() and ("/" not in name or name.startswith((".", "/", "~"))):
         raise ValueError(f"unknown model {name!r}: expected a bundled toy model {toy_names()}, a local folder or a hub id")
+    if not remote:
+        local_folder(name)  # a folder-like path that does not exist, or a folder without config.json
     return name
 
 
@@ -67,12 +77,12 @@ def checked_heads(texts: list[str], name: str, remote: bool = False) -> list[Any
 def layer_specs_from_json(file: Path) -> tuple[Any, ...] | None:
     """The head layout from ``config.json`` read as plain data, or ``None`` when the
     architecture table needs a field the file leaves out (its config class fills it in)."""
-    import json
     from types import SimpleNamespace
 
+    from .models.preflight import read_config_json
     from .models.registry import spec_for
 
-    config = SimpleNamespace(**json.loads(file.read_text(), object_hook=_special_floats))
+    config = SimpleNamespace(**read_config_json(file, object_hook=_special_floats))  # an error names the file and line
     try:
         return spec_for(config).resolve(config, int(config.num_hidden_layers))
     except (AttributeError, KeyError, TypeError, ValueError, IndexError):

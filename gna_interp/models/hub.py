@@ -13,7 +13,9 @@ seconds at most; the answer is kept for a minute):
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 PROBE_TIMEOUT_S = 3.0
@@ -79,8 +81,29 @@ def hub_access(name: str, revision: str | None = None) -> dict[str, Any]:
             f"cannot load {name!r}: HF_HUB_OFFLINE is set and {name!r} is not in {where}; "
             "unset HF_HUB_OFFLINE on a machine with network access, or pass the model's local folder"
         )
+    folder = "" if Path(name).exists() else f"; no local folder {name!r} exists either"
     raise HubUnreachableError(
         f"cannot load {name!r}: the model hub ({constants.ENDPOINT}) did not answer within {PROBE_TIMEOUT_S:.0f} s "
-        f"and {name!r} is not in {where}; connect to the network, or download the model on another machine "
+        f"and {name!r} is not in {where}{folder}; connect to the network, or download the model on another machine "
         "and pass its local folder (HF_HUB_OFFLINE=1 uses cached models without asking the hub)"
     )
+
+
+NDIF_KEY_HELP = (
+    "set NDIF_API_KEY in the environment (export NDIF_API_KEY=<your key>), or store the key once in nnsight's "
+    "config: python -c \"from nnsight import CONFIG; CONFIG.set_default_api_key('<your key>')\" (keys: https://ndif.us)"
+)
+"""How to give nnsight an NDIF API key (quoted by the errors that need one)."""
+
+
+def ndif_api_key() -> str | None:
+    """The NDIF API key: ``NDIF_API_KEY``, else nnsight's stored config; ``None`` without one."""
+    key = os.environ.get("NDIF_API_KEY")
+    if key:
+        return key
+    try:
+        from nnsight import CONFIG
+
+        return getattr(CONFIG.API, "APIKEY", None) or None
+    except Exception:  # pragma: no cover - nnsight config unreadable
+        return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 from collections.abc import Iterator
@@ -14,7 +15,21 @@ import torch
 from ..core.arch import ArchSpec, LayerKind
 from ..progress import progress_enabled
 from .handle import GnaModel
-from .hub import hub_access
+from .hub import NDIF_KEY_HELP, hub_access, ndif_api_key
+from .preflight import (
+    ModelFilesError,
+    check_architecture,
+    check_keywords,
+    check_loaded_weights,
+    check_tokenizer,
+    config_file,
+    hub_config,
+    keyword_error,
+    load_folder_tokenizer,
+    local_folder,
+    looks_like_path,
+    read_config_json,
+)
 from .registry import spec_for
 from .swap_block import swapped_in_layers
 
@@ -29,9 +44,14 @@ def load(
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
     remote: bool | str = False,
+    check_weights: bool = True,
     **hf_kwargs: Any,
 ) -> GnaModel:
     """Load a causal LM for analysis.
+
+    Before any weight is read or downloaded (`gna_interp.models.preflight`): a path that
+    looks like a folder must exist and hold ``config.json``; that file (for a hub id, the
+    one file downloaded) must name a supported ``model_type``; the tokenizer must load.
 
     Args:
         model: a HF hub id (``"meta-llama/Llama-3.1-8B-Instruct"``), a local folder with
@@ -42,14 +62,25 @@ def load(
             with the same numbers); ``nnsight`` for ``remote=True`` and for a model
             holding blocks of another family (loaded inside `gna_interp.swap_layers`;
             ``tlens`` refuses it).
-        tokenizer: a HF tokenizer or a path/id; default: loaded from ``model``.
+        tokenizer: a HF tokenizer (in memory or loaded, never modified) or a path/id;
+            default: loaded from ``model``'s folder or hub id.
         device: where the weights go.
         dtype: the weights' dtype.
         remote: ``True`` runs every trace on NDIF (nnsight only; ``model`` must be a hub
             id, the API key comes from ``NDIF_API_KEY`` or nnsight's config).
             ``"local"`` runs nnsight's local simulation of remote execution.
+        check_weights: refuse a checkpoint whose tensors do not match its config (tensors
+            missing, which transformers would initialise at random, or unexpected);
+            ``False`` loads it with a `WeightsMismatchWarning` listing them.
         **hf_kwargs: passed to ``from_pretrained``.
+
+    Raises:
+        TypeError: a keyword that is neither `load`'s nor ``from_pretrained``'s.
+        ModelFilesError: a missing folder, ``config.json`` or tokenizer (also a ``ValueError``).
+        ValueError: an unsupported ``model_type``, an invalid ``config.json``, weights that
+            do not match the config, or a bad ``backend`` / ``remote``.
     """
+    check_keywords(hf_kwargs)
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: expected one of {BACKENDS}")
     if remote not in (False, True, "local"):
@@ -59,13 +90,13 @@ def load(
     if remote is True:
         return _load_remote(model, tokenizer)
 
-    access = _hub_access(model, hf_kwargs)  # a hub id without network fails here, in seconds
-    hf_model, name = _hf_model(model, device, dtype, {**hf_kwargs, **access})
+    source, access = _preflight(model, hf_kwargs)  # no weights yet; a hub id without network fails here, in seconds
+    tokenizer = _tokenizer(tokenizer, model, source, access)
+    hf_model, name = _hf_model(model, source, device, dtype, {**hf_kwargs, **access}, check_weights)
     spec = spec_for(hf_model.config)
     foreign = swapped_in_layers(hf_model, spec.layers_path)
     backend = "nnsight" if remote or (foreign and backend is None) else (backend or spec.default_backend)
     _check_backend(spec, backend, foreign)
-    tokenizer = _tokenizer(tokenizer, model, name, access)
     hf_model.eval()
     if backend == "tlens":
         return GnaModel(hf_model, tokenizer, spec, _tlens_backend(hf_model, tokenizer, name, spec), name)
@@ -84,14 +115,25 @@ def _check_backend(spec: ArchSpec, backend: str, foreign: dict[int, str]) -> Non
         )
 
 
-def _hub_access(model: Any, hf_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``from_pretrained`` keyword arguments for a hub id (see `gna_interp.models.hub`);
-    none for local folders, model objects, or when the caller chose ``local_files_only``."""
-    if not isinstance(model, (str, os.PathLike)) or Path(model).exists() or str(model).startswith((".", "/", "~")):
-        return {}
-    if hf_kwargs.get("local_files_only"):
-        return {}
-    return hub_access(str(model), hf_kwargs.get("revision"))
+def _preflight(model: Any, hf_kwargs: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """Checks before any weight (`gna_interp.models.preflight`): the model's source (a local
+    folder, or ``None`` for a hub id or a model object) and the ``from_pretrained`` keywords
+    a hub id needs (`gna_interp.models.hub`)."""
+    if not isinstance(model, (str, os.PathLike)):
+        return None, {}
+    subfolder = str(hf_kwargs.get("subfolder") or "")
+    folder = local_folder(model, subfolder)
+    access = {} if folder is not None or hf_kwargs.get("local_files_only") else hub_access(str(model), hf_kwargs.get("revision"))
+    config = hf_kwargs.get("config")
+    if config is not None and not isinstance(config, (str, os.PathLike)):  # the caller's config object builds the model
+        spec_for(config)
+    elif "gguf_file" not in hf_kwargs:  # a GGUF file holds its own config
+        if folder is not None:
+            file = config_file(folder / subfolder)
+            check_architecture(read_config_json(file), str(file))
+        else:
+            check_architecture(*hub_config(str(model), access, hf_kwargs))
+    return (str(folder) if folder is not None else None), access
 
 
 @contextmanager
@@ -111,7 +153,7 @@ def quiet_weight_loading(local: bool) -> Iterator[None]:
             logging.enable_progress_bar()
 
 
-def _hf_model(model: Any, device: Any, dtype: Any, hf_kwargs: dict[str, Any]) -> tuple[Any, str]:
+def _hf_model(model: Any, folder: str | None, device: Any, dtype: Any, hf_kwargs: dict[str, Any], strict: bool) -> tuple[Any, str]:
     from transformers import AutoModelForCausalLM, PreTrainedModel
 
     if isinstance(model, PreTrainedModel):
@@ -120,30 +162,46 @@ def _hf_model(model: Any, device: Any, dtype: Any, hf_kwargs: dict[str, Any]) ->
         return model, str(model.config.name_or_path or type(model).__name__)
     if not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"model must be a hub id, a local folder or a transformers PreTrainedModel, got {type(model).__name__}")
-    path = str(model)
-    if Path(path).exists() and not (Path(path) / "config.json").is_file():
-        raise ValueError(f"model path {path!r} is not a model folder: expected a folder with config.json")
-    if not Path(path).exists() and path.startswith((".", "/", "~")):
-        raise ValueError(f"model path {path!r} does not exist (expected a folder with config.json, or a hub id)")
-    kwargs = dict(hf_kwargs)
+    path = folder if folder is not None and str(model).startswith("~") else os.fspath(model)
+    kwargs = {**hf_kwargs, "output_loading_info": True}
     if dtype is not None:
         kwargs["dtype"] = dtype
-    with quiet_weight_loading(local=Path(path).exists()):
-        hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    try:
+        with quiet_weight_loading(local=folder is not None):
+            loaded: Any = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        hf_model, info = loaded
+    except TypeError as error:  # a keyword nobody takes: transformers blames the model class's __init__
+        clearer = keyword_error(error, hf_kwargs)
+        if clearer is None:
+            raise
+        raise clearer from error
+    check_loaded_weights(info, path, strict)
     if device is not None:
         hf_model = hf_model.to(device)
     return hf_model, path
 
 
-def _tokenizer(tokenizer: Any, model: Any, name: str, access: dict[str, Any]) -> Any:
+def _tokenizer(tokenizer: Any, model: Any, folder: str | None, access: dict[str, Any]) -> Any:
+    """The caller's tokenizer object as it is; otherwise loaded from ``tokenizer`` (a path or
+    id) or from the model's folder or hub id, refused when it is missing or empty."""
     from transformers import AutoTokenizer
 
     if tokenizer is None:
         if not isinstance(model, (str, os.PathLike)):
             raise ValueError("a transformers model object needs tokenizer= (a tokenizer object or its path)")
-        return AutoTokenizer.from_pretrained(str(model), **access)
+        if folder is not None:
+            return load_folder_tokenizer(folder)
+        loaded = AutoTokenizer.from_pretrained(str(model), **access)
+        check_tokenizer(loaded, str(model))
+        return loaded
     if isinstance(tokenizer, (str, os.PathLike)):
-        return AutoTokenizer.from_pretrained(str(tokenizer), **_hub_access(tokenizer, {}))
+        if Path(tokenizer).expanduser().is_dir():
+            return load_folder_tokenizer(str(Path(tokenizer).expanduser()))
+        if looks_like_path(os.fspath(tokenizer)) or isinstance(tokenizer, os.PathLike):
+            raise ModelFilesError(
+                f"tokenizer={os.fspath(tokenizer)!r}: no such folder (expected a tokenizer folder, a hub id or a tokenizer)"
+            )
+        return AutoTokenizer.from_pretrained(str(tokenizer), **hub_access(str(tokenizer)))
     return tokenizer
 
 
@@ -155,22 +213,29 @@ def _tlens_backend(hf_model: Any, tokenizer: Any, name: str, spec: ArchSpec) -> 
     config = hf_model.config
     if not getattr(config, "architectures", None):  # built from a config: TransformerLens picks its adapter by this name
         config.architectures = [type(hf_model).__name__]
-    bridge_tokenizer = tokenizer_on_disk(tokenizer)
     kernel = getattr(config, "_attn_implementation", None)  # the bridge switches the config to eager
-    bridge = TransformerBridge.boot_transformers(name or spec.family, hf_model=hf_model, tokenizer=bridge_tokenizer)
+    with tokenizer_copy(tokenizer) as bridge_tokenizer:
+        bridge = TransformerBridge.boot_transformers(name or spec.family, hf_model=hf_model, tokenizer=bridge_tokenizer)
     return TLensBackend(bridge, spec, spec.resolve(config, int(config.num_hidden_layers)), attn_implementation=kernel)
 
 
-def tokenizer_on_disk(tokenizer: Any) -> Any:
-    """TransformerLens reloads the tokenizer from ``name_or_path`` (and fails on an
-    in-memory one): give it a folder that lives as long as the process."""
+@contextmanager
+def tokenizer_copy(tokenizer: Any) -> Iterator[Any]:
+    """A private copy of ``tokenizer`` for TransformerLens, loaded from a temporary folder
+    that is removed on exit, exceptions included.
+
+    TransformerLens reloads a tokenizer that has a BOS token (and does not add it itself)
+    from ``init_kwargs["name_or_path"]``: an in-memory tokenizer
+    (``PreTrainedTokenizerFast(tokenizer_object=...)`` with ``bos_token`` set) has no such
+    key (``KeyError: 'name_or_path'``). It also sets the EOS, padding and BOS tokens it lacks,
+    in place (adding ``<|endoftext|>`` to the vocabulary). The copy has a ``name_or_path``
+    (the folder, which the bridge reads only while it boots) and takes those edits: the
+    caller's tokenizer, which `GnaModel` uses, is never changed."""
     from transformers import AutoTokenizer
 
-    if Path(str(getattr(tokenizer, "name_or_path", "") or "")).is_dir():
-        return tokenizer
-    folder = tempfile.mkdtemp(prefix="gna_tokenizer_")
-    tokenizer.save_pretrained(folder)
-    return AutoTokenizer.from_pretrained(folder)
+    with tempfile.TemporaryDirectory(prefix="gna_tokenizer_") as folder:
+        tokenizer.save_pretrained(folder)
+        yield AutoTokenizer.from_pretrained(folder)
 
 
 def _nnsight_backend(hf_model: Any, tokenizer: Any, spec: ArchSpec, remote: bool | str) -> Any:
@@ -179,20 +244,8 @@ def _nnsight_backend(hf_model: Any, tokenizer: Any, spec: ArchSpec, remote: bool
     from ..backends.nnsight import NNsightBackend
 
     config = hf_model.config
-    envoy = TransformersModel(hf_model, tokenizer=tokenizer)
+    envoy = TransformersModel(hf_model, tokenizer=copy.deepcopy(tokenizer))  # nnsight sets padding in place: not on the caller's
     return NNsightBackend(envoy, spec, spec.resolve(config, int(config.num_hidden_layers)), remote)
-
-
-def ndif_api_key() -> str | None:
-    key = os.environ.get("NDIF_API_KEY")
-    if key:
-        return key
-    try:
-        from nnsight import CONFIG
-
-        return getattr(CONFIG.API, "APIKEY", None) or None
-    except Exception:  # pragma: no cover - nnsight config unreadable
-        return None
 
 
 def _load_remote(model: Any, tokenizer: Any) -> GnaModel:
@@ -206,7 +259,7 @@ def _load_remote(model: Any, tokenizer: Any) -> GnaModel:
     if Path(model).exists():
         raise ValueError(f"remote=True needs a hub id, but {model!r} is a local path (use remote='local' to simulate)")
     if ndif_api_key() is None:
-        raise ValueError("remote=True needs an NDIF API key: set NDIF_API_KEY or nnsight.CONFIG.set_default_api_key(...)")
+        raise ValueError(f"remote=True needs an NDIF API key: {NDIF_KEY_HELP}")
     from nnsight.modeling.transformers import TransformersModel
 
     from ..backends.nnsight import NNsightBackend
