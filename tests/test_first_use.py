@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp import progress
+from gna_interp import network, progress
 from gna_interp.cli import main
 from gna_interp.models import hub
 from gna_interp.models.tiny import tiny_model
@@ -145,7 +145,7 @@ def dead_hub(monkeypatch):
 
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(hub, "_probes", {})
+    monkeypatch.setattr(network, "_probes", {})
     calls = []
     import huggingface_hub.utils
 
@@ -285,3 +285,24 @@ def test_accuracy_is_an_exact_fraction(toy_pair):
     model, task = toy_pair
     result = gna.evaluate(model, task)
     assert result.accuracy == int(result.is_correct.sum()) / len(task)  # 0.375, not 0.375000001
+
+
+def test_mmlu_from_an_unreachable_hub_says_to_pass_local_files(dead_hub, capsys):
+    """MMLU from the hub, offline: one probe, no retries, and the message names `path=`
+    (and the CLI's `--mmlu-path`), from Python and from the CLI."""
+    pytest.importorskip("datasets")
+    with pytest.raises(OSError, match=r"cannot load MMLU: the dataset hub .* did not answer within 3 s; pass path= .*--mmlu-path"):
+        gna.tasks.mmlu(n=5)
+    assert main(["ablate", "--model", "llama", "--head", "0.0", "--task", "mmlu"]) == 2
+    err = capsys.readouterr().err
+    assert "--mmlu-path" in err and err.count("\n") == 1, err
+    assert len(dead_hub) == 1  # probed once for both
+
+
+def test_mmlu_offline_and_not_cached_says_to_pass_local_files(monkeypatch, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path))
+    with pytest.raises(OSError, match=r"cannot load MMLU \('cais/mmlu', 'all'\): .*pass path= .*--mmlu-path"):
+        gna.tasks.mmlu(n=5)

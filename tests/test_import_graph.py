@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gna_interp"
 
 # Lowest first. A module may import modules of its own floor (without circles) or of a lower one.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("_lazy", "progress", "cost", "core"),
+    ("_lazy", "progress", "cost", "network", "core"),
     ("backends", "tasks"),
     ("models",),
     ("patching", "attention"),

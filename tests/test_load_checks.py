@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import gna_interp as gna
+from gna_interp import network
 from gna_interp.cli import main
 from gna_interp.models import hub
 from gna_interp.models.preflight import ModelFilesError, WeightsMismatchWarning
@@ -209,7 +210,7 @@ def test_unreachable_hub_id_also_says_no_such_folder(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(hub, "_probes", {})
+    monkeypatch.setattr(network, "_probes", {})
     with pytest.raises(hub.HubUnreachableError, match=r"cannot load 'nobody/nothere'.*no local folder 'nobody/nothere' exists either"):
         gna.load("nobody/nothere")
 

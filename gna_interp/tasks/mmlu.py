@@ -142,9 +142,27 @@ def _hub_rows(subjects: list[str] | None, split: str) -> list[tuple[str, dict[st
         raise ImportError(
             "loading MMLU from the hub needs `datasets`: pip install 'gna-interp[data]', or pass path= to local files"
         ) from None
+    from huggingface_hub import constants
+
+    from ..network import PROBE_TIMEOUT_S, hub_reachable
+
+    offline = bool(constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE)
+    if not offline and not hub_reachable():  # datasets would retry every file for half a minute
+        raise OSError(
+            f"cannot load MMLU: the dataset hub ({constants.ENDPOINT}) did not answer within {PROBE_TIMEOUT_S:.0f} s; "
+            "pass path= to local MMLU files (parquet / JSONL / CSV; the CLI's --mmlu-path), or set "
+            "HF_DATASETS_OFFLINE=1 to read a copy cached by an earlier download"
+        )
     rows = []
     for config in subjects or ["all"]:
-        for i, row in enumerate(datasets.load_dataset("cais/mmlu", config, split=split)):
+        try:
+            loaded = datasets.load_dataset("cais/mmlu", config, split=split)
+        except ConnectionError as error:  # offline and not cached
+            raise OSError(
+                f"cannot load MMLU ('cais/mmlu', {config!r}): {error}; pass path= to local MMLU files "
+                "(parquet / JSONL / CSV; the CLI's --mmlu-path)"
+            ) from None
+        for i, row in enumerate(loaded):
             rows.append((f"cais/mmlu:{config}:{split} row {i}", dict(row)))
     return rows
 
