@@ -212,8 +212,8 @@ def _spread_hybrid(model: Any, seed: int) -> None:
 
 def word_tokenizer(words: list[str] | None = None, vocab_size: int = 64) -> Any:
     """A whitespace word-level tokenizer: ids 0..3 are ``<pad> <bos> <eos> <unk>``,
-    then ``words`` (default ``w4, w5, ...``). It prepends ``<bos>``. Saved to a folder
-    and loaded back, as TransformerLens needs."""
+    then ``words`` (default ``w4, w5, ...``). It prepends ``<bos>``. Saved to a temporary
+    folder and loaded back (a tokenizer as users load one), the folder then removed."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -224,6 +224,6 @@ def word_tokenizer(words: list[str] | None = None, vocab_size: int = 64) -> Any:
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
     fast = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>")
-    folder = tempfile.mkdtemp(prefix="gna_word_tokenizer_")
-    fast.save_pretrained(folder)
-    return AutoTokenizer.from_pretrained(folder)
+    with tempfile.TemporaryDirectory(prefix="gna_word_tokenizer_") as folder:  # a loaded tokenizer, as from a folder
+        fast.save_pretrained(folder)
+        return AutoTokenizer.from_pretrained(folder)
