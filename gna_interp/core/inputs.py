@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -126,19 +128,82 @@ def _tokenize(texts: list[str], tokenizer: Any) -> Batch:
     for i, text in enumerate(texts):
         if not text:
             raise ValueError(f"inputs[{i}] is an empty string: every prompt needs at least one token")
-    encoded = [tokenizer(text)["input_ids"] for text in texts]
+    encoded = [tokenize_naming_missing_words(tokenizer, text, f"inputs[{i}]")["input_ids"] for i, text in enumerate(texts)]
     unknown = [word for text, ids in zip(texts, encoded, strict=True) for word in unknown_words(tokenizer, text, ids)]
     warn_unknown(unknown, tokenizer, "the inputs")
     return _pad_id_lists(encoded, tokenizer)
 
 
 def unk_id(tokenizer: Any) -> int | None:
-    """The tokenizer's unknown-token id, if it can produce one (byte-level tokenizers whose
-    ``unk`` is also their bos / eos never do: ``None``)."""
-    unk = getattr(tokenizer, "unk_token_id", None)
+    """The id the tokenizer gives a word its vocabulary lacks, read from its vocabulary
+    model (a fast tokenizer's ``backend_tokenizer``), whatever its ``unk_token`` attribute
+    says; ``None`` when it never produces one (byte-level BPE, a vocabulary without its
+    unknown token, an unknown token that is also bos / eos)."""
+    unk = _vocabulary_unk_id(tokenizer)
     if unk is None or unk in (getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
         return None
     return int(unk)
+
+
+_UNIGRAM_UNK: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
+"""A Unigram tokenizer's unknown id, read once from its JSON (the model does not expose it)."""
+
+
+def _vocabulary_unk_id(tokenizer: Any) -> int | None:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # a slow tokenizer: only its attribute tells
+        return getattr(tokenizer, "unk_token_id", None)
+    model = backend.model
+    if hasattr(model, "unk_token"):  # WordLevel, WordPiece, BPE
+        token = model.unk_token
+        return None if token is None else backend.token_to_id(token)
+    if type(model).__name__ == "Unigram":
+        try:
+            return _UNIGRAM_UNK[tokenizer]
+        except (KeyError, TypeError):
+            pass
+        import json
+
+        found = json.loads(backend.to_str()).get("model", {}).get("unk_id")
+        with contextlib.suppress(TypeError):
+            _UNIGRAM_UNK[tokenizer] = found
+        return found
+    return getattr(tokenizer, "unk_token_id", None)
+
+
+def tokenize_naming_missing_words(tokenizer: Any, text: str, where: str, **kwargs: Any) -> Any:
+    """``tokenizer(text, **kwargs)``; a vocabulary that lacks a word of ``text`` and has no
+    unknown token to stand for it (WordLevel's bare "Missing [UNK] token") raises an error
+    naming the first such word and ``where`` it is."""
+    try:
+        return tokenizer(text, **kwargs)
+    except Exception as error:  # the tokenizers library raises a bare Exception
+        word = _first_missing_word(tokenizer, text)
+        if word is None:
+            raise
+        raise ValueError(
+            f"{where}: the word {word!r} is not in the tokenizer's vocabulary, and the vocabulary has no unknown token to "
+            f"stand for it ({error}): use words the tokenizer knows, or a tokenizer whose vocabulary holds its unknown token"
+        ) from error
+
+
+def _first_missing_word(tokenizer: Any, text: str) -> str | None:
+    """The first piece of ``text`` (after normalising and pre-tokenizing) that the
+    vocabulary model cannot tokenize; ``None`` if there is none or it cannot be told."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        normalized = backend.normalizer.normalize_str(text) if backend.normalizer is not None else text
+        pieces = backend.pre_tokenizer.pre_tokenize_str(normalized) if backend.pre_tokenizer is not None else [(normalized, None)]
+    except Exception:  # pragma: no cover - a tokenizer that cannot split its text at all
+        return None
+    for piece, _ in pieces:
+        try:
+            backend.model.tokenize(piece)
+        except Exception:
+            return str(piece)
+    return None
 
 
 def unknown_words(tokenizer: Any, text: str, ids: Sequence[int], offsets: Sequence[tuple[int, int]] | None = None) -> list[str]:
@@ -167,8 +232,10 @@ def warn_unknown(words: Sequence[str], tokenizer: Any, where: str) -> None:
 
     distinct = sorted(set(words))
     shown = ", ".join(repr(w) for w in distinct[:12]) + (f" and {len(distinct) - 12} more" if len(distinct) > 12 else "")
+    unk = unk_id(tokenizer)  # named by its id: the unk_token attribute may be unset
+    token = tokenizer.convert_ids_to_tokens(unk) if unk is not None and hasattr(tokenizer, "convert_ids_to_tokens") else None
     warnings.warn(
-        f"{len(distinct)} word(s) in {where} are not in the tokenizer's vocabulary and became {tokenizer.unk_token!r}: {shown}. "
+        f"{len(distinct)} word(s) in {where} are not in the tokenizer's vocabulary and became {token or tokenizer.unk_token!r}: {shown}. "
         "The model cannot tell them apart, so results on them are meaningless (e.g. accuracy near 0 or chance): "
         "use words the tokenizer knows (for the bundled toy models: gna.tasks.toy.VOCAB)",
         UnknownWordsWarning,

@@ -24,15 +24,39 @@ positions in every row; negative counts from the end), a 1-D ``[batch]`` long te
 an encoded task's ``segment_ends``), or a ``[batch, pos]`` bool mask."""
 
 
+def _refuse_single(value: object, what: str, expected: str) -> None:
+    """A value that is neither one item nor a collection of them (``Ablate(3)``): a
+    message naming it, instead of Python's "'int' object is not iterable"."""
+    if not isinstance(value, Iterable):
+        raise TypeError(f"{what}={value!r} ({type(value).__name__}): expected {expected}")
+
+
 def _as_heads(heads: Head | Iterable[Head], what: str) -> tuple[Head, ...]:
     refuse_string(heads, what)
-    items = (heads,) if isinstance(heads, Head) else tuple(heads)
+    expected = "a gna_interp.Head or a list of them, e.g. [gna.Head(1, 0)]"
+    if not isinstance(heads, Head):
+        _refuse_single(heads, what, expected)
+    items = (heads,) if isinstance(heads, Head) else tuple(heads)  # type: ignore[arg-type]
     for item in items:
         if not isinstance(item, Head):
-            raise TypeError(f"{what} must contain gna_interp.Head values, got {item!r} ({type(item).__name__})")
+            hint = f" (gna.Head{tuple(item)!r} builds it)" if _is_pair(item) else ""
+            raise TypeError(f"{what} must contain gna_interp.Head values, got {item!r} ({type(item).__name__}){hint}")
     if not items:
         raise ValueError(f"{what} is empty: expected at least one gna_interp.Head")
     return items
+
+
+def _is_pair(item: object) -> bool:
+    """``(layer, head)`` written as a pair of ints."""
+    return isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in item)
+
+
+def _as_layers(layers: int | Iterable[int], what: str) -> tuple[object, ...]:
+    """One layer index or several, as a tuple (the items are checked by the caller)."""
+    if isinstance(layers, int):
+        return (layers,)
+    _refuse_single(layers, what, "a layer index (int) or a list of them")
+    return tuple(layers)
 
 
 @dataclass(frozen=True)
@@ -86,7 +110,9 @@ class Patch:
 
     def __init__(self, targets: Target | Iterable[Target], source: Any, positions: Positions = None) -> None:
         refuse_string(targets, "Patch targets")
-        items = (targets,) if isinstance(targets, (Head, Resid)) else tuple(targets)
+        if not isinstance(targets, (Head, Resid)):
+            _refuse_single(targets, "Patch targets", "a gna_interp.Head or Resid, or a list of them, e.g. [gna.Head(1, 0)]")
+        items = (targets,) if isinstance(targets, (Head, Resid)) else tuple(targets)  # type: ignore[arg-type]
         for item in items:
             if not isinstance(item, (Head, Resid)):
                 raise TypeError(f"Patch targets must be Head or Resid values, got {item!r}")
@@ -106,7 +132,7 @@ class SkipLayers:
     layers: tuple[int, ...]
 
     def __init__(self, layers: int | Iterable[int]) -> None:
-        items = (layers,) if isinstance(layers, int) else tuple(layers)
+        items = _as_layers(layers, "SkipLayers layers")
         for layer in items:
             if isinstance(layer, bool) or not isinstance(layer, int):
                 raise TypeError(f"SkipLayers layers must be ints, got {layer!r} ({type(layer).__name__})")
@@ -166,7 +192,7 @@ class MaskAttentionRows:
         if layers is not None and heads is not None:
             raise ValueError("MaskAttentionRows takes layers= or heads=, not both")
         if layers is not None:
-            items = (layers,) if isinstance(layers, int) else tuple(layers)
+            items = _as_layers(layers, "MaskAttentionRows layers")
             for layer in items:
                 if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
                     raise ValueError(f"MaskAttentionRows layers must be non-negative ints, got {layer!r}")

@@ -1,8 +1,9 @@
-"""Retrieval tasks with position annotations: the toy task, MMLU, KV retrieval."""
+"""Retrieval tasks with position annotations: the toy task, MMLU, KV retrieval, and
+prompts of your own (`mcq_example`, `kv_example`, or `Example` and `Segment` by hand)."""
 
-from .base import EncodedTask, Example, Segment, Task
-from .kv import kv_retrieval
-from .mcq import mcq_example, shuffle_labels
+from .base import EncodedTask, Example, Segment, Task, check_example
+from .kv import kv_example, kv_retrieval, rotate_values
+from .mcq import mcq_example, rotate_options, shuffle_labels
 from .mmlu import mmlu, mmlu_subjects
 from .toy import toy_mcq, toy_tokenizer
 
@@ -11,10 +12,14 @@ __all__ = [
     "Example",
     "Segment",
     "Task",
+    "check_example",
+    "kv_example",
     "kv_retrieval",
     "mcq_example",
     "mmlu",
     "mmlu_subjects",
+    "rotate_options",
+    "rotate_values",
     "shuffle_labels",
     "toy_mcq",
     "toy_tokenizer",

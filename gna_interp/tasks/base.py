@@ -14,14 +14,14 @@ Axis names used in shapes: ``batch`` (prompts), ``pos`` (padded token positions)
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..core.inputs import Batch, make_batch, unk_id, unknown_words, warn_unknown
+from ..core.inputs import Batch, make_batch, tokenize_naming_missing_words, unk_id, unknown_words, warn_unknown
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,44 @@ class Example:
     query: tuple[int, int] | None = None
     """``[start, end)`` characters of the query (toy task, dictionary key), if any."""
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    corrupter: Callable[[Example, random.Random], Example] | None = field(default=None, compare=False, repr=False)
+    """How to build this prompt's corrupted counterpart (`Task.corrupted`), if the builder
+    knows one: `mcq_example` sets `rotate_options`, `kv_example` rotates the values. A `Task`
+    built without ``corrupter=`` uses its examples' own when they all share one."""
+
+
+def check_example(example: Example, where: str) -> None:
+    """Refuse annotations that do not fit the prompt: a segment or query outside the
+    text, a label outside its segment, a ``correct`` index outside the candidates.
+
+    Args:
+        where: how the error names the example (``"task 'x', example 3"``).
+    """
+    if not isinstance(example, Example):
+        raise TypeError(f"{where} is {example!r} ({type(example).__name__}): expected a gna_interp.tasks.Example")
+    text = example.text
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"{where}: text={text!r}: expected a non-empty prompt string")
+    n = len(text)
+    for s, segment in enumerate(example.segments):
+        bounds = (segment.start, segment.label, segment.end)
+        if any(isinstance(b, bool) or not isinstance(b, int) for b in bounds) or not 0 <= segment.start <= segment.label <= segment.end < n:
+            raise ValueError(
+                f"{where}: segment {s} has start={segment.start!r}, label={segment.label!r}, end={segment.end!r}: "
+                f"expected characters of the prompt with 0 <= start <= label <= end < {n} (its length)"
+            )
+    candidates = example.candidates
+    if isinstance(candidates, str) or not candidates or not all(isinstance(c, str) and c for c in candidates):
+        raise ValueError(f"{where}: candidates={candidates!r}: expected a non-empty tuple of non-empty strings (e.g. (' A', ' B'))")
+    correct = example.correct
+    if isinstance(correct, bool) or not isinstance(correct, int) or not 0 <= correct < len(candidates):
+        raise ValueError(f"{where}: correct={correct!r}: expected the index of a candidate, 0..{len(candidates) - 1}")
+    if example.query is not None:
+        query = example.query
+        pair = isinstance(query, (tuple, list)) and len(query) == 2 and all(isinstance(q, int) and not isinstance(q, bool) for q in query)
+        if not pair or not 0 <= query[0] < query[1] <= n:
+            expected = f"[start, end) characters of the prompt, 0 <= start < end <= {n} (its length)"
+            raise ValueError(f"{where}: query={query!r}: expected {expected}")
 
 
 @dataclass
@@ -101,26 +139,40 @@ class Task:
         tokenizer: the tokenizer the task is meant for (the toy task's own); ``None``
             means "the model's", given at `encode` time.
         corrupter: ``(example, rng) -> example`` building a same-length counterpart
-            with a different correct answer, for patching.
+            with a different correct answer, for patching; default: the examples' own
+            (`Example.corrupter`: `mcq_example` prompts rotate their options, see
+            `gna_interp.tasks.rotate_options`).
+
+    Raises:
+        ValueError: for an example whose segments or query lie outside its prompt, or
+            whose ``correct`` index is not one of its candidates (naming the example).
     """
 
     def __init__(
         self,
         name: str,
-        examples: Sequence[Example],
+        examples: Iterable[Example],
         *,
         tokenizer: Any = None,
         corrupter: Callable[[Example, random.Random], Example] | None = None,
     ) -> None:
+        if isinstance(examples, (str, Example)) or not isinstance(examples, Iterable):
+            raise TypeError(f"task {name!r}: examples={examples!r}: expected a list of gna_interp.tasks.Example")
+        examples = list(examples)
         if not examples:
             raise ValueError(f"task {name!r} has no examples")
+        for index, example in enumerate(examples):
+            check_example(example, f"task {name!r}, example {index}")
+        if corrupter is not None and not callable(corrupter):
+            raise TypeError(f"task {name!r}: corrupter={corrupter!r} is not callable: expected a function (example, rng) -> example")
         counts = {len(e.segments) for e in examples}
         if len(counts) != 1:
             raise ValueError(f"task {name!r} mixes examples with {sorted(counts)} segments: every prompt needs the same number")
         self.name = name
         self.examples = list(examples)
         self.tokenizer = tokenizer
-        self._corrupter = corrupter
+        own = {e.corrupter for e in examples}
+        self._corrupter = corrupter if corrupter is not None or len(own) != 1 else own.pop()
         self._encoded: dict[int, EncodedTask] = {}
 
     @property
@@ -159,7 +211,10 @@ class Task:
         """The same prompts with a different correct answer and the same token length
         (e.g. the option texts rotated by one), for activation patching."""
         if self._corrupter is None:
-            raise ValueError(f"task {self.name!r} has no corruption rule")
+            raise ValueError(
+                f"task {self.name!r} has no corruption rule: pass Task(..., corrupter=f), f(example, rng) -> an example of "
+                "the same token length with another answer (mcq_example prompts get gna_interp.tasks.rotate_options)"
+            )
         rng = random.Random(seed)
         examples = [self._corrupter(e, rng) for e in self.examples]
         return Task(f"{self.name}:corrupted", examples, tokenizer=self.tokenizer, corrupter=self._corrupter)
@@ -195,7 +250,7 @@ class Task:
 def _encode(task: Task, tokenizer: Any) -> EncodedTask:
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(f"tasks need a fast tokenizer (character offsets); got {type(tokenizer).__name__}")
-    rows = [_encode_example(e, i, tokenizer) for i, e in enumerate(task.examples)]
+    rows = [_encode_example(e, f"task {task.name!r}, example {i}", tokenizer) for i, e in enumerate(task.examples)]
     warn_unknown([word for r in rows for word in r["unknown"]], tokenizer, f"task {task.name!r}")
     batch = make_batch([r["ids"] for r in rows], tokenizer)
     width = batch.n_pos
@@ -218,14 +273,14 @@ def _encode(task: Task, tokenizer: Any) -> EncodedTask:
     )
 
 
-def _encode_example(example: Example, index: int, tokenizer: Any) -> dict[str, Any]:
-    encoding = tokenizer(example.text, return_offsets_mapping=True)
+def _encode_example(example: Example, where: str, tokenizer: Any) -> dict[str, Any]:
+    encoding = tokenize_naming_missing_words(tokenizer, example.text, where, return_offsets_mapping=True)
     ids = list(encoding["input_ids"])
 
     def token_at(char: int, what: str) -> int:
         position = encoding.char_to_token(char)
         if position is None:
-            raise ValueError(f"prompt {index}: the {what} (character {char}, {example.text[char]!r}) falls in no token")
+            raise ValueError(f"{where}: the {what} (character {char}, {example.text[char]!r}) falls in no token")
         return int(position)
 
     ends = [token_at(s.end, "segment end") for s in example.segments]
@@ -234,7 +289,7 @@ def _encode_example(example: Example, index: int, tokenizer: Any) -> dict[str, A
     query = None
     if example.query is not None:
         query = [token_at(example.query[0], "query"), token_at(example.query[1] - 1, "query") + 1]
-    candidates = _candidate_tokens(example, ids, tokenizer)
+    candidates = _candidate_tokens(example, ids, tokenizer, where)
     unknown = unknown_words(tokenizer, example.text, ids, encoding["offset_mapping"])
     unk = unk_id(tokenizer)
     unknown += [c.strip() for c, tokens in zip(example.candidates, candidates, strict=True) if unk is not None and unk in tokens]
@@ -249,17 +304,18 @@ def _encode_example(example: Example, index: int, tokenizer: Any) -> dict[str, A
     }
 
 
-def _candidate_tokens(example: Example, prompt_ids: list[int], tokenizer: Any) -> list[list[int]]:
+def _candidate_tokens(example: Example, prompt_ids: list[int], tokenizer: Any, where: str) -> list[list[int]]:
     """Each continuation's tokens as they follow the prompt: tokenize prompt + continuation
     and drop the prompt's tokens (how lm-eval splits context and continuation); where the
     two merge across the boundary, fall back to the continuation tokenized alone."""
     out = []
     for candidate in example.candidates:
-        whole = list(tokenizer(example.text + candidate)["input_ids"])
+        at = f"{where}, candidate {candidate!r}"
+        whole = list(tokenize_naming_missing_words(tokenizer, example.text + candidate, at)["input_ids"])
         if whole[: len(prompt_ids)] == prompt_ids and len(whole) > len(prompt_ids):
             out.append(whole[len(prompt_ids) :])
         else:
-            out.append(list(tokenizer(candidate, add_special_tokens=False)["input_ids"]))
+            out.append(list(tokenize_naming_missing_words(tokenizer, candidate, at, add_special_tokens=False)["input_ids"]))
         if not out[-1]:
-            raise ValueError(f"candidate {candidate!r} tokenizes to no tokens")
+            raise ValueError(f"{at} tokenizes to no tokens")
     return out

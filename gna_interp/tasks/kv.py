@@ -19,32 +19,83 @@ from .base import Example, Segment, Task
 from .toy import CONTENT_WORDS
 
 KV_HEADER = "Memorize the following dictionary:\n"
+KV_QUESTION = "The value of the key '{key}' is"
 N_VALUES = 100
 
 
-def kv_example(keys: Sequence[str], values: Sequence[int], queried: int) -> Example:
-    """One prompt; ``queried`` indexes the line whose key is asked for."""
-    pieces = [KV_HEADER]
-    cursor = len(KV_HEADER)
+def kv_example(
+    keys: Sequence[str],
+    values: Sequence[int | str],
+    queried: int,
+    *,
+    header: str = KV_HEADER,
+    separator: str = ":",
+    question: str = KV_QUESTION,
+) -> Example:
+    """One dictionary prompt, in the paper's wording or your own::
+
+        <header><key><separator><value>
+        ...
+        <question, with {key} replaced by the queried key>      -> " <its value>"
+
+    Args:
+        keys: the dictionary's keys, one line each (distinct, no newline).
+        values: their values (distinct: they are the candidates, ``" <value>"``).
+        queried: index of the line whose key is asked for (= the correct candidate).
+        header: text before the first line: empty, or ending in ``\\n``.
+        separator: between a key and its value (``":"``, ``" = "``, ...).
+        question: the final line; ``{key}`` marks where the queried key goes (the
+            query span).
+
+    Returns:
+        an `Example` with one segment per line (key to ``\\n``) whose corruption rule
+        rotates the values by one line (same keys and question, another answer).
+    """
+    keys, values = [str(k) for k in keys], list(values)
+    if len(keys) != len(values) or len(keys) < 1:
+        raise ValueError(f"keys and values: expected one value per key, got {len(keys)} keys and {len(values)} values")
+    for name, items in (("keys", keys), ("values", [str(v) for v in values])):
+        if len(set(items)) != len(items):
+            repeated = sorted({x for x in items if items.count(x) > 1})
+            raise ValueError(f"{name} repeat {repeated}: expected distinct {name} (each line must be told apart)")
+        if any(not x or "\n" in x for x in items):
+            raise ValueError(f"{name}={items!r}: expected non-empty {name} without newlines")
+    if isinstance(queried, bool) or not isinstance(queried, int) or not 0 <= queried < len(keys):
+        raise ValueError(f"queried={queried!r}: expected the index of a key, 0..{len(keys) - 1}")
+    if not isinstance(header, str) or (header and not header.endswith("\n")):
+        raise ValueError(f"header={header!r}: expected a string, empty or ending in a newline")
+    if not isinstance(separator, str) or "\n" in separator:
+        raise ValueError(f"separator={separator!r}: expected a string without newlines")
+    if not isinstance(question, str) or question.count("{key}") != 1 or "\n" in question:
+        raise ValueError(f"question={question!r}: expected one line holding '{{key}}' once, where the queried key goes")
+    pieces = [header]
+    cursor = len(header)
     segments = []
     for key, value in zip(keys, values, strict=True):
-        line = f"{key}:{value}"
+        line = f"{key}{separator}{value}"
         segments.append(Segment(start=cursor, end=cursor + len(line), label=cursor))
         pieces.append(line + "\n")
         cursor += len(line) + 1
-    question = f"The value of the key '{keys[queried]}' is"
-    start = cursor + question.index("'") + 1
-    text = "".join(pieces) + question
-    meta = {"keys": list(keys), "values": list(values)}
+    before, after = question.split("{key}")
+    start = cursor + len(before)
+    text = "".join(pieces) + before + keys[queried] + after
+    meta = {"keys": keys, "values": values, "header": header, "separator": separator, "question": question}
     candidates = tuple(f" {v}" for v in values)
-    return Example(text, tuple(segments), queried, candidates, query=(start, start + len(keys[queried])), meta=meta)
+    query = (start, start + len(keys[queried]))
+    return Example(text, tuple(segments), queried, candidates, query=query, meta=meta, corrupter=rotate_values)
 
 
-def _rotate_values(example: Example, rng: random.Random | None = None) -> Example:
-    """Same keys and query, values rotated by one line: another answer, same tokens in total."""
+def rotate_values(example: Example, rng: random.Random | None = None) -> Example:
+    """Same keys and query, values rotated by one line: another answer, same tokens in
+    total (the default corruption rule of `kv_example` prompts; ``rng`` is unused)."""
+    if "keys" not in example.meta or "values" not in example.meta:
+        raise ValueError(
+            f"rotate_values needs an example built by kv_example (its meta holds keys and values); got meta keys {sorted(example.meta)}"
+        )
     values = example.meta["values"]
     rotated = [values[(i - 1) % len(values)] for i in range(len(values))]
-    return kv_example(example.meta["keys"], rotated, example.correct)
+    wording = {name: example.meta[name] for name in ("header", "separator", "question") if name in example.meta}
+    return kv_example(example.meta["keys"], rotated, example.correct, **wording)
 
 
 def kv_retrieval(n_pairs: int = 10, n: int = 100, seed: int = 0, keys: Sequence[str] | None = None) -> Task:
@@ -65,4 +116,4 @@ def kv_retrieval(n_pairs: int = 10, n: int = 100, seed: int = 0, keys: Sequence[
         raise ValueError(f"n={n!r}: expected a positive number of prompts")
     rng = random.Random(seed)
     examples = [kv_example(rng.sample(vocabulary, n_pairs), rng.sample(range(N_VALUES), n_pairs), rng.randrange(n_pairs)) for _ in range(n)]
-    return Task(f"kv_retrieval_{n_pairs}", examples, corrupter=_rotate_values)
+    return Task(f"kv_retrieval_{n_pairs}", examples, corrupter=rotate_values)

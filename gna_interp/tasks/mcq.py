@@ -23,7 +23,7 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
-from .base import Example, Segment, Task
+from .base import Example, Segment, Task, check_example
 
 LETTERS = tuple(string.ascii_uppercase)
 ANSWER_PROMPT = "Answer:"
@@ -50,7 +50,8 @@ def mcq_example(
         header: everything before the first option: empty, or ending in ``\\n``.
         options: the option texts, labelled ``A``, ``B``, ... in order.
         correct: index of the correct option.
-        query: ``[start, end)`` characters of the query in the prompt's text, if any.
+        query: ``[start, end)`` characters of the query in the prompt's text, if any
+            (inside the prompt: ``0 <= start < end <= len(text)``).
         meta: kept on the example (subject, ids, ...); the keys this function sets
             (`MCQ_KEYS`) are refused.
         layout: one of `LAYOUTS`.
@@ -58,9 +59,15 @@ def mcq_example(
             candidates follow that order, so ``correct`` indexes both.
         footer: text between the last option's line and ``Answer:`` (empty, or ending
             in ``\\n``).
+
+    Returns:
+        an `Example` whose corruption rule is `rotate_options` (so a `Task` of these
+        prompts has ``task.corrupted()`` without further ado).
     """
-    if not 0 <= correct < len(options):
-        raise ValueError(f"correct option {correct} out of range for {len(options)} options")
+    if isinstance(options, str) or not isinstance(options, Sequence) or not options:
+        raise ValueError(f"options={options!r}: expected a non-empty list of option texts")
+    if isinstance(correct, bool) or not isinstance(correct, int) or not 0 <= correct < len(options):
+        raise ValueError(f"correct={correct!r}: correct option out of range for {len(options)} options: expected 0..{len(options) - 1}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
     if len(options) > len(LETTERS):
@@ -89,14 +96,28 @@ def mcq_example(
     text = "".join(pieces) + footer + ANSWER_PROMPT
     info = {"header": header, "options": list(options), "layout": layout, "labels": labels, "footer": footer, **(meta or {})}
     candidates = tuple(f" {letter}" for letter in labels)
-    return Example(text=text, segments=tuple(segments), correct=correct, candidates=candidates, query=query, meta=info)
+    example = Example(text, tuple(segments), correct, candidates, query=query, meta=info, corrupter=rotate_options)
+    check_example(example, "mcq_example")
+    return example
 
 
 def rotate_options(example: Example, rng: random.Random | None = None) -> Example:
     """The same prompt with the option texts rotated by one place (the labels stay): the
     correct answer moves to the next label and, since each line tokenizes on its own,
     the token length stays the same (and so does the character length: a query in the
-    footer keeps its span)."""
+    footer keeps its span).
+
+    The default corruption rule of `mcq_example` prompts (``task.corrupted()``); ``rng``
+    is unused (the rotation is deterministic).
+
+    Raises:
+        ValueError: for an example not built by `mcq_example` (no options in its ``meta``).
+    """
+    if "options" not in example.meta or "header" not in example.meta:
+        raise ValueError(
+            f"rotate_options needs an example built by mcq_example (its meta holds the options); got one with meta keys "
+            f"{sorted(example.meta)}: give the task a corrupter of its own"
+        )
     options = example.meta["options"]
     n = len(options)
     return _rebuild(example, options=[options[(i - 1) % n] for i in range(n)], correct=(example.correct + 1) % n)

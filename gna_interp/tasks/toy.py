@@ -22,9 +22,12 @@ the same length. The tokenizer also covers `kv_retrieval` prompts over its words
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
+import os
 import random
+import shutil
 import tempfile
 from typing import Any
 
@@ -54,7 +57,8 @@ VOCAB_SIZE = 192  # len(VOCAB) rounded up
 
 @functools.lru_cache(maxsize=1)
 def toy_tokenizer() -> Any:
-    """The zoo's word-level tokenizer (fast, saved to a folder as TransformerLens needs).
+    """The zoo's word-level tokenizer (fast, saved to a folder as TransformerLens needs:
+    one per process, in the temporary directory, removed when the process exits).
 
     Words are split on spaces; ``\\n``, ``.``, ``:`` and ``'`` are tokens of their own;
     ``<bos>`` is prepended.
@@ -70,9 +74,23 @@ def toy_tokenizer() -> Any:
     core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
     core.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     fast = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>")
-    folder = tempfile.mkdtemp(prefix="gna_toy_tokenizer_")
+    folder = _folder_for_this_process("gna_toy_tokenizer_")
     fast.save_pretrained(folder)
     return AutoTokenizer.from_pretrained(folder)
+
+
+def _folder_for_this_process(prefix: str) -> str:
+    """A new temporary folder, removed when this process exits (not when a forked child
+    that inherited the exit handler does: the parent may still use it)."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    owner = os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == owner:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    atexit.register(remove)
+    return folder
 
 
 def _check_shape(
