@@ -408,6 +408,7 @@ def test_mmlu_hub_path_passes_configs_and_split(monkeypatch):
         return [dict(MMLU_ROWS[0], subject=config)]
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr("gna_interp.network.hub_reachable", lambda endpoint=None: True)  # the hub "answers"
     task = gna.tasks.mmlu(subjects=["anatomy", "virology"], split="validation")
     assert calls == [("cais/mmlu", "anatomy", "validation"), ("cais/mmlu", "virology", "validation")]
     assert "about anatomy." in task.prompts[0] and "about virology." in task.prompts[1]
