@@ -192,6 +192,7 @@ def summary_table(circuits: list[Any]) -> str:
         lines.append("(a) attention head, (s) SSM head")
     if any(r[-1] != "-" for r in rows):
         lines.append("shuffled: clean accuracy with each prompt's labels in a random order (chance: answers by the option's place)")
+    lines.append("-gather, -aggr, -both: accuracy with every head of the set(s) ablated at every position")
     return "\n".join(lines)
 
 
@@ -216,11 +217,17 @@ def demo(args: argparse.Namespace) -> int:
     print()
     print(summary_table(circuits))
     for circuit in circuits:
+        for role in ("gather", "aggregate"):
+            if getattr(circuit, role):
+                print(f"{circuit.model}: {role} {circuit.describe_role(role)}")
         for role, need in circuit.needs.items():
-            verdict = "to chance" if need.reached_chance else "not to chance"
-            print(f"{circuit.model}: {role} needs {len(need.heads)} head(s) ({need.accuracy:.3f}, {verdict})")
+            print(f"{circuit.model}: {need.describe(role)}")
+        if circuit.path_patching is not None:
+            print(f"{circuit.model}: path patching {circuit.describe_path()}")
         for note in circuit.warnings:
             print(f"{circuit.model}: note: {note}")
+    for rule in dict.fromkeys(c.evidence_rule() for c in circuits if c.gather or c.aggregate):
+        print(f"\nevidence: {rule}")
     index = write_report(items, out)
     print(f"\nreport: {index} (opens offline)")
     return 0

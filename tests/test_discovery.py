@@ -27,7 +27,11 @@ def found(request):
 # Acceptance lines the bundled toy models do not meet, as measured (see docs/discovery.md).
 # Strict: the test fails once the gap closes, so this list must then be updated.
 KNOWN_GAPS: dict[tuple[str, str], str] = {}
-PATTERN_GAPS: dict[tuple[str, str], str] = {}
+PATTERN_GAPS: dict[tuple[str, str], str] = {  # since the pattern must clear its thresholds (issue 32), on seed 4242
+    ("llama", "gather"): "L0H1's segment-end rows favour their own segment, not clearly: gather ratio 1.39 < 1.5",
+    ("mamba2", "gather"): "L0H1's segment-end rows favour their own segment, not clearly: gather ratio 1.33 < 1.5",
+    ("mamba2", "aggregate"): "L1H6's final row prefers the correct option, not clearly: lift 1.12 < 1.5",
+}
 
 
 def test_both_roles_found_and_the_bottleneck_reproduced(found):
@@ -106,10 +110,13 @@ def _masks(encoded, n_pos):
 
 
 def test_role_labels_agree_with_the_patterns(found):
-    """Recomputed here from raw patterns: a Gather head's segment-end rows favour their own
-    segment over a uniform row; an Aggregate head's final row puts more mass on the
-    correct option than a uniform row. The circuit records the agreement head by head,
-    truthfully, and each role has at least one head whose pattern shows it."""
+    """Recomputed here from raw patterns, with the thresholds docs/discovery.md states (the
+    defaults of `RoleThresholds`): a Gather head's segment-end rows put at least 1.5x a
+    uniform row's mass on their own segment; an Aggregate head's final row puts at least 0.3
+    on the options, at least 1.5x as much on a slot when it holds the correct option as when
+    it does not (lift), and a share of its option mass on the correct option at least 0.05
+    above 1 / options (selectivity). The circuit records the agreement head by head,
+    truthfully, and a Gather head's pattern shows its role in every toy."""
     model, task, circuit = found
     encoded = task.encode()
     own, with_end = _masks(encoded, encoded.batch.n_pos)
@@ -121,23 +128,31 @@ def test_role_labels_agree_with_the_patterns(found):
         p = rows / rows.sum(-1, keepdim=True)
         inside = (p * own[:n]).sum(-1)  # [prompt, segment]
         uniform = own[:n].sum(-1) / (encoded.segment_ends[:n] - first_real[:n, None] + 1)
-        agrees[head] = float((inside / uniform).mean()) > 1.0
+        agrees[head] = float((inside / uniform).mean()) >= 1.5
+    correct = encoded.correct[:n]
     for head in circuit.aggregate:
         row = gna.attention_pattern(model, task, [head], query_positions=[-1])[:n, 0, 0].abs()
         p = row / row.sum(-1, keepdim=True)
-        correct = with_end[torch.arange(n), encoded.correct[:n]]
-        uniform = correct.sum(-1) / encoded.batch.attention_mask[:n].sum(-1)
-        agrees[head] = float(((p * correct).sum(-1) / uniform).mean()) > 1.0
+        per_option = (p[:, None, :] * with_end[:n]).sum(-1)  # [prompt, option]
+        total = per_option.sum(-1)
+        on_correct = per_option[torch.arange(n), correct]
+        selectivity = float((on_correct / total).mean())
+        slots = [j for j in range(task.n_segments) if 0 < int((correct == j).sum()) < n]
+        when_correct = sum(float(per_option[correct == j, j].mean()) for j in slots)
+        when_not = sum(float(per_option[correct != j, j].mean()) for j in slots)
+        lift = when_correct / when_not
+        agrees[head] = float(total.mean()) >= 0.3 and lift >= 1.5 and selectivity >= 1 / task.n_segments + 0.05
     for head, value in agrees.items():
         assert circuit.evidence(head).pattern_agrees is value, head
-    assert any(agrees[h] for h in circuit.gather) and any(agrees[h] for h in circuit.aggregate), agrees
+    assert any(agrees[h] for h in circuit.gather), agrees
 
 
 @pytest.mark.parametrize("role", ["gather", "aggregate"])
 def test_every_found_heads_pattern_shows_its_role(found, role, request):
     """The acceptance line: every Gather head's segment-end rows favour their own segment,
-    every Aggregate head's final row favours the correct option (`pattern_agrees`, which
-    test_role_labels_agree_with_the_patterns recomputes from raw patterns)."""
+    every Aggregate head's final row favours the correct option, clearly above chance
+    (`pattern_agrees`, which test_role_labels_agree_with_the_patterns recomputes from raw
+    patterns)."""
     model, _, circuit = found
     gap = PATTERN_GAPS.get((model.arch.family, role))
     if gap:

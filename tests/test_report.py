@@ -2,7 +2,8 @@
 circuits test_discovery re-measures: its numbers against raw HF attention and the
 circuits' own evidence, the prompt it shows, one script bundle per page, and the page
 rendered in headless Chromium: no horizontal overflow at 1,400 px, every circuitsvis
-view drawn, every found head named in the figures."""
+view drawn, every found head named in the figures, the thresholds, the path shares and
+the stability table on the page. (tests/test_claims.py checks what those texts say.)"""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 import gna_interp as gna
+from gna_interp.discovery import Stability
 from gna_interp.discovery.picture import choose_prompt, role_picture
 from gna_interp.viz.report import write_report
 from gna_interp.viz.views import bundle_script
@@ -28,10 +30,24 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 WINDOW = 1400
 
 
+def _with_stability(circuit):
+    """A copy of ``circuit`` with a `Stability` for the page's layout (three samples: its own
+    sets twice, then without its last Gather head): the table's texts are checked by
+    tests/test_claims.py on a measured one."""
+    copied = copy.deepcopy(circuit)
+    sets = [{"gather": list(circuit.gather), "aggregate": list(circuit.aggregate)}] * 2
+    sets.append({"gather": list(circuit.gather[:-1]), "aggregate": list(circuit.aggregate)})
+    shape = (len(circuit.head_scan), len(circuit.head_scan[0]))
+    copied.stability = Stability("bootstrap", [circuit.n_prompts] * 3, sets, shape, 0, 1.0)
+    return copied
+
+
 @pytest.fixture(scope="module")
 def items():
-    """``(circuit, model, task)`` per toy, as `write_report` takes them."""
-    return [(circuit, model, task) for model, task, circuit, _ in map(discovered, TOYS)]
+    """``(circuit, model, task)`` per toy, as `write_report` takes them; the first with a
+    stability table."""
+    found = [(circuit, model, task) for model, task, circuit, _ in map(discovered, TOYS)]
+    return [(_with_stability(found[0][0]), *found[0][1:]), *found[1:]]
 
 
 @pytest.fixture(scope="module")
@@ -238,6 +254,9 @@ MEASURE = """<script>
       costGaps: Array.from(document.querySelectorAll('[data-role="cost"]')).map((c) =>
         c.querySelector("table").getBoundingClientRect().top - c.querySelector("p").getBoundingClientRect().bottom),
       examined: Array.from(document.querySelectorAll('[data-role="examined"] .scroll')).map((d) => [d.scrollWidth, d.clientWidth]),
+      stability: Array.from(document.querySelectorAll('[data-role="stability"] .scroll')).map((d) => [d.scrollWidth, d.clientWidth]),
+      paths: Array.from(document.querySelectorAll('[data-role="path"] .scroll')).map((d) => [d.scrollWidth, d.clientWidth]),
+      evidence: Array.from(document.querySelectorAll('[data-role="evidence"]')).map((e) => [box(e).width, e.textContent]),
     };
     const pre = document.createElement("pre");
     pre.id = "gna-measure";
@@ -258,7 +277,8 @@ def test_the_page_in_headless_chromium(report, items, tmp_path):
     section must sit below the previous one at full width, each averaged figure must sit
     beside its circuitsvis view and name every Aggregate and Gather head of its circuit. The
     heads-needed panels' titles must not overlap, the cost table must sit under its caption,
-    and the examined-heads table must fit without scrolling."""
+    and the examined-heads table must fit without scrolling, as must the path-patching and
+    stability tables. Each section states its evidence thresholds, with their values."""
     index, page = report
     probe = index.parent / "measure.html"
     probe.write_text(page.replace("</body>", MEASURE + "</body>"), encoding="utf-8")
@@ -289,3 +309,8 @@ def test_the_page_in_headless_chromium(report, items, tmp_path):
     assert len(measured["examined"]) == len(items) and all(scroll <= client for scroll, client in measured["examined"]), measured[
         "examined"
     ]
+    assert len(measured["stability"]) == 1 and all(scroll <= client for scroll, client in measured["stability"]), measured["stability"]
+    assert len(measured["paths"]) == len(items) and all(scroll <= client for scroll, client in measured["paths"]), measured["paths"]
+    assert len(measured["evidence"]) == len(items)
+    for (circuit, _, _), (width, text) in zip(items, measured["evidence"], strict=True):
+        assert 0 < width <= WINDOW and " ".join(text.split()) == f"Evidence: {circuit.evidence_rule()}.", text

@@ -1,11 +1,12 @@
 """G&A discovery: find, label and confirm the Gather and Aggregate heads of a model."""
 
-from .circuit import GnACircuit, HeadEvidence, RoleNeed
+from .circuit import GnACircuit, HeadEvidence, RoleNeed, Stability, Standing
 from .picture import RolePicture, role_picture
-from .pipeline import STAGES, NoRetrievalWarning, PositionalAnswerWarning, discover
+from .pipeline import SEARCH_STAGES, STAGES, NoRetrievalWarning, PositionalAnswerWarning, discover, prompt_samples, stability
 from .roles import RoleScores, RoleThresholds
 
 __all__ = [
+    "SEARCH_STAGES",
     "STAGES",
     "GnACircuit",
     "HeadEvidence",
@@ -15,6 +16,10 @@ __all__ = [
     "RolePicture",
     "RoleScores",
     "RoleThresholds",
+    "Stability",
+    "Standing",
     "discover",
+    "prompt_samples",
     "role_picture",
+    "stability",
 ]

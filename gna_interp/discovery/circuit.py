@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+from torch import Tensor
+
 from ..core.heads import Head
-from .roles import RoleScores, scores_from_dict
+from .roles import RoleScores, RoleThresholds, pattern_shortfall, scores_from_dict
 
 if TYPE_CHECKING:
     import pandas as pd
+
+ROLES = ("gather", "aggregate")
 
 
 @dataclass
@@ -32,9 +37,11 @@ class HeadEvidence:
     only at the ``final`` position, only on the ``segments`` (every option token, its
     segment end included), and only at the segment ``ends``; ``None``: not measured."""
     pattern_agrees: bool | None = None
-    """Whether the pattern shows the role: a Gather head's segment-end rows favour their
-    own segment over a uniform row (``gather_ratio > 1``); an Aggregate head's final row
-    puts more mass on the correct option than a uniform row (``uniform_ratio > 1``)."""
+    """Whether the pattern shows the role clearly above chance (`roles.pattern_shortfall`):
+    a Gather head's segment-end rows favour their own segment (``gather_ratio >= 1.5``);
+    an Aggregate head's final row reads the options and prefers the correct one (``lift
+    >= 1.5``, ``selectivity`` at least 0.05 above ``1 / n_options``). Thresholds:
+    `RoleThresholds`, recorded in ``GnACircuit.settings``."""
     joint: bool = False
     """Given its role by the joint search: little harm alone, needed with the others (a
     backup head)."""
@@ -104,6 +111,142 @@ class RoleNeed:
         """``"L1H0 0.230, +L1H2 0.210"``: accuracy after each head joins the set."""
         return ", ".join(f"{'+' if i else ''}{head} {accuracy:.3f}" for i, (head, accuracy) in enumerate(self.curve)) or "-"
 
+    def describe(self, role: str | None = None) -> str:
+        """``"gather needs 5 head(s): 0.330 with them ablated at every position (to chance);
+        0.315 where the joint search ablated them, on the segments"``: each figure with
+        the positions it was measured at (``role=None``: from ``"needs"``)."""
+        verdict = "to chance" if self.reached_chance else "not to chance"
+        text = f"{'' if role is None else role + ' '}needs {len(self.heads)} head(s): {self.accuracy:.3f} with them ablated "
+        text += f"{POSITIONS['all']} ({verdict})"
+        if self.curve and self.curve_positions != "all":
+            text += f"; {self.curve[-1][1]:.3f} where the joint search ablated them, {POSITIONS[self.curve_positions]}"
+        return text
+
+
+POSITIONS = {"all": "at every position", "final": "at the final position", "segments": "on the segments"}
+"""Where a figure's heads were ablated, in words (`RoleNeed.curve_positions`)."""
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What the evidence supports for one head of a role's set (`GnACircuit.standing`).
+
+    Attributes:
+        role: ``"gather"`` or ``"aggregate"``: the set the head belongs to.
+        alone: its ablation alone lowers accuracy by at least ``min_effect`` (``None``:
+            not measured alone).
+        shortfall: what its pattern lacks to show the role (`roles.pattern_shortfall`;
+            empty: it shows it; ``None``: no pattern scores).
+    """
+
+    role: str
+    alone: bool | None
+    shortfall: tuple[str, ...] | None
+
+    @property
+    def outright(self) -> bool:
+        """The head has the role outright: an effect alone, and a pattern that shows it."""
+        return self.alone is True and self.shortfall == ()
+
+    def reasons(self, detail: bool = False) -> list[str]:
+        """``["alone: no effect", "pattern: not shown"]``: why the head is only a member of
+        the set (empty for a head with the role outright); ``detail``: with the scores
+        that miss their thresholds."""
+        parts = []
+        if self.alone is not True:
+            parts.append("alone: no effect" if self.alone is False else "alone: not measured")
+        if self.shortfall is None:
+            parts.append("pattern: not measured")
+        elif self.shortfall:
+            parts.append("pattern: not shown" + (f" ({', '.join(self.shortfall)})" if detail else ""))
+        return parts
+
+    def describe(self, detail: bool = False) -> str:
+        """``"Gather"`` (the role outright) or ``"member of the Gather set; alone: no effect"``."""
+        name = self.role.capitalize()
+        return name if self.outright else "; ".join([f"member of the {name} set", *self.reasons(detail)])
+
+
+@dataclass
+class Stability:
+    """How often discovery chooses each head when re-run on other prompt samples
+    (`gna_interp.discovery.stability`, or ``discover(..., stability=k)``).
+
+    Attributes:
+        sampling: ``"bootstrap"``: each sample is ``len(task)`` prompts drawn from the task
+            with replacement (`prompt_samples`, seeds ``seed, seed + 1, ...``); ``"tasks"``:
+            the samples were given.
+        n_prompts: prompts per sample.
+        sets: per sample, each role's set (``{"gather": [...], "aggregate": [...]}``).
+        shape: ``(layers, heads per layer)`` of `counts`.
+        seed: the first bootstrap seed (``None`` for given samples).
+        seconds: what the re-runs took.
+    """
+
+    sampling: str
+    n_prompts: list[int]
+    sets: list[dict[str, list[Head]]]
+    shape: tuple[int, int]
+    seed: int | None = None
+    seconds: float = 0.0
+
+    @property
+    def k(self) -> int:
+        """The number of samples."""
+        return len(self.sets)
+
+    @property
+    def counts(self) -> Tensor:
+        """``[role, layer, head]`` int64: in how many samples each head is in each role's set
+        (roles: ``("gather", "aggregate")``, `ROLES`)."""
+        out = torch.zeros(len(ROLES), *self.shape, dtype=torch.long)
+        for chosen in self.sets:
+            for r, role in enumerate(ROLES):
+                for head in chosen.get(role, []):
+                    out[r, head.layer, head.head] += 1
+        return out
+
+    @property
+    def frequency(self) -> Tensor:
+        """``[role, layer, head]`` float: `counts` over the number of samples."""
+        return self.counts.float() / self.k
+
+    def sizes(self, role: str) -> list[int]:
+        """The size of ``role``'s set in each sample."""
+        return [len(chosen.get(role, [])) for chosen in self.sets]
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per head chosen in at least one sample: ``gather`` / ``aggregate`` (samples
+        that chose it for that role) and their shares of the samples, most often chosen first."""
+        import pandas as pd
+
+        counts = self.counts
+        rows = [
+            {"head": str(Head(layer, head)), "layer": layer, "index": head}
+            | {role: int(counts[r, layer, head]) for r, role in enumerate(ROLES)}
+            | {f"{role}_share": float(counts[r, layer, head]) / self.k for r, role in enumerate(ROLES)}
+            for layer, head in counts.sum(0).nonzero().tolist()
+        ]
+        frame = pd.DataFrame(rows, columns=["head", "layer", "index", *ROLES, *(f"{r}_share" for r in ROLES)])
+        order = frame[list(ROLES)].max(axis=1).sort_values(ascending=False, kind="stable").index
+        return frame.loc[order].reset_index(drop=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sampling": self.sampling,
+            "n_prompts": list(self.n_prompts),
+            "sets": [{role: [str(h) for h in chosen.get(role, [])] for role in ROLES} for chosen in self.sets],
+            "shape": list(self.shape),
+            "seed": self.seed,
+            "seconds": self.seconds,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Stability:
+        sets = [{role: [Head.parse(h) for h in chosen.get(role, [])] for role in ROLES} for chosen in data["sets"]]
+        layers, heads = data["shape"]
+        return cls(data["sampling"], list(data["n_prompts"]), sets, (int(layers), int(heads)), data.get("seed"), data.get("seconds", 0.0))
+
 
 @dataclass
 class GnACircuit:
@@ -122,9 +265,13 @@ class GnACircuit:
         truncation, layer_scan: per layer, accuracy keeping layers ``0..l`` / skipping ``l``.
         head_scan: ``[layer][head]`` single-ablation accuracy (``None``: not scanned).
         critical_layer: from the truncation scan (``None``: no jump found).
-        path_patching: the Gather -> Aggregate edge: the clean and corrupt logit difference
-            (clean answer minus corrupted answer), the metric when only that path carries
-            the Gather heads' corruption, and the share of the effect it carries.
+        path_patching: the Gather -> Aggregate edge, at the final position: the logit of
+            the clean prompt's answer minus that of the corrupted prompt's answer on the
+            ``clean`` and the ``corrupt`` prompts, the same on the clean prompts with the
+            Gather heads corrupted and only the Aggregate heads of later positions reading
+            the change (``gather->aggregate``), and ``fraction_of_effect``: ``(clean -
+            gather->aggregate) / (clean - corrupt)``, the share of the clean - corrupt gap
+            that path alone reproduces (0: none, 1: all of it).
         settings: thresholds and knobs used.
         attribution: ``[layer][head]`` attribution estimate of each head's zero-ablation
             effect on the candidate logit difference, when the prescreen ran (``None``
@@ -132,6 +279,14 @@ class GnACircuit:
         cost: what discovery ran (`gna_interp.cost.Cost`): ``forwards``, ``rows``,
             ``block_rows``, ``passes`` (block_rows / (prompts x layers)), ``requests``
             (remote round trips), ``backwards``, ``seconds``.
+        n_segments: the task's options (segments) per prompt: the pattern's chance is
+            ``1 / n_segments`` (``None``: a circuit written before it was recorded).
+        stability: how often discovery chose each head on other prompt samples
+            (`Stability`; ``None``: not measured, see ``discover``'s ``stability``).
+
+    A head in a role's list (``gather``, ``aggregate``) is a member of that role's set;
+    `standing` says whether the evidence gives it the role outright (an effect alone, and
+    a pattern that shows it).
     """
 
     model: str
@@ -152,6 +307,8 @@ class GnACircuit:
     path_patching: dict[str, float] | None = None
     cost: dict[str, Any] | None = None
     attribution: list[list[float | None]] | None = None
+    n_segments: int | None = None
+    stability: Stability | None = None
 
     # ----- tables and serialisation ---------------------------------------------
     def evidence(self, head: Head) -> HeadEvidence:
@@ -159,6 +316,69 @@ class GnACircuit:
             if item.head == head:
                 return item
         raise KeyError(f"{head} was not examined")
+
+    @property
+    def thresholds(self) -> RoleThresholds:
+        """The `RoleThresholds` discovery used (defaults for those a circuit written
+        before them lacks)."""
+        recorded = self.settings.get("thresholds", {})
+        return RoleThresholds(**{f.name: recorded[f.name] for f in fields(RoleThresholds) if f.name in recorded})
+
+    def _n_options(self) -> int:
+        return self.n_segments if self.n_segments else round(1 / self.accuracy["chance"])
+
+    def standing(self, head: Head) -> Standing | None:
+        """What the evidence supports for ``head`` in its role's set (``None``: no role):
+        its ablation alone (at least ``thresholds.min_effect`` below clean) and its pattern
+        (`roles.pattern_shortfall`, with the recorded thresholds)."""
+        item = self.evidence(head)
+        if item.role is None:
+            return None
+        alone = None if item.ablated_accuracy is None else self.accuracy["clean"] - item.ablated_accuracy >= self.thresholds.min_effect
+        shortfall = None if item.scores is None else tuple(pattern_shortfall(item.role, item.scores, self.thresholds, self._n_options()))
+        return Standing(item.role, alone, shortfall)
+
+    def outright(self, role: str) -> list[Head]:
+        """The heads of ``role``'s set that have the role outright (`Standing.outright`)."""
+        return [h for h in getattr(self, role) if (s := self.standing(h)) is not None and s.outright]
+
+    def describe_role(self, role: str) -> str:
+        """``"outright: L0H3, L0H2; members of the set only: L0H1 - pattern: not shown"``: the
+        heads with the role outright, then the other members of its set, grouped by what
+        they lack."""
+        outright = self.outright(role)
+        groups: dict[str, list[Head]] = {}
+        for head in getattr(self, role):
+            if head not in outright:
+                groups.setdefault(", ".join(self.standing(head).reasons()), []).append(head)  # type: ignore[union-attr]
+        text = f"outright: {self.named(outright) if outright else 'none'}"
+        if groups:
+            text += "; members of the set only: " + "; ".join(f"{self.named(heads)} - {why}" for why, heads in groups.items())
+        return text
+
+    def evidence_rule(self) -> str:
+        """The thresholds a head needs for its role outright, in words (with their values)."""
+        t = self.thresholds
+        chance = 1 / self._n_options()
+        return (
+            f"a head has its role outright when its ablation alone lowers accuracy by at least {t.min_effect:g} and its "
+            f"pattern shows the role clearly above chance: Gather, gather ratio >= {t.gather_ratio:g} (chance 1); "
+            f"Aggregate, aggregate mass >= {t.aggregate_mass:g}, lift >= {t.lift:g} (chance 1) and selectivity >= "
+            f"{chance + t.selectivity_margin:.2f} (chance {chance:.2f} + {t.selectivity_margin:g}). Other heads of a "
+            "role's set are members of the set"
+        )
+
+    def describe_path(self) -> str | None:
+        """The path-patching figures with the share of the clean - corrupt gap beside each."""
+        path = self.path_patching
+        if path is None:
+            return None
+        clean, corrupt, value = path["clean"], path["corrupt"], path["gather->aggregate"]
+        return (
+            f"logit difference (clean answer - corrupted answer, final position) {clean:.3f} clean, {corrupt:.3f} corrupt; "
+            f"{value:.3f} with the Gather heads corrupted through the Aggregate heads only "
+            f"({_share(path['fraction_of_effect'])} of the clean - corrupt gap)"
+        )
 
     def to_frame(self) -> pd.DataFrame:
         """One row per examined head: role, ablation accuracy, pattern scores."""
@@ -170,6 +390,8 @@ class GnACircuit:
             row |= {"ablated_accuracy": item.ablated_accuracy, "verified": item.verified}
             row |= {f"{where}_ablated_accuracy": value for where, value in (item.entry or {}).items()}
             row |= {"pattern_agrees": item.pattern_agrees, "joint": item.joint}
+            standing = self.standing(item.head)
+            row |= {"standing": None if standing is None else standing.describe(detail=True)}
             row |= item.scores.to_dict() if item.scores is not None else {}
             rows.append(row)
         return pd.DataFrame(rows)
@@ -185,6 +407,7 @@ class GnACircuit:
         data["aggregate"] = [str(h) for h in self.aggregate]
         data["heads"] = [item.to_dict() for item in self.heads]
         data["needs"] = {role: need.to_dict() for role, need in self.needs.items()}
+        data["stability"] = None if self.stability is None else self.stability.to_dict()
         return _finite(data)
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -203,6 +426,7 @@ class GnACircuit:
         data["aggregate"] = [Head.parse(h) for h in data["aggregate"]]
         data["heads"] = [HeadEvidence.from_dict(item) for item in data["heads"]]
         data["needs"] = {role: RoleNeed.from_dict(need) for role, need in data["needs"].items()}
+        data["stability"] = None if data.get("stability") is None else Stability.from_dict(data["stability"])
         return cls(**data)
 
     # ----- views -------------------------------------------------------------------
@@ -215,24 +439,49 @@ class GnACircuit:
 
     def summary(self) -> str:
         acc = self.accuracy
-        parts = [
-            f"{self.model} on {self.task} ({self.n_prompts} prompts)",
-            f"  gather    {self.named(self.gather)}",
-            f"  aggregate {self.named(self.aggregate)}",
-            "  accuracy  " + "  ".join(f"{k} {v:.3f}" for k, v in acc.items()),
-        ]
+        parts = [f"{self.model} on {self.task} ({self.n_prompts} prompts)"]
+        for role in ROLES:
+            parts.append(f"  {role:9s} {self.named(getattr(self, role))}")
+            if getattr(self, role):
+                parts.append(f"            {self.describe_role(role)}")
+        if self.gather or self.aggregate:
+            parts.append(f"  evidence  {self.evidence_rule()}")
+        parts.append("  accuracy  " + "  ".join(f"{k} {v:.3f}" for k, v in acc.items()))
+        parts.append("            (-gather, -aggregate, -both, only_gna: their heads ablated at every position)")
         for role, need in self.needs.items():
-            verdict = "collapses to chance" if need.reached_chance else "does not reach chance"
-            parts.append(f"  {role:9s} needs {len(need.heads)} head(s): {verdict} ({need.accuracy:.3f})")
+            parts.append(f"  {role:9s} {need.describe()}")
             if need.curve:
-                parts.append(f"            curve ({need.curve_positions}): {need.describe_curve()}")
+                parts.append(f"            curve ({POSITIONS[need.curve_positions]}): {need.describe_curve()}")
         if self.path_patching is not None:
-            share = self.path_patching["fraction_of_effect"]
-            parts.append(f"  path patching gather -> aggregate carries {share:.1%} of the clean - corrupt logit difference")
+            parts.append(f"  path      {self.describe_path()}")
+        if self.stability is not None:
+            parts += [f"  {'stability' if i == 0 else '':9s} {line}" for i, line in enumerate(describe_stability(self))]
         if self.cost is not None:
             parts.append(f"  cost      {describe_cost(self.cost)}")
         parts += [f"  note: {note}" for note in self.warnings]
         return "\n".join(parts)
+
+
+def describe_stability(circuit: GnACircuit) -> list[str]:
+    """Lines: per role, the set sizes over the samples and how often each head of the
+    circuit's set (and any other head chosen) was chosen."""
+    stability = circuit.stability
+    if stability is None:
+        return []
+    how = "bootstrap samples" if stability.sampling == "bootstrap" else "prompt samples"
+    lines = [f"over {stability.k} {how} of {', '.join(map(str, sorted(set(stability.n_prompts))))} prompts:"]
+    counts = stability.counts
+    for r, role in enumerate(ROLES):
+        found = [(int(counts[r, layer, head]), Head(layer, head)) for layer, head in counts[r].nonzero().tolist()]
+        chosen = sorted(found, key=lambda c: -c[0])
+        heads = ", ".join(f"{head} {count}" for count, head in chosen) or "-"
+        lines.append(f"{role} set sizes {', '.join(map(str, stability.sizes(role)))}; chosen (of {stability.k}): {heads}")
+    return lines
+
+
+def _share(value: float | None) -> str:
+    """A fraction as ``"0.93"`` (``"-"`` when undefined: a zero clean - corrupt gap)."""
+    return "-" if value is None or value != value else f"{value:.2f}"
 
 
 def describe_cost(cost: dict[str, Any]) -> str:

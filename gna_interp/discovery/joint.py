@@ -113,7 +113,8 @@ class JointSearch:
             item = self.evidence[head]
             if item.role != role:
                 item.role, item.joint = role, True
-                item.pattern_agrees = None if item.scores is None else pattern_agrees(role, item.scores)
+                scores = item.scores
+                item.pattern_agrees = None if scores is None else pattern_agrees(role, scores, self.thresholds, self.task.n_segments)
                 members.append(head)
         return RoleNeed(chosen, accuracy, accuracy <= threshold, curve, "final" if role == "aggregate" else "segments")
 

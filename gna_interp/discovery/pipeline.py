@@ -21,14 +21,18 @@ roles from the patterns and confirm them:
 8. **confirmation**: accuracy with the Gather heads ablated, the Aggregate heads, both,
    and with only the G&A heads kept in their layers; per role, how many heads are needed
    to collapse accuracy to chance.
+
+`stability` re-runs the search on other prompt samples and counts how often each head
+is chosen (``discover(..., stability=k)`` records it in the circuit).
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -38,10 +42,11 @@ from ..cost import cost_meter
 from ..evaluation import evaluate
 from ..patching.metrics import logit_diff, reduce_metric
 from ..patching.paths import path_patching
+from ..progress import progress_bar
 from ..tasks.base import Task
 from ..tasks.mcq import shuffle_labels
 from . import remote, scans
-from .circuit import GnACircuit, HeadEvidence, RoleNeed
+from .circuit import ROLES, GnACircuit, HeadEvidence, RoleNeed, Stability
 from .joint import JointSearch, head_float
 from .roles import RoleThresholds, entry_shares, label, pattern_agrees, role_scores
 
@@ -60,6 +65,9 @@ class PositionalAnswerWarning(UserWarning):
 
 
 STAGES = ("truncation", "layers", "heads", "entry", "roles", "joint", "confirm")
+SEARCH_STAGES = ("layers", "heads", "entry", "roles", "joint")
+"""The stages that decide which heads a role's set holds: `stability` re-runs only these
+(the truncation scan and the confirmation measure, they do not choose)."""
 
 
 def discover(
@@ -78,6 +86,7 @@ def discover(
     prescreen_above: int = 64,
     prescreen_keep: int | None = None,
     progress: bool = True,
+    stability: int | Sequence[Task] | None = None,
 ) -> GnACircuit:
     """Find the G&A heads of ``model`` on ``task``.
 
@@ -106,32 +115,143 @@ def discover(
         progress: progress bars: one per scan, and `evaluate`'s per-batch bars (its
             default: tasks of more than 4 batches) for the single evaluations of the
             baseline, the label check and the confirmation. ``False``: no bar at all.
+        stability: also re-run the search on other prompt samples (`stability`, with
+            these settings) and record how often each head is chosen as
+            ``circuit.stability``: a number of bootstrap samples of ``task`` (at least
+            2), or the sample tasks themselves. ``None`` (default): not measured.
 
     Returns:
         a `GnACircuit`; its ``cost`` holds what discovery ran (`gna_interp.cost`): forwards,
         rows, block evaluations, passes over the task, remote requests, seconds. Forwards
         over a batch seen before start from its cached clean prefix (`GnaModel.prefix_cache`).
     """
+    if stability is not None:
+        _check_samples(stability, "stability")
+    options: dict[str, Any] = {
+        "stages": stages,
+        "layers": layers,
+        "max_candidates": max_candidates,
+        "max_heads_per_role": max_heads_per_role,
+        "chance_margin": chance_margin,
+        "thresholds": thresholds,
+        "pattern_prompts": pattern_prompts,
+        "screen_above": screen_above,
+        "check_labels": check_labels,
+        "prescreen_above": prescreen_above,
+        "prescreen_keep": 2 * max_candidates if prescreen_keep is None else prescreen_keep,
+    }
     with model.prefix_cache(), cost_meter(model) as cost:
         started = time.perf_counter()
-        circuit = _discover(
-            model,
-            task,
-            stages=stages,
-            layers=layers,
-            max_candidates=max_candidates,
-            max_heads_per_role=max_heads_per_role,
-            chance_margin=chance_margin,
-            thresholds=thresholds,
-            pattern_prompts=pattern_prompts,
-            screen_above=screen_above,
-            check_labels=check_labels,
-            prescreen_above=prescreen_above,
-            prescreen_keep=2 * max_candidates if prescreen_keep is None else prescreen_keep,
-            progress=progress,
-        )
+        circuit = _discover(model, task, progress=progress, **options)
     circuit.cost = {**cost.to_dict(len(task)), "seconds": time.perf_counter() - started}
+    if stability is not None:
+        circuit.stability = _stability(model, _sample_tasks(task, stability, 0), options, progress)
     return circuit
+
+
+def prompt_samples(task: Task, k: int, seed: int = 0) -> list[Task]:
+    """``k`` bootstrap samples of ``task``: sample ``i`` holds ``len(task)`` of its prompts
+    drawn with replacement (`torch.randint` with a generator seeded ``seed + i``), with
+    the task's tokenizer and corruption rule."""
+    _check_k(k, "k")
+    out = []
+    for i in range(k):
+        rows = torch.randint(len(task), (len(task),), generator=torch.Generator().manual_seed(seed + i)).tolist()
+        out.append(Task(task.name, [task.examples[r] for r in rows], tokenizer=task.tokenizer, corrupter=task.corrupter))
+    return out
+
+
+def stability(
+    model: GnaModel, task: Task | Sequence[Task], k: int | None = None, *, seed: int = 0, progress: bool = True, **options: Any
+) -> Stability:
+    """How stable the circuit is: the search (`SEARCH_STAGES` of ``discover``) re-run on
+    ``k`` prompt samples, and how often each head lands in each role's set.
+
+    Args:
+        model: as for `discover`.
+        task: a `Task`, of which ``k`` bootstrap samples are drawn (`prompt_samples`), or
+            a sequence of tasks, each one sample (e.g. ``toy_task(name, 200, seed=s)`` for
+            several ``s``).
+        k: samples (at least 2; default 5 for a task, the number given for a sequence).
+        seed: the first bootstrap sample's seed.
+        progress: one bar over the samples (the re-runs draw none).
+        options: `discover`'s settings (``stages``, ``thresholds``, ...); stages that do
+            not choose heads (truncation, confirmation) are skipped, and so is the label check.
+
+    Returns:
+        `Stability`: ``counts`` (``[role, layer, head]`` tensor), ``to_frame()`` (one row per
+        head chosen at least once), each sample's sets and their ``sizes(role)``.
+
+    Example::
+
+        found = gna.discovery.stability(model, task, k=5)
+        found.to_frame()                  # head, gather, aggregate (samples of 5), shares
+    """
+    if isinstance(task, Task):
+        samples: int | Sequence[Task] = 5 if k is None else k
+        _check_samples(samples, "k")
+    else:
+        _check_samples(task, "task")
+        samples = task
+        if k is not None and k != len(task):
+            raise ValueError(f"k={k!r} with {len(task)} sample tasks given: leave k out, or give k tasks")
+    defaults = _discover_settings()
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise TypeError(f"stability got unknown discover settings {unknown}: expected some of {sorted(defaults)}")
+    merged = {**defaults, **options}
+    if merged["prescreen_keep"] is None:
+        merged["prescreen_keep"] = 2 * merged["max_candidates"]
+    return _stability(model, _sample_tasks(task, samples, seed) if isinstance(task, Task) else (list(task), None), merged, progress)
+
+
+def _discover_settings() -> dict[str, Any]:
+    """`discover`'s settings (its keyword-only parameters but ``progress`` and
+    ``stability``) and their defaults, as `stability` takes them."""
+    parameters = inspect.signature(discover).parameters.values()
+    return {p.name: p.default for p in parameters if p.kind is p.KEYWORD_ONLY and p.name not in ("progress", "stability")}
+
+
+def _check_k(k: Any, name: str) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+        raise ValueError(f"{name}={k!r}: expected an int of at least 2 prompt samples")
+
+
+def _check_samples(samples: Any, name: str) -> None:
+    """``samples``: a number of bootstrap samples (at least 2), or at least 2 tasks."""
+    if isinstance(samples, int):
+        _check_k(samples, name)
+        return
+    if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence):
+        raise TypeError(f"{name}={samples!r}: expected a number of prompt samples or a sequence of Task")
+    bad = [i for i, t in enumerate(samples) if not isinstance(t, Task)]
+    if bad:
+        raise TypeError(f"{name}[{bad[0]}] is a {type(samples[bad[0]]).__name__}: expected a gna_interp Task per sample")
+    _check_k(len(samples), f"len({name})")
+
+
+def _sample_tasks(task: Task, samples: int | Sequence[Task], seed: int) -> tuple[list[Task], int | None]:
+    """``(sample tasks, bootstrap seed)``: ``samples`` bootstrap samples of ``task`` from
+    ``seed``, or the tasks given (seed ``None``)."""
+    if isinstance(samples, int):
+        return prompt_samples(task, samples, seed), seed
+    return list(samples), None
+
+
+def _stability(model: GnaModel, sampled: tuple[list[Task], int | None], options: dict[str, Any], progress: bool) -> Stability:
+    """`Stability` of the search, run with ``options`` (`discover`'s) on each of the sampled
+    tasks (`_sample_tasks`)."""
+    tasks, seed = sampled
+    chosen = {**options, "stages": [s for s in options["stages"] if s in SEARCH_STAGES], "check_labels": False}
+    started = time.perf_counter()
+    sets = []
+    for sample in progress_bar(tasks, show=progress, desc="stability"):
+        with model.prefix_cache():
+            circuit = _discover(model, sample, progress=False, **chosen)
+        sets.append({role: list(getattr(circuit, role)) for role in ROLES})
+    shape = (model.n_layers, max(model.heads_per_layer))
+    seconds = time.perf_counter() - started
+    return Stability("tasks" if seed is None else "bootstrap", [len(t) for t in tasks], sets, shape, seed, seconds)
 
 
 def _discover(
@@ -183,6 +303,7 @@ def _discover(
         accuracy={"clean": clean.accuracy, "chance": chance},
         needs={},
         warnings=notes,
+        n_segments=task.n_segments,
         settings={
             "stages": list(stages),
             "layers": scan_layers,
@@ -234,7 +355,7 @@ def _discover(
                 item.role = label(scores, thresholds, shares)
         _gather_before_aggregate(evidence, model.head_position)
         for item in evidence.values():
-            item.pattern_agrees = None if item.scores is None else pattern_agrees(item.role, item.scores)
+            item.pattern_agrees = None if item.scores is None else pattern_agrees(item.role, item.scores, thresholds, task.n_segments)
     by_harm = sorted(evidence.values(), key=lambda e: (e.ablated_accuracy if e.ablated_accuracy is not None else 1.0, e.head))
     circuit.gather = [e.head for e in by_harm if e.role == "gather"]
     circuit.aggregate = [e.head for e in by_harm if e.role == "aggregate"]

@@ -28,6 +28,16 @@ the label-last layout, whose segment end is the label) and ``S_i+`` the same wit
   Aggregate): entropy (nats) and top-1 mass, averaged.
 
 Thresholds (`RoleThresholds`) turn scores into labels; they are recorded in every result.
+
+**Whether the pattern shows the role** (`pattern_shortfall`, `pattern_agrees`) needs the
+scores clearly above what a row blind to the task gives (chance), by stated margins:
+
+- Gather: ``gather_ratio >= RoleThresholds.gather_ratio`` (1.5; chance 1);
+- Aggregate: the final row reads the options (``aggregate_mass >=
+  RoleThresholds.aggregate_mass``, 0.3), prefers the correct one when its place is
+  controlled for (``lift >= RoleThresholds.lift``, 1.5; chance 1), and puts more than its
+  share on it (``selectivity >= 1 / n_options + RoleThresholds.selectivity_margin``,
+  0.05 above chance).
 """
 
 from __future__ import annotations
@@ -69,7 +79,13 @@ class RoleThresholds:
     correct option (``lift``); otherwise Gather if its segment-end rows favour their own
     segment (``gather_ratio``). Either way, `discover` then keeps the roles in the order of
     the heads' positions (``(layer, stage)``; a Gather head before every Aggregate head it
-    feeds), and `HeadEvidence.pattern_agrees` records whether the pattern shows the role."""
+    feeds), and `HeadEvidence.pattern_agrees` records whether the pattern shows the role:
+    ``gather_ratio`` for Gather; ``aggregate_mass``, ``lift`` and ``selectivity_margin``
+    (above chance, ``1 / n_options``) for Aggregate (`pattern_shortfall`).
+
+    A head of a role whose single ablation costs less than ``min_effect`` (a backup head
+    the joint search added), or whose pattern does not show the role, is a member of the
+    role's set, not a head of that role outright (`GnACircuit.standing`)."""
 
     min_effect: float = 0.02
     entry_share: float = 0.5
@@ -77,6 +93,7 @@ class RoleThresholds:
     gather_ratio: float = 1.5
     end_mass: float = 0.5
     lift: float = 1.5
+    selectivity_margin: float = 0.05
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -259,11 +276,32 @@ def scores_from_dict(data: dict[str, Any]) -> RoleScores:
     return RoleScores(**{f.name: values.get(f.name, float("nan")) for f in fields(RoleScores)})
 
 
-def pattern_agrees(role: str | None, scores: RoleScores) -> bool | None:
-    """Whether the pattern shows ``role`` (``None`` for no role): Gather rows favour their
-    own segment over a uniform row; the Aggregate final row favours the correct option."""
+def pattern_shortfall(role: str, scores: RoleScores, thresholds: RoleThresholds, n_options: int) -> list[str]:
+    """What ``scores`` lack for the pattern to show ``role`` clearly above chance (see the
+    module doc), one item per threshold missed, e.g. ``"lift 1.115 < 1.5"`` or
+    ``"selectivity 0.298 < chance 0.25 + 0.05"``; empty: the pattern shows the role. A
+    score not measured (NaN) misses its threshold."""
     if role == "gather":
-        return scores.gather_ratio > 1.0
-    if role == "aggregate":
-        return scores.uniform_ratio > 1.0
-    return None
+        checks = [("gather ratio", scores.gather_ratio, thresholds.gather_ratio, f"{thresholds.gather_ratio:g}")]
+    elif role == "aggregate":
+        chance, margin = 1 / n_options, thresholds.selectivity_margin
+        checks = [
+            ("aggregate mass", scores.aggregate_mass, thresholds.aggregate_mass, f"{thresholds.aggregate_mass:g}"),
+            ("lift", scores.lift, thresholds.lift, f"{thresholds.lift:g}"),
+            ("selectivity", scores.selectivity, chance + margin, f"chance {chance:.2f} + {margin:g}"),
+        ]
+    else:
+        raise ValueError(f"role={role!r}: expected 'gather' or 'aggregate'")
+    return [f"{name} {value:.3f} < {bound}" for name, value, floor, bound in checks if not value >= floor - _TOLERANCE]
+
+
+_TOLERANCE = 1e-9
+"""A score equal to its threshold meets it (``0.25 + 0.05`` is ``0.30000000000000004`` in floats)."""
+
+
+def pattern_agrees(role: str | None, scores: RoleScores, thresholds: RoleThresholds, n_options: int) -> bool | None:
+    """Whether the pattern shows ``role`` clearly above chance (`pattern_shortfall` is
+    empty); ``None`` for no role."""
+    if role is None:
+        return None
+    return not pattern_shortfall(role, scores, thresholds, n_options)

@@ -11,6 +11,13 @@ prompt in circuitsvis: one the model answers correctly, whose Aggregate rows are
 closest to their task average (`picture.choose_prompt`). Heads-needed curves name each
 head as it is added (`RoleNeed.curve`, measured here when the circuit lacks it). The
 layout fits a 1,400 px window: wide tables scroll inside their own box.
+
+The page claims no more than the evidence: a head has its role outright only with an
+effect alone and a pattern clearly above chance, by thresholds the page states
+(`GnACircuit.standing`, `GnACircuit.evidence_rule`); other heads of a role's set are
+"members of the set", with what they lack. Every accuracy says where its heads were
+ablated, path-patching figures carry their share of the clean - corrupt gap, and the
+circuit's stability over prompt samples is shown when it was measured.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..discovery.circuit import POSITIONS, ROLES, Standing
 from ..discovery.roles import entry_shares
 from . import figures
 
@@ -81,27 +89,32 @@ def _fmt(value: Any) -> str:
 
 
 def contrast_rows(circuits: list[GnACircuit]) -> list[dict[str, Any]]:
-    """Per model and role: heads needed to collapse accuracy, and the sharpness of the role's rows."""
+    """Per model and role: the role's set, the heads with the role outright, heads needed to
+    collapse accuracy, and the sharpness of the role's rows."""
     rows = []
     for circuit in circuits:
-        for role in ("gather", "aggregate"):
+        for role in ROLES:
             heads = getattr(circuit, role)
             need = circuit.needs.get(role)
             scores = [circuit.evidence(h).scores for h in heads]
-            key = "aggregate" if role == "aggregate" else "gather"
-            entropies = [getattr(s, f"{key}_entropy") for s in scores if s is not None]
-            tops = [getattr(s, f"{key}_top1") for s in scores if s is not None]
+            entropies = [getattr(s, f"{role}_entropy") for s in scores if s is not None]
+            tops = [getattr(s, f"{role}_top1") for s in scores if s is not None]
+            standings = [circuit.standing(h) for h in heads]
+            shown = sum(s is not None and s.shortfall == () for s in standings)
+            outright = circuit.outright(role)
+            named = f": {circuit.named(outright)}" if outright else ""
             rows.append(
                 {
                     "model": circuit.model,
                     "role": role,
-                    "heads": circuit.named(heads),
+                    "set": circuit.named(heads),
+                    "role outright (effect alone, pattern)": f"{len(outright)} of {len(heads)}{named}",
+                    "pattern shows the role": f"{shown} of {len(heads)}",
                     "heads needed": None if need is None else f"{len(need.heads)}: {circuit.named(need.heads)}",
                     "collapses to chance": None if need is None else ("yes" if need.reached_chance else "no"),
-                    "accuracy with them ablated": None if need is None else need.accuracy,
+                    "accuracy, needed heads ablated at every position": None if need is None else need.accuracy,
                     "mean entropy (nats)": sum(entropies) / len(entropies) if entropies else None,
                     "mean top-1 mass": sum(tops) / len(tops) if tops else None,
-                    "pattern shows the role": f"{sum(bool(circuit.evidence(h).pattern_agrees) for h in heads)} of {len(heads)}",
                 }
             )
     return rows
@@ -122,30 +135,102 @@ def _short(circuit: GnACircuit, head: Any) -> str:
     return circuit.named([head]).replace(" (attention)", " attn").replace(" (ssm)", " ssm")
 
 
-_ROLE_AT = {
-    (role, positions): f"{role}{where}"
-    for role in ("aggregate", "gather")
-    for positions, where in (("all", ""), ("final", " (at the final position)"), ("segments", " (on the segments)"))
-}
+_ROLE_AT = {(role, positions): f"{role} ({where})" for role in ROLES for positions, where in POSITIONS.items()}
 
 
 def examined_rows(circuit: GnACircuit) -> list[dict[str, Any]]:
-    """The examined-heads table: what a reader needs per head (the full evidence is in the JSON)."""
+    """The examined-heads table: what a reader needs per head (the full evidence is in the
+    JSON). A head of a role's set has the role outright only with an effect alone and a
+    pattern that shows it; otherwise it is a member of the set (`GnACircuit.standing`)."""
     clean = circuit.accuracy["clean"]
     rows = []
     for item in circuit.heads:
-        role = DASH if item.role is None else item.role + (" (joint)" if item.joint else "")
+        standing = circuit.standing(item.head)
+        role = DASH if standing is None else standing.describe() + (" (added by the joint search)" if item.joint else "")
         rows.append(
             {
                 "head": str(item.head),
                 "kind": item.kind or DASH,
                 "role": role,
-                "accuracy, ablated alone": item.ablated_accuracy,
+                "accuracy, ablated alone at every position": item.ablated_accuracy,
                 "effect enters at": _entry(clean, item.ablated_accuracy, item.entry),
-                "pattern shows the role": DASH if item.pattern_agrees is None else ("yes" if item.pattern_agrees else "no"),
+                "pattern shows the role": _pattern(standing),
             }
         )
     return rows
+
+
+def _pattern(standing: Standing | None) -> str:
+    """``"yes"``, or ``"no: lift 1.115 < 1.5"``: the thresholds the pattern misses."""
+    if standing is None or standing.shortfall is None:
+        return DASH
+    return "yes" if not standing.shortfall else "no: " + ", ".join(standing.shortfall)
+
+
+def _conditions(circuit: GnACircuit) -> list[dict[str, Any]]:
+    """The accuracy table, each row with what was ablated and where."""
+
+    def heads(n: int) -> str:
+        return f"{n} head{'' if n == 1 else 's'}"
+
+    n_gather, n_aggregate = len(circuit.gather), len(circuit.aggregate)
+    every = POSITIONS["all"]
+    ablated = {
+        "clean": "nothing",
+        "chance": "(one over the candidates)",
+        "shuffled_labels": "nothing; each prompt's labels shuffled",
+        "-gather": f"the Gather set ({heads(n_gather)}), {every}",
+        "-aggregate": f"the Aggregate set ({heads(n_aggregate)}), {every}",
+        "-both": f"both sets ({heads(n_gather + n_aggregate)}), {every}",
+        "only_gna": f"every other head of their layers, {every}",
+    }
+    return [{"condition": k, "ablated": ablated.get(k, DASH), "accuracy": v} for k, v in circuit.accuracy.items()]
+
+
+def _path_rows(path: dict[str, float]) -> list[dict[str, Any]]:
+    """The path-patching table: each logit difference with its share of the clean ->
+    corrupt change, ``(clean - value) / (clean - corrupt)``."""
+    clean, corrupt = path["clean"], path["corrupt"]
+    gap = clean - corrupt
+
+    def share(value: float) -> float | None:
+        return (clean - value) / gap if abs(gap) > 1e-9 else None
+
+    runs = [
+        ("clean prompts", clean),
+        ("corrupted prompts", corrupt),
+        ("clean, Gather heads corrupted, reaching the output only through the Aggregate heads", path["gather->aggregate"]),
+    ]
+    return [{"run": run, "logit difference": value, "share of the clean → corrupt gap": share(value)} for run, value in runs]
+
+
+def _stability_html(circuit: GnACircuit) -> str:
+    """How often each head was chosen on other prompt samples (when measured)."""
+    stability = circuit.stability
+    if stability is None:
+        return ""
+    frame = stability.to_frame()
+    role_of = {h: role for role in ROLES for h in map(str, getattr(circuit, role))}
+    rows = [
+        {
+            "head": row["head"],
+            "set in this run": role_of.get(row["head"], DASH),
+            **{f"in the {role.capitalize()} set": f"{row[role]} of {stability.k}" for role in ROLES},
+        }
+        for _, row in frame.iterrows()
+    ]
+    how = (
+        f"{stability.k} bootstrap samples of the task's prompts ({stability.n_prompts[0]} each, drawn with replacement, seeds "
+        f"{stability.seed}..{(stability.seed or 0) + stability.k - 1})"
+        if stability.sampling == "bootstrap"
+        else f"{stability.k} prompt samples given ({', '.join(map(str, stability.n_prompts))} prompts)"
+    )
+    sizes = "; ".join(f"{role.capitalize()} set sizes {', '.join(map(str, stability.sizes(role)))}" for role in ROLES)
+    caption = (
+        f'<p class="caption">Stability: discovery\'s search re-run on {html.escape(how)}: how many samples put each head in '
+        f"each role's set. {html.escape(sizes)}.</p>"
+    )
+    return f'<div data-role="stability">{caption}{_table(rows)}</div>'
 
 
 def _entry(clean: float, ablated: float | None, entry: dict[str, float] | None) -> str:
@@ -189,7 +274,7 @@ def _picture_html(circuit: GnACircuit, picture: RolePicture, model: Any, task: A
             "distributions of |w|). <b>Aggregate</b> heads: the final row's mass on the correct option's segment end "
             "against another option's (the mean over the others), and on all of each option's tokens. <b>Gather</b> "
             "heads: each segment end's row's mass on its own segment against an earlier one (the mean over those it "
-            f"sees). Black ticks: a uniform causal row. Aggregate: {html.escape(aggregate)}. Gather: {html.escape(gather)}."
+            f"sees). Black ticks: a uniform causal row. Aggregate set: {html.escape(aggregate)}. Gather set: {html.escape(gather)}."
         )
         listed = {role: " ".join(map(str, getattr(circuit, role))) for role in ("aggregate", "gather")}
         left = _figure(svg, caption, role="picture", **listed)
@@ -227,7 +312,9 @@ def _section(circuit: GnACircuit, model: Any, task: Any, folder: Path) -> str:
     parts = [f'<section class="model" id="{slug}">']
     parts.append(f"<h2>{html.escape(circuit.model)} <small>({html.escape(circuit.family)}, {html.escape(circuit.task)})</small></h2>")
     parts += [f'<p class="note">{html.escape(w)}</p>' for w in circuit.warnings]
-    tables = [_table([{"condition": k, "accuracy": v} for k, v in circuit.accuracy.items()])]
+    if circuit.gather or circuit.aggregate:
+        parts.append(f'<p class="caption" data-role="evidence">Evidence: {html.escape(circuit.evidence_rule())}.</p>')
+    tables = [_table(_conditions(circuit))]
     if circuit.cost is not None:
         tables.append(
             '<div data-role="cost"><p>What discovery ran<br>(passes: rows x blocks evaluated / (prompts x layers)):</p>'
@@ -236,15 +323,20 @@ def _section(circuit: GnACircuit, model: Any, task: Any, folder: Path) -> str:
         )
     if circuit.path_patching is not None:
         tables.append(
-            "<div><p>Path patching, Gather &rarr; Aggregate<br>(logit of the clean answer minus the corrupted one):</p>"
-            + _table([{"quantity": k, "value": v} for k, v in circuit.path_patching.items()])
-            + "</div>"
+            '<div data-role="path"><p>Path patching, Gather &rarr; Aggregate, at the final position<br>(logit of the clean '
+            "answer minus that of the corrupted prompt's answer;<br>share: (clean &minus; value) / (clean &minus; corrupt), "
+            "0 = clean, 1 = corrupted):</p>" + _table(_path_rows(circuit.path_patching)) + "</div>"
         )
     needs = _needs_svg(circuit)
     if needs is not None:
         named = "; ".join(f"{role}: {html.escape(circuit.named(need.heads))}" for role, need in sorted(circuit.needs.items()))
-        tables.append(_figure(needs, f"Heads needed to collapse accuracy, each step named by the head added ({named}).", role="needs"))
+        caption = (
+            f"Heads needed to collapse accuracy, each step named by the head added ({named}), ablated where each title says. "
+            "The role table's accuracy ablates them all at every position."
+        )
+        tables.append(_figure(needs, caption, role="needs"))
     parts.append(f'<div class="row">{"".join(tables)}</div>')
+    parts.append(_stability_html(circuit))
     if model is not None and task is not None and (circuit.gather or circuit.aggregate):
         picture = role_picture(circuit, model, task)
         parts.append("<h3>The G&amp;A picture, averaged over the task</h3>")
@@ -285,9 +377,11 @@ def write_report(items: list[ReportLike], directory: str | Path) -> Path:
     body = ["<h1>Gather-and-Aggregate report</h1>"]
     body.append("<h2>Heads per role and sharpness</h2>")
     body.append(
-        '<p class="caption">How many heads of each role, ablated together, bring accuracy to chance (at most '
-        f"{circuits[0].settings.get('max_heads_per_role', 8)} tried), and how sharp the rows they use are "
-        "(Gather: segment-end rows; Aggregate: the final row). Reported as measured.</p>"
+        '<p class="caption">Per role, its set (the heads discovery put in it), the heads with the role outright '
+        "(ablating the head alone costs accuracy and its pattern shows the role clearly above chance, by the thresholds "
+        "stated in each model's section; the others are members of the set only), how many heads of the set, ablated "
+        f"together, bring accuracy to chance (at most {circuits[0].settings.get('max_heads_per_role', 8)} tried), and how "
+        "sharp the rows they use are (Gather: segment-end rows; Aggregate: the final row). Reported as measured.</p>"
     )
     body.append(_table(contrast_rows(circuits)))
     body += [_section(circuit, model, task, folder) for circuit, model, task in items]
