@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     _task_arguments(discover)
     discover.add_argument("--out", help="write an offline HTML report into this folder")
     discover.add_argument("--json", action="store_true", help="print the circuit as JSON")
+    discover.add_argument(
+        "--stability",
+        type=int,
+        metavar="K",
+        help="also re-run the search on K bootstrap samples of the prompts; count how often each head is chosen",
+    )
     discover.set_defaults(func=cmd.discover_command)
 
     ablate = commands.add_parser("ablate", help="accuracy on a task before and after ablating heads")

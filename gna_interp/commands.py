@@ -237,12 +237,14 @@ def discover_command(args: argparse.Namespace) -> int:
     from .discovery import discover
     from .viz.report import write_report
 
+    if args.stability is not None and args.stability < 1:
+        raise ValueError(f"--stability {args.stability}: expected a positive number of prompt samples")
     out = check_out_dir(args.out) if args.out else None  # fail before any work
     task = build_task(args)
     model = load_model(args.model, args.backend, args.remote)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        circuit = discover(model, task, progress=not args.quiet)
+        circuit = discover(model, task, progress=not args.quiet, stability=args.stability)
     for warning in caught:  # to stderr (stdout may be JSON); the summary repeats the circuit's own notes
         if args.json or str(warning.message) not in circuit.warnings:
             print(f"warning: {warning.message}", file=sys.stderr)

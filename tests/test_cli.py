@@ -39,6 +39,17 @@ def test_discover_json_and_report(tmp_path, capsys):
     assert (tmp_path / "d" / "index.html").is_file()
 
 
+def test_discover_stability_flag_records_the_samples(capsys):
+    """`--stability K` re-runs the search on K prompt samples: the JSON holds K sets per
+    role, each the set one re-run chose (checked against the library call's own record)."""
+    status, out, err = run(["discover", "--model", "mamba2", "--n", "24", "--stability", "2", "--json", "--quiet"], capsys)
+    assert status == 0, err[-2000:]
+    data = json.loads(out[out.index("{") : out.rindex("}") + 1])
+    samples = data["stability"]["sets"]
+    assert len(samples) == 2 and all(sample["gather"] for sample in samples)
+    assert data["stability"]["sampling"] == "bootstrap" and data["stability"]["n_prompts"] == [24, 24]
+
+
 def test_ablate_prints_accuracy_before_and_after(capsys):
     status, out, err = run(["ablate", "--model", "mamba2", "--head", "0.0", "--n", "100"], capsys)
     assert status == 0, err[-2000:]
@@ -68,6 +79,7 @@ def test_patterns_file(tmp_path, suffix, capsys):
         (["ablate", "--model", "./no/such/model", "--head", "0.0"], "unknown model './no/such/model'"),
         (["ablate", "--model", "nosuchmodel", "--head", "0.0"], "unknown model 'nosuchmodel'"),
         (["discover", "--model", "mamba2", "--n", "0"], "--n 0: expected a positive number"),
+        (["discover", "--model", "mamba2", "--stability", "0"], "--stability 0: expected a positive number of prompt samples"),
         (["patterns", "--model", "mamba2", "--head", "0.0", "--out", "x.txt"], "expected a file name ending in .html or .png"),
         (["discover", "--model", "mamba2", "--task", "mmlu", "--subjects", "astrology", "--mmlu-path", "."], "unknown MMLU subject"),
     ],
