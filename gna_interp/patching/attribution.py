@@ -230,6 +230,7 @@ def integrated_effects(
         charge(model.backend, backwards=1, backward_block_rows=batch.n_rows * (model.n_layers - plan.start_layer))
         for site, grad in zip(sites, grads, strict=True):
             effects[site] += grad.detach()[0, ..., 0].float().cpu() / steps
+        del out, value  # free this point's graph before the next forward: one graph at a time
     assert baseline is not None
     return effects, float(baseline)
 
