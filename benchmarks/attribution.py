@@ -8,11 +8,18 @@ For each model, on one set of clean prompts and their same-length corruptions:
     ``gna.attribution_patching(model, clean, corrupt, metric)``: every head's effect to
     first order, from a forward on ``clean``, a forward on ``corrupt`` with autograd and
     one backward.
+``IG-k`` / ``IG-k mid``
+    ``gna.attribution_patching(..., steps=k)`` (``rule="midpoint"`` for ``mid``): integrated
+    gradients over ``k`` points of the path that patches every head at once (``k``
+    forwards and ``k`` backwards).
 ``patching``
     ``gna.patching_sweep(model, clean, corrupt, metric)``: every head patched alone (many
     heads per stacked forward, the library's default memory budget).
 
-Both use ``direction="denoise"`` (run corrupt, patch in clean values) and the same metric.
+All use ``direction="denoise"`` (run corrupt, patch in clean values) and the same metric.
+The same methods also estimate zero ablation (``gna.patching.ablation_attribution(..., steps=k)``
+on the clean prompts, the estimate `discover`'s prescreen ranks by) against
+``gna.ablation_sweep`` (every head zero-ablated alone), with the same metric.
 
 Models (nothing downloaded):
 
@@ -30,6 +37,11 @@ How to read the output
 ----------------------
 - ``attr s`` / ``patch s``: best of ``--repeats`` timed runs after one warm-up (wall clock).
 - ``speed-up``: ``patch s / attr s``.
+- ``passes``: the method's cost from ``gna.cost_meter`` in full passes over the prompts:
+  forward passes + backward passes (a backward costs about two forwards).
+- ``saved MB``: the peak of the tensors autograd holds for the backward during the
+  method (``torch.autograd.graph.saved_tensors_hooks``, weights included): what the
+  backward adds to a forward's memory; integrated gradients hold one point at a time.
 - ``live``: heads that change the metric in either table; a pruned head (the bundled
   toys' layer 1 keeps one head) is exactly 0 in both, and ties have no rank.
 - ``spearman``: rank correlation of the two ``[layer, head]`` effect tables (live heads).
@@ -141,25 +153,88 @@ def random_models(n: int, seed: int) -> list[tuple[str, Any, Any, Any, Callable]
     return out
 
 
-def measure(name: str, model: Any, clean: Any, corrupt: Any, metric: Callable, repeats: int) -> dict[str, Any]:
-    attr_s, attribution = best_time(lambda: gna.attribution_patching(model, clean, corrupt, metric), repeats)
-    patch_s, exact = best_time(lambda: gna.patching_sweep(model, clean, corrupt, metric, progress=False), repeats)
-    a, e = attribution.effects().flatten(), exact.effects().flatten()
+METHODS: tuple[tuple[str, int, str], ...] = (
+    ("attribution", 1, "left"),
+    ("IG-2", 2, "left"),
+    ("IG-4", 4, "left"),
+    ("IG-8", 8, "left"),
+    ("IG-2 mid", 2, "midpoint"),
+    ("IG-4 mid", 4, "midpoint"),
+    ("IG-8 mid", 8, "midpoint"),
+)
+
+
+class SavedBytes:
+    """Bytes of the tensors autograd saves for backward, now and at the peak (a saved
+    tensor counts until its graph is freed)."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+
+    def pack(self, tensor: torch.Tensor) -> Any:
+        size = tensor.numel() * tensor.element_size()
+        self.now += size
+        self.peak = max(self.peak, self.now)
+        return _Held(tensor, size, self)
+
+    @staticmethod
+    def unpack(held: Any) -> torch.Tensor:
+        return held.tensor
+
+
+class _Held:
+    def __init__(self, tensor: torch.Tensor, size: int, meter: SavedBytes) -> None:
+        self.tensor, self.size, self.meter = tensor, size, meter
+
+    def __del__(self) -> None:
+        self.meter.now -= self.size
+
+
+def metered(model: Any, fn: Callable[[], Any], n_prompts: int) -> tuple[Any, float, float]:
+    """``fn()``, its cost in passes (forward + backward) and its peak saved-for-backward MB."""
+    saved = SavedBytes()
+    with gna.cost_meter(model) as cost, torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+        result = fn()
+    backward = cost.backward_block_rows / (n_prompts * model.n_layers)
+    return result, cost.passes(n_prompts) + backward, saved.peak / 2**20
+
+
+def compare(estimate: torch.Tensor, exact: torch.Tensor) -> dict[str, Any]:
+    a, e = estimate.flatten(), exact.flatten()
     live = (a != 0) | (e != 0)  # a pruned head changes nothing in either table: exact ties, nothing to rank
     a, e = a[live], e[live]
-    row = {
-        "model": name,
-        "backend": model.backend_name,
-        "heads": live.numel(),
-        "live": e.numel(),
-        "attr_s": attr_s,
-        "patch_s": patch_s,
-        "speedup": patch_s / attr_s,
-        "spearman": spearman(a, e),
-        "max_abs_effect": float(e.abs().max()),
-    }
+    row = {"heads": live.numel(), "live": e.numel(), "spearman": spearman(a, e), "max_abs_effect": float(e.abs().max())}
     row.update({f"top{k}": top_k_overlap(a, e, k) for k in TOP_K})
     return row
+
+
+def measure(name: str, model: Any, clean: Any, corrupt: Any, metric: Callable, repeats: int) -> list[dict[str, Any]]:
+    """One row per (estimate, method): patching and zero ablation, each method against its full sweep."""
+    n = model.to_batch(clean).n_rows
+    rows = []
+    sweeps = {
+        "patching": lambda: gna.patching_sweep(model, clean, corrupt, metric, progress=False),
+        "ablation": lambda: gna.ablation_sweep(model, clean, metric, progress=False),
+    }
+    for estimate, sweep in sweeps.items():
+        patch_s, _ = best_time(sweep, repeats)
+        exact, exact_passes, _ = metered(model, sweep, n)
+        for method, steps, rule in METHODS:
+
+            def run(steps: int = steps, rule: str = rule, estimate: str = estimate) -> Any:
+                if estimate == "patching":
+                    return gna.attribution_patching(model, clean, corrupt, metric, steps=steps, rule=rule)
+                return gna.patching.ablation_attribution(model, clean, metric, steps=steps, rule=rule)
+
+            attr_s, _ = best_time(run, repeats)
+            result, passes, saved_mb = metered(model, run, n)
+            row = {"model": name, "backend": model.backend_name, "estimate": estimate, "method": method, "steps": steps, "rule": rule}
+            row.update(compare(result.effects(), exact.effects()))
+            row.update(attr_s=attr_s, patch_s=patch_s, speedup=patch_s / attr_s, passes=passes, sweep_passes=exact_passes)
+            row["saved_mb"] = saved_mb
+            rows.append(row)
+    return rows
 
 
 def path_demo(model: Any, clean: Any, corrupt: Any, metric: Callable) -> dict[str, Any]:
@@ -205,15 +280,18 @@ def main() -> None:
     cases = [toy_case("mamba2", args.prompts, args.seed), *random_models(args.prompts, args.seed)]
     if "falcon_h1" in gna.toy_names():
         cases.append(toy_case("falcon_h1", args.prompts, args.seed))
-    rows = [measure(*case, repeats=args.repeats) for case in cases]
-    columns = ("attr s", "patch s", "speed-up", "max|eff|", "spearman")
-    header = f"{'model':<30} {'heads':>5} {'live':>5} " + " ".join(f"{c:>8}" for c in columns) + " "
+    rows = [row for case in cases for row in measure(*case, repeats=args.repeats)]
+    columns = ("attr s", "patch s", "speed-up", "passes", "sweep", "saved MB", "max|eff|", "spearman")
+    header = f"{'model':<30} {'estimate':<9} {'method':<11} {'heads':>5} {'live':>5} " + " ".join(f"{c:>8}" for c in columns) + " "
     header += " ".join(f"{'top-' + str(k):>6}" for k in TOP_K)
     print(header)
     for r in rows:
         tops = " ".join(f"{r[f'top{k}']:>6.2f}" for k in TOP_K)
-        times = f"{r['attr_s']:>8.3f} {r['patch_s']:>8.3f} {r['speedup']:>7.1f}x"
-        print(f"{r['model']:<30} {r['heads']:>5} {r['live']:>5} {times} {r['max_abs_effect']:>8.3f} {r['spearman']:>8.3f} {tops}")
+        times = f"{r['attr_s']:>8.3f} {r['patch_s']:>8.3f} {r['speedup']:>7.1f}x {r['passes']:>8.1f} {r['sweep_passes']:>8.1f}"
+        print(
+            f"{r['model']:<30} {r['estimate']:<9} {r['method']:<11} {r['heads']:>5} {r['live']:>5} {times} {r['saved_mb']:>8.2f} "
+            f"{r['max_abs_effect']:>8.3f} {r['spearman']:>8.3f} {tops}"
+        )
     demo = path_demo(*cases[0][1:])
     print(
         f"\npath patching on toy-mamba2 into {demo['receiver']} (noise-direction activation patching of it: "

@@ -49,7 +49,7 @@ def apply_steps(model: Any, tracer: Any, steps: list, n_saved: int, block_items:
                 for start, units, width, block_edits, block_slot in spec[1]:
                     piece = full[:, :, start : start + units * width].reshape(lead[0], lead[1], units, width)
                     for mask, value in block_edits:
-                        piece = torch.where(mask.to(piece.device), value.to(piece.device, piece.dtype), piece)
+                        piece = edited(piece, mask, value)
                     touched = touched or len(block_edits) > 0
                     if block_slot >= 0:
                         saved[block_slot] = piece
@@ -86,7 +86,7 @@ def apply_steps(model: Any, tracer: Any, steps: list, n_saved: int, block_items:
             if op == 1:
                 act = act.reshape(flat_shape[0], flat_shape[1], spec[0], spec[1])
             for mask, value in edits:
-                act = torch.where(mask.to(act.device), value.to(act.device, act.dtype), act)
+                act = edited(act, mask, value)
             if edits or grad:  # with grad: the captured tensor must be the one used downstream
                 envoy.input = act.reshape(flat_shape)
             if slot >= 0:
@@ -95,6 +95,16 @@ def apply_steps(model: Any, tracer: Any, steps: list, n_saved: int, block_items:
                 stash = act
     logits = model.output.logits.save()
     return saved, logits
+
+
+def edited(act: Any, mask: Any, value: Any) -> Any:
+    """One edit (`gna_interp.core.plan.Edit`; written out here, as this module is shipped
+    alone): a bool ``mask`` selects ``value``, a floating one mixes it in,
+    ``act + mask * (value - act)`` (a gate of integrated gradients, local runs only)."""
+    value = value.to(act.device, act.dtype)
+    if mask.dtype.is_floating_point:
+        return act + mask.to(act.device, act.dtype) * (value - act)
+    return torch.where(mask.to(act.device), value, act)
 
 
 def resolve(value: Any, results: list) -> Any:

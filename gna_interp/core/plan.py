@@ -3,7 +3,10 @@
 A `Plan` is what a backend applies during one forward. It holds only tensors and
 ints, so the nnsight backend can ship it to a remote server unchanged.
 
-At a site, every `Edit` applies ``act = torch.where(mask, value, act)`` in order:
+At a site, every `Edit` applies ``act = torch.where(mask, value, act)`` in order (an edit
+whose ``mask`` is floating point is a *gate*: ``act = act + mask * (value - act)``, a
+mixing weight per element that may require grad; integrated gradients differentiate
+the metric with respect to it, `gna_interp.patching.attribution`):
 
 - `SiteKind.HEADS` at layer ``l``, mixer ``m``: ``act`` is ``[batch, pos, head, d_head]``,
   the input of that mixer's out-projection viewed per head (``head`` indexes the mixer's
@@ -98,7 +101,9 @@ class Ref:
 
 @dataclass
 class Edit:
-    """``act = where(mask, value, act)``; both broadcast to the site's activation."""
+    """``act = where(mask, value, act)`` for a bool ``mask``; for a floating ``mask`` ``w``
+    (a gate), ``act = act + w * (value - act)``: ``w = 0`` keeps the activation, ``w = 1``
+    replaces it, and ``w`` may require grad. Both broadcast to the site's activation."""
 
     mask: Tensor
     value: Tensor
@@ -118,8 +123,16 @@ def _tile_rows(tensor: Tensor, n_rows: int, copies: int) -> Tensor:
 
 def apply_edits(act: Tensor, edits: list[Edit]) -> Tensor:
     for edit in edits:
-        act = torch.where(edit.mask.to(act.device), edit.value.to(act.device, act.dtype), act)
+        act = apply_edit(act, edit.mask, edit.value)
     return act
+
+
+def apply_edit(act: Tensor, mask: Tensor, value: Tensor) -> Tensor:
+    """One edit (see `Edit`): a bool ``mask`` selects, a floating one mixes."""
+    value = value.to(act.device, act.dtype)
+    if mask.dtype.is_floating_point:
+        return act + mask.to(act.device, act.dtype) * (value - act)
+    return torch.where(mask.to(act.device), value, act)
 
 
 @dataclass

@@ -330,6 +330,7 @@ def _discover(
     if sum(model.heads_per_layer[layer] for layer in scan_layers) > prescreen_above:
         costly = [layer for layer, accuracy in enumerate(circuit.layer_scan or []) if clean.accuracy - accuracy >= thresholds.min_effect]
         only, estimates = scans.prescreen(model, task, scan_layers, [layer for layer in costly if layer in scan_layers], prescreen_keep)
+        circuit.settings["prescreen"] = scans.prescreen_method(model)
         if estimates is not None:
             circuit.attribution = [[head_float(v) for v in row] for row in estimates]
     scan = scans.head_scan(model, task, scan_layers, screen_above=screen_above, only=only, progress=progress)

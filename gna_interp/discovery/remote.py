@@ -20,7 +20,8 @@ payload, with the clean prefix captured and used on the server:
    two captures, then its chain, one request each).
 
 The numbers are those of the local run (tests compare every stage). The prescreen has no
-attribution on a remote model (no local backward): layers only. Discovery under an
+attribution on a remote model (no local backward): layers only, and
+``circuit.settings["prescreen"]`` says so (`scans.prescreen_method`). Discovery under an
 active intervention context (``model.ablated``) runs the local code path, one request per
 forward.
 """

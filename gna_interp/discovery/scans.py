@@ -72,16 +72,35 @@ class HeadScan:
     """``[layer, head]`` bool: measured alone (not only through its group)."""
 
 
+PRESCREEN_STEPS = 4
+"""Integration points of the prescreen's integrated-gradients ranking (`prescreen`)."""
+
+
+def prescreen_method(model: GnaModel, steps: int = PRESCREEN_STEPS) -> str:
+    """How `prescreen` ranks heads on ``model``, in words (recorded in the circuit's settings)."""
+    if getattr(model.backend, "remote", False):
+        return "forward-only: the layer scan's costly layers (remote model: no local backward for attribution)"
+    return f"integrated gradients, {steps} steps, of zero ablation on the candidate logit difference"
+
+
 def prescreen(
-    model: GnaModel, task: Task, layers: Sequence[int], harmful_layers: Sequence[int], keep: int, rows: int = 64
+    model: GnaModel,
+    task: Task,
+    layers: Sequence[int],
+    harmful_layers: Sequence[int],
+    keep: int,
+    rows: int = 64,
+    steps: int = PRESCREEN_STEPS,
 ) -> tuple[list[Head], Tensor | None]:
     """Which heads of ``layers`` to ablate one by one when there are too many: every head of
     ``harmful_layers`` (from the layer scan: removing the layer costs accuracy), and the
-    ``keep`` heads with the largest attribution estimate of their zero-ablation effect on
-    the candidate logit difference (`ablation_attribution`; one forward and one backward).
-    A head whose estimate is exactly 0 (its output reaches nothing the metric depends on,
-    e.g. its out-projection columns are zero) is kept only through its layer. Remote
-    models get no attribution (no local backward): the layers alone.
+    ``keep`` heads with the largest estimate of their zero-ablation effect on the candidate
+    logit difference: integrated gradients over ``steps`` points (`ablation_attribution`;
+    ``steps`` forwards and backwards; first-order attribution misranks the hybrid toy's
+    heads, docs/patching.md). A head whose estimate is exactly 0 (its output reaches
+    nothing the metric depends on, e.g. its out-projection columns are zero) is kept only
+    through its layer. Remote models get no attribution (no local backward): the layers
+    alone, the forward-only screen (`prescreen_method` says which ran).
 
     Returns:
         the heads, layer-major, and the ``[layer, head]`` estimates (``None`` without them).
@@ -99,7 +118,7 @@ def prescreen(
             stop = min(start + rows, encoded.batch.n_rows)
             chunk = Batch(encoded.batch.input_ids[start:stop], encoded.batch.attention_mask[start:stop])
             metric = candidate_logit_diff(encoded.candidate_ids[start:stop], encoded.correct[start:stop])
-            result = ablation_attribution(model, chunk, metric, scanned)
+            result = ablation_attribution(model, chunk, metric, scanned, steps=steps)
             estimates += (result.scores - result.baseline).nan_to_num() * (stop - start) / encoded.batch.n_rows
         ranked = sorted(scanned, key=lambda h: (-abs(float(estimates[h.layer, h.head])), h))
         chosen |= {h for h in ranked[:keep] if float(estimates[h.layer, h.head]) != 0.0}

@@ -12,6 +12,21 @@ The estimate is exact where the metric is linear in the patched activation (the 
 construct such a model) and can be far off where it is not (a saturated softmax, an SSM
 gate); use it to screen many heads, then confirm the top ones with `patching_sweep`.
 
+Integrated gradients (``steps=k``, Sundararajan et al. 2017; on nodes as EAP-IG does on
+edges, Hanna et al. 2024). A *gate* mixes each scored head's output towards its target
+value ``t`` (the source run's output for patching, 0 for zero ablation):
+``a_h = n_h + w_h (t_h - n_h)``, ``n_h`` the head's natural output in that same run
+(`gna_interp.core.plan.Edit` with a floating mask). Every scored head is gated at once
+along ``w = alpha``: ``alpha = 0`` is the run itself, ``alpha = 1`` the run with all of
+them patched (ablated) together. One backward per point gives every head's
+``dm/dw_h = (t_h - n_h) . dm/da_h``, and a head's score is their average over ``k``
+points: ``alpha_j = j / k`` (``rule="left"``; ``k = 1`` is the first-order estimate
+above) or ``(j + 1/2) / k`` (``rule="midpoint"``, error ``O(1/k^2)`` instead of
+``O(1/k)``). Completeness: the scores' effects sum to the path's Riemann sum of
+``m(all patched) - m(none)``, which they approach as ``k`` grows. Cost: ``k`` forwards
+and ``k`` backwards (plus the source forward; ``"midpoint"`` adds a plain forward for
+the baseline), the memory of one forward-and-backward at a time.
+
 Directions follow `patching_sweep`: ``"denoise"`` (default) runs ``corrupt`` and
 estimates patching in ``clean`` values; ``"noise"`` runs ``clean`` and estimates patching
 in ``corrupt`` values. The result is a `SweepResult` whose ``scores`` are the baseline
@@ -30,7 +45,7 @@ from torch import Tensor
 from ..core.compile import heads_by_site
 from ..core.heads import Head
 from ..core.interventions import Intervention
-from ..core.plan import Site, SiteKind
+from ..core.plan import Edit, Plan, Site, SiteKind
 from ..cost import charge
 from .checks import check_local, check_sites, head_list, target_and_source
 from .metrics import Metric, check_metric, metric_name, reduce_metric
@@ -38,6 +53,10 @@ from .results import SweepResult
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
+
+
+IG_RULES = ("left", "midpoint")
+"""Where integrated gradients evaluate the gradient in each of the ``steps`` intervals."""
 
 
 def attribution_patching(
@@ -51,8 +70,11 @@ def attribution_patching(
     direction: Literal["denoise", "noise"] = "denoise",
     heads: Sequence[Head] | None = None,
     interventions: Sequence[Intervention] = (),
+    steps: int = 1,
+    rule: Literal["left", "midpoint"] = "left",
 ) -> SweepResult:
-    """First-order estimate of `patching_sweep` for every head (or residual site).
+    """First-order (``steps=1``) or integrated-gradients estimate of `patching_sweep` for
+    every head (or residual site).
 
     Args:
         model: a `GnaModel` (local weights: the backward runs here).
@@ -66,15 +88,24 @@ def attribution_patching(
         direction: ``"denoise"`` or ``"noise"``, as in `patching_sweep`.
         heads: heads to score (default every head; ``sites="heads"`` only).
         interventions: applied to both runs, on top of active contexts.
+        steps: integration points between the run's activations and the source's (see
+            the module docs); ``1`` is first-order attribution patching. ``sites="heads"``
+            only above 1 (every layer's residual stream on one path would patch the
+            whole input at once).
+        rule: ``"left"`` (``alpha = j / steps``) or ``"midpoint"`` (``(j + 1/2) / steps``).
 
     Returns:
         `SweepResult` of kind ``"attribution"``: ``scores`` = baseline + estimated effect,
         ``[layer, head]``, ``[layer, head, pos]``, ``[layer]`` or ``[layer, pos]``;
-        ``baseline`` the metric of the run, ``reference`` that of the value source.
+        ``baseline`` the metric of the run, ``reference`` that of the value source;
+        ``meta["steps"]``, ``meta["rule"]``.
     """
     check_metric(metric)
     check_sites(sites, heads, "score")
     check_local(model, "attribution_patching")
+    check_steps(steps, rule)
+    if steps > 1 and sites != "heads":
+        raise ValueError(f"steps={steps} with sites={sites!r}: integrated gradients score heads; use sites='heads' or steps=1")
     target, source = target_and_source(model, clean, corrupt, direction, "attribution patching (an estimate of patching)")
     chosen = head_list(model, heads) if sites == "heads" else []
     if sites == "heads":
@@ -84,16 +115,12 @@ def attribution_patching(
     ambient = [*model.active_interventions, *interventions]
     source_out = model.backend.run(source, model.compile_plan(source, ambient), capture=set(site_list))
     reference = reduce_metric(metric(source_out.logits), metric)
-    target_out = model.backend.run(target, model.compile_plan(target, ambient), capture=set(site_list), grad=True)
-    value = _scalar(metric(target_out.logits), metric)
-    grads = _gradients(value, [target_out.acts[site] for site in site_list])
-    baseline = float(value.detach())
-    effects = {}
-    for site, grad in zip(site_list, grads, strict=True):
-        delta = source_out.acts[site].to(grad.dtype) - target_out.acts[site].detach()
-        per_token = (delta * grad).sum(-1)  # heads: [batch, pos, head]; resid: [batch, pos]
-        effects[site] = per_token.sum(0) if by_position else per_token.sum((0, 1))
-    return _result(model, sites, chosen, effects, baseline, reference, target.n_pos, by_position, direction)
+    effects, baseline = integrated_effects(model, target, ambient, {site: source_out.acts[site] for site in site_list}, metric, steps, rule)
+    if not by_position:
+        effects = {site: effect.sum(0) for site, effect in effects.items()}
+    result = _result(model, sites, chosen, effects, baseline, reference, target.n_pos, by_position, direction)
+    result.meta.update(_method(steps, rule))
+    return result
 
 
 def ablation_attribution(
@@ -103,13 +130,18 @@ def ablation_attribution(
     heads: Sequence[Head] | None = None,
     *,
     interventions: Sequence[Intervention] = (),
+    steps: int = 1,
+    rule: Literal["left", "midpoint"] = "left",
 ) -> SweepResult:
-    """First-order estimate of `ablation_sweep` (zero ablation) for every head at once.
+    """First-order (``steps=1``) or integrated-gradients estimate of `ablation_sweep` (zero
+    ablation) for every head at once.
 
     Zero-ablating a head replaces its output ``a`` by 0, so to first order the metric
     moves by ``(0 - a) . dm/da``: one forward and one backward give every head's estimate.
     Exact where the metric is linear in the head's output (a test builds such a model);
     elsewhere an estimate, used by `discover` to choose which heads to ablate one by one.
+    With ``steps=k``, integrated gradients along the path that scales every scored head's
+    output from ``a`` to 0 at once (the module docs): ``k`` forwards and backwards.
 
     Args:
         model: a `GnaModel` with local weights.
@@ -118,28 +150,96 @@ def ablation_attribution(
             ``logit_diff``; not ``candidate_accuracy``). Averaged over the rows.
         heads: heads to score (default every head).
         interventions: applied to every row, on top of active contexts.
+        steps: integration points (``1``: first order).
+        rule: ``"left"`` or ``"midpoint"`` (see `attribution_patching`).
 
     Returns:
         `SweepResult` of kind ``"attribution"``: ``scores`` ``[layer, head]`` = baseline +
         estimated effect (NaN for heads not scored), ``baseline`` the metric.
     """
     check_local(model, "ablation_attribution")
+    check_steps(steps, rule)
     chosen = head_list(model, heads)
     batch = model.to_batch(inputs)
     site_list = sorted(heads_by_site(model.layout, chosen))
     ambient = [*model.active_interventions, *interventions]
-    out = model.backend.run(batch, model.compile_plan(batch, ambient), capture=set(site_list), grad=True)
-    value = _scalar(metric(out.logits), metric)
-    grads = _gradients(value, [out.acts[site] for site in site_list])
-    charge(model.backend, backwards=1, backward_block_rows=batch.n_rows * model.n_layers)
-    total = float(value.detach())
-    effects = {site: (-out.acts[site].detach() * grad).sum((0, 1, 3)).float().cpu() for site, grad in zip(site_list, grads, strict=True)}
+    effects, total = integrated_effects(model, batch, ambient, {site: torch.zeros(()) for site in site_list}, metric, steps, rule)
     scores = torch.full((model.n_layers, model.n_heads), float("nan"))
     for head in chosen:
         site, index = model.head_site(head)
-        scores[head.layer, head.head] = total + effects[site][index]  # effects: [head] of the site
-    meta = {"how": "zero", "method": "attribution", "n_prompts": batch.n_rows}
+        scores[head.layer, head.head] = total + effects[site][:, index].sum()  # effects: [pos, head] of the site
+    meta = {"how": "zero", "n_prompts": batch.n_rows, **_method(steps, rule)}
     return SweepResult(scores, ("layer", "head"), total, kind="attribution", meta=meta)
+
+
+def check_steps(steps: int, rule: str) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r}: expected an int >= 1 (integration points; 1 is first-order attribution)")
+    if rule not in IG_RULES:
+        raise ValueError(f"rule={rule!r}: expected one of {IG_RULES}")
+
+
+def _method(steps: int, rule: str) -> dict[str, Any]:
+    name = "attribution" if steps == 1 and rule == "left" else "integrated_gradients"
+    return {"method": name, "steps": steps, "rule": rule}
+
+
+def integrated_effects(
+    model: GnaModel,
+    batch: Any,
+    ambient: Sequence[Intervention],
+    targets: dict[Site, Tensor],
+    metric: Metric,
+    steps: int,
+    rule: str,
+) -> tuple[dict[Site, Tensor], float]:
+    """Integrated gradients of ``metric`` on ``batch`` along the gate path that moves every
+    site of ``targets`` towards its target value at once (module docs).
+
+    Args:
+        batch: the run's inputs (a `Batch`).
+        ambient: interventions applied under the gates.
+        targets: site -> target value, broadcastable to the site's activation (a head site
+            ``[batch | 1, pos, head, d_head]`` or ``[]``; a residual ``[batch | 1, pos, d_model]``).
+        steps, rule: the points ``alpha_j`` (``"left"``: ``j / steps``; ``"midpoint"``: ``(j + 1/2) / steps``).
+
+    Returns:
+        site -> ``[pos, head]`` (head sites) or ``[pos]`` (residual) effects, float32 on
+        the CPU: ``(1/steps) sum_j dm/dw(alpha_j)``, each gate one weight per position and
+        head; and the metric of the ungated run.
+    """
+    base = model.compile_plan(batch, ambient)
+    baseline = None
+    if rule == "midpoint":
+        baseline = reduce_metric(metric(model.backend.run(batch, base).logits), metric)
+    sites = sorted(targets)
+    effects = {site: torch.zeros(_gate_shape(model, site, batch.n_pos)[1:-1]) for site in sites}
+    offset = 0.5 if rule == "midpoint" else 0.0
+    for j in range(steps):
+        alpha = (j + offset) / steps
+        gates = {site: torch.full(_gate_shape(model, site, batch.n_pos), alpha, requires_grad=True) for site in sites}
+        plan = Plan(start=base.start)
+        plan.extend(base)
+        for site in sites:
+            plan.add(site, Edit(gates[site], targets[site]))
+        out = model.backend.run(batch, plan, grad=True)
+        value = _scalar(metric(out.logits), metric)
+        if j == 0 and baseline is None:
+            baseline = float(value.detach())  # alpha = 0: the gates change nothing
+        grads = _gradients(value, [gates[site] for site in sites])
+        charge(model.backend, backwards=1, backward_block_rows=batch.n_rows * (model.n_layers - plan.start_layer))
+        for site, grad in zip(sites, grads, strict=True):
+            effects[site] += grad.detach()[0, ..., 0].float().cpu() / steps
+        del out, value  # free this point's graph before the next forward: one graph at a time
+    assert baseline is not None
+    return effects, float(baseline)
+
+
+def _gate_shape(model: GnaModel, site: Site, n_pos: int) -> tuple[int, ...]:
+    """One gate weight per position and head: ``[1, pos, head, 1]`` (head site) or ``[1, pos, 1]`` (residual)."""
+    if site.kind is SiteKind.RESID:
+        return (1, n_pos, 1)
+    return (1, n_pos, model.layout.site_shape(site)[0], 1)
 
 
 def _scalar(value: Tensor | float, metric: Metric) -> Tensor:
