@@ -190,6 +190,22 @@ def test_close_to_path_patching_where_near_linear(tokenizer):
     assert (estimate_t - exact_t).abs().max() < 0.05 * scale, ((estimate_t - exact_t).abs().max(), scale)
 
 
+def test_integrated_gradients_where_near_linear(tokenizer):
+    """``steps=1`` is the first-order score; on the near-linear model every ``steps`` stays
+    close to path patching, and the points move the scores (the interpolation is applied)."""
+    model = near_linear_llama(tokenizer)
+    receivers = [H(2, 1)]
+    exact = gna.path_patching_sweep(model, CLEAN, CORRUPT, receivers, METRIC, "v", progress=False)
+    first = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, receivers=receivers, receiver_input="v")
+    one = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, 1, receivers=receivers, receiver_input="v")
+    four = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, 4, receivers=receivers, receiver_input="v")
+    assert torch.equal(one.scores, first.scores) and four.meta["steps"] == 4
+    want = torch.tensor([float(exact.scores[h.layer, h.head]) - exact.baseline for h in four.senders])
+    assert want.abs().max() > 1e-4
+    assert (four.scores[:, 0] - want).abs().max() < 0.05 * want.abs().max()
+    assert (four.scores - one.scores).abs().max() > 1e-4 * want.abs().max()
+
+
 def test_any_is_the_sum_over_streams_and_frame(models):
     model = models[1]["falcon_h1"]
     receivers = receivers_of(model)  # an attention and an SSM receiver
@@ -226,7 +242,7 @@ def test_senders_after_a_receiver_have_no_edge(models):
     ("kwargs", "error", "message"),
     [
         ({"steps": 0}, ValueError, r"steps=0: expected an int >= 1"),
-        ({"steps": 4}, NotImplementedError, r"edge_attribution\(steps=4\): integrated gradients on edges are not built yet"),
+        ({"steps": 2.0}, ValueError, r"steps=2.0: expected an int >= 1"),
         ({"receivers": ["logits"]}, ValueError, r"receivers includes 'logits'.*'logits' has none"),
         ({"receiver_input": "x"}, ValueError, r"receiver_input='x' is not an input stream of llama heads"),
         ({"senders": [H(2, 1)]}, ValueError, r"senders has L2H1, at or after every receiver \(the last sits at layer 2\)"),

@@ -1,5 +1,5 @@
-"""Edge attribution: every sender head -> receiver head input-stream path, to first order,
-from a few forwards and backwards.
+"""Edge attribution: every sender head -> receiver head input-stream path, to first order
+(or with integrated gradients), from a few forwards and backwards.
 
 `gna_interp.patching.paths` defines a path: with ``clean`` the run measured and
 ``corrupt`` the source of the sender's value, the path ``s -> (r, stream)`` changes the
@@ -44,6 +44,15 @@ other stream of ``r``'s mixer, the streams ``stream`` holds
 (`gna_interp.core.arch.Stream.holds`) and the other heads' inputs to a group norm are
 replaced by their detached clean values. One backward of ``sum_copies g_r . out_r``
 gives ``J_s^T K_r^T g_r`` at every sender at once.
+
+**Integrated gradients** (``steps=k > 1``, in the manner of EAP-IG): the same three
+factors are evaluated at ``k`` points ``alpha = 0, 1/k, ..., (k-1)/k`` (a left Riemann
+sum, so ``steps=1`` is the first-order score) and averaged; at ``alpha`` the run is the
+clean run with *every* sender's output set to ``clean + alpha * delta`` (MLPs, norms and
+every other head free), and heads are frozen at their values in that run. Cost: ``k``
+times the above. All senders move together, so this is the EAP-IG approximation: it does
+not integrate each edge's own path-patching curve, and the sum over senders need not
+match the sum of their separate path-patching effects (measured in docs/patching.md).
 """
 
 from __future__ import annotations
@@ -149,7 +158,9 @@ def edge_attribution(
             as ``clean`` (and rows, or one row).
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` (averaged over
             rows), differentiable in the logits (``logit_diff``, ``target_logprob``).
-        steps: interpolation steps; only ``1`` (first order) is built.
+        steps: points of the integrated-gradients sum (``1``: first order; see the
+            module docs). Cost: ``steps`` clean-sized and ``steps`` stacked forwards and
+            backwards.
         receivers: receiver heads (``"logits"`` is not a head and has no input stream).
         senders: sender heads (default: every head before some receiver). An edge exists
             where the sender sits before the receiver (`GnaModel.head_position`).
@@ -168,10 +179,6 @@ def edge_attribution(
     check_local(model, "edge_attribution")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r}: expected an int >= 1 (1 = first-order edge attribution)")
-    if steps > 1:
-        raise NotImplementedError(
-            f"edge_attribution(steps={steps}): integrated gradients on edges are not built yet; steps=1 (first order) is"
-        )
     heads, to_logits = parse_receivers(model, receivers)
     if to_logits:
         raise ValueError("receivers includes 'logits': edge attribution scores receiver heads' input streams; 'logits' has none")
@@ -213,32 +220,41 @@ def edge_attribution(
 
     corrupt_out = model.backend.run(corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=sender_sites)
     reference = reduce_metric(metric(corrupt_out.logits), metric)
-    clean_out = model.backend.run(clean_batch, base, capture=capture, grad=True)
-    value = _scalar(metric(clean_out.logits), metric)
-    receiver_order = sorted(receiver_sites)
-    grads = dict(zip(receiver_order, _gradients(value, [clean_out.acts[s] for s in receiver_order]), strict=True))
-    charge(model.backend, backwards=1, backward_block_rows=clean_batch.n_rows * model.n_layers)
-    clean_acts = {site: act.detach() for site, act in clean_out.acts.items()}
-
     per_chunk = max(1, rows_per_forward(model, clean_batch.n_pos, max_rows, memory_budget_mb) // clean_batch.n_rows)
-    # sender -> one score per copy
-    flat = torch.full((len(sender_list), len(copies)), float("nan"))
-    for offset in range(0, len(copies), per_chunk):
-        chunk = copies[offset : offset + per_chunk]
-        sender_grads = _chunk_gradients(model, clean_batch, base, chunk, clean_acts, grads, first, frozen_sites)
-        for i, head in enumerate(sender_list):
-            site, index = model.head_site(head)
-            delta = (corrupt_out.acts[site][:, :, index] - clean_acts[site][:, :, index]).float()  # [batch | 1, pos, d_head]
-            grad = sender_grads[site][:, :, :, index].float()  # [copy, batch, pos, d_head]
-            effect = (delta.expand_as(grad[0]) * grad).sum((1, 2, 3)).cpu()
-            for j, (receiver, _) in enumerate(chunk):
-                if model.head_position(head) < model.head_position(receiver):
-                    flat[i, offset + j] = effect[j]
+    receiver_order = sorted(receiver_sites)
+    flat = torch.zeros((len(sender_list), len(copies)))  # sender -> one score per copy, summed over the points
+    clean_acts: dict[Site, Tensor] = {}
+    baseline = float("nan")
+    for step in range(steps):  # left Riemann sum: alpha = 0 (the clean run), 1 / steps, ...
+        alpha = step / steps
+        plan = Plan()
+        plan.extend(base)
+        for site in sorted(sender_sites) if step else []:  # the senders' outputs, interpolated
+            mask = head_mask(model.layout, site, [model.head_site(h)[1] for h in sender_list if model.head_site(h)[0] == site])
+            plan.add(site, Edit(mask, clean_acts[site] + alpha * (corrupt_out.acts[site] - clean_acts[site])))
+        point = model.backend.run(clean_batch, plan, capture=capture, grad=True)
+        value = _scalar(metric(point.logits), metric)
+        grads = dict(zip(receiver_order, _gradients(value, [point.acts[s] for s in receiver_order]), strict=True))
+        charge(model.backend, backwards=1, backward_block_rows=clean_batch.n_rows * model.n_layers)
+        acts = {site: act.detach() for site, act in point.acts.items()}
+        if step == 0:
+            clean_acts, baseline = acts, float(value.detach())
+        for offset in range(0, len(copies), per_chunk):
+            chunk = copies[offset : offset + per_chunk]
+            sender_grads = _chunk_gradients(model, clean_batch, base, chunk, acts, grads, first, frozen_sites)
+            for i, head in enumerate(sender_list):
+                site, index = model.head_site(head)
+                delta = (corrupt_out.acts[site][:, :, index] - clean_acts[site][:, :, index]).float()  # [batch | 1, pos, d_head]
+                grad = sender_grads[site][:, :, :, index].float()  # [copy, batch, pos, d_head]
+                flat[i, offset : offset + len(chunk)] += (delta.expand_as(grad[0]) * grad).sum((1, 2, 3)).cpu() / steps
+    for i, head in enumerate(sender_list):
+        for j, (receiver, _) in enumerate(copies):
+            if model.head_position(head) >= model.head_position(receiver):
+                flat[i, j] = float("nan")
 
     scores = _table(flat, copies, receiver_list, streams, whole, len(sender_list))
     names = (ANY,) if whole else streams
     meta = {"method": "edge_attribution", "steps": steps, "n_prompts": clean_batch.n_rows, "receiver_input": list(names)}
-    baseline = float(value.detach())
     return EdgeResult(scores, sender_list, receiver_list, names, baseline, reference, meta=meta)
 
 
