@@ -48,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     "candidate_accuracy": "patching",
     "discover": "discovery",
     "discovery": "discovery:",
+    "edge_attribution": "patching",
     "entropy": "attention",
     "evaluate": "evaluation",
     "evaluation": "evaluation:",

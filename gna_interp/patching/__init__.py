@@ -2,6 +2,7 @@
 variant runner they share."""
 
 from .attribution import ablation_attribution, attribution_patching
+from .edges import EdgeResult, edge_attribution
 from .metrics import candidate_accuracy, candidate_logprob, logit_diff, target_logprob
 from .paths import LOGITS, path_patching, path_patching_sweep
 from .results import SweepResult
@@ -9,12 +10,14 @@ from .sweeps import ablation_sweep, patching_sweep
 
 __all__ = [
     "LOGITS",
+    "EdgeResult",
     "SweepResult",
     "ablation_attribution",
     "ablation_sweep",
     "attribution_patching",
     "candidate_accuracy",
     "candidate_logprob",
+    "edge_attribution",
     "logit_diff",
     "patching_sweep",
     "path_patching",

@@ -1,0 +1,343 @@
+"""Edge attribution: every sender head -> receiver head input-stream path, to first order
+(or with integrated gradients), from a few forwards and backwards.
+
+`gna_interp.patching.paths` defines a path: with ``clean`` the run measured and
+``corrupt`` the source of the sender's value, the path ``s -> (r, stream)`` changes the
+receiver ``r``'s output alone, through ``stream`` alone:
+
+- D: clean, sender ``s`` set to its corrupt output, every other head frozen to its clean
+  output (MLPs and norms recomputed); read ``r``'s ``stream`` there.
+- C: clean, with ``r``'s output recomputed from that ``stream`` value (its other streams,
+  and the other heads' inputs to a shared group norm, clean); every other head keeps its
+  clean output; everything after ``r`` runs free. The metric of C, minus the clean metric,
+  is the path's effect.
+
+**The first-order edge score** is the derivative of that effect along the sender's
+change ``delta_s = corrupt_s - clean_s`` (``[batch, pos, d_head]``), at the clean run:
+
+    ``score(s -> r, stream) = sum_{rows, pos, d} delta_s * J_s^T (K_r^T g_r)``
+
+- ``g_r = d metric / d out_r`` ``[batch, pos, d_head]``: the gradient of the metric
+  (averaged over rows, as `attribution_patching` does) with respect to ``r``'s output in
+  the clean run, everything downstream free (one backward for every receiver).
+- ``K_r = d out_r / d stream_r``: how ``r``'s output moves with its own copy of
+  ``stream`` (the receiver's mixer: convolution, scan or softmax, group norm), its
+  other streams and the other heads' inputs to its group norm held at clean.
+- ``J_s = d stream_r / d out_s``: how ``r``'s stream moves with ``s``'s output with
+  every head frozen: out-projection -> residual -> MLPs and norms of the layers in
+  between -> the receiver's norm -> its projection.
+
+So the score is exact to first order in ``delta_s`` for the same quantity
+`path_patching` measures (``path_patching(..., senders=s, receivers=[r],
+receiver_input=stream) - clean metric``), and equal to it where that quantity is linear
+in ``delta_s``. Scores add over streams: ``receiver_input="any"`` (``r``'s whole output)
+is scored as the sum over every stream of ``r``'s mixer, which is the first order of
+path patching with ``"any"``.
+
+How it is computed (``1 + 1`` forwards and ``1 + 1`` backwards, besides the corrupt
+forward): the clean run with ``grad=True`` gives ``g_r``. Then one forward of stacked
+copies of the clean batch, one copy per ``(receiver, stream)``: in the copy for
+``(r, stream)`` every head site before ``r`` (`GnaModel.head_position`) is replaced by a
+leaf tensor holding its clean output (so the forward is the clean run, and gradients
+reach those outputs but no head's inside: the heads are frozen); at ``r``'s layer every
+other stream of ``r``'s mixer, the streams ``stream`` holds
+(`gna_interp.core.arch.Stream.holds`) and the other heads' inputs to a group norm are
+replaced by their detached clean values. One backward of ``sum_copies g_r . out_r``
+gives ``J_s^T K_r^T g_r`` at every sender at once.
+
+**Integrated gradients** (``steps=k > 1``, in the manner of EAP-IG): the same three
+factors are evaluated at ``k`` points ``alpha = 0, 1/k, ..., (k-1)/k`` (a left Riemann
+sum, so ``steps=1`` is the first-order score) and averaged; at ``alpha`` the run is the
+clean run with *every* sender's output set to ``clean + alpha * delta`` (MLPs, norms and
+every other head free), and heads are frozen at their values in that run. Cost: ``k``
+times the above. All senders move together, so this is the EAP-IG approximation: it does
+not integrate each edge's own path-patching curve, and the sum over senders need not
+match the sum of their separate path-patching effects (measured in docs/patching.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from ..core.compile import head_mask
+from ..core.heads import Head
+from ..core.interventions import Intervention
+from ..core.plan import Edit, Plan, Site, SiteKind
+from ..cost import charge
+from .attribution import _gradients, _scalar
+from .checks import check_local, clean_corrupt_batches
+from .metrics import Metric, check_metric, reduce_metric
+from .path_chain import held_sites, norm_inputs, receiver_streams
+from .paths import ANY, Receivers, check_senders, parse_receivers, parse_streams
+from .variants import rows_per_forward
+
+if TYPE_CHECKING:
+    from ..models.handle import GnaModel
+
+
+@dataclass
+class EdgeResult:
+    """Edge scores: sender head -> receiver head (input stream).
+
+    Attributes:
+        scores: first-order effects on the metric (score minus the clean metric),
+            ``[sender, receiver]``, or ``[sender, receiver, stream]`` when several streams
+            were chosen. NaN where the edge does not exist (the sender does not precede
+            the receiver, or the receiver's mixer has no such stream).
+        senders: the heads of the ``sender`` axis.
+        receivers: the heads of the ``receiver`` axis.
+        streams: the names of the ``stream`` axis (one name, or ``("any",)``, when there is
+            no stream axis).
+        baseline: the clean metric.
+        reference: the corrupt metric.
+        meta: how it was computed (``method``, ``steps``, ``n_prompts``).
+    """
+
+    scores: Tensor
+    senders: list[Head]
+    receivers: list[Head]
+    streams: tuple[str, ...]
+    baseline: float
+    reference: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return ("sender", "receiver", "stream") if self.scores.dim() == 3 else ("sender", "receiver")
+
+    def to_frame(self) -> pd.DataFrame:
+        """Long format: one row per edge, columns ``sender``, ``receiver`` (``"L0H1"``),
+        ``stream``, ``score`` (clean metric + effect) and ``effect``; edges that do not
+        exist are left out."""
+        table = self.scores if self.scores.dim() == 3 else self.scores[..., None]
+        rows = []
+        for i, sender in enumerate(self.senders):
+            for j, receiver in enumerate(self.receivers):
+                for k, stream in enumerate(self.streams):
+                    value = float(table[i, j, k])
+                    if value == value:  # NaN: no such edge
+                        names = {"sender": str(sender), "receiver": str(receiver), "stream": stream}
+                        rows.append({**names, "score": self.baseline + value, "effect": value})
+        return pd.DataFrame(rows, columns=["sender", "receiver", "stream", "score", "effect"])
+
+    def top(self, k: int = 10) -> list[tuple[Head, Head, str, float]]:
+        """The ``k`` edges of largest magnitude: ``(sender, receiver, stream, effect)``."""
+        frame = self.to_frame()
+        frame = frame.reindex(frame["effect"].abs().sort_values(ascending=False).index)[:k]
+        by_name = {str(h): h for h in [*self.senders, *self.receivers]}
+        return [(by_name[r.sender], by_name[r.receiver], r.stream, float(r.effect)) for r in frame.itertuples()]
+
+
+def edge_attribution(
+    model: GnaModel,
+    clean: Any,
+    corrupt: Any,
+    metric: Metric,
+    steps: int = 1,
+    *,
+    receivers: Receivers,
+    senders: Sequence[Head] | None = None,
+    receiver_input: str | Sequence[str] = ANY,
+    interventions: Sequence[Intervention] = (),
+    max_rows: int | None = None,
+    memory_budget_mb: float | None = None,
+) -> EdgeResult:
+    """First-order estimate of `path_patching` for every edge ``sender -> receiver stream``
+    at once (see the module docs for the exact definition).
+
+    Args:
+        model: a `GnaModel` with local weights (the backward runs here), any backend.
+        clean: inputs of the clean run (the run measured).
+        corrupt: inputs whose sender outputs replace the clean ones: the same token length
+            as ``clean`` (and rows, or one row).
+        metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` (averaged over
+            rows), differentiable in the logits (``logit_diff``, ``target_logprob``).
+        steps: points of the integrated-gradients sum (``1``: first order; see the
+            module docs). Cost: ``steps`` clean-sized and ``steps`` stacked forwards and
+            backwards.
+        receivers: receiver heads (``"logits"`` is not a head and has no input stream).
+        senders: sender heads (default: every head before some receiver). An edge exists
+            where the sender sits before the receiver (`GnaModel.head_position`).
+        receiver_input: ``"any"`` (one score per edge: the sum over every stream of the
+            receiver's mixer), one stream name, or a list of names (``"q"``, ``"k"``,
+            ``"v"``; ``"x"``, ``"B"``, ``"C"``, ``"dt"``, ``"gate"``).
+        interventions: applied to every run, on top of active contexts.
+        max_rows, memory_budget_mb: rows per stacked forward (one copy of the batch per
+            receiver and stream), as in `path_patching_sweep`.
+
+    Returns:
+        `EdgeResult`: ``scores`` ``[sender, receiver]`` (one stream, or ``"any"``) or
+        ``[sender, receiver, stream]`` (several), first-order effects on the metric.
+    """
+    check_metric(metric)
+    check_local(model, "edge_attribution")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r}: expected an int >= 1 (1 = first-order edge attribution)")
+    heads, to_logits = parse_receivers(model, receivers)
+    if to_logits:
+        raise ValueError("receivers includes 'logits': edge attribution scores receiver heads' input streams; 'logits' has none")
+    receiver_list = [Head(layer, h) for layer, hs in heads.items() for h in hs]
+    whole = isinstance(receiver_input, str) and receiver_input == ANY
+    streams = parse_streams(model, receiver_input)
+    if not whole:
+        for layer, indices in heads.items():
+            receiver_streams(model, layer, indices, streams)  # every receiver has a chosen stream
+    last = max(model.head_position(r) for r in receiver_list)
+    if senders is None:
+        sender_list = [head for head in model.heads if model.head_position(head) < last]
+    else:
+        sender_list = check_senders(model, senders)
+        for head in sender_list:
+            if model.head_position(head) >= last:
+                raise ValueError(
+                    f"senders has {head}, at or after every receiver (the last sits at layer {last[0]}): "
+                    "a sender must precede a receiver (GnaModel.head_position)"
+                )
+    if not sender_list:
+        raise ValueError(f"no head precedes the receivers {[str(r) for r in receiver_list]}: there are no edges to score")
+
+    clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "edge attribution")
+    ambient = [*model.active_interventions, *interventions]
+    base = model.compile_plan(clean_batch, ambient)
+    first = min(model.head_position(head) for head in sender_list)[0]
+    # (receiver, stream) copies: each receiver with each chosen stream its mixer has.
+    copies = [(r, name) for r in receiver_list for name in model.mixer_of(r)[0].receiver_inputs if name in streams]
+    receiver_sites = {model.head_site(r)[0] for r in receiver_list}
+    mixers = [model.mixer_of(r)[0] for r in receiver_list]
+    stream_sites = {Site(SiteKind.STREAM, m.layer, s.name, m.index) for m in mixers for s in m.spec.streams}
+    frozen_sites = {site for layer in range(first, last[0] + 1) for site in model.head_sites(layer) if model.mixer(site).position < last}
+    sender_sites = {model.head_site(head)[0] for head in sender_list}
+    norm_sites = set(norm_inputs(model, {site: [] for site in receiver_sites}))
+    capture = receiver_sites | stream_sites | frozen_sites | norm_sites
+    if first > 0:
+        capture.add(Site(SiteKind.RESID, first))
+
+    corrupt_out = model.backend.run(corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=sender_sites)
+    reference = reduce_metric(metric(corrupt_out.logits), metric)
+    per_chunk = max(1, rows_per_forward(model, clean_batch.n_pos, max_rows, memory_budget_mb) // clean_batch.n_rows)
+    receiver_order = sorted(receiver_sites)
+    flat = torch.zeros((len(sender_list), len(copies)))  # sender -> one score per copy, summed over the points
+    clean_acts: dict[Site, Tensor] = {}
+    baseline = float("nan")
+    for step in range(steps):  # left Riemann sum: alpha = 0 (the clean run), 1 / steps, ...
+        alpha = step / steps
+        plan = Plan()
+        plan.extend(base)
+        for site in sorted(sender_sites) if step else []:  # the senders' outputs, interpolated
+            mask = head_mask(model.layout, site, [model.head_site(h)[1] for h in sender_list if model.head_site(h)[0] == site])
+            plan.add(site, Edit(mask, clean_acts[site] + alpha * (corrupt_out.acts[site] - clean_acts[site])))
+        point = model.backend.run(clean_batch, plan, capture=capture, grad=True)
+        value = _scalar(metric(point.logits), metric)
+        grads = dict(zip(receiver_order, _gradients(value, [point.acts[s] for s in receiver_order]), strict=True))
+        charge(model.backend, backwards=1, backward_block_rows=clean_batch.n_rows * model.n_layers)
+        acts = {site: act.detach() for site, act in point.acts.items()}
+        if step == 0:
+            clean_acts, baseline = acts, float(value.detach())
+        for offset in range(0, len(copies), per_chunk):
+            chunk = copies[offset : offset + per_chunk]
+            sender_grads = _chunk_gradients(model, clean_batch, base, chunk, acts, grads, first, frozen_sites)
+            for i, head in enumerate(sender_list):
+                site, index = model.head_site(head)
+                delta = (corrupt_out.acts[site][:, :, index] - clean_acts[site][:, :, index]).float()  # [batch | 1, pos, d_head]
+                grad = sender_grads[site][:, :, :, index].float()  # [copy, batch, pos, d_head]
+                flat[i, offset : offset + len(chunk)] += (delta.expand_as(grad[0]) * grad).sum((1, 2, 3)).cpu() / steps
+    for i, head in enumerate(sender_list):
+        for j, (receiver, _) in enumerate(copies):
+            if model.head_position(head) >= model.head_position(receiver):
+                flat[i, j] = float("nan")
+
+    scores = _table(flat, copies, receiver_list, streams, whole, len(sender_list))
+    names = (ANY,) if whole else streams
+    meta = {"method": "edge_attribution", "steps": steps, "n_prompts": clean_batch.n_rows, "receiver_input": list(names)}
+    return EdgeResult(scores, sender_list, receiver_list, names, baseline, reference, meta=meta)
+
+
+def _chunk_gradients(
+    model: GnaModel,
+    batch: Any,
+    base: Plan,
+    chunk: Sequence[tuple[Head, str]],
+    clean: dict[Site, Tensor],
+    grads: dict[Site, Tensor],
+    first: int,
+    frozen_sites: set[Site],
+) -> dict[Site, Tensor]:
+    """``J_s^T K_r^T g_r`` for every frozen head site and every ``(receiver, stream)`` of
+    ``chunk``: ``site -> [copy, batch, pos, head, d_head]``."""
+    n_rows, n_copies = batch.n_rows, len(chunk)
+
+    def stack(tensor: Tensor) -> Tensor:
+        tensor = tensor.expand(n_rows, *tensor.shape[1:])
+        return tensor.repeat(n_copies, *([1] * (tensor.dim() - 1)))
+
+    def rows_of(copies: Sequence[int]) -> Tensor:
+        """``[copy * batch, 1, 1, 1]`` bool: the rows of ``copies``."""
+        mask = torch.zeros(n_copies, dtype=torch.bool)
+        mask[list(copies)] = True
+        return mask.repeat_interleave(n_rows)[:, None, None, None]
+
+    plan = Plan()
+    plan.extend(base.tiled(n_rows, n_copies))
+    if first > 0:
+        plan.start = (first, stack(clean[Site(SiteKind.RESID, first)]))
+    leaves: dict[Site, Tensor] = {}
+    for site in sorted(frozen_sites):
+        before = [c for c, (r, _) in enumerate(chunk) if model.mixer(site).position < model.head_position(r)]
+        if before:
+            leaves[site] = stack(clean[site]).requires_grad_(True)
+            plan.add(site, Edit(rows_of(before), leaves[site]))
+    for c, (receiver, name) in enumerate(chunk):
+        mixer, index = model.mixer_of(receiver)
+        rows = rows_of([c])
+        live = Site(SiteKind.STREAM, receiver.layer, name, mixer.index)
+        held = set(held_sites(model, {live: [index]}))
+        for stream in mixer.spec.streams:
+            site = Site(SiteKind.STREAM, receiver.layer, stream.name, mixer.index)
+            if site != live or site in held:
+                plan.add(site, Edit(rows, stack(clean[site])))
+        head_site = model.head_site(receiver)[0]
+        for site in norm_inputs(model, {head_site: [index]}):  # the other heads' inputs to the group norm
+            others = ~(head_mask(model.layout, site, [index]) if site.kind is SiteKind.PRE_NORM else _unit(model, site, index))
+            plan.add(site, Edit(rows & others, stack(clean[site])))
+    out = model.backend.run(batch.repeat(n_copies), plan, capture={model.head_site(r)[0] for r, _ in chunk}, grad=True)
+    total = torch.zeros(())
+    for c, (receiver, _) in enumerate(chunk):
+        site, index = model.head_site(receiver)
+        span = slice(c * n_rows, (c + 1) * n_rows)
+        total = total + (out.acts[site][span, :, index].float() * grads[site][:, :, index].float()).sum().cpu()
+    order = sorted(leaves)
+    if total.requires_grad:
+        pulled = _gradients(total, [leaves[site] for site in order])
+    else:  # no receiver reads any frozen site (cannot happen with senders before receivers)
+        pulled = [torch.zeros_like(leaves[site]) for site in order]
+    charge(model.backend, backwards=1, backward_block_rows=n_rows * n_copies * (model.n_layers - first))
+    return {site: grad.reshape(n_copies, n_rows, *grad.shape[1:]) for site, grad in zip(order, pulled, strict=True)}
+
+
+def _unit(model: GnaModel, site: Site, index: int) -> Tensor:
+    """``[1, 1, unit, 1]`` bool: the unit of stream ``site`` that feeds head ``index``."""
+    mixer = model.mixer(site)
+    _, units, _ = mixer.stream(site.stream).layout(mixer.dims)
+    mask = torch.zeros(1, 1, units, 1, dtype=torch.bool)
+    mask[0, 0, index * units // mixer.n_heads, 0] = True
+    return mask
+
+
+def _table(
+    flat: Tensor, copies: Sequence[tuple[Head, str]], receivers: list[Head], streams: Sequence[str], whole: bool, n_senders: int
+) -> Tensor:
+    """``[sender, copy]`` -> ``[sender, receiver]`` (``"any"``: summed over streams; one
+    stream) or ``[sender, receiver, stream]``."""
+    table = torch.full((n_senders, len(receivers), len(streams)), float("nan"))
+    for c, (receiver, name) in enumerate(copies):
+        table[:, receivers.index(receiver), streams.index(name)] = flat[:, c]
+    if whole:
+        summed = table.nan_to_num(0.0).sum(-1)
+        return torch.where(table.isnan().all(-1), float("nan"), summed)
+    return table[..., 0] if len(streams) == 1 else table
