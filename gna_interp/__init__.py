@@ -52,6 +52,8 @@ _EXPORTS: dict[str, str] = {
     "entropy": "attention",
     "evaluate": "evaluation",
     "evaluation": "evaluation:",
+    "faithfulness_curve": "faithfulness",
+    "FaithfulnessCurve": "faithfulness",
     "harness": "harness:",
     "keep_attention_rows": "core",
     "lm_eval": "harness",
