@@ -228,9 +228,34 @@ def demo(args: argparse.Namespace) -> int:
             print(f"{circuit.model}: note: {note}")
     for rule in dict.fromkeys(c.evidence_rule() for c in circuits if c.gather or c.aggregate):
         print(f"\nevidence: {rule}")
-    index = write_report(items, out)
+    print()
+    curves = {}
+    for circuit, model, task in items:
+        curve = faithfulness_of(circuit, model, task, progress=not args.quiet)
+        if curve is not None:
+            curves[circuit.model] = curve
+    index = write_report(items, out, faithfulness=curves)
     print(f"\nreport: {index} (opens offline)")
     return 0
+
+
+def faithfulness_of(circuit: Any, model: Any, task: Any, *, progress: bool = True, say: bool = True, sizes: Any = None) -> Any:
+    """The report's faithfulness curve of ``circuit`` (`viz.report.circuit_faithfulness`:
+    mean ablation, ranked by discovery's own head scan), with one line saying what the
+    circuit carries alone and what the curve cost."""
+    from .cost import cost_meter
+    from .viz.report import circuit_faithfulness
+
+    with cost_meter(model) as cost:
+        curve = circuit_faithfulness(circuit, model, task, sizes=sizes, progress=progress)
+    if curve is not None and say:
+        alone = curve.circuit_point["accuracy"]
+        print(
+            f"{circuit.model}: faithfulness: the circuit's {len(curve.circuit)} heads alone (every other head mean-ablated) "
+            f"{alone:.3f}, {curve.of_clean(alone):.0%} of clean {curve.clean['accuracy']:.3f} (every head ablated "
+            f"{curve.ablated['accuracy']:.3f}); curve of {len(curve.sizes)} sizes, {cost.forwards} forwards"
+        )
+    return curve
 
 
 def discover_command(args: argparse.Namespace) -> int:
@@ -253,7 +278,10 @@ def discover_command(args: argparse.Namespace) -> int:
     else:
         print(circuit.summary())
     if out is not None:
-        print(f"report: {write_report([(circuit, model, task)], out)}")
+        # A remote model pays per request: there, only the circuit's point and the two ends.
+        curve = faithfulness_of(circuit, model, task, progress=not args.quiet, say=not args.json, sizes=[] if args.remote else None)
+        faithfulness = {circuit.model: curve} if curve is not None else None
+        print(f"report: {write_report([(circuit, model, task)], out, faithfulness=faithfulness)}")
     return 0
 
 

@@ -11,6 +11,7 @@ import copy
 import html
 import itertools
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ import torch
 import gna_interp as gna
 from gna_interp.discovery import Stability
 from gna_interp.discovery.picture import choose_prompt, role_picture
-from gna_interp.viz.report import write_report
+from gna_interp.viz.report import circuit_faithfulness, circuit_heads, circuit_ranking, write_report
 from gna_interp.viz.views import bundle_script
 
 from .toy_circuits import TOYS, discovered
@@ -50,10 +51,87 @@ def items():
     return [(_with_stability(found[0][0]), *found[0][1:]), *found[1:]]
 
 
+FAITH_SIZES = [1, 3, 5]
+"""Sizes of the report's faithfulness curves here (the demo draws every n): 0 and every head are added."""
+
+
 @pytest.fixture(scope="module")
-def report(items, tmp_path_factory):
-    index = write_report(items, tmp_path_factory.mktemp("report"))
+def curves(items):
+    """Per model, `circuit_faithfulness` of its circuit (mean ablation, discovery's ranking)."""
+    return {circuit.model: circuit_faithfulness(circuit, model, task, sizes=FAITH_SIZES) for circuit, model, task in items}
+
+
+@pytest.fixture(scope="module")
+def report(items, curves, tmp_path_factory):
+    index = write_report(items, tmp_path_factory.mktemp("report"), faithfulness=curves)
     return index, index.read_text(encoding="utf-8")
+
+
+def test_faithfulness_section_equals_an_independent_evaluate(report, items):
+    """Each section's numbers (the lead sentence, the table, the data attributes) are the
+    task's accuracy with only the circuit's Gather and Aggregate heads kept and every other
+    head mean-ablated over the task's prompts, against clean and every head ablated, each
+    from `gna.evaluate` here, and the share of clean is their ratio."""
+    _, page = report
+    sections = re.findall(r'(<div data-role="faithfulness".*?)(?=<h3>The G&amp;A picture|</section>)', page, re.S)
+    assert len(sections) == len(items)
+    for (circuit, model, task), section in zip(items, sections, strict=True):
+        kept = set(circuit.gather) | set(circuit.aggregate)
+        others = [head for head in model.heads if head not in kept]
+        assert kept and others
+        alone = gna.evaluate(model, task, [gna.Ablate(others, how="mean", reference=task)]).accuracy
+        clean = gna.evaluate(model, task).accuracy
+        floor = gna.evaluate(model, task, [gna.Ablate(list(model.heads), how="mean", reference=task)]).accuracy
+        attributes = dict(re.findall(r'data-(circuit|clean|ablated)="([^"]+)"', section))
+        assert float(attributes["circuit"]) == pytest.approx(alone, abs=1e-9)
+        assert float(attributes["clean"]) == pytest.approx(clean, abs=1e-9)
+        assert float(attributes["ablated"]) == pytest.approx(floor, abs=1e-9)
+        lead = f"<b>{alone:.3f}, {alone / clean:.0%} of clean</b> ({clean:.3f}); with every head ablated it is {floor:.3f}"
+        assert lead in section, section[:1500]
+        assert f"the circuit alone: {html.escape(circuit.named(circuit_heads(circuit)))}" in section
+        cells = re.findall(r'<td class="num">([^<]+)</td>', section)
+        assert cells == [
+            str(len(model.heads)), f"{clean:.3f}", "1.000",
+            str(len(kept)), f"{alone:.3f}", f"{alone / clean:.3f}",
+            "0", f"{floor:.3f}", f"{floor / clean:.3f}",
+        ]  # fmt: skip
+
+
+def test_faithfulness_curve_is_drawn_with_its_numbers(report, items, curves):
+    """The figure is there with the ranking discovery measured (no extra sweep): heads by
+    their head-scan accuracy drop, largest first; the CSV beside the page holds every point."""
+    index, page = report
+    figures = re.findall(r'<figure data-role="faithfulness-curve">(.*?)</figure>', page, re.S)
+    assert len(figures) == len(items)
+    for (circuit, model, _), figure in zip(items, figures, strict=True):
+        curve = curves[circuit.model]
+        scan = torch.tensor([[math.nan if v is None else v for v in row] for row in circuit.head_scan])
+        measured = [h for h in model.heads if not math.isnan(float(scan[h.layer, h.head]))]
+        worst = min(measured, key=lambda h: (float(scan[h.layer, h.head]), h))
+        ranking = circuit_ranking(circuit, model)
+        assert ranking[0] == worst and set(ranking) == set(measured) and curve.order[: len(ranking)] == ranking
+        assert [float(scan[h.layer, h.head]) for h in ranking] == sorted(float(scan[h.layer, h.head]) for h in ranking)
+        assert curve.sizes.tolist() == [0, *FAITH_SIZES, len(model.heads)]
+        labels = " ".join(re.findall(r"<text[^>]*>([^<]*)</text>", figure))
+        alone = curve.circuit_point["accuracy"]
+        assert f"{alone:.3f}" in labels and f"clean {curve.clean['accuracy']:.3f}" in labels, labels
+        assert f"n = 0, {', '.join(map(str, FAITH_SIZES))}, {len(model.heads)}" in figure
+        assert "discovery&#x27;s own" in figure
+        table = (index.parent / f"{circuit.model}-faithfulness.csv").read_text().splitlines()
+        assert [float(line.split(",")[1]) for line in table[1:]] == pytest.approx(curve.accuracy.tolist())
+
+
+def test_faithfulness_argument_is_checked(items, curves, tmp_path):
+    """A curve for a model the report lacks, not a curve, or of other heads: refused, named."""
+    circuit, _, _ = items[0]
+    with pytest.raises(KeyError, match=r"faithfulness\['nope'\].*expected one of"):
+        write_report(items[:1], tmp_path, faithfulness={"nope": curves[circuit.model]})
+    with pytest.raises(TypeError, match=r"faithfulness\[.*\] is dict: expected a FaithfulnessCurve"):
+        write_report(items[:1], tmp_path, faithfulness={circuit.model: {}})
+    other = copy.deepcopy(curves[circuit.model])
+    other.circuit = other.circuit[:1]
+    with pytest.raises(ValueError, match=rf"has circuit heads {other.circuit[0]}: expected the circuit's own"):
+        write_report(items[:1], tmp_path, faithfulness={circuit.model: other})
 
 
 @pytest.fixture(scope="module")
@@ -257,6 +335,15 @@ MEASURE = """<script>
       stability: Array.from(document.querySelectorAll('[data-role="stability"] .scroll')).map((d) => [d.scrollWidth, d.clientWidth]),
       paths: Array.from(document.querySelectorAll('[data-role="path"] .scroll')).map((d) => [d.scrollWidth, d.clientWidth]),
       evidence: Array.from(document.querySelectorAll('[data-role="evidence"]')).map((e) => [box(e).width, e.textContent]),
+      faithfulness: Array.from(document.querySelectorAll("section.model")).map((s) => {
+        const f = s.querySelector('[data-role="faithfulness"]'), figure = f && f.querySelector("figure svg");
+        const scroll = f && f.querySelector(".scroll");
+        return f && {
+          section: box(s), box: box(f), figure: figure && box(figure), scroll: [scroll.scrollWidth, scroll.clientWidth],
+          lead: f.querySelector('[data-role="faithfulness-lead"]').textContent,
+          cells: Array.from(f.querySelectorAll("td")).map((td) => td.textContent),
+        };
+      }),
     };
     const pre = document.createElement("pre");
     pre.id = "gna-measure";
@@ -270,7 +357,7 @@ MEASURE = """<script>
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install -y chromium; .ci/run installs it)")
-def test_the_page_in_headless_chromium(report, items, tmp_path):
+def test_the_page_in_headless_chromium(report, items, curves, tmp_path):
     """Chromium loads the page at 1,400 px, React draws every view, then the page's own
     measurement is written into the DOM (no wall-clock wait: virtual time only advances
     when the page is idle). The page must not be wider than the window, each model's
@@ -278,7 +365,9 @@ def test_the_page_in_headless_chromium(report, items, tmp_path):
     beside its circuitsvis view and name every Aggregate and Gather head of its circuit. The
     heads-needed panels' titles must not overlap, the cost table must sit under its caption,
     and the examined-heads table must fit without scrolling, as must the path-patching and
-    stability tables. Each section states its evidence thresholds, with their values."""
+    stability tables. Each section states its evidence thresholds, with their values. Each
+    has its faithfulness section, whose figure and table fit inside it, and whose rendered
+    text gives the curve's numbers."""
     index, page = report
     probe = index.parent / "measure.html"
     probe.write_text(page.replace("</body>", MEASURE + "</body>"), encoding="utf-8")
@@ -314,3 +403,17 @@ def test_the_page_in_headless_chromium(report, items, tmp_path):
     assert len(measured["evidence"]) == len(items)
     for (circuit, _, _), (width, text) in zip(items, measured["evidence"], strict=True):
         assert 0 < width <= WINDOW and " ".join(text.split()) == f"Evidence: {circuit.evidence_rule()}.", text
+    assert len(measured["faithfulness"]) == len(items)
+    for (circuit, model, _), faith in zip(items, measured["faithfulness"], strict=True):
+        assert faith is not None, circuit.model
+        section, figure = faith["section"], faith["figure"]
+        assert figure is not None and figure["width"] > 300 and section["left"] <= figure["left"] and figure["right"] <= section["right"]
+        assert faith["box"]["right"] <= section["right"] and faith["scroll"][0] <= faith["scroll"][1], faith
+        curve = curves[circuit.model]
+        clean, alone, floor = curve.clean["accuracy"], curve.circuit_point["accuracy"], curve.ablated["accuracy"]
+        lead = " ".join(faith["lead"].split())
+        assert f"accuracy on the task's {curve.n_prompts} prompts is {alone:.3f}, {alone / clean:.0%} of clean ({clean:.3f})" in lead
+        assert f"with every head ablated it is {floor:.3f}" in lead, lead
+        assert faith["cells"][1:4] == [str(len(model.heads)), f"{clean:.3f}", "1.000"]
+        assert faith["cells"][5:8] == [str(len(curve.circuit)), f"{alone:.3f}", f"{alone / clean:.3f}"], faith["cells"]
+        assert faith["cells"][9:12] == ["0", f"{floor:.3f}", f"{floor / clean:.3f}"], faith["cells"]

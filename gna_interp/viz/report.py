@@ -18,6 +18,11 @@ effect alone and a pattern clearly above chance, by thresholds the page states
 "members of the set", with what they lack. Every accuracy says where its heads were
 ablated, path-patching figures carry their share of the clean - corrupt gap, and the
 circuit's stability over prompt samples is shown when it was measured.
+
+Given a `FaithfulnessCurve` per circuit (``write_report(..., faithfulness=...)``, made by
+`circuit_faithfulness`), a model's section also shows how much of the task the circuit's
+heads carry alone: accuracy with every other head ablated, against clean and every head
+ablated, as a share of clean, and the curve of the top-n heads of discovery's own ranking.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ from ..discovery.roles import entry_shares
 from . import figures
 
 if TYPE_CHECKING:
+    from ..core.heads import Head
     from ..discovery.circuit import GnACircuit
     from ..discovery.picture import RolePicture
+    from ..faithfulness import FaithfulnessCurve
 
 ReportLike = tuple["GnACircuit", Any, Any]
 """``(circuit, model or None, task or None)``: patterns are drawn when both are given."""
@@ -233,6 +240,104 @@ def _stability_html(circuit: GnACircuit) -> str:
     return f'<div data-role="stability">{caption}{_table(rows)}</div>'
 
 
+def circuit_heads(circuit: GnACircuit) -> list[Head]:
+    """The circuit's heads: its Gather set, then the Aggregate heads not in it."""
+    return list(dict.fromkeys([*circuit.gather, *circuit.aggregate]))
+
+
+def circuit_ranking(circuit: GnACircuit, model: Any) -> list[Head]:
+    """The heads discovery measured, largest accuracy drop first: each head's single
+    zero-ablation accuracy from the head scan (``circuit.head_scan``), or, for a head the
+    scan lacks, the accuracy it was ablated alone at in the examined-heads evidence. Heads
+    measured neither way are left out (`faithfulness_curve` puts them last, in
+    ``model.heads`` order). No forward is run."""
+    drop = _drops(circuit, model.heads)
+    return sorted(drop, key=lambda head: -drop[head])  # stable: ties keep model.heads order
+
+
+def _drops(circuit: GnACircuit, heads: Any) -> dict[Any, float]:
+    """Clean accuracy minus each measured head's single-ablation accuracy (`circuit_ranking`)."""
+    clean = circuit.accuracy["clean"]
+    alone = {item.head: item.ablated_accuracy for item in circuit.heads if item.ablated_accuracy is not None}
+    scan = circuit.head_scan or []
+    drop: dict[Any, float] = {}
+    for head in heads:
+        value = scan[head.layer][head.head] if head.layer < len(scan) and head.head < len(scan[head.layer]) else None
+        value = alone.get(head) if value is None else value
+        if value is not None and not math.isnan(value):
+            drop[head] = clean - value
+    return drop
+
+
+def circuit_faithfulness(
+    circuit: GnACircuit, model: Any, task: Any, *, sizes: Any = None, how: str = "mean", progress: bool = False
+) -> FaithfulnessCurve | None:
+    """How much of ``task`` the circuit's heads carry alone (`gna.faithfulness_curve`):
+    the top-n heads of `circuit_ranking` kept at each of ``sizes`` (default: every n up to
+    32 heads, else 24 points), every other head ``how``-ablated, plus the point of the
+    circuit's Gather and Aggregate heads kept alone. ``None`` for a circuit without heads.
+    Cost: one `evaluate` per size and one for the circuit (and a reference forward each
+    for a mean or resample ablation); the ranking costs nothing (discovery measured it)."""
+    from ..faithfulness import faithfulness_curve
+
+    heads = circuit_heads(circuit)
+    if not heads:
+        return None
+    ranking = circuit_ranking(circuit, model)
+    return faithfulness_curve(model, task, ranking, sizes, how, circuit=heads, progress=progress)
+
+
+_HOW = {
+    "mean": "each ablated head's output replaced by its mean over every token of the reference prompts, the task's own by default",
+    "resample": "each ablated head's output taken from the corrupted prompts, the options rotated, by default",
+    "zero": "each ablated head's output set to zero",
+}
+
+
+def _faithfulness_html(circuit: GnACircuit, curve: FaithfulnessCurve, folder: Path, slug: str) -> str:
+    """The circuit kept alone against clean and every head ablated, and the curve."""
+    from .faithfulness import faithfulness_svg
+
+    point = curve.circuit_point
+    assert point is not None  # checked by write_report
+    clean, floor, alone = curve.clean["accuracy"], curve.ablated["accuracy"], point["accuracy"]
+    n, total = len(curve.circuit), curve.n_heads
+    share = "share of clean accuracy"
+    rows = [
+        {"kept": "every head (clean)", "heads kept": total, "accuracy": clean, share: curve.of_clean(clean)},
+        {"kept": f"the circuit alone: {circuit.named(curve.circuit)}", "heads kept": n, "accuracy": alone, share: curve.of_clean(alone)},
+        {"kept": f"none (every head {curve.how}-ablated)", "heads kept": 0, "accuracy": floor, share: curve.of_clean(floor)},
+    ]
+    recovered = curve.recovered(alone)
+    recovered_text = "" if math.isnan(recovered) else f"; it recovers {recovered:.0%} of the way from every head ablated to clean"
+    lead = (
+        f'<p class="caption" data-role="faithfulness-lead">Keeping only the circuit\'s {n} heads and {curve.how}-ablating the other '
+        f"{total - n} ({_HOW.get(curve.how, curve.how)}), accuracy on the task's {curve.n_prompts} prompts is "
+        f"<b>{alone:.3f}, {curve.of_clean(alone):.0%} of clean</b> ({clean:.3f}); with every head ablated it is {floor:.3f} "
+        f"(chance {curve.chance:.3f}){recovered_text}.</p>"
+    )
+    parts = [lead, _table(rows)]
+    if len(curve.sizes) > 2:
+        drop = _drops(circuit, curve.order)
+        own = curve.order[: len(drop)] == sorted(drop, key=lambda head: -drop[head])
+        ranking = (
+            "discovery's own: heads by their accuracy drop when ablated alone (head scan), the heads it did not measure "
+            f"last, in model order ({len(drop)} of {total} measured)"
+            if own
+            else "the one the curve was given: " + ", ".join(map(str, curve.order[:12])) + (", ..." if total > 12 else "")
+        )
+        caption = (
+            f"Accuracy with the top-n heads kept and every other head {curve.how}-ablated, "
+            f"n = {', '.join(map(str, curve.sizes.tolist()))}. "
+            f"The ranking is {ranking}; the star is the circuit's heads kept alone. Every point is in {slug}-faithfulness.csv."
+        )
+        parts.append(_figure(faithfulness_svg(curve), html.escape(caption), role="faithfulness-curve"))
+        curve.to_frame().to_csv(folder / f"{slug}-faithfulness.csv", index=False)
+    data = f'data-circuit="{alone!r}" data-clean="{clean!r}" data-ablated="{floor!r}" data-how="{html.escape(curve.how)}"'
+    title = "<h3>Faithfulness: how much of the task does the circuit alone carry?</h3>"
+    return f'<div data-role="faithfulness" {data}>{title}{"".join(parts)}</div>'
+
+
 def _entry(clean: float, ablated: float | None, entry: dict[str, float] | None) -> str:
     """Where a head's effect enters the residual stream, with the share of it that ablating
     the head there alone reproduces (`entry_shares`)."""
@@ -305,7 +410,7 @@ def _picture_html(circuit: GnACircuit, picture: RolePicture, model: Any, task: A
     return f'<div class="pair"><div>{left}</div><div data-role="view">{right}</div></div>'
 
 
-def _section(circuit: GnACircuit, model: Any, task: Any, folder: Path) -> str:
+def _section(circuit: GnACircuit, model: Any, task: Any, folder: Path, curve: FaithfulnessCurve | None = None) -> str:
     from ..discovery.picture import role_picture
 
     slug = _slug(circuit.model)
@@ -337,6 +442,8 @@ def _section(circuit: GnACircuit, model: Any, task: Any, folder: Path) -> str:
         tables.append(_figure(needs, caption, role="needs"))
     parts.append(f'<div class="row">{"".join(tables)}</div>')
     parts.append(_stability_html(circuit))
+    if curve is not None:
+        parts.append(_faithfulness_html(circuit, curve, folder, slug))
     if model is not None and task is not None and (circuit.gather or circuit.aggregate):
         picture = role_picture(circuit, model, task)
         parts.append("<h3>The G&amp;A picture, averaged over the task</h3>")
@@ -360,16 +467,22 @@ def _section(circuit: GnACircuit, model: Any, task: Any, folder: Path) -> str:
     return "\n".join(parts)
 
 
-def write_report(items: list[ReportLike], directory: str | Path) -> Path:
+def write_report(items: list[ReportLike], directory: str | Path, *, faithfulness: dict[str, FaithfulnessCurve] | None = None) -> Path:
     """Write ``index.html`` (offline, self-contained) and one JSON per circuit into
     ``directory``. Heads-needed curves the circuits lack are measured when the model and
-    task are given, and written in the JSON (the circuits passed in are not changed)."""
+    task are given, and written in the JSON (the circuits passed in are not changed).
+
+    ``faithfulness``: per circuit's ``model`` name, a `FaithfulnessCurve` whose
+    ``circuit`` is that circuit's heads (`circuit_faithfulness` makes one); its section
+    then shows the circuit kept alone against clean and every head ablated, and the curve
+    (with its points in ``<model>-faithfulness.csv``). Nothing is measured for it here."""
     from .views import bundle_script
 
     folder = Path(directory)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"report directory {str(folder)!r} is an existing file: expected a folder")
     folder.mkdir(parents=True, exist_ok=True)
+    curves = _check_faithfulness(faithfulness, [item[0] for item in items])
     items = [(copy.deepcopy(circuit), model, task) for circuit, model, task in items]
     for circuit, model, task in items:
         _curves(circuit, model, task)
@@ -384,10 +497,34 @@ def write_report(items: list[ReportLike], directory: str | Path) -> Path:
         "sharp the rows they use are (Gather: segment-end rows; Aggregate: the final row). Reported as measured.</p>"
     )
     body.append(_table(contrast_rows(circuits)))
-    body += [_section(circuit, model, task, folder) for circuit, model, task in items]
+    body += [_section(circuit, model, task, folder, curves.get(circuit.model)) for circuit, model, task in items]
     scripts = bundle_script() if any("CircuitsVis.render(" in part for part in body) else ""  # once, before every view
     page = f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>gna_interp report</title><style>{_STYLE}</style>'
     page += f"{scripts}</head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
     index = folder / "index.html"
     index.write_text(page, encoding="utf-8")
     return index
+
+
+def _check_faithfulness(faithfulness: Any, circuits: list[GnACircuit]) -> dict[str, FaithfulnessCurve]:
+    """``write_report``'s ``faithfulness``: model names of ``circuits`` to curves of their heads."""
+    from ..faithfulness import FaithfulnessCurve
+
+    if faithfulness is None:
+        return {}
+    if not isinstance(faithfulness, dict):
+        raise TypeError(f"faithfulness={type(faithfulness).__name__}: expected a dict of circuit.model -> FaithfulnessCurve")
+    by_name = {circuit.model: circuit for circuit in circuits}
+    for name, curve in faithfulness.items():
+        if name not in by_name:
+            raise KeyError(f"faithfulness[{name!r}]: no circuit of the report has that model; expected one of {sorted(by_name)}")
+        if not isinstance(curve, FaithfulnessCurve):
+            raise TypeError(f"faithfulness[{name!r}] is {type(curve).__name__}: expected a FaithfulnessCurve (circuit_faithfulness)")
+        heads = circuit_heads(by_name[name])
+        if curve.circuit_point is None or set(curve.circuit) != set(heads):
+            given = ", ".join(map(str, curve.circuit)) or "none"
+            raise ValueError(
+                f"faithfulness[{name!r}] has circuit heads {given}: expected the circuit's own, "
+                f"{', '.join(map(str, heads))} (faithfulness_curve(..., circuit=...); circuit_faithfulness does it)"
+            )
+    return dict(faithfulness)
