@@ -248,7 +248,7 @@ def faithfulness_of(circuit: Any, model: Any, task: Any, *, progress: bool = Tru
 
     with cost_meter(model) as cost:
         curve = circuit_faithfulness(circuit, model, task, sizes=sizes, progress=progress)
-    if curve is not None and say:
+    if curve is not None and curve.circuit_point is not None and say:
         alone = curve.circuit_point["accuracy"]
         print(
             f"{circuit.model}: faithfulness: the circuit's {len(curve.circuit)} heads alone (every other head mean-ablated) "

@@ -9,6 +9,9 @@ import pytest
 
 import gna_interp as gna
 from gna_interp.cli import main
+from gna_interp.commands import DEMO_SEED
+
+from .conftest import DEMO_TEST_PROMPTS
 
 
 def run(args, capsys) -> tuple[int, str, str]:
@@ -29,6 +32,26 @@ def test_demo_writes_an_offline_report(demo_run):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert all((report / img).is_file() for img in re.findall(r'<img src="([^"]+)"', page))
     assert not re.search(r"\d\.\d{5,}", result.stdout)  # figures are rounded (0.310, not 0.3100000023841858)
+
+
+def test_demo_report_has_each_circuits_faithfulness(demo_run):
+    """Per toy, the demo prints what its circuit carries alone and its report section says
+    the same: the accuracy with only the circuit's heads kept (every other head
+    mean-ablated), re-measured here with `gna.evaluate`, and the curve is drawn."""
+    result, report = demo_run
+    page = (report / "index.html").read_text()
+    printed = re.findall(r"(\S+): faithfulness: the circuit's (\d+) heads alone .*? ([\d.]+), (\d+)% of clean ([\d.]+)", result.stdout)
+    models = [name for name in ("llama", "mamba2", "falcon_h1") if name in gna.toy_names()]
+    assert [name for name, *_ in printed] == [f"toy-{name}" for name in models], result.stdout[-3000:]
+    assert page.count('<figure data-role="faithfulness-curve">') == len(models)
+    circuit = json.loads((report / "toy-llama.json").read_text())
+    model, task = gna.load_toy("llama"), gna.toy_task("llama", DEMO_TEST_PROMPTS, seed=DEMO_SEED)
+    kept = {gna.Head.parse(h) for h in [*circuit["gather"], *circuit["aggregate"]]}
+    alone = gna.evaluate(model, task, [gna.Ablate([h for h in model.heads if h not in kept], how="mean", reference=task)]).accuracy
+    clean = gna.evaluate(model, task).accuracy
+    _, n, printed_alone, share, printed_clean = printed[0]
+    assert (int(n), printed_alone, printed_clean, f"{share}%") == (len(kept), f"{alone:.3f}", f"{clean:.3f}", f"{alone / clean:.0%}")
+    assert f"<b>{alone:.3f}, {alone / clean:.0%} of clean</b> ({clean:.3f})" in page
 
 
 def test_discover_json_and_report(tmp_path, capsys):
