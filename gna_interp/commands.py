@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -246,14 +247,17 @@ def faithfulness_of(circuit: Any, model: Any, task: Any, *, progress: bool = Tru
     from .cost import cost_meter
     from .viz.report import circuit_faithfulness
 
+    start = time.perf_counter()
     with cost_meter(model) as cost:
         curve = circuit_faithfulness(circuit, model, task, sizes=sizes, progress=progress)
     if curve is not None and curve.circuit_point is not None and say:
         alone = curve.circuit_point["accuracy"]
+        discovery = f" (discovery: {circuit.cost['passes']:.1f})" if circuit.cost and "passes" in circuit.cost else ""
         print(
             f"{circuit.model}: faithfulness: the circuit's {len(curve.circuit)} heads alone (every other head mean-ablated) "
             f"{alone:.3f}, {curve.of_clean(alone):.0%} of clean {curve.clean['accuracy']:.3f} (every head ablated "
-            f"{curve.ablated['accuracy']:.3f}); curve of {len(curve.sizes)} sizes, {cost.forwards} forwards"
+            f"{curve.ablated['accuracy']:.3f}); curve of {len(curve.sizes)} sizes: {cost.forwards} forwards, "
+            f"{cost.passes(len(task)):.1f} passes{discovery}, {time.perf_counter() - start:.1f} s"
         )
     return curve
 
