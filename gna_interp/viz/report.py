@@ -316,7 +316,7 @@ def _faithfulness_html(circuit: GnACircuit, curve: FaithfulnessCurve, folder: Pa
         f"<b>{alone:.3f}, {curve.of_clean(alone):.0%} of clean</b> ({clean:.3f}); with every head ablated it is {floor:.3f} "
         f"(chance {curve.chance:.3f}){recovered_text}.</p>"
     )
-    parts = [lead, _table(rows)]
+    parts = [f'<div style="flex: 1 1 420px">{lead}{_table(rows)}</div>']
     if len(curve.sizes) > 2:
         drop = _drops(circuit, curve.order)
         own = curve.order[: len(drop)] == sorted(drop, key=lambda head: -drop[head])
@@ -331,11 +331,12 @@ def _faithfulness_html(circuit: GnACircuit, curve: FaithfulnessCurve, folder: Pa
             f"n = {', '.join(map(str, curve.sizes.tolist()))}. "
             f"The ranking is {ranking}; the star is the circuit's heads kept alone. Every point is in {slug}-faithfulness.csv."
         )
-        parts.append(_figure(faithfulness_svg(curve), html.escape(caption), role="faithfulness-curve"))
+        figure = _figure(faithfulness_svg(curve), html.escape(caption), role="faithfulness-curve")
+        parts.append(f'<div style="flex: 1 1 480px; max-width: 720px">{figure}</div>')
         curve.to_frame().to_csv(folder / f"{slug}-faithfulness.csv", index=False)
     data = f'data-circuit="{alone!r}" data-clean="{clean!r}" data-ablated="{floor!r}" data-how="{html.escape(curve.how)}"'
     title = "<h3>Faithfulness: how much of the task does the circuit alone carry?</h3>"
-    return f'<div data-role="faithfulness" {data}>{title}{"".join(parts)}</div>'
+    return f'<div data-role="faithfulness" {data}>{title}<div class="row">{"".join(parts)}</div></div>'
 
 
 def _entry(clean: float, ablated: float | None, entry: dict[str, float] | None) -> str:
