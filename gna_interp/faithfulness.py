@@ -18,8 +18,9 @@ Definitions (per kept set):
 - ``recovered``: ``(accuracy - ablated) / (clean - ablated)``, where ``ablated`` is the
   accuracy with every head ablated: 0 at the floor, 1 at clean (NaN where the two are equal).
 
-Cost: one `evaluate` per size (plus the reference forward a mean or resample ablation
-captures), charged to any open `gna_interp.cost_meter` as `evaluate` charges it.
+Cost: one `evaluate` per size, and one forward over the reference a mean or resample
+ablation reads (captured once for the whole curve: `GnaModel.source_cache`), charged to any
+open `gna_interp.cost_meter` as `evaluate` charges it.
 """
 
 from __future__ import annotations
@@ -187,9 +188,10 @@ def faithfulness_curve(
         return _summary(evaluate(model, task, interventions, batch_size=batch_size, progress=False))
 
     points: dict[int, dict[str, float]] = {}
-    for n in progress_bar(chosen, show=progress, desc=f"faithfulness ({how})"):
-        points[n] = run(order[:n])
-    circuit_point = run(kept_circuit) if kept_circuit else None
+    with model.source_cache():  # the reference's forward once, not once per size and chunk
+        for n in progress_bar(chosen, show=progress, desc=f"faithfulness ({how})"):
+            points[n] = run(order[:n])
+        circuit_point = run(kept_circuit) if kept_circuit else None
     column = {name: torch.tensor([points[n][name] for n in chosen], dtype=torch.float64) for name in ("accuracy", "margin", "logprob")}
     return FaithfulnessCurve(
         sizes=torch.tensor(chosen, dtype=torch.long),

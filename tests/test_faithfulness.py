@@ -178,16 +178,43 @@ def test_frame_and_definitions(toy_llamas, llama_task):
     assert curve.chance == 0.25
 
 
-def test_cost_is_charged_as_evaluate_charges_it(toy_llamas, llama_task):
+def test_cost_is_evaluate_with_the_reference_run_once(toy_llamas, llama_task):
+    """Four evaluations (n = 0, n = 1, every head, the circuit), three of them mean-ablated
+    against the same reference: evaluated by hand they run the reference three times; the
+    curve runs it once (`GnaModel.source_cache`), so two reference forwards fewer."""
     model = toy_llamas["tlens"]
     order = [gna.Head(0, 0), gna.Head(1, 0)]
     with gna.cost_meter(model) as cost:
         gna.faithfulness_curve(model, llama_task, order, sizes=[1], circuit=[gna.Head(1, 0)], progress=False)
-    with gna.cost_meter(model) as expected:
+    with gna.cost_meter(model) as by_hand_cost:
         for kept in ([], order[:1], list(model.heads), [gna.Head(1, 0)]):
             by_hand(model, llama_task, kept, "mean")
-    assert cost.forwards == expected.forwards and cost.block_rows == expected.block_rows
-    assert cost.forwards >= 4
+    with gna.cost_meter(model) as reference_run:
+        model.capture_sites(llama_task, [])
+    assert by_hand_cost.forwards == 4 + 3 * reference_run.forwards
+    assert cost.forwards == by_hand_cost.forwards - 2 * reference_run.forwards
+    assert cost.block_rows == by_hand_cost.block_rows - 2 * reference_run.block_rows
+
+
+@pytest.mark.parametrize("backend", ["tlens", "nnsight"])
+def test_source_cache_gives_the_same_numbers_and_is_dropped(toy_llamas, llama_task, backend):
+    """Inside `source_cache` a mean or resample ablation reads its reference's activations
+    from the first capture: the logits equal the uncached run's exactly; the cache is gone
+    after the block, also when the block raises."""
+    model = toy_llamas[backend]
+    ablations = [gna.Ablate([gna.Head(0, 1), gna.Head(1, 0)], how="mean", reference=llama_task)]
+    ablations.append(gna.Ablate([gna.Head(0, 0)], how="resample", reference=llama_task.corrupted()))
+    plain = [model.logits(llama_task.prompts, [item]) for item in ablations]
+    with gna.cost_meter(model) as cost, model.source_cache():
+        cached = [model.logits(llama_task.prompts, [item]) for item in ablations for _ in range(2)]
+    assert cost.forwards == 4 + 2  # 4 ablated runs, each reference captured once
+    for index, expected in enumerate(plain):
+        assert torch.equal(cached[2 * index], expected) and torch.equal(cached[2 * index + 1], expected)
+    assert model._sources is None
+    with pytest.raises(RuntimeError, match="inside"), model.source_cache():
+        model.logits(llama_task.prompts, ablations[:1])
+        raise RuntimeError("inside")
+    assert model._sources is None
 
 
 @pytest.mark.parametrize(

@@ -61,6 +61,7 @@ class GnaModel:
         """Layers, heads and sites (`gna_interp.core.layout`): what plans are compiled against."""
         self._ambient: list[Intervention] = []
         self._prefix: PrefixCache | None = None
+        self._sources: dict[int, tuple[Any, Batch, dict[Site, Tensor]]] | None = None  # see source_cache
 
     # ----- structure (answered by `layout`) ----------------------------------------
     @property
@@ -209,9 +210,38 @@ class GnaModel:
         return compile_plan(self.layout, batch, interventions, self.capture_sites)
 
     def capture_sites(self, inputs: Any, sites: Collection[Site]) -> tuple[Batch, dict[Site, Tensor]]:
-        """One forward over ``inputs`` with no interventions: the batch and the activations at ``sites``."""
-        batch = self.to_batch(inputs)
-        return batch, self.backend.run(batch, Plan(), capture=set(sites)).acts
+        """One forward over ``inputs`` with no interventions: the batch and the activations at
+        ``sites``. Inside `source_cache`, sites already captured over the same ``inputs``
+        object are read back, and only the missing ones run."""
+        if self._sources is None:
+            batch = self.to_batch(inputs)
+            return batch, self.backend.run(batch, Plan(), capture=set(sites)).acts
+        kept = self._sources.get(id(inputs))
+        if kept is None or kept[0] is not inputs:  # identity: the object is held, so its id is not reused
+            kept = (inputs, self.to_batch(inputs), {})
+            self._sources[id(inputs)] = kept
+        _, batch, acts = kept
+        missing = set(sites) - set(acts)
+        if missing:
+            acts.update(self.backend.run(batch, Plan(), capture=missing).acts)
+        return batch, {site: acts[site] for site in sites}
+
+    @contextmanager
+    def source_cache(self) -> Iterator[None]:
+        """Inside the block, the activations that mean / resample ablations and patches take
+        from their ``reference`` / ``source`` inputs are captured once per inputs object (by
+        identity) and site, and reused: many evaluations against one reference (a
+        faithfulness curve) run its forward once instead of once per call and chunk. The
+        same numbers; the cache holds what one call over every site would, and is dropped
+        on exit (nested blocks share the outer one)."""
+        if self._sources is not None:
+            yield
+            return
+        self._sources = {}
+        try:
+            yield
+        finally:
+            self._sources = None
 
     def run_plan(self, batch: Batch, plan: Plan, capture: Collection[Site] = ()) -> RunOutput:
         """``backend.run``, starting from the clean prefix cached by an open `prefix_cache`
