@@ -168,8 +168,9 @@ def edge_attribution(
             receiver's mixer), one stream name, or a list of names (``"q"``, ``"k"``,
             ``"v"``; ``"x"``, ``"B"``, ``"C"``, ``"dt"``, ``"gate"``).
         interventions: applied to every run, on top of active contexts.
-        max_rows, memory_budget_mb: rows per stacked forward (one copy of the batch per
-            receiver and stream), as in `path_patching_sweep`.
+        max_rows: rows per stacked forward (one copy of the batch per receiver and
+            stream), as in `path_patching_sweep`; default: estimated from ``memory_budget_mb``.
+        memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
 
     Returns:
         `EdgeResult`: ``scores`` ``[sender, receiver]`` (one stream, or ``"any"``) or
