@@ -135,6 +135,10 @@ def _example(where: str, row: dict[str, Any]) -> Any:
     return mcq_example(header, choices, index, meta={"subject": subject, "source": where})
 
 
+_OFFLINE_FLAGS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+"""Names of `datasets.config`'s offline switch across the releases in range."""
+
+
 def _hub_rows(subjects: list[str] | None, split: str) -> list[tuple[str, dict[str, Any]]]:
     try:
         import datasets
@@ -146,7 +150,8 @@ def _hub_rows(subjects: list[str] | None, split: str) -> list[tuple[str, dict[st
 
     from ..network import PROBE_TIMEOUT_S, hub_reachable
 
-    offline = bool(constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE)
+    # the flag's name in datasets' config: HF_HUB_OFFLINE (recent) or HF_DATASETS_OFFLINE (older, e.g. 2.19)
+    offline = bool(constants.HF_HUB_OFFLINE or any(getattr(datasets.config, name, False) for name in _OFFLINE_FLAGS))
     if not offline and not hub_reachable():  # datasets would retry every file for half a minute
         raise OSError(
             f"cannot load MMLU: the dataset hub ({constants.ENDPOINT}) did not answer within {PROBE_TIMEOUT_S:.0f} s; "
