@@ -133,6 +133,14 @@ def no_hooks_anywhere(module: torch.nn.Module) -> bool:
     return all(not m._forward_hooks and not m._forward_pre_hooks and not getattr(m, "_backward_hooks", None) for m in module.modules())
 
 
+def no_hooks_left(model) -> bool:
+    """No temporary hook on ``model``'s backend: the bridge's hook points on tlens (its own
+    modules keep hooks of their own for good), every module of the HF model on nnsight."""
+    if model.backend_name == "tlens":
+        return all(not hp._forward_hooks and not hp._backward_hooks for hp in model.backend.bridge.hook_dict.values())
+    return no_hooks_anywhere(model.hf_model)
+
+
 DEMO_TEST_PROMPTS = 48
 """Prompts per model in the suite's demo run (`gna-interp demo` uses 200): the same code, a
 quarter of the work."""

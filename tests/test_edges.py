@@ -14,7 +14,7 @@ import gna_interp as gna
 from gna_interp.models.tiny import tiny_model
 
 from . import path_twin
-from .conftest import CLEAN, CORRUPT, no_hooks_anywhere
+from .conftest import CLEAN, CORRUPT, no_hooks_left
 from .test_path_patching import METRIC, sensitive_model
 
 H = gna.Head
@@ -262,18 +262,12 @@ def test_remote_is_refused(tokenizer):
         gna.edge_attribution(remote, CLEAN, CORRUPT, METRIC, receivers=[H(2, 0)])
 
 
-def _no_hooks(model: gna.GnaModel) -> bool:
-    if model.backend_name == "tlens":
-        return all(not hp._forward_hooks and not hp._backward_hooks for hp in model.backend.bridge.hook_dict.values())
-    return no_hooks_anywhere(model.hf_model)
-
-
 @pytest.mark.parametrize("name", ["llama-tlens", "llama-nnsight", "falcon_h1"])
 def test_no_residue_also_when_it_raises(models, name):
     model = models[1][name]
     before = model.logits(CLEAN)
     gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, receivers=receivers_of(model))
-    assert _no_hooks(model) and all(p.grad is None for p in model.hf_model.parameters())
+    assert no_hooks_left(model) and all(p.grad is None for p in model.hf_model.parameters())
 
     calls = {"n": 0}
 
@@ -303,4 +297,4 @@ def test_no_residue_also_when_it_raises(models, name):
         handle.remove()
     assert forwards["n"] == 3
     assert torch.equal(model.logits(CLEAN), before)
-    assert _no_hooks(model) and all(p.grad is None for p in model.hf_model.parameters())
+    assert no_hooks_left(model) and all(p.grad is None for p in model.hf_model.parameters())
