@@ -363,8 +363,6 @@ def tiny_llamba(seed: int = 0, vocab_size: int = 64, hf_style: bool = False, **o
         for name, param in model.named_parameters():
             if name.endswith(("layernorm.weight", ".D")):
                 param.copy_(1 + 0.3 * torch.randn(param.shape, generator=generator))
-            elif name.endswith("z_bias"):
-                param.copy_(0.5 * torch.randn(param.shape, generator=generator))
-            elif name.endswith("conv1d.weight"):
+            elif name.endswith("z_bias") or name.endswith("conv1d.weight"):
                 param.copy_(0.5 * torch.randn(param.shape, generator=generator))
     return model.eval()
