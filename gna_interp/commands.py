@@ -85,7 +85,7 @@ def layer_specs_from_json(file: Path) -> tuple[Any, ...] | None:
 
     config = SimpleNamespace(**read_config_json(file, object_hook=_special_floats))  # an error names the file and line
     try:
-        return spec_for(config).resolve(config, int(config.num_hidden_layers))
+        return spec_for(config).layers_of(config)
     except (AttributeError, KeyError, TypeError, ValueError, IndexError):
         return None
 
@@ -112,7 +112,7 @@ def layer_specs_of(source: str) -> tuple[Any, ...]:
 
     access = hub_access(source) if not Path(source).exists() else {}
     config = AutoConfig.from_pretrained(source, **access)
-    return spec_for(config).resolve(config, int(config.num_hidden_layers))
+    return spec_for(config).layers_of(config)
 
 
 def build_task(args: argparse.Namespace) -> Any:

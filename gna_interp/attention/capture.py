@@ -16,6 +16,9 @@ requested heads need are read, so little travels (this also runs on NDIF):
   masked on padding); FalconMamba and Jamba: the outputs of their ``dt`` / ``B`` / ``C``
   RMS norms.
   ``dt = softplus(dt_proj.weight @ dt_low + dt_proj.bias)`` for the requested channels.
+- Discrete Mamba-2 (Llamba): the ``B`` / ``C`` columns of the heads' qk heads and the
+  heads' ``A_log`` columns of the ``in_proj`` output, the conv applied here as for Mamba-2;
+  decay ``softplus(A_log)``, ``A = -1``, no step-size factor on the input.
 - Gated DeltaNet (Qwen3-Next): the ``in_proj_qkvz`` columns of the query / key heads
   the value heads use, their conv, the ``b`` / ``a`` columns of ``in_proj_ba``, and
   ``A_log``, ``dt_bias`` (`DeltaInputs`).
@@ -46,6 +49,9 @@ class SSMInputs:
             ``[batch, pos, state]`` (Mamba-1: shared by every channel).
         D: ``[head]`` skip weights.
         mask: ``[batch, pos]`` bool, True on real tokens.
+        weight: ``[batch, pos, head]``, what key ``s``'s input is scaled by (Mamba-2:
+            ``dt_s``, the default when ``None``); a Discrete Mamba-2 (Llamba) has none
+            (ones): its kernel's ``x / a`` cancels the step size.
     """
 
     dt: Tensor
@@ -54,6 +60,7 @@ class SSMInputs:
     C: Tensor
     D: Tensor
     mask: Tensor
+    weight: Tensor | None = None
 
     @property
     def scalar_decay(self) -> bool:
@@ -126,6 +133,49 @@ class Mamba1Recipe:
         return SSMInputs(dt, -torch.exp(a_log), b_state, c_state, skip, mask)
 
 
+class DiscreteMamba2Recipe:
+    """Llamba's mixer: ``in_proj`` output = ``[x | B (qk heads x state) | C | z | A_log
+    (heads)]``. ``B`` / ``C`` pass through the depthwise causal conv inside the forward
+    (on a GPU as a fused kernel), so the conv is applied here to the read columns with the
+    read conv weights, after zeroing padding (what the family's pad guard does: see
+    `gna_interp.models.registry.discrete_mamba2_pad_guard`). The decay is
+    ``a = softplus(A_log)`` with ``A = -1`` and no input scaling (``weight`` = 1):
+    ``M[t, s] = (C_t . B_s) exp(-sum_{k=s+1..t} a_k)``."""
+
+    def _layout(self, d: Mamba2Dims, heads: Tensor) -> tuple[Tensor, Tensor]:
+        groups = torch.unique(heads // (d.heads // d.groups))
+        b_cols = (d.inner + groups[:, None] * d.state + torch.arange(d.state)).flatten()
+        return groups, torch.cat([b_cols, b_cols + d.groups * d.state])  # B, C columns = their conv channels
+
+    def reads(self, d: Mamba2Dims, layer: int, mixer: int, heads: Tensor) -> list[Read]:
+        _, channels = self._layout(d, heads)
+        decay = 2 * d.inner + 2 * d.groups * d.state + heads
+        reads = [
+            Read(ReadKind.OUTPUT, layer, "in_proj", ((-1, torch.cat([channels, decay])),), mixer),
+            Read(ReadKind.PARAM, layer, "conv1d.weight", ((0, channels),), mixer),
+        ]
+        if d.conv_bias:
+            reads.append(Read(ReadKind.PARAM, layer, "conv1d.bias", ((0, channels),), mixer))
+        return [*reads, Read(ReadKind.PARAM, layer, "D", ((0, heads),), mixer)]
+
+    def build(self, d: Mamba2Dims, values: list[Tensor], heads: Tensor, mask: Tensor) -> SSMInputs:
+        projected, weight, *rest = (value.float() for value in values)
+        bias = rest.pop(0) if d.conv_bias else None
+        (skip,) = rest
+        groups, channels = self._layout(d, heads)
+        n_pos, n_bc = projected.shape[1], len(channels)
+        bc_in = projected[..., :n_bc] * mask[..., None]
+        conv = F.conv1d(bc_in.transpose(1, 2), weight, bias, padding=weight.shape[-1] - 1, groups=n_bc)
+        bc = conv[..., :n_pos].transpose(1, 2)
+        if d.act != "identity":
+            bc = F.silu(bc)
+        b_state, c_state = bc.unflatten(-1, (2, len(groups), d.state)).unbind(2)
+        which = torch.searchsorted(groups, heads // (d.heads // d.groups))
+        a = F.softplus(projected[..., n_bc:])
+        ones = torch.ones(len(heads), device=a.device)
+        return SSMInputs(a, -ones, b_state[:, :, which], c_state[:, :, which], skip, mask, weight=torch.ones_like(a))
+
+
 @dataclass
 class DeltaInputs:
     """A gated DeltaNet layer (Qwen3-Next's linear attention) for ``head`` = the requested
@@ -190,7 +240,7 @@ class DeltaNetRecipe:
         return DeltaInputs(q[:, :, which] * d.k_dim**-0.5, k[:, :, which], torch.sigmoid(b), log_alpha, mask)
 
 
-Recipe = Mamba2Recipe | Mamba1Recipe | DeltaNetRecipe
+Recipe = Mamba2Recipe | Mamba1Recipe | DeltaNetRecipe | DiscreteMamba2Recipe
 
 SSM_RECIPES: dict[str, Recipe] = {
     "mamba2": Mamba2Recipe(),
@@ -198,6 +248,7 @@ SSM_RECIPES: dict[str, Recipe] = {
     "falcon_mamba": Mamba1Recipe(norms=True),
     "jamba": Mamba1Recipe(norms=True),
     "gated_deltanet": DeltaNetRecipe(),
+    "discrete_mamba2": DiscreteMamba2Recipe(),
 }
 """Recipe name (`gna_interp.core.arch.MixerSpec.recipe`) -> how to read that SSM. Every
 Mamba-2 flavour (Mamba-2, Zamba2, Bamba, GraniteMoeHybrid, NemotronH, FalconH1) shares

@@ -4,7 +4,8 @@ A selective SSM ``h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t``, ``y_t = C_t . h_t 
 is a causal linear map of its inputs: ``y_t = sum_s M[t, s] x_s + D x_t`` with
 
 - Mamba-2 (scalar ``A_h`` per head):
-  ``M_h[t, s] = (C_t . B_s) * exp(A_h * sum_{k=s+1..t} dt_{k,h}) * dt_{s,h}``;
+  ``M_h[t, s] = (C_t . B_s) * exp(A_h * sum_{k=s+1..t} dt_{k,h}) * dt_{s,h}``
+  (Discrete Mamba-2, Llamba: ``A_h = -1``, ``dt = softplus(A_log)``, no ``dt_{s,h}`` factor);
 - Mamba-1 (a head is a channel ``c``; ``A`` diagonal over the state ``n``):
   ``M_c[t, s] = sum_n C_{t,n} exp(A_{c,n} * sum_{k=s+1..t} dt_{k,c}) B_{s,n} dt_{s,c}``;
 - gated DeltaNet (Qwen3-Next; a head is a value head, ``A_r = alpha_r (I - beta_r k_r k_r^T)``):
@@ -58,7 +59,8 @@ def _mamba2_rows(ssm: SSMInputs, rows: Tensor, allowed: Tensor) -> Tensor:
     log_decay = torch.cumsum(ssm.dt.double() * ssm.A.double(), dim=1)  # [batch, pos, head]: sum_{k<=t} A dt_k
     decay = _segment_sums(log_decay, rows).masked_fill_(~allowed, float("-inf")).exp_()
     c_rows = gather_rows(ssm.C, rows).permute(0, 2, 1, 3)  # [batch, head, query, state]
-    b_dt = (ssm.B * ssm.dt[..., None]).permute(0, 2, 3, 1)  # [batch, head, state, key]: B_s dt_s
+    scale = ssm.dt if ssm.weight is None else ssm.weight  # Mamba-2: dt_s; Discrete Mamba-2: 1
+    b_dt = (ssm.B * scale[..., None]).permute(0, 2, 3, 1)  # [batch, head, state, key]: B_s dt_s
     return decay.mul_(torch.matmul(c_rows, b_dt))
 
 

@@ -35,9 +35,10 @@ def implicit_loop(ssm: SSMInputs, include_skip: bool = False, keys: Sequence[int
     B, C = ssm.B.double(), ssm.C.double()
     if not ssm.scalar_decay:  # Mamba-1: every channel sees the same B and C
         B, C = B[:, :, None, :].expand(-1, -1, n_heads, -1), C[:, :, None, :].expand(-1, -1, n_heads, -1)
+    scale = dt if ssm.weight is None else ssm.weight.double()  # the input's factor: dt (Discrete Mamba-2: 1)
     pattern = torch.zeros(n_rows, n_heads, n_pos, n_pos, dtype=torch.float64)
     for s in range(n_pos) if keys is None else keys:
-        state = dt[:, s, :, None] * B[:, s]  # [batch, head, state]: the impulse enters at step s
+        state = scale[:, s, :, None] * B[:, s]  # [batch, head, state]: the impulse enters at step s
         pattern[:, :, s, s] = (C[:, s] * state).sum(-1)
         for t in range(s + 1, n_pos):
             state = torch.exp(dt[:, t, :, None] * A) * state
@@ -58,10 +59,11 @@ def ssm_output_loop(ssm: SSMInputs, x: Tensor) -> Tensor:
     B, C = ssm.B.double(), ssm.C.double()
     if not ssm.scalar_decay:
         B, C = B[:, :, None, :].expand(-1, -1, n_heads, -1), C[:, :, None, :].expand(-1, -1, n_heads, -1)
+    scale = dt if ssm.weight is None else ssm.weight.double()
     state = torch.zeros(n_rows, n_heads, x.shape[-1], B.shape[-1], dtype=torch.float64)  # [batch, head, d_head, state]
     outputs = []
     for t in range(n_pos):
         decay = torch.exp(dt[:, t, :, None] * A)[:, :, None, :]
-        state = decay * state + (dt[:, t, :, None, None] * x[:, t, :, :, None]) * B[:, t, :, None, :]
+        state = decay * state + (scale[:, t, :, None, None] * x[:, t, :, :, None]) * B[:, t, :, None, :]
         outputs.append((state * C[:, t, :, None, :]).sum(-1) + ssm.D.double()[:, None] * x[:, t])
     return torch.stack(outputs, dim=1).float()

@@ -44,7 +44,8 @@ without edits), so it is the tensor the rest of the forward uses and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import nnsight
@@ -225,8 +226,9 @@ class NNsightBackend:
         block_items = self.spec.block_output  # 0: blocks return a tensor; n: a tuple of n items
         # Two statements on purpose: nnsight captures the source of the trace block itself.
         patterns = any(read.kind is ReadKind.PATTERN for read in reads)
+        inputs = self.call_inputs(batch)
         with torch.set_grad_enabled(grad), eager_attention(getattr(self.envoy._module, "config", None), patterns):  # noqa: SIM117
-            with model.trace(input_ids=batch.input_ids, attention_mask=batch.attention_mask, remote=self.remote) as tracer:
+            with self.pad_guards(batch), model.trace(**inputs) as tracer:
                 saved, logits = program.apply_steps(model, tracer, steps, n_saved, block_items, grad)
         acts = {site: saved[i] for i, site in enumerate(sorted(capture))}
         values = [saved[len(capture) + i] for i in range(len(reads))]
@@ -241,6 +243,53 @@ class NNsightBackend:
             values = [value.detach() for value in values]
             logits = logits.detach()
         return RunOutput(logits=logits, acts=acts, reads=values)
+
+    def call_inputs(self, batch: Batch) -> dict[str, Any]:
+        """The keywords of one forward: ``input_ids``, ``attention_mask`` when the family's
+        forward takes it (`ArchSpec.takes_mask`), ``remote`` when remote."""
+        inputs: dict[str, Any] = {"input_ids": batch.input_ids}
+        if self.spec.takes_mask:
+            inputs["attention_mask"] = batch.attention_mask
+        if self.remote:
+            inputs["remote"] = self.remote
+        return inputs
+
+    @contextmanager
+    def pad_guards(self, batch: Batch) -> Iterator[None]:
+        """For a left-padded batch: each mixer's `MixerSpec.pad_guard` on the output of its
+        ``pad_guard_module``, as forward hooks removed on exit (exceptions included). A
+        family whose forward takes no mask and has a mixer without a guard refuses padding."""
+        padded = not bool(batch.attention_mask.bool().all())
+        mixers = [mixer for layer in self.layers for mixer in layer.mixers]
+        if not padded or not any(mixer.spec.pad_guard for mixer in mixers):
+            if padded and not self.spec.takes_mask:
+                raise ValueError(
+                    f"the {self.spec.family!r} family's forward takes no attention mask and its mixers have no pad_guard, so a "
+                    "left-padded batch would change the rows' numbers: pass rows of one token length (or give its "
+                    "MixerSpecs a pad_guard)"
+                )
+            yield
+            return
+        if self.remote:
+            raise ValueError(f"the {self.spec.family!r} family needs local pad guards for padded batches: run it locally")
+        root = self.envoy._module
+        mask = batch.attention_mask
+        handles = []
+        try:
+            for mixer in mixers:
+                guard = mixer.spec.pad_guard
+                if guard is None:
+                    continue
+
+                def hook(module: Any, args: Any, output: Any, guard: Any = guard, dims: Any = mixer.dims) -> Any:
+                    return guard(output, dims, mask)
+
+                module = root.get_submodule(f"{mixer.path}.{mixer.spec.pad_guard_module}")
+                handles.append(module.register_forward_hook(hook))
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def run_many(self, jobs: Sequence[Job]) -> list[RunOutput | None]:
         """``jobs`` (`gna_interp.backends.jobs`) in as few requests as the payload allows:

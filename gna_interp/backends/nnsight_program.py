@@ -31,7 +31,7 @@ READ_PARAM = 5  # a module's parameter, index-selected
 STREAMS = 6  # column blocks of a module's output or input, per unit
 
 
-def apply_steps(model: Any, tracer: Any, steps: list, n_saved: int, block_items: int, grad: bool) -> tuple[Any, Any]:
+def apply_steps(model: Any, tracer: Any, steps: list, n_saved: int, block_items: Any, grad: bool) -> tuple[Any, Any]:
     """The body of one trace: apply ``steps`` in execution order; returns the saved list
     (captures and reads, by slot) and the logits."""
     saved = nnsight.save([None] * n_saved)
@@ -73,10 +73,17 @@ def apply_steps(model: Any, tracer: Any, steps: list, n_saved: int, block_items:
                 saved[slot] = value
                 continue
             if op == 3:  # a captured residual, already on the model's device
-                envoy.skip(rows if block_items == 0 else (rows, *([None] * (block_items - 1))))
+                if isinstance(block_items, str):  # blocks return a dict (Llamba's first release)
+                    envoy.skip({block_items: rows})
+                else:
+                    envoy.skip(rows if block_items == 0 else (rows, *([None] * (block_items - 1))))
                 continue
             if op == 2:
                 output = envoy.output
+                if isinstance(block_items, str):  # a dict output: the hidden state under that key
+                    hidden = torch.where(rows.to(stash.device).view(-1, 1, 1), stash, output[block_items])
+                    envoy.output = {**output, block_items: hidden}
+                    continue
                 hidden = output if block_items == 0 else output[0]
                 hidden = torch.where(rows.to(hidden.device).view(-1, 1, 1), stash, hidden)
                 envoy.output = hidden if block_items == 0 else (hidden, *output[1:])
@@ -124,14 +131,14 @@ def resolve_steps(steps: list, results: list) -> list:
     return out
 
 
-def run_trace(model: Any, ids: Any, mask: Any, steps: list, n_saved: int, block_items: int) -> tuple[Any, Any]:
+def run_trace(model: Any, ids: Any, mask: Any, steps: list, n_saved: int, block_items: Any) -> tuple[Any, Any]:
     """One trace (inside a session: on the session's backend)."""
     with model.trace(input_ids=ids, attention_mask=mask) as tracer:
         saved, logits = apply_steps(model, tracer, steps, n_saved, block_items, False)
     return saved, logits
 
 
-def run_jobs(model: Any, jobs: list, block_items: int) -> list:
+def run_jobs(model: Any, jobs: list, block_items: Any) -> list:
     """Each job ``(ids, mask, steps, n_saved, keep)`` as one trace, in order; a job's
     references point at earlier jobs. ``keep``: 0 = nothing comes back (a prefix or
     source kept on the server), 1 = saved values and logits, 2 = the final position's
@@ -157,7 +164,7 @@ def verdicts(logits: Any, candidate_ids: Any, correct: Any) -> Any:
     return scores.gather(1, index).squeeze(1) > scores.scatter(1, index, float("-inf")).max(-1).values
 
 
-def greedy_joint(model: Any, problem: dict, block_items: int) -> tuple[list, list]:
+def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, list]:
     """`gna_interp.discovery.scans.joint_set` for one or more roles, in order, on the server.
 
     ``problem`` holds plain data built by the client (`gna_interp.discovery.remote`):

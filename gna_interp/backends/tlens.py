@@ -303,7 +303,7 @@ class TLensBackend:
             yield
             return
         layer, resid = plan.start
-        items = self.spec.block_output  # the start residual's type is checked in `run`
+        items = int(self.spec.block_output)  # the start residual's type is checked in `run`; tlens rows return tensors or tuples
         output = resid if items == 0 else (resid, *([None] * (items - 1)))
 
         def passes_resid(*args: Any, **kwargs: Any) -> Any:

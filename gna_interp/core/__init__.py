@@ -16,14 +16,19 @@ _EXPORTS: dict[str, str] = {
     "Head": "heads",
     "Intervention": "interventions",
     "LayerKind": "arch",
+    "AttentionDims": "arch",
+    "Mamba2Dims": "arch",
     "MaskAttentionRows": "interventions",
+    "MixerSpec": "arch",
     "Patch": "interventions",
     "Positions": "interventions",
     "Resid": "heads",
     "SkipLayers": "interventions",
+    "Stream": "arch",
     "Target": "heads",
     "Truncate": "interventions",
     "keep_attention_rows": "interventions",
+    "uniform": "arch",
 }
 
 __all__ = sorted(_EXPORTS)

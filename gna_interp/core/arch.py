@@ -291,6 +291,14 @@ class MixerSpec:
         norm_gate: the input stream (one unit per head) that gates the heads' outputs
             inside that norm (Mamba-2's ``gate`` z): holding a head's input to the norm
             means holding its pre-norm output and this stream.
+        pad_guard: for families whose forward ignores the attention mask
+            (`ArchSpec.takes_mask` false, or a mask that does not keep padding out of
+            the state): ``(module output [batch, pos, cols], dims, mask [batch, pos])
+            -> output`` applied to the output of ``pad_guard_module`` (relative to the
+            mixer) so that left padding leaves every real token's numbers unchanged
+            (Llamba: `gna_interp.models.registry.discrete_mamba2_pad_guard`); ``None``:
+            the mixer needs none (or padded batches are refused, see `ArchSpec.takes_mask`).
+        pad_guard_module: see ``pad_guard``.
     """
 
     kind: LayerKind
@@ -304,6 +312,8 @@ class MixerSpec:
     shared: bool = False
     norm: str = ""
     norm_gate: str = ""
+    pad_guard: Callable[[Any, Any, Any], Any] | None = None
+    pad_guard_module: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in (LayerKind.ATTENTION, LayerKind.SSM):
@@ -450,12 +460,19 @@ class ArchSpec:
         final_norm_path: the norm after the last block.
         mixers: ``(config, layer) -> the layer's mixers``.
         tlens: whether TransformerLens's TransformerBridge supports this family.
-        block_output: ``0`` if a block returns its hidden state as a tensor, else the
+        block_output: ``0`` if a block returns its hidden state as a tensor, the
             length of the tuple it returns (hidden state first; the rest ``None`` when a
-            block is not run).
+            block is not run), or the key of the dict it returns (Llamba's first release:
+            ``"hidden_states"``; nnsight backend only).
         default_backend: what `gna_interp.load` picks when no backend is given
             (``"nnsight"`` for SSMs and hybrids even where ``tlens`` works: see
             docs/backends.md for the measured reason).
+        n_layers_field, d_model_field: the config fields holding the number of blocks
+            and the residual width (Llamba: ``n_layer``, ``d_model``).
+        takes_mask: the model's ``forward`` takes ``attention_mask=``; ``False`` calls
+            it with ``input_ids`` alone. Then a left-padded batch runs only if every
+            mixer has a `MixerSpec.pad_guard` (padding provably leaves the real tokens'
+            numbers unchanged); otherwise it is refused with an error naming the fix.
     """
 
     family: str
@@ -465,12 +482,31 @@ class ArchSpec:
     final_norm_path: str
     mixers: MixerTable
     tlens: bool
-    block_output: int = 0
+    block_output: int | str = 0
     default_backend: str = "nnsight"
+    n_layers_field: str = "num_hidden_layers"
+    d_model_field: str = "hidden_size"
+    takes_mask: bool = True
 
     def __post_init__(self) -> None:
         if self.default_backend not in ("tlens", "nnsight") or (self.default_backend == "tlens" and not self.tlens):
             raise ValueError(f"ArchSpec {self.family!r}: default_backend={self.default_backend!r} is not a backend it supports")
+        if self.tlens and isinstance(self.block_output, str):
+            raise ValueError(
+                f"ArchSpec {self.family!r}: block_output={self.block_output!r} (a dict key) works on nnsight only: tlens=False"
+            )
+
+    def n_layers(self, config: Any) -> int:
+        """The number of blocks, from ``config.<n_layers_field>``."""
+        return _config_int(config, self.n_layers_field)
+
+    def d_model(self, config: Any) -> int:
+        """The residual width, from ``config.<d_model_field>``."""
+        return _config_int(config, self.d_model_field)
+
+    def layers_of(self, config: Any) -> tuple[LayerSpec, ...]:
+        """`resolve` over every block the config declares."""
+        return self.resolve(config, self.n_layers(config))
 
     def block_path(self, layer: int) -> str:
         return f"{self.layers_path}.{layer}"

@@ -49,8 +49,8 @@ class GnaModel:
         self.arch = arch
         self.backend = backend
         config = hf_model.config
-        self.n_layers: int = int(config.num_hidden_layers)
-        self.d_model: int = int(config.hidden_size)
+        self.n_layers: int = arch.n_layers(config)
+        self.d_model: int = arch.d_model(config)
         self.vocab_size: int = int(config.vocab_size)
         self.layout = ModelLayout(
             name or config.name_or_path or arch.family,

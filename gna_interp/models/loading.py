@@ -30,7 +30,7 @@ from .preflight import (
     looks_like_path,
     read_config_json,
 )
-from .registry import spec_for
+from .registry import spec_for, spec_for_model
 from .swap_block import swapped_in_layers
 
 BACKENDS = ("tlens", "nnsight")
@@ -45,6 +45,7 @@ def load(
     dtype: torch.dtype | str | None = None,
     remote: bool | str = False,
     check_weights: bool = True,
+    arch: ArchSpec | None = None,
     **hf_kwargs: Any,
 ) -> GnaModel:
     """Load a causal LM for analysis.
@@ -55,7 +56,9 @@ def load(
 
     Args:
         model: a HF hub id (``"meta-llama/Llama-3.1-8B-Instruct"``), a local folder with
-            ``config.json`` and weights, or a ``transformers.PreTrainedModel``.
+            ``config.json`` and weights, a ``transformers.PreTrainedModel``, or any
+            ``torch.nn.Module`` causal LM with a ``config`` attribute (Cartesia's
+            ``LlambaLMHeadModel``; a family the table lacks with ``arch=``), run on nnsight.
         backend: ``"tlens"`` (TransformerLens ``TransformerBridge``) or ``"nnsight"``.
             Default: the family's ``ArchSpec.default_backend``: ``tlens`` for Llama,
             Mistral and Qwen2, ``nnsight`` for SSMs and hybrids (both backends run them,
@@ -72,6 +75,9 @@ def load(
         check_weights: refuse a checkpoint whose tensors do not match its config (tensors
             missing, which transformers would initialise at random, or unexpected);
             ``False`` loads it with a `WeightsMismatchWarning` listing them.
+        arch: the model's family as data (`gna_interp.core.arch.ArchSpec`), for a model
+            object whose ``model_type`` the table lacks (or to override its row); see
+            `gna_interp.register_architecture` and docs/architecture.md.
         **hf_kwargs: passed to ``from_pretrained``.
 
     Raises:
@@ -81,6 +87,10 @@ def load(
             do not match the config, or a bad ``backend`` / ``remote``.
     """
     check_keywords(hf_kwargs)
+    if arch is not None and not isinstance(arch, ArchSpec):
+        raise TypeError(f"arch= expects a gna_interp.ArchSpec (the family as data), got {type(arch).__name__}")
+    if arch is not None and isinstance(model, (str, os.PathLike)):
+        raise ValueError("arch= describes a model object: load the module yourself and pass it (model=<torch.nn.Module>, arch=...)")
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: expected one of {BACKENDS}")
     if remote not in (False, True, "local"):
@@ -93,10 +103,14 @@ def load(
     source, access = _preflight(model, hf_kwargs)  # no weights yet; a hub id without network fails here, in seconds
     tokenizer = _tokenizer(tokenizer, model, source, access)
     hf_model, name = _hf_model(model, source, device, dtype, {**hf_kwargs, **access}, check_weights)
-    spec = spec_for(hf_model.config)
+    spec = arch if arch is not None else spec_for_model(hf_model)
     foreign = swapped_in_layers(hf_model, spec.layers_path)
     backend = "nnsight" if remote or (foreign and backend is None) else (backend or spec.default_backend)
     _check_backend(spec, backend, foreign)
+    from transformers import PreTrainedModel
+
+    if backend == "tlens" and not isinstance(hf_model, PreTrainedModel):
+        raise ValueError(f"backend='tlens' wraps transformers models only; this {type(hf_model).__name__} runs on backend='nnsight'")
     hf_model.eval()
     if backend == "tlens":
         return GnaModel(hf_model, tokenizer, spec, _tlens_backend(hf_model, tokenizer, name, spec), name)
@@ -104,6 +118,11 @@ def load(
 
 
 def _check_backend(spec: ArchSpec, backend: str, foreign: dict[int, str]) -> None:
+    if backend == "tlens" and not spec.tlens and spec.family.startswith("llamba"):
+        raise ValueError(
+            f"backend='tlens' does not support the {spec.family!r} family (Discrete Mamba-2 SSM layers): TransformerLens's "
+            "bridge has no adapter for it: use backend='nnsight'"
+        )
     if backend == "tlens" and not spec.tlens:
         what = "hybrid attention / SSM" if spec.layer_kind is LayerKind.HYBRID else spec.layer_kind.value
         raise ValueError(f"backend='tlens' does not support the {spec.family!r} family ({what} layers): use backend='nnsight'")
@@ -160,8 +179,19 @@ def _hf_model(model: Any, folder: str | None, device: Any, dtype: Any, hf_kwargs
         if device is not None or dtype is not None:
             model = model.to(device=device, dtype=dtype)  # type: ignore[call-arg]
         return model, str(model.config.name_or_path or type(model).__name__)
+    if isinstance(model, torch.nn.Module):  # a causal LM that is not a transformers class (Cartesia's Llamba, a user's own)
+        if getattr(model, "config", None) is None:
+            raise TypeError(
+                f"model: a {type(model).__name__} without a config attribute: gna_interp reads the sizes the ArchSpec names "
+                "from model.config (give the module one, e.g. a types.SimpleNamespace)"
+            )
+        if device is not None or dtype is not None:
+            model = model.to(device=device, dtype=dtype)  # type: ignore[arg-type]
+        return model, str(getattr(model.config, "name_or_path", "") or type(model).__name__)
     if not isinstance(model, (str, os.PathLike)):
-        raise TypeError(f"model must be a hub id, a local folder or a transformers PreTrainedModel, got {type(model).__name__}")
+        raise TypeError(
+            f"model must be a hub id, a local folder, a transformers PreTrainedModel or a torch.nn.Module, got {type(model).__name__}"
+        )
     path = folder if folder is not None and str(model).startswith("~") else os.fspath(model)
     kwargs = {**hf_kwargs, "output_loading_info": True}
     if dtype is not None:
@@ -216,7 +246,7 @@ def _tlens_backend(hf_model: Any, tokenizer: Any, name: str, spec: ArchSpec) -> 
     kernel = getattr(config, "_attn_implementation", None)  # the bridge switches the config to eager
     with tokenizer_copy(tokenizer) as bridge_tokenizer:
         bridge = TransformerBridge.boot_transformers(name or spec.family, hf_model=hf_model, tokenizer=bridge_tokenizer)
-    return TLensBackend(bridge, spec, spec.resolve(config, int(config.num_hidden_layers)), attn_implementation=kernel)
+    return TLensBackend(bridge, spec, spec.resolve(config, spec.n_layers(config)), attn_implementation=kernel)
 
 
 @contextmanager
@@ -239,13 +269,18 @@ def tokenizer_copy(tokenizer: Any) -> Iterator[Any]:
 
 
 def _nnsight_backend(hf_model: Any, tokenizer: Any, spec: ArchSpec, remote: bool | str) -> Any:
+    import nnsight
     from nnsight.modeling.transformers import TransformersModel
+    from transformers import PreTrainedModel
 
     from ..backends.nnsight import NNsightBackend
 
     config = hf_model.config
-    envoy = TransformersModel(hf_model, tokenizer=copy.deepcopy(tokenizer))  # nnsight sets padding in place: not on the caller's
-    return NNsightBackend(envoy, spec, spec.resolve(config, int(config.num_hidden_layers)), remote)
+    if isinstance(hf_model, PreTrainedModel):
+        envoy = TransformersModel(hf_model, tokenizer=copy.deepcopy(tokenizer))  # nnsight sets padding in place: not on the caller's
+    else:  # any other torch module: nnsight's generic wrapper (GnaModel tokenizes)
+        envoy = nnsight.NNsight(hf_model)
+    return NNsightBackend(envoy, spec, spec.layers_of(config), remote)
 
 
 def _load_remote(model: Any, tokenizer: Any) -> GnaModel:
@@ -268,5 +303,5 @@ def _load_remote(model: Any, tokenizer: Any) -> GnaModel:
     envoy = TransformersModel(model, tokenizer=tokenizer) if tokenizer is not None else TransformersModel(model)
     config = envoy.config
     spec = spec_for(config)
-    backend = NNsightBackend(envoy, spec, spec.resolve(config, int(config.num_hidden_layers)), True)
+    backend = NNsightBackend(envoy, spec, spec.resolve(config, spec.n_layers(config)), True)
     return GnaModel(envoy._module, envoy.tokenizer, spec, backend, model)

@@ -33,7 +33,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..core.arch import ArchSpec
-from .registry import spec_for
+from .registry import DESCRIBE_HELP, UnknownArchitectureError, spec_for
 
 LOAD_PARAMETERS = ("backend", "tokenizer", "device", "dtype", "remote", "check_weights")
 """`gna_interp.load`'s keyword parameters (every other keyword goes to ``from_pretrained``)."""
@@ -210,8 +210,8 @@ def check_architecture(config: Mapping[str, Any], where: str) -> ArchSpec:
     """
     try:
         return spec_for(SimpleNamespace(model_type=config.get("model_type")))
-    except ValueError as error:
-        raise ValueError(f"{error} (read from {where}, before any weights)") from None
+    except UnknownArchitectureError as error:
+        raise ValueError(f"{error.what} (read from {where}, before any weights); {DESCRIBE_HELP}") from None
 
 
 # ----- tokenizer ------------------------------------------------------------------------------

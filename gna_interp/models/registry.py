@@ -15,6 +15,11 @@ family's own config fields. Heads are numbered per layer, attention first, then 
 | Zamba2 | ``layers_block_type``: ``linear_attention``, ``hybrid`` | Mamba-2 (``mamba``); hybrid: see below |
 | FalconH1 | every layer | attention (``self_attn``), then Mamba-2 (``mamba``) |
 | Qwen3-Next | ``layer_types``: ``full_attention``, ``linear_attention`` | attention (``self_attn``) or gated DeltaNet (``linear_attn``) |
+| Llamba (Cartesia; ``backbone`` or HF-style ``model`` trunk) | SSM, Discrete Mamba-2 | SSM (``mixer``) |
+
+A family the table lacks is described the same way, as data, without editing the
+package: `register_architecture` adds a row for its ``model_type`` (or pass the row to
+``gna.load(module, arch=...)``); see docs/architecture.md, "Describing an architecture".
 
 A Zamba2 ``hybrid`` layer runs the shared attention block (``shared_transformer``, one set
 of weights for every hybrid layer) and then its own Mamba-2 layer (``mamba_decoder``): its
@@ -32,6 +37,11 @@ in the order the mixer computes them:
 | | ``B``, ``C`` | ``in_proj`` output columns | per group (shared by its heads) |
 | Mamba-1 | ``x``, ``gate`` | ``in_proj`` output columns | per channel |
 | | ``dt``, ``B``, ``C`` | ``x_proj`` output columns | shared by every channel of the layer |
+| Discrete Mamba-2 (Llamba) | ``x``, ``z``, ``decay`` (``A_log``) | ``in_proj`` output columns | per value head |
+| | ``B``, ``C`` | ``in_proj`` output columns | per qk head (shared by its value heads, like grouped-query keys) |
+
+Llamba's forward takes no attention mask: its mixer has a pad guard (see
+`discrete_mamba2_pad_guard`) that keeps left padding out of every real token's numbers.
 
 Zamba2 with ``use_shared_attention_adapter`` adds a per-application low-rank adapter to
 ``q``, ``k`` and ``v`` (``q = q_proj(h) + adapter_l(h)``): no module outputs the whole
@@ -220,6 +230,132 @@ def zamba2_mixers(config: Any, layer: int) -> tuple[MixerSpec, ...]:
     return (shared, mamba2("mamba_decoder.mamba", zamba2_mamba_dims, runs=1, stage=1))
 
 
+# ----- Llamba: Discrete Mamba-2 -------------------------------------------------------------
+# ``in_proj`` output = ``[x (heads x head_dim) | B (qk heads x state) | C | z (heads x
+# head_dim) | A_log (heads)]``; the conv (identity activation) acts on ``x``, ``B``, ``C``
+# channel by channel, so replacing those columns at every position equals replacing them
+# after the conv. Sizes in `Mamba2Dims`: ``groups`` = qk heads; no gated norm.
+
+
+def llamba_dims(config: Any) -> Mamba2Dims:
+    """Llamba's mixer sizes from ``config.ssm_cfg`` and ``config.d_model``."""
+    ssm = getattr(config, "ssm_cfg", None)
+    if not isinstance(ssm, Mapping):
+        raise ValueError(f"config of model_type {getattr(config, 'model_type', '?')!r} has no ssm_cfg dict (got {ssm!r})")
+    inner = int(ssm.get("expand", 1)) * _config_int(config, "d_model")
+    heads = int(ssm["n_v_heads"])
+    return Mamba2Dims(
+        heads=heads,
+        head_dim=inner // heads,
+        groups=int(ssm["n_qk_heads"]),
+        state=int(ssm["d_state"]),
+        conv_bias=bool(ssm.get("conv_bias", True)),
+        act=str(ssm.get("activation", "identity")),
+        gated_norm=False,
+    )
+
+
+def dm2_x(d: Mamba2Dims) -> tuple[int, int, int]:
+    """``x`` per value head."""
+    return 0, d.heads, d.head_dim
+
+
+def dm2_b(d: Mamba2Dims) -> tuple[int, int, int]:
+    """``B`` per qk head."""
+    return d.inner, d.groups, d.state
+
+
+def dm2_c(d: Mamba2Dims) -> tuple[int, int, int]:
+    return d.inner + d.groups * d.state, d.groups, d.state
+
+
+def dm2_z(d: Mamba2Dims) -> tuple[int, int, int]:
+    return d.inner + 2 * d.groups * d.state, d.heads, d.head_dim
+
+
+def dm2_decay(d: Mamba2Dims) -> tuple[int, int, int]:
+    """``A_log`` (the decay is ``softplus(A_log)``) per value head."""
+    return 2 * d.inner + 2 * d.groups * d.state, d.heads, 1
+
+
+DISCRETE_MAMBA2_STREAMS = (
+    Stream("x", "in_proj", dm2_x),
+    Stream("B", "in_proj", dm2_b),
+    Stream("C", "in_proj", dm2_c),
+    Stream("z", "in_proj", dm2_z),
+    Stream("decay", "in_proj", dm2_decay),
+)
+
+PAD_CLEAR = 200.0
+"""``A_log`` written at a padded row's first real token: ``exp(-softplus(200)) == 0`` in
+float32, so the state that token starts from is exactly zero, as without padding."""
+
+
+def discrete_mamba2_pad_guard(projected: Any, d: Mamba2Dims, mask: Any) -> Any:
+    """Left padding made harmless for a Discrete Mamba-2 mixer, on its ``in_proj`` output.
+
+    ``projected``: ``[batch, pos, cols]``; ``mask``: ``[batch, pos]``, True on real tokens.
+    Zeroing ``xBC`` on padding makes the causal conv at the real tokens see the zeros an
+    unpadded row has before its start; setting ``A_log`` at each padded row's first real
+    token to `PAD_CLEAR` makes that token's decay ``exp(-a) = 0``, so whatever padding
+    wrote into the state is erased there. The token's own input ``x B^T`` does not depend
+    on its decay (the kernel's ``x / a`` times ``dt = a``), so every real token's output
+    equals the unpadded row's. Rows without padding are returned unchanged.
+    """
+    import torch
+
+    real = mask.to(device=projected.device, dtype=torch.bool)
+    conv = d.inner + 2 * d.groups * d.state
+    out = projected.clone()
+    out[..., :conv] = out[..., :conv] * real[..., None].to(out.dtype)
+    first = real.int().argmax(dim=1)  # [batch]: the first real token (left padding)
+    rows = torch.nonzero(first > 0).flatten()
+    decay = dm2_decay(d)[0]
+    out[rows, first[rows], decay:] = PAD_CLEAR
+    return out
+
+
+def discrete_mamba2(path: str = "mixer") -> MixerSpec:
+    """Llamba's mixer: heads are value heads; no norm (``out_proj(y * silu(z + z_bias))``)."""
+    return MixerSpec(
+        LayerKind.SSM,
+        path,
+        "out_proj",
+        llamba_dims,
+        DISCRETE_MAMBA2_STREAMS,
+        recipe="discrete_mamba2",
+        pad_guard=discrete_mamba2_pad_guard,
+        pad_guard_module="in_proj",
+    )
+
+
+def _llamba(family: str, trunk: str, block_output: int | str) -> ArchSpec:
+    """Cartesia's first release (``backbone``, blocks return ``{"hidden_states": ...}``,
+    forward takes no mask) or the HF-style version (``model``, blocks return a 1-tuple)."""
+    return ArchSpec(
+        family,
+        ("llamba",),
+        LayerKind.SSM,
+        f"{trunk}.layers",
+        f"{trunk}.final_layernorm",
+        uniform(discrete_mamba2()),
+        tlens=False,
+        block_output=block_output,
+        n_layers_field="n_layer",
+        d_model_field="d_model",
+        takes_mask=False,
+    )
+
+
+LLAMBA = _llamba("llamba", "backbone", "hidden_states")
+LLAMBA_HF = _llamba("llamba_hf", "model", 1)
+
+
+def llamba_variant(model: Any) -> ArchSpec:
+    """The Llamba row that fits ``model``'s module tree (``backbone`` or ``model`` trunk)."""
+    return LLAMBA if hasattr(model, "backbone") else LLAMBA_HF
+
+
 def _llama_like(family: str) -> ArchSpec:
     mixers = uniform(attention())
     return ArchSpec(family, (family,), LayerKind.ATTENTION, "model.layers", "model.norm", mixers, tlens=True, default_backend="tlens")
@@ -266,19 +402,81 @@ ARCHITECTURES: tuple[ArchSpec, ...] = (
     # FalconH1 runs the Mamba-2 mixer first, then attention, on the same normed input.
     _hybrid("falcon_h1", "model.final_layernorm", by_layer_type("layers_block_type", {"hybrid": _FALCON_H1}), block_output=1),
     _hybrid("qwen3_next", "model.norm", by_layer_type("layer_types", _QWEN3_NEXT)),
+    LLAMBA,
 )
 
+# One row per model_type; Llamba's HF-style naming is picked by the module tree
+# (`spec_for_model`), so only the first-release row is keyed here.
 _BY_MODEL_TYPE = {model_type: spec for spec in ARCHITECTURES for model_type in spec.model_types}
+_REGISTERED: dict[str, ArchSpec] = {}
+
+DESCRIBE_HELP = (
+    "to analyse a family the table lacks, describe it as data: gna.register_architecture(gna.ArchSpec(...)) "
+    "or gna.load(module, arch=gna.ArchSpec(...), tokenizer=...) (docs/architecture.md, 'Describing an architecture')"
+)
 
 
 def known_model_types() -> list[str]:
-    return sorted(_BY_MODEL_TYPE)
+    return sorted({**_BY_MODEL_TYPE, **_REGISTERED})
+
+
+class UnknownArchitectureError(ValueError):
+    """A ``model_type`` the table lacks: ``what`` names it and the supported ones, then
+    how to describe the family (`DESCRIBE_HELP`)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        super().__init__(f"{what}; {DESCRIBE_HELP}")
+
+
+def register_architecture(spec: ArchSpec, replace: bool = False) -> ArchSpec:
+    """Add a row to the architecture table for ``spec.model_types``, without editing the
+    package: `gna_interp.load` then handles models whose ``config.model_type`` is one of
+    them. Returns ``spec``.
+
+    Args:
+        spec: the family as data (`gna_interp.core.arch.ArchSpec`): block list, final
+            norm, mixers (path, out-projection, head sizes, input streams, implicit-
+            attention recipe), the config fields of its sizes, whether its forward takes
+            ``attention_mask``.
+        replace: allow replacing a row for a ``model_type`` the table already has.
+
+    Raises:
+        TypeError: ``spec`` is not an ``ArchSpec``.
+        ValueError: a ``model_type`` is already in the table and ``replace`` is false.
+    """
+    if not isinstance(spec, ArchSpec):
+        raise TypeError(f"register_architecture(spec=...) expects a gna_interp.ArchSpec, got {type(spec).__name__}")
+    taken = [t for t in spec.model_types if t in _BY_MODEL_TYPE or t in _REGISTERED]
+    if taken and not replace:
+        raise ValueError(
+            f"register_architecture: model_type(s) {taken} are already in the architecture table: pass replace=True to replace"
+        )
+    for model_type in spec.model_types:
+        _REGISTERED[model_type] = spec
+    return spec
+
+
+def unregister_architecture(model_type: str) -> None:
+    """Remove a row `register_architecture` added (built-in rows stay)."""
+    if model_type not in _REGISTERED:
+        raise KeyError(f"unregister_architecture: model_type {model_type!r} was not registered (registered: {sorted(_REGISTERED)})")
+    del _REGISTERED[model_type]
 
 
 def spec_for(config: Any) -> ArchSpec:
-    """The table row for a HF config; a clear error for an unknown ``model_type``."""
+    """The table row for a config (a registered row first); a clear error, saying how to
+    describe the family, for an unknown ``model_type``."""
     model_type = getattr(config, "model_type", None)
-    spec = _BY_MODEL_TYPE.get(model_type)  # type: ignore[arg-type]
+    spec = _REGISTERED.get(model_type) or _BY_MODEL_TYPE.get(model_type)  # type: ignore[arg-type]
     if spec is None:
-        raise ValueError(f"unknown architecture model_type={model_type!r}: supported are {known_model_types()}")
+        raise UnknownArchitectureError(f"unknown architecture model_type={model_type!r}: supported are {known_model_types()}")
+    return spec
+
+
+def spec_for_model(model: Any) -> ArchSpec:
+    """`spec_for` of ``model.config``, with the Llamba row that fits the module tree."""
+    spec = spec_for(model.config)
+    if spec is LLAMBA:
+        return llamba_variant(model)
     return spec
