@@ -292,3 +292,63 @@ def test_padding_without_a_guard_is_refused(tokenizer):
     with pytest.raises(ValueError, match=r"'llamba_unguarded' family's forward takes no attention mask .* pass rows of one token length"):
         model.logits(PROMPTS)
     assert F.softplus(torch.tensor(200.0)).neg().exp().item() == 0.0, "the guard's decay clears the state in float32"
+
+
+@pytest.fixture(scope="module")
+def toy_llamba_folder(tmp_path_factory):
+    """A tiny twin saved as a checkpoint folder in Cartesia's naming, with the toy tokenizer."""
+    from gna_interp.models.llamba import save_llamba
+    from gna_interp.tasks.toy import VOCAB
+
+    folder = tmp_path_factory.mktemp("llamba") / "tiny-llamba"
+    save_llamba(tiny_llamba(seed=4, vocab_size=len(VOCAB)), folder)
+    gna.tasks.toy_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def test_folder_loads_strict_and_cli_ablates(toy_llamba_folder, capsys):
+    """The folder loads (no transformers class: the twin, or Cartesia's when installed);
+    the command line's ablate runs on it and prints what the library computes."""
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    from gna_interp.cli import main
+
+    model = gna.load(str(toy_llamba_folder))
+    assert model.arch.family == "llamba" and model.heads_per_layer == (4, 4, 4)
+    status = main(["ablate", "--model", str(toy_llamba_folder), "--head", "1.2", "--n", "16"])
+    out, err = capsys.readouterr()
+    assert status == 0, err[-2000:]
+    before, after = map(float, re.search(r"accuracy clean ([\d.]+) -> ([\d.]+)", out).groups())
+    task = gna.tasks.toy_mcq(16, seed=0)  # the command's --task toy, default seed
+    assert before == pytest.approx(gna.evaluate(model, task).accuracy, abs=1e-3)
+    assert after == pytest.approx(gna.evaluate(model, task, [gna.Ablate([H(1, 2)])]).accuracy, abs=1e-3)
+    weights = load_file(str(toy_llamba_folder / "model.safetensors"))
+    weights["backbone.layers.0.mixer.extra"] = torch.zeros(1)
+    broken = toy_llamba_folder.parent / "broken"
+    broken.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (toy_llamba_folder / name).is_file():
+            (broken / name).write_bytes((toy_llamba_folder / name).read_bytes())
+    save_file(weights, str(broken / "model.safetensors"))
+    with pytest.raises(
+        ValueError, match=r"do not fit the Llamba its config.json builds: missing \[\], unexpected \['backbone.layers.0.mixer.extra'\]"
+    ):
+        gna.load(str(broken))
+
+
+def test_lm_eval_equals_evaluate_on_the_twin(toy_llamba_folder, tmp_path):
+    """lm-eval through `gna.lm_eval` scores each document as `gna.evaluate` does
+    (prompts of several lengths: padded batches, no mask)."""
+    pytest.importorskip("lm_eval")
+    model = gna.load(str(toy_llamba_folder))
+    short, long = gna.tasks.toy_mcq(6, seed=7, words_per_option=1), gna.tasks.toy_mcq(6, seed=8)
+    task = gna.tasks.Task("toy_llamba", [e for pair in zip(short.examples, long.examples, strict=True) for e in pair])
+    assert len({len(p.split()) for p in task.prompts}) > 1, "prompts of several lengths"
+    gna.harness.write_task(task, tmp_path, "toy_llamba")
+    run = gna.lm_eval(model, "toy_llamba", [gna.Ablate([H(2, 1)])], include_path=str(tmp_path), log_samples=True)
+    ours = gna.evaluate(model, task, [gna.Ablate([H(2, 1)])])
+    samples = sorted(run.results["samples"]["toy_llamba"], key=lambda s: s["doc_id"])
+    scores = torch.tensor([[resp[0][0] for resp in s["resps"]] for s in samples])
+    assert torch.allclose(scores, ours.scores, atol=1e-4)

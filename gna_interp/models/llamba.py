@@ -29,7 +29,9 @@ The mixer is usable alone (hybrid students build on it).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -366,3 +368,53 @@ def tiny_llamba(seed: int = 0, vocab_size: int = 64, hf_style: bool = False, **o
             elif name.endswith("z_bias") or name.endswith("conv1d.weight"):
                 param.copy_(0.5 * torch.randn(param.shape, generator=generator))
     return model.eval()
+
+
+def save_llamba(model: nn.Module, folder: str | Path) -> Path:
+    """``config.json`` and ``model.safetensors`` (the state dict in Cartesia's naming) in ``folder``."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2))
+    save_file({key: value.contiguous() for key, value in model.state_dict().items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def load_llamba_folder(folder: str | Path, dtype: torch.dtype | None = None) -> nn.Module:
+    """A Llamba checkpoint folder (``config.json`` with ``model_type "llamba"``, and
+    ``model.safetensors`` or ``pytorch_model.bin``): Cartesia's ``LlambaLMHeadModel`` when
+    ``cartesia_pytorch`` is installed, else the CPU twin (the trunk's name, ``backbone`` or
+    ``model``, read from the weights). Weights load strictly: a missing or unexpected
+    tensor raises, naming it."""
+    folder = Path(folder)
+    fields = json.loads((folder / "config.json").read_text())
+    fields.pop("model_type", None)  # the class's own
+    state = _read_weights(folder)
+    hf_style = any(key.startswith("model.") for key in state)
+    try:
+        from cartesia_pytorch.Llamba.llamba import LlambaLMHeadModel as Cartesia  # type: ignore[import-not-found]
+    except ImportError:
+        Cartesia = None
+    if Cartesia is not None and not hf_style:
+        model = Cartesia(fields)
+    else:
+        model = (LlambaHFLMHeadModel if hf_style else LlambaLMHeadModel)(LlambaConfig(**fields))
+    result = model.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise ValueError(
+            f"{folder}: the weights do not fit the Llamba its config.json builds: "
+            f"missing {result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}"
+        )
+    return model.to(dtype=dtype).eval() if dtype is not None else model.eval()
+
+
+def _read_weights(folder: Path) -> dict[str, Tensor]:
+    if (folder / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(folder / "model.safetensors"))
+    if (folder / "pytorch_model.bin").is_file():
+        loaded: dict[str, Tensor] = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        return loaded
+    raise FileNotFoundError(f"{folder}: no model.safetensors or pytorch_model.bin (a Llamba checkpoint folder holds one)")

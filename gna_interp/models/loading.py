@@ -193,6 +193,11 @@ def _hf_model(model: Any, folder: str | None, device: Any, dtype: Any, hf_kwargs
             f"model must be a hub id, a local folder, a transformers PreTrainedModel or a torch.nn.Module, got {type(model).__name__}"
         )
     path = folder if folder is not None and str(model).startswith("~") else os.fspath(model)
+    if folder is not None and read_config_json(config_file(Path(folder))).get("model_type") == "llamba":
+        from .llamba import load_llamba_folder  # transformers has no Llamba class: Cartesia's, or the CPU twin
+
+        llamba = load_llamba_folder(folder, dtype=_dtype(dtype))
+        return (llamba.to(device) if device is not None else llamba), path
     kwargs = {**hf_kwargs, "output_loading_info": True}
     if dtype is not None:
         kwargs["dtype"] = dtype
@@ -209,6 +214,10 @@ def _hf_model(model: Any, folder: str | None, device: Any, dtype: Any, hf_kwargs
     if device is not None:
         hf_model = hf_model.to(device)
     return hf_model, path
+
+
+def _dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
 def _tokenizer(tokenizer: Any, model: Any, folder: str | None, access: dict[str, Any]) -> Any:
