@@ -376,7 +376,8 @@ def save_llamba(model: nn.Module, folder: str | Path) -> Path:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2))
+    config: Any = model.config
+    (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
     save_file({key: value.contiguous() for key, value in model.state_dict().items()}, str(folder / "model.safetensors"))
     return folder
 
