@@ -112,3 +112,27 @@ def test_discover_on_the_toy_on_the_gpu():
     circuits = [gna.discover(gna.load_toy("mamba2", device=device), task, **settings) for device in ("cpu", GPU)]
     assert circuits[0].gather == circuits[1].gather and circuits[0].aggregate == circuits[1].aggregate
     assert circuits[0].accuracy == pytest.approx(circuits[1].accuracy, abs=1e-6)
+
+
+def test_cartesia_llamba_equals_the_cpu_twin_on_the_same_weights():
+    """Cartesia's own Llamba class (mamba-ssm's Triton scan) against the pure-PyTorch twin,
+    on the same weights in Cartesia's naming (float32): logits, an ablated head, and the
+    rows of a left-padded batch, all through gna. Skipped unless ``cartesia_pytorch`` (and
+    its kernels) are installed and a GPU is present."""
+    if GPU != "cuda":
+        pytest.skip("compares Cartesia's GPU kernel to the twin: needs a CUDA GPU")
+    llamba = pytest.importorskip("cartesia_pytorch.Llamba.llamba")
+    from gna_interp.models.llamba import tiny_llamba
+
+    twin = tiny_llamba(seed=0)
+    real = llamba.LlambaLMHeadModel(twin.config.to_dict(), device=GPU, dtype=torch.float32)
+    real.load_state_dict(twin.state_dict(), strict=True)
+    tokenizer = word_tokenizer()
+    ours, theirs = gna.load(twin, tokenizer=tokenizer), gna.load(real.eval(), tokenizer=tokenizer)
+    prompts = ["w5 w6 w7 w8 w9", "w10 w11", *CLEAN]
+    head = gna.Head(1, 2)
+    for interventions in ([], [gna.Ablate([head])]):
+        expected = ours.logits(prompts, interventions)
+        got = theirs.logits(prompts, interventions).cpu()
+        real_tokens = ours.to_batch(prompts).attention_mask.bool()
+        assert (got - expected)[real_tokens].abs().max().item() < 1e-3, interventions

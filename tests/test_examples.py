@@ -174,6 +174,22 @@ def test_examples_that_need_weights_run_on_tiny_models(script, family, extra, tm
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+def test_llamba_example_runs_on_the_cpu_twin(tmp_path, mmlu_file):
+    """`llamba_8b.py` on a tiny Llamba twin folder (Cartesia's naming) and a tiny Llama donor
+    of the same width: clean and ablated MMLU, then the layer swap, restored after."""
+    from gna_interp.models.llamba import save_llamba, tiny_llamba
+
+    twin = save_llamba(tiny_llamba(seed=0, vocab_size=VOCAB_SIZE), tmp_path / "llamba")
+    gna.tasks.toy_tokenizer().save_pretrained(twin)
+    donor = tmp_path / "llama"
+    tiny_model("llama", seed=0, vocab_size=VOCAB_SIZE, hidden_size=32, num_attention_heads=4, num_key_value_heads=2).save_pretrained(donor)
+    env = {"GNA_EXAMPLE_MODEL": str(twin), "GNA_EXAMPLE_DONOR": str(donor), "GNA_EXAMPLE_MMLU": str(mmlu_file), "GNA_EXAMPLE_N": "8"}
+    result = run("llamba_8b.py", tmp_path, **env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "family=llamba" in result.stdout and "MMLU clean" in result.stdout, result.stdout
+    assert re.search(r"MMLU with Llama's layer 2: [\d.]+ -> [\d.]+", result.stdout), result.stdout
+
+
 def test_discover_at_depth_example(tmp_path):
     """A 3-layer deep toy on 24 prompts: the summary with its cost, and 10 remote requests."""
     result = run("discover_at_depth.py", tmp_path, GNA_EXAMPLE_LAYERS="3", GNA_EXAMPLE_N="24")
