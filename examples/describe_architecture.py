@@ -81,7 +81,7 @@ class TinyLM(nn.Module):
 
 def tiny_lm_config() -> types.SimpleNamespace:
     """The model's config: any object with the fields the description reads."""
-    return types.SimpleNamespace(model_type="tiny_lm", vocab_size=64, width=32, heads=4, depth=3, _attn_implementation="eager")
+    return types.SimpleNamespace(model_type="tiny_lm", vocab_size=64, width=32, heads=4, depth=3)
 
 
 # %% [markdown]

@@ -352,3 +352,15 @@ def test_lm_eval_equals_evaluate_on_the_twin(toy_llamba_folder, tmp_path):
     samples = sorted(run.results["samples"]["toy_llamba"], key=lambda s: s["doc_id"])
     scores = torch.tensor([[resp[0][0] for resp in s["resps"]] for s in samples])
     assert torch.allclose(scores, ours.scores, atol=1e-4)
+
+
+def test_hub_id_of_a_llamba_says_how_to_load_it(monkeypatch):
+    """transformers has no Llamba class: a hub id is refused from its config alone, saying
+    how to load it."""
+    config = tiny_llamba().config.to_dict()
+    monkeypatch.setattr("gna_interp.models.loading.hub_access", lambda name, revision=None: {})
+    monkeypatch.setattr("gna_interp.models.loading.hub_config", lambda name, access, kwargs: (config, f"{name}'s config.json"))
+    with pytest.raises(
+        ValueError, match=r"model='cartesia-ai/Llamba-8B' is a Llamba, which transformers cannot build: .*LlambaLMHeadModel"
+    ):
+        gna.load("cartesia-ai/Llamba-8B")

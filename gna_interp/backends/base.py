@@ -39,9 +39,9 @@ class Backend(Protocol):
 @contextmanager
 def attention_kernel(config: Any, kernel: str | None) -> Iterator[None]:
     """``config._attn_implementation`` set to ``kernel`` (``"eager"``, ``"sdpa"``, ...) for
-    one forward and restored afterwards, exceptions included; ``None`` (or no config):
-    left as it is."""
-    if kernel is None or config is None:
+    one forward and restored afterwards, exceptions included; ``None`` (or no config, or a
+    config without that field: a model that is not a transformers class): left as it is."""
+    if kernel is None or config is None or not hasattr(config, "_attn_implementation"):  # not a transformers config
         yield
         return
     previous = config._attn_implementation

@@ -151,7 +151,12 @@ def _preflight(model: Any, hf_kwargs: dict[str, Any]) -> tuple[str | None, dict[
             file = config_file(folder / subfolder)
             check_architecture(read_config_json(file), str(file))
         else:
-            check_architecture(*hub_config(str(model), access, hf_kwargs))
+            spec = check_architecture(*hub_config(str(model), access, hf_kwargs))
+            if spec.family.startswith("llamba"):
+                raise ValueError(
+                    f"model={str(model)!r} is a Llamba, which transformers cannot build: load Cartesia's class and pass it, "
+                    "gna.load(LlambaLMHeadModel.from_pretrained(...), tokenizer=...) (examples/llamba_8b.py), or a local checkpoint folder"
+                )
     return (str(folder) if folder is not None else None), access
 
 
