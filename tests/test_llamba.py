@@ -364,3 +364,29 @@ def test_hub_id_of_a_llamba_says_how_to_load_it(monkeypatch):
         ValueError, match=r"model='cartesia-ai/Llamba-8B' is a Llamba, which transformers cannot build: .*LlambaLMHeadModel"
     ):
         gna.load("cartesia-ai/Llamba-8B")
+
+
+def test_skipped_and_truncated_layers_equal_raw_pass_through(pair, tokenizer):
+    """Layer ablation (the block passes its input through) and truncation (blocks 0..k-1,
+    then the final norm and head) against the raw twin's blocks called by hand."""
+    raw, model = pair
+    body = trunk(raw)
+
+    def by_hand(text, skip=(), keep=3):
+        with torch.no_grad():
+            hidden = body.embedding(torch.tensor([tokenizer(text)["input_ids"]]))
+            for i, block in enumerate(body.layers[:keep]):
+                if i in skip:
+                    continue
+                out = block(hidden)
+                hidden = out[0] if isinstance(out, tuple) else out["hidden_states"]
+            return raw.lm_head(body.final_layernorm(hidden))[0]
+
+    skipped = model.logits(PROMPTS, [gna.SkipLayers([1])])
+    truncated = model.logits(PROMPTS, [gna.Truncate(2)])
+    for row, text in enumerate(PROMPTS):
+        expected_skip, expected_cut = by_hand(text, skip=(1,)), by_hand(text, keep=2)
+        n = expected_skip.shape[0]
+        assert (skipped[row, -n:] - expected_skip).abs().max().item() < EXACT, text
+        assert (truncated[row, -n:] - expected_cut).abs().max().item() < EXACT, text
+    assert (expected_skip - raw_logits(raw, PROMPTS[-1], tokenizer)).abs().max().item() > 1e-3
