@@ -28,7 +28,8 @@ def test_load_from_a_local_folder(tmp_path, tokenizer, family):
 
 
 def test_every_table_row_has_a_tiny_config():
-    assert {spec.family for spec in ARCHITECTURES} <= set(TINY_CONFIGS)
+    twins = {"llamba"}  # not a transformers class: its tiny model is gna_interp.models.llamba.tiny_llamba
+    assert {spec.family for spec in ARCHITECTURES} - twins <= set(TINY_CONFIGS)
 
 
 # SSM and hybrid rows on both backends: tests/test_tlens_ssm.py.
