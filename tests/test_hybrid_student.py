@@ -240,3 +240,13 @@ def test_distill_refuses_bad_arguments(teacher):
         distill(student, teacher, "w5 w6", show_progress=False)
     with pytest.raises(TypeError, match=r"expected the GnaModel gna_interp\.hybridize returns"):
         distill(teacher, teacher, TEXTS, show_progress=False)
+
+
+def test_a_bridged_teacher_gives_the_same_student(teacher, llama_tlens):
+    """TransformerLens wraps the teacher's modules in place: the student's weights are the same."""
+    from_bridge = hybridize(llama_tlens, KEEP, init="attention").hf_model.state_dict()
+    from_hf = hybridize(teacher, KEEP, init="attention").hf_model.state_dict()
+    assert from_bridge.keys() == from_hf.keys()
+    for name, value in from_hf.items():
+        assert torch.equal(from_bridge[name], value), name
+    assert no_hooks_left(llama_tlens)

@@ -352,17 +352,16 @@ def hybridize(
     with torch.no_grad():
         _copy_shared(student, hf_teacher)
         for layer in range(n_layers):
-            block, teacher_block = student.model.layers[layer], hf_teacher.model.layers[layer]
+            block = student.model.layers[layer]
+            weights = {name: _param(hf_teacher, f"model.layers.{layer}.self_attn.{name}_proj.weight") for name in "qkvo"}
             _identity_conv(block.mixer)
             if block.self_attn is not None:
-                _copy_kept_heads(
-                    block.self_attn, teacher_block.self_attn, kept[layer], n_heads, int(config.num_key_value_heads or n_heads), head_dim
-                )
+                _copy_kept_heads(block.self_attn, weights, kept[layer], n_heads, int(config.num_key_value_heads or n_heads), head_dim)
             if init == "attention":
                 replaced = [h for h in range(n_heads) if h not in kept[layer]]
                 attention_init(
                     block.mixer,
-                    teacher_block.self_attn,
+                    weights,
                     replaced,
                     kept[layer],
                     n_heads,
@@ -374,13 +373,23 @@ def hybridize(
 
 def _copy_shared(student: HybridStudentForCausalLM, teacher: Any) -> None:
     """Embeddings, final norm, LM head, and every block's norms and MLP (copies)."""
-    student.model.embed_tokens.weight.copy_(teacher.model.embed_tokens.weight)
-    student.model.norm.weight.copy_(teacher.model.norm.weight)
-    student.lm_head.weight.copy_(teacher.lm_head.weight)
-    for block, teacher_block in zip(student.model.layers, teacher.model.layers, strict=True):
-        block.input_layernorm.load_state_dict(teacher_block.input_layernorm.state_dict())
-        block.post_attention_layernorm.load_state_dict(teacher_block.post_attention_layernorm.state_dict())
-        block.mlp.load_state_dict(teacher_block.mlp.state_dict())
+    for name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+        _param(student, name).copy_(_param(teacher, name))
+    for layer, block in enumerate(student.model.layers):
+        for part in ("input_layernorm", "post_attention_layernorm", "mlp"):
+            for name, value in getattr(block, part).named_parameters():
+                value.copy_(_param(teacher, f"model.layers.{layer}.{part}.{name}"))
+
+
+def _param(root: Any, path: str) -> Tensor:
+    """The tensor at attribute ``path`` of ``root``, through TransformerLens's bridge
+    wrappers (a bridged module keeps the HF one as ``_original_component``)."""
+    value = root
+    for name in path.split("."):
+        value = getattr(getattr(value, "_original_component", value), name)
+    if not isinstance(value, Tensor):
+        raise TypeError(f"hybridize: the teacher's {path} is a {type(value).__name__}, expected a tensor")
+    return value
 
 
 def _identity_conv(mixer: DiscreteMamba2) -> None:
@@ -395,26 +404,23 @@ def _rows(weight: Tensor, unit: int, width: int) -> Tensor:
     return weight[unit * width : (unit + 1) * width]
 
 
-def _copy_kept_heads(attention: Any, teacher: Any, kept: list[int], n_heads: int, n_kv: int, head_dim: int) -> None:
+def _copy_kept_heads(attention: Any, teacher: dict[str, Tensor], kept: list[int], n_heads: int, n_kv: int, head_dim: int) -> None:
     """Kept head ``j`` (teacher head ``kept[j]``) gets the teacher's query rows, its key /
     value head's rows (one per kept head) and its ``o_proj`` columns."""
     group = n_heads // n_kv
     for j, head in enumerate(kept):
-        _rows(attention.q_proj.weight, j, head_dim).copy_(_rows(teacher.q_proj.weight, head, head_dim))
-        _rows(attention.k_proj.weight, j, head_dim).copy_(_rows(teacher.k_proj.weight, head // group, head_dim))
-        _rows(attention.v_proj.weight, j, head_dim).copy_(_rows(teacher.v_proj.weight, head // group, head_dim))
-        attention.o_proj.weight[:, j * head_dim : (j + 1) * head_dim].copy_(
-            teacher.o_proj.weight[:, head * head_dim : (head + 1) * head_dim]
-        )
-    if getattr(teacher.o_proj, "bias", None) is not None:
-        raise ValueError("hybridize: the teacher's o_proj has a bias, which the student's kept heads do not carry")
+        _rows(attention.q_proj.weight, j, head_dim).copy_(_rows(teacher["q"], head, head_dim))
+        _rows(attention.k_proj.weight, j, head_dim).copy_(_rows(teacher["k"], head // group, head_dim))
+        _rows(attention.v_proj.weight, j, head_dim).copy_(_rows(teacher["v"], head // group, head_dim))
+        attention.o_proj.weight[:, j * head_dim : (j + 1) * head_dim].copy_(teacher["o"][:, head * head_dim : (head + 1) * head_dim])
 
 
 def attention_init(
-    mixer: DiscreteMamba2, teacher: Any, replaced: list[int], kept: list[int], n_heads: int, n_kv: int, head_dim: int
+    mixer: DiscreteMamba2, teacher: dict[str, Tensor], replaced: list[int], kept: list[int], n_heads: int, n_kv: int, head_dim: int
 ) -> None:
     """The ``"attention"`` initialisation of one layer's mixer from the teacher's
-    attention ``teacher`` (``q_proj`` / ``k_proj`` / ``v_proj`` / ``o_proj``), in place:
+    attention weights ``teacher`` (``"q"``, ``"k"``, ``"v"``, ``"o"``: its projections'
+    weights), in place:
     see the module docstring for the formula."""
     group = n_heads // n_kv
     d_inner, n_state = mixer.d_inner, mixer.n_qk_heads * mixer.d_state
@@ -423,16 +429,14 @@ def attention_init(
     weight = mixer.in_proj.weight
     for head in replaced:
         g = head // group
-        _rows(weight[x0:], head, head_dim).copy_(_rows(teacher.v_proj.weight, g, head_dim))
-        _rows(weight[b0:], head, head_dim).copy_(_rows(teacher.k_proj.weight, g, head_dim))
-        _rows(weight[c0:], head, head_dim).copy_(_rows(teacher.q_proj.weight, head, head_dim) / math.sqrt(head_dim))
+        _rows(weight[x0:], head, head_dim).copy_(_rows(teacher["v"], g, head_dim))
+        _rows(weight[b0:], head, head_dim).copy_(_rows(teacher["k"], g, head_dim))
+        _rows(weight[c0:], head, head_dim).copy_(_rows(teacher["q"], head, head_dim) / math.sqrt(head_dim))
         _rows(weight[z0:], head, head_dim).zero_()
         weight[a0 + head].zero_()
         assert isinstance(mixer.z_bias, Tensor)
         mixer.z_bias[head * head_dim : (head + 1) * head_dim] = SILU_ONE
         mixer.D[head] = 0.0
-        mixer.out_proj.weight[:, head * head_dim : (head + 1) * head_dim].copy_(
-            teacher.o_proj.weight[:, head * head_dim : (head + 1) * head_dim]
-        )
+        mixer.out_proj.weight[:, head * head_dim : (head + 1) * head_dim].copy_(teacher["o"][:, head * head_dim : (head + 1) * head_dim])
     for head in kept:
         mixer.out_proj.weight[:, head * head_dim : (head + 1) * head_dim].zero_()
