@@ -8,7 +8,10 @@ from typing import Any
 from .._lazy import lazy_attribute, public_dir
 
 _EXPORTS: dict[str, str] = {
+    "DistillHistory": "distill",
     "GnaModel": "handle",
+    "distill": "distill",
+    "hybridize": "hybrid_student",
     "load": "loading",
 }
 

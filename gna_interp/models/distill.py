@@ -1,0 +1,263 @@
+"""`distill`: train a hybrid student (`gna_interp.models.hybrid_student`) to imitate its
+teacher, in the two stages of Bick, Xing, Gu (2026), sized for CPU toys.
+
+- **Stage A** (``"A"``), per layer, teacher-forced: block ``l`` of the student reads the
+  teacher's residual stream entering block ``l`` and fits the teacher's residual leaving
+  it. Loss: the mean over layers of the mean squared error over real (non-padding)
+  tokens and ``d_model``.
+- **Stage B** (``"B"``), end to end: the student's next-token distribution fits the
+  teacher's (soft targets). Loss: ``KL(teacher || student)`` per real token (the soft-target
+  cross-entropy minus the teacher's entropy, so 0 at a perfect fit), averaged.
+
+Every student parameter is trained (AdamW, one optimiser per stage); the teacher runs
+under ``torch.no_grad`` through the library (`GnaModel.run`, which leaves no hook).
+Batches are drawn from the data with a generator seeded by ``(seed, global step)``, so
+a run is a function of its arguments, and a run resumed from its checkpoint
+(``checkpoint_dir``) ends with the same weights and the same loss history as one that
+was never interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..core.heads import Resid
+from ..progress import progress_bar
+
+STAGES = ("A", "B")
+CHECKPOINT_NAME = "distill_checkpoint.pt"
+
+
+@dataclass
+class DistillHistory:
+    """The loss of every optimisation step, in order.
+
+    Attributes:
+        stages: per step, its stage (``"A"`` or ``"B"``).
+        steps: per step, its index within its stage.
+        losses: ``[n_steps]`` float64, the loss of each step's batch (before the update).
+    """
+
+    stages: list[str] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    losses: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
+
+    def append(self, stage: str, step: int, loss: float) -> None:
+        self.stages.append(stage)
+        self.steps.append(step)
+        self.losses = torch.cat([self.losses, torch.tensor([loss], dtype=torch.float64)])
+
+    def stage(self, name: str) -> Tensor:
+        """``[n]`` the losses of stage ``name`` only."""
+        return self.losses[[i for i, s in enumerate(self.stages) if s == name]]
+
+    @property
+    def frame(self) -> Any:
+        """A ``pandas.DataFrame`` with columns ``stage``, ``step``, ``loss``."""
+        import pandas as pd
+
+        return pd.DataFrame({"stage": self.stages, "step": self.steps, "loss": self.losses.tolist()})
+
+    def state(self) -> dict[str, Any]:
+        return {"stages": list(self.stages), "steps": list(self.steps), "losses": self.losses.clone()}
+
+
+def _texts_source(data: Any) -> Callable[[int, torch.Generator, int], list[str]]:
+    """``(global step, generator, batch size) -> texts`` for a `Task`, a list of strings,
+    or a function ``step -> list of strings`` (a stream)."""
+    prompts = getattr(data, "prompts", None)
+    if prompts is not None and not callable(prompts):
+        data = list(prompts)
+    if callable(data):
+        stream = data
+
+        def from_stream(step: int, generator: torch.Generator, size: int) -> list[str]:
+            texts = stream(step)
+            if isinstance(texts, str) or not isinstance(texts, Sequence) or not texts:
+                raise TypeError(f"distill: the stream returned {texts!r} for step {step}: expected a non-empty list of strings")
+            return list(texts)
+
+        return from_stream
+    if isinstance(data, str) or not isinstance(data, Sequence) or not data or not all(isinstance(t, str) for t in data):
+        raise TypeError(f"distill: data={data!r}: expected a Task, a non-empty list of strings, or a function step -> list of strings")
+    texts = list(data)
+
+    def from_list(step: int, generator: torch.Generator, size: int) -> list[str]:
+        order = torch.randperm(len(texts), generator=generator)[: min(size, len(texts))]
+        return [texts[int(i)] for i in order]
+
+    return from_list
+
+
+def _steps_per_stage(stages: Sequence[str], steps: int | dict[str, int]) -> dict[str, int]:
+    for stage in stages:
+        if stage not in STAGES:
+            raise ValueError(f"distill: stages={list(stages)!r} holds {stage!r}: expected stages from {STAGES}")
+    counts = {stage: steps for stage in stages} if isinstance(steps, int) else dict(steps)
+    for stage in stages:
+        value = counts.get(stage)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"distill: steps={steps!r} gives stage {stage!r} {value!r} steps: expected an int >= 0")
+    return {stage: counts[stage] for stage in stages}
+
+
+def _stage_a_loss(student: Any, resids: list[Tensor], mask: Tensor) -> Tensor:
+    """Mean over layers of the masked MSE between student block ``l`` on the teacher's
+    ``resids[l]`` and the teacher's ``resids[l + 1]`` (each ``[batch, pos, d_model]``)."""
+    trunk = student.model
+    extra = trunk.block_inputs(resids[0], mask)
+    weight = mask[..., None].to(resids[0].dtype)
+    count = weight.sum() * resids[0].shape[-1]
+    losses = [((block(resids[i], **extra) - resids[i + 1]).pow(2) * weight).sum() / count for i, block in enumerate(trunk.layers)]
+    return torch.stack(losses).mean()
+
+
+def _stage_b_loss(student: Any, input_ids: Tensor, mask: Tensor, teacher_logits: Tensor, temperature: float) -> Tensor:
+    """Mean over real tokens of ``KL(teacher || student)`` of the next-token distributions
+    at ``temperature``."""
+    logits = student(input_ids, attention_mask=mask).logits.float()
+    target = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    log_q = F.log_softmax(logits / temperature, dim=-1)
+    kl = (target.exp() * (target - log_q)).sum(-1)
+    weight = mask.to(kl.dtype)
+    return (kl * weight).sum() / weight.sum()
+
+
+def distill(
+    student: Any,
+    teacher: Any,
+    data: Any,
+    *,
+    stages: Sequence[str] = STAGES,
+    steps: int | dict[str, int] = 50,
+    batch_size: int = 8,
+    lr: float = 1e-3,
+    seed: int = 0,
+    temperature: float = 1.0,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    checkpoint_every: int = 10,
+    callback: Callable[[str, int, float], None] | None = None,
+    show_progress: bool = True,
+) -> DistillHistory:
+    """Distil ``teacher`` into ``student`` in place (see the module docstring).
+
+    Args:
+        student: a `GnaModel` over a `HybridStudentForCausalLM` (`gna_interp.hybridize`).
+        teacher: the teacher `GnaModel` (same tokenizer and vocabulary). Not modified.
+        data: a `Task` (its prompts), a list of strings, or a function ``step -> list of
+            strings`` (a stream; called with the global step number).
+        stages: ``("A", "B")``, or one of them.
+        steps: optimisation steps per stage (an int for every stage, or ``{"A": n, "B": m}``).
+        batch_size: prompts per step (drawn without replacement from a list).
+        lr: AdamW's learning rate.
+        seed: fixes the batches (and nothing else is random).
+        temperature: stage B's softmax temperature.
+        checkpoint_dir: a folder; every ``checkpoint_every`` steps and at each stage's end,
+            the student's weights, the optimiser and the history go to
+            ``<dir>/distill_checkpoint.pt``. A call that finds one there (written with the
+            same arguments) continues from it.
+        checkpoint_every: see ``checkpoint_dir``.
+        callback: ``(stage, step, loss)`` after each step (after the checkpoint, if any).
+        show_progress: a progress bar per stage (`gna_interp.progress`).
+
+    Returns:
+        `DistillHistory`: ``.losses`` ``[n_steps]`` and ``.frame`` (a DataFrame).
+
+    Raises:
+        ValueError: unknown stages, bad step counts, a checkpoint written with other
+            arguments, or a student / teacher pair that do not match.
+    """
+    plan = _steps_per_stage(stages, steps)
+    if not hasattr(getattr(student, "hf_model", None), "model") or not hasattr(student.hf_model.model, "block_inputs"):
+        raise TypeError(f"distill: student={student!r}: expected the GnaModel gna_interp.hybridize returns")
+    if int(student.vocab_size) != int(teacher.vocab_size) or int(student.n_layers) != int(teacher.n_layers):
+        raise ValueError(
+            f"distill: the student ({student.n_layers} layers, vocabulary {student.vocab_size}) does not match the teacher "
+            f"({teacher.n_layers} layers, vocabulary {teacher.vocab_size})"
+        )
+    if batch_size < 1 or checkpoint_every < 1 or lr <= 0 or temperature <= 0:
+        raise ValueError(
+            f"distill: batch_size={batch_size}, checkpoint_every={checkpoint_every}, lr={lr}, temperature={temperature}: "
+            "expected positive values"
+        )
+    source = _texts_source(data)
+    settings = {"stages": list(plan), "steps": plan, "batch_size": batch_size, "lr": lr, "seed": seed, "temperature": temperature}
+    model = student.hf_model
+    path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
+    history, done = DistillHistory(), {stage: 0 for stage in plan}
+    saved = _load_checkpoint(path, settings)
+    if saved is not None:
+        model.load_state_dict(saved["student"])
+        history = DistillHistory(**saved["history"])
+        done = saved["done"]
+    n_layers = int(teacher.n_layers)
+    offset = 0
+    was_training = model.training
+    model.train()
+    try:
+        for stage, total in plan.items():
+            optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+            if saved is not None and saved["stage"] == stage and done[stage] < total:
+                optimizer.load_state_dict(saved["optimizer"])
+            for step in progress_bar(range(done[stage], total), show=show_progress, desc=f"distill stage {stage}"):
+                generator = torch.Generator().manual_seed(seed * 1_000_003 + offset + step)
+                texts = source(offset + step, generator, batch_size)
+                with torch.no_grad():
+                    logits, acts = teacher.run(texts, capture=[Resid(layer) for layer in range(n_layers + 1)])
+                batch = student.to_batch(texts)
+                mask = batch.attention_mask
+                if stage == "A":
+                    loss = _stage_a_loss(model, [acts[Resid(layer)].detach() for layer in range(n_layers + 1)], mask)
+                else:
+                    loss = _stage_b_loss(model, batch.input_ids, mask, logits.detach(), temperature)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                history.append(stage, step, float(loss.detach()))
+                done[stage] = step + 1
+                if path is not None and (done[stage] % checkpoint_every == 0 or done[stage] == total):
+                    _save_checkpoint(path, settings, model, optimizer, history, done, stage)
+                if callback is not None:
+                    callback(stage, step, float(loss.detach()))
+            offset += total
+    finally:
+        model.train(was_training)
+        model.zero_grad(set_to_none=True)
+    return history
+
+
+def _save_checkpoint(
+    path: Path, settings: dict[str, Any], model: Any, optimizer: Any, history: DistillHistory, done: dict[str, int], stage: str
+) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {
+        "settings": settings,
+        "student": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "history": history.state(),
+        "done": dict(done),
+        "stage": stage,
+    }
+    partial = path.with_suffix(".tmp")
+    torch.save(state, partial)
+    partial.replace(path)  # a crash mid-write leaves the previous checkpoint whole
+
+
+def _load_checkpoint(path: Path | None, settings: dict[str, Any]) -> dict[str, Any] | None:
+    if path is None or not path.exists():
+        return None
+    saved: dict[str, Any] = torch.load(path, weights_only=False)
+    if saved.get("settings") != settings:
+        raise ValueError(
+            f"distill: the checkpoint {str(path)!r} was written with {saved.get('settings')}, not with this call's {settings}: "
+            "use another checkpoint_dir or the same arguments"
+        )
+    return saved
