@@ -32,13 +32,18 @@ def faithfulness_figure(curve: FaithfulnessCurve, *, size: tuple[float, float] =
         size: inches.
         title: default: the ablation and the number of prompts.
     """
+    _check(curve)
+    return _figure(lambda figure: draw_faithfulness(figure, curve, title=title), size)
+
+
+def _figure(draw: Any, size: tuple[float, float]) -> Figure:
+    """A matplotlib `Figure` of ``size`` inches, drawn by ``draw(figure)``."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    _check(curve)
     figure = Figure(figsize=size, dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
-    draw_faithfulness(figure, curve, title=title)
+    draw(figure)
     return figure
 
 
@@ -86,14 +91,8 @@ def retention_figure(curve: RetentionCurve, *, size: tuple[float, float] = (6.0,
     """A `RetentionCurve` (`gna.retention_curve`) as a matplotlib `Figure`: accuracy against
     heads kept, the ranking's top-n against random sets (mean, error bars one standard
     deviation over the seeds), with clean and chance lines."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     _check_retention(curve)
-    figure = Figure(figsize=size, dpi=100, layout="constrained")
-    FigureCanvasAgg(figure)
-    draw_retention(figure, curve, title=title)
-    return figure
+    return _figure(lambda figure: draw_retention(figure, curve, title=title), size)
 
 
 def retention_svg(curve: RetentionCurve, *, size: tuple[float, float] = (6.0, 3.6), title: str | None = None) -> str:
@@ -126,7 +125,7 @@ def draw_retention(figure: Any, curve: RetentionCurve, *, title: str | None = No
     axes.set_ylim(0, 1.02)
     axes.set_xlim(-0.5, curve.n_heads + 0.5)
     axes.grid(alpha=0.25)
-    axes.legend(loc="lower right", fontsize=8, frameon=False)
+    axes.legend(loc="best", fontsize=8, frameon=False)
     axes.set_title(title if title is not None else f"Keep-only: {curve.how} ablation, {curve.n_prompts} prompts", fontsize=10)
 
 
