@@ -302,3 +302,16 @@ def test_bad_arguments_are_named(toy_llamas, llama_task, call, error, match):
         warnings.simplefilter("error")
         with pytest.raises(error, match=match):
             call(toy_llamas["nnsight"], llama_task)
+
+
+def test_the_teacher_toys_top_eight_heads_carry_its_task():
+    """The `llama_4x8` card's claim on fresh prompts: its ranking puts layer 0's four heads and
+    layer 2's old four first, and those 8 of 32 heads kept alone carry the task where 8
+    random heads stay near chance."""
+    model = gna.load_toy("llama_4x8", backend="nnsight")
+    task = gna.toy_task("llama_4x8", 60, seed=SEED)
+    ranking = gna.retrieval_ranking(model, task, progress=False)
+    assert {str(h) for h in ranking.top(8)} == {f"L{layer}H{head}" for layer in (0, 2) for head in range(4)}
+    curve = gna.retention_curve(model, task, ranking, sizes=[8], seeds=3, progress=False)
+    assert curve.accuracy[1].item() >= 0.95 * curve.clean
+    assert curve.random[:, 1].max().item() <= 0.4
