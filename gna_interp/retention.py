@@ -142,8 +142,10 @@ def retrieval_ranking(
         how: ``"zero"`` (the paper's: the head's out-projection slice zeroed), ``"mean"``
             (its mean over each probe task's tokens) or ``"resample"`` (its output on the
             task's corrupted prompts).
-        n, seed: the default probe's size and seed.
-        max_rows, memory_budget_mb: rows per stacked forward (see `ablation_sweep`).
+        n: the default probe's number of prompts.
+        seed: the default probe's seed.
+        max_rows: rows per stacked forward (see `ablation_sweep`).
+        memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
         batch_size: prompts per forward where candidates span several tokens (then each
             head is one `evaluate`, not one variant of a stacked sweep).
         progress: a bar per probe task.
@@ -153,8 +155,8 @@ def retrieval_ranking(
         a ranking `retention_curve` and `faithfulness_curve` (``.as_sweep()``) accept.
 
     Warns:
-        when the clean probe accuracy is within 0.1 of chance: the model does not do the
-        probe, so its drops are noise (pass a task it solves as ``probe``).
+        UserWarning: when the clean probe accuracy is within 0.1 of chance: the model does
+            not do the probe, so its drops are noise (pass a task it solves as ``probe``).
     """
     if kind not in HEAD_KINDS:
         raise ValueError(f"kind={kind!r}: expected one of {HEAD_KINDS}")
