@@ -315,3 +315,21 @@ def test_the_teacher_toys_top_eight_heads_carry_its_task():
     curve = gna.retention_curve(model, task, ranking, sizes=[8], seeds=3, progress=False)
     assert curve.accuracy[1].item() >= 0.95 * curve.clean
     assert curve.random[:, 1].max().item() <= 0.4
+
+
+def test_resample_keep_only_pairs_rows_and_lm_eval_refuses_it(toy_llamas, llama_task):
+    """A resample `KeepOnly` pairs each prompt with its corrupted twin (all rows in one
+    forward, as `Ablate(how="resample")`); lm-eval's requests have no such rows."""
+    from gna_interp.harness.adapter import check_interventions
+
+    model = toy_llamas["nnsight"]
+    corrupted = llama_task.corrupted()
+    kept = [gna.Head(0, 3), gna.Head(1, 0), gna.Head(0, 0)]
+    others = [h for h in model.heads if h not in kept]
+    keep = gna.KeepOnly(kept, how="resample", reference=corrupted)
+    expected = gna.evaluate(model, llama_task, [gna.Ablate(others, how="resample", reference=corrupted)], batch_size=5, progress=False)
+    assert torch.equal(gna.evaluate(model, llama_task, [keep], batch_size=5, progress=False).scores, expected.scores)
+    curve = gna.retention_curve(model, llama_task, kept, sizes=[3], seeds=1, how="resample", progress=False)
+    assert curve.accuracy[1].item() == expected.accuracy
+    with pytest.raises(ValueError, match=r"lm_eval: KeepOnly pairs each prompt with its own source row"):
+        check_interventions([keep], "lm_eval")
