@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from .core.inputs import Batch, make_batch
-from .core.interventions import Ablate, Intervention, MaskAttentionRows, Patch, as_interventions
+from .core.interventions import Ablate, Intervention, KeepOnly, MaskAttentionRows, Patch, as_interventions
 from .progress import progress_bar
 from .tasks.base import EncodedTask, Task
 
@@ -136,7 +136,7 @@ def evaluate(
 
 def _row_paired(item: Intervention) -> bool:
     """Interventions that pair each row with its own data: all prompts go in one forward."""
-    return isinstance(item, Patch) or (isinstance(item, Ablate) and item.how == "resample")
+    return isinstance(item, Patch) or (isinstance(item, (Ablate, KeepOnly)) and item.how == "resample")
 
 
 def _positional(item: Intervention) -> bool:

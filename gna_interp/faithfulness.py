@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from .core.compile import heads_of_kind
 from .core.heads import Head
-from .core.interventions import ABLATION_KINDS, Ablate
+from .core.interventions import ABLATION_KINDS, KeepOnly
 from .evaluation import Evaluation, evaluate
 from .patching.results import SweepResult
 from .progress import progress_bar
@@ -182,10 +183,7 @@ def faithfulness_curve(
         reference = task if how == "mean" else task.corrupted()
 
     def run(kept: Sequence[Head]) -> dict[str, float]:
-        keep = set(kept)
-        others = [head for head in every if head not in keep]
-        interventions = [Ablate(others, how=how, reference=reference)] if others else []
-        return _summary(evaluate(model, task, interventions, batch_size=batch_size, progress=False))
+        return keep_only_summary(model, task, kept, "all", how, reference, batch_size)
 
     points: dict[int, dict[str, float]] = {}
     with model.source_cache():  # the reference's forward once, not once per size and chunk
@@ -205,6 +203,16 @@ def faithfulness_curve(
         circuit_point=circuit_point,
         **column,
     )
+
+
+def keep_only_summary(
+    model: GnaModel, task: Task, kept: Sequence[Head], kind: str, how: str, reference: Any, batch_size: int
+) -> dict[str, float]:
+    """Accuracy / margin / logprob of ``task`` with only ``kept`` of the heads of ``kind``
+    left (`KeepOnly`); keeping every head of the kind runs the clean model, unedited."""
+    every = heads_of_kind(model.layout, kind)
+    interventions = [KeepOnly(kept, kind=kind, how=how, reference=reference)] if set(kept) != set(every) else []
+    return _summary(evaluate(model, task, interventions, batch_size=batch_size, progress=False))
 
 
 def _summary(evaluation: Evaluation) -> dict[str, float]:

@@ -134,6 +134,31 @@ def test_faithfulness_argument_is_checked(items, curves, tmp_path):
         write_report(items[:1], tmp_path, faithfulness={circuit.model: other})
 
 
+def test_retention_section_shows_the_keep_only_curve(items, tmp_path):
+    """Issue 30: the keep-only curve of a retrieval ranking against random heads, its numbers
+    on the page and in the CSV equal to `evaluate` with the heads kept by hand; refused when
+    not a curve or for a model the report lacks."""
+    circuit, model, task = items[0]
+    ranking = gna.retrieval_ranking(model, task, progress=False)
+    curve = gna.retention_curve(model, task, ranking, sizes=[2], seeds=2, kind="all", progress=False)
+    index = write_report(items[:1], tmp_path, retention={circuit.model: curve})
+    page = index.read_text(encoding="utf-8")
+    section = re.search(r'<div data-role="retention".*?</figure>', page, re.S).group(0)
+    kept = ranking.order[:2]
+    others = [h for h in model.heads if h not in kept]
+    by_hand = gna.evaluate(model, task, [gna.Ablate(others, how="mean", reference=task)], progress=False).accuracy
+    assert curve.accuracy[1].item() == by_hand
+    cells = re.findall(r'<td class="num">([^<]*)</td>', section)
+    assert f"{by_hand:.3f}" in cells and f"{curve.random_mean[1].item():.3f}" in cells
+    assert f"Clean {curve.clean:.3f}, none kept {curve.ablated:.3f}" in section and "random heads (2 seeds" in section
+    table = (index.parent / f"{circuit.model}-retention.csv").read_text().splitlines()
+    assert [float(line.split(",")[2]) for line in table[1:]] == pytest.approx(curve.accuracy.tolist())
+    with pytest.raises(TypeError, match=r"retention\[.*\] is dict: expected a RetentionCurve"):
+        write_report(items[:1], tmp_path, retention={circuit.model: {}})
+    with pytest.raises(KeyError, match=r"retention\['nope'\]: no circuit of the report has that model"):
+        write_report(items[:1], tmp_path, retention={"nope": curve})
+
+
 @pytest.fixture(scope="module")
 def llama_picture():
     model, task, circuit, _ = discovered("llama")

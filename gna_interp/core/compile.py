@@ -18,7 +18,7 @@ from torch import Tensor
 from .arch import LayerKind
 from .heads import Head, Resid
 from .inputs import Batch
-from .interventions import Ablate, Intervention, MaskAttentionRows, Patch, Positions, SkipLayers, Truncate
+from .interventions import Ablate, Intervention, KeepOnly, MaskAttentionRows, Patch, Positions, SkipLayers, Truncate
 from .layout import ModelLayout
 from .plan import Edit, Plan, Site
 
@@ -33,6 +33,10 @@ def compile_plan(layout: ModelLayout, batch: Batch, interventions: Sequence[Inte
     for item in interventions:
         if isinstance(item, Ablate):
             _compile_ablate(layout, batch, item, plan, sources)
+        elif isinstance(item, KeepOnly):
+            others = ablated_by_keep_only(layout, item)
+            if others:
+                _compile_ablate(layout, batch, Ablate(others, how=item.how, reference=item.reference), plan, sources)
         elif isinstance(item, Patch):
             _compile_patch(layout, batch, item, plan, sources)
         elif isinstance(item, SkipLayers):
@@ -47,8 +51,32 @@ def compile_plan(layout: ModelLayout, batch: Batch, interventions: Sequence[Inte
         elif isinstance(item, MaskAttentionRows):
             _compile_row_mask(layout, batch, item, plan)
         else:
-            raise TypeError(f"expected an intervention (Ablate, Patch, SkipLayers, Truncate, MaskAttentionRows), got {item!r}")
+            raise TypeError(f"expected an intervention (Ablate, KeepOnly, Patch, SkipLayers, Truncate, MaskAttentionRows), got {item!r}")
     return plan
+
+
+def heads_of_kind(layout: ModelLayout, kind: str) -> list[Head]:
+    """Every head of ``kind`` (``"attention"``, ``"ssm"`` or ``"all"``), layer-major."""
+    if kind == "all":
+        return list(layout.heads)
+    wanted = LayerKind(kind)
+    return [head for head in layout.heads if layout.head_kind(head) is wanted]
+
+
+def ablated_by_keep_only(layout: ModelLayout, item: KeepOnly) -> list[Head]:
+    """The heads `KeepOnly` ablates: every head of its kind that it does not keep.
+    A kept head of another kind (or one the model does not have) is an error."""
+    of_kind = heads_of_kind(layout, item.kind)
+    if not of_kind:
+        raise ValueError(f"KeepOnly kind={item.kind!r}: {layout.name} has no {item.kind} heads")
+    allowed = set(of_kind)
+    for head in item.heads:
+        layout.check_head(head)
+        if head not in allowed:
+            actual = layout.head_kind(head).value
+            raise ValueError(f"KeepOnly heads: {head} is an {actual} head of {layout.name}, not of kind={item.kind!r}")
+    kept = set(item.heads)
+    return [head for head in of_kind if head not in kept]
 
 
 def heads_by_site(layout: ModelLayout, heads: Sequence[Head]) -> dict[Site, list[int]]:

@@ -214,8 +214,55 @@ def keep_attention_rows(
     return MaskAttentionRows(positions, layers=layers, heads=heads, keep=True)
 
 
-Intervention = Ablate | Patch | SkipLayers | Truncate | MaskAttentionRows
-INTERVENTION_TYPES: tuple[type, ...] = (Ablate, Patch, SkipLayers, Truncate, MaskAttentionRows)
+HEAD_KINDS: tuple[str, ...] = ("attention", "ssm", "all")
+
+
+@dataclass(frozen=True)
+class KeepOnly:
+    """Keep ``heads`` and ablate every other head of ``kind`` (the opposite of `Ablate`).
+
+    Heads of other kinds are untouched: ``KeepOnly(heads, kind="attention")`` on a hybrid
+    ablates every attention head but the kept ones and leaves its SSM heads alone.
+    Keeping every head of the kind changes nothing (the clean run, exactly); keeping none
+    equals `Ablate` of every head of the kind.
+
+    Args:
+        heads: heads to keep (may be empty: ablate every head of ``kind``); each must be
+            of ``kind`` (checked against the model when applied).
+        kind: ``"attention"``, ``"ssm"`` or ``"all"`` (attention and SSM heads alike).
+        how: how the others are ablated: ``"zero"``, ``"mean"`` or ``"resample"``, with
+            ``reference`` as in `Ablate`.
+        reference: inputs for ``mean`` / ``resample``.
+    """
+
+    heads: tuple[Head, ...]
+    kind: str = "attention"
+    how: AblationKind = "mean"
+    reference: Any = None
+
+    def __init__(self, heads: Head | Iterable[Head], kind: str = "attention", how: str = "mean", reference: Any = None) -> None:
+        if kind not in HEAD_KINDS:
+            raise ValueError(f"KeepOnly kind={kind!r}: expected one of {HEAD_KINDS}")
+        if how not in ABLATION_KINDS:
+            raise ValueError(f"KeepOnly how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
+        if how != "zero" and reference is None:
+            raise ValueError(f"KeepOnly how={how!r} needs reference= inputs to take activations from")
+        refuse_string(heads, "KeepOnly heads")
+        if not isinstance(heads, Head):
+            _refuse_single(heads, "KeepOnly heads", "a gna_interp.Head or a list of them (empty: keep none)")
+        listed: tuple[Head, ...] = (heads,) if isinstance(heads, Head) else tuple(heads)
+        kept = _as_heads(listed, "KeepOnly heads") if listed else ()
+        if len(set(kept)) != len(kept):
+            repeated = sorted({str(h) for h in kept if kept.count(h) > 1})
+            raise ValueError(f"KeepOnly heads repeat {repeated}: expected each head once")
+        object.__setattr__(self, "heads", kept)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "how", how)
+        object.__setattr__(self, "reference", reference)
+
+
+Intervention = Ablate | KeepOnly | Patch | SkipLayers | Truncate | MaskAttentionRows
+INTERVENTION_TYPES: tuple[type, ...] = (Ablate, KeepOnly, Patch, SkipLayers, Truncate, MaskAttentionRows)
 
 
 def as_interventions(items: Intervention | Iterable[Intervention] | None, what: str = "interventions") -> list[Intervention]:
@@ -225,7 +272,7 @@ def as_interventions(items: Intervention | Iterable[Intervention] | None, what: 
         return []
     if isinstance(items, INTERVENTION_TYPES):
         return [items]  # type: ignore[list-item]
-    kinds = "an intervention (Ablate, Patch, SkipLayers, Truncate, MaskAttentionRows)"
+    kinds = "an intervention (Ablate, KeepOnly, Patch, SkipLayers, Truncate, MaskAttentionRows)"
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
         raise TypeError(f"{what}={items!r}: expected {kinds} or a list of them")
     listed = list(items)

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..core.interventions import Ablate, Intervention, MaskAttentionRows, Patch
+from ..core.interventions import Ablate, Intervention, KeepOnly, MaskAttentionRows, Patch
 
 try:
     import lm_eval.models  # noqa: F401 - lm-eval's own names first: its registry fills itself only while empty
@@ -300,7 +300,7 @@ def check_interventions(interventions: Sequence[Intervention], what: str) -> Non
     """Refuse what cannot follow lm-eval's requests: paired rows and positions counted
     from the start of a padded batch."""
     for item in interventions:
-        if isinstance(item, Patch) or (isinstance(item, Ablate) and item.how == "resample"):
+        if isinstance(item, Patch) or (isinstance(item, (Ablate, KeepOnly)) and item.how == "resample"):
             raise ValueError(
                 f"{what}: {type(item).__name__} pairs each prompt with its own source row, which lm-eval's requests do not have: "
                 "use zero or mean ablation"

@@ -279,7 +279,8 @@ class GnaModel:
         in the model; leaving the block (normally or by an exception) ends it."""
         for item in interventions:
             if not isinstance(item, Intervention):  # type: ignore[arg-type, misc]
-                raise TypeError(f"expected an intervention (Ablate, Patch, SkipLayers, Truncate, MaskAttentionRows), got {item!r}")
+                kinds = "Ablate, KeepOnly, Patch, SkipLayers, Truncate, MaskAttentionRows"
+                raise TypeError(f"expected an intervention ({kinds}), got {item!r}")
         depth = len(self._ambient)
         self._ambient.extend(interventions)
         try:

@@ -2,18 +2,20 @@
 prompts of your own (`mcq_example`, `kv_example`, or `Example` and `Segment` by hand)."""
 
 from .base import EncodedTask, Example, Segment, Task, check_example
-from .kv import kv_example, kv_retrieval, rotate_values
+from .kv import PROBE_PAIRS, kv_example, kv_probe, kv_retrieval, rotate_values
 from .mcq import mcq_example, rotate_options, shuffle_labels
 from .mmlu import mmlu, mmlu_subjects
 from .toy import toy_mcq, toy_tokenizer
 
 __all__ = [
+    "PROBE_PAIRS",
     "EncodedTask",
     "Example",
     "Segment",
     "Task",
     "check_example",
     "kv_example",
+    "kv_probe",
     "kv_retrieval",
     "mcq_example",
     "mmlu",

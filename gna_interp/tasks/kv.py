@@ -117,3 +117,27 @@ def kv_retrieval(n_pairs: int = 10, n: int = 100, seed: int = 0, keys: Sequence[
     rng = random.Random(seed)
     examples = [kv_example(rng.sample(vocabulary, n_pairs), rng.sample(range(N_VALUES), n_pairs), rng.randrange(n_pairs)) for _ in range(n)]
     return Task(f"kv_retrieval_{n_pairs}", examples, corrupter=rotate_values)
+
+
+PROBE_PAIRS = (20, 30, 40, 50)
+"""Dictionary sizes of the KV-retrieval probe: the 20 to 50 pairs of Bick, Xing and Gu
+(2026)'s ranking probe (`kv_probe`)."""
+
+
+def kv_probe(n: int = 100, seed: int = 0, pairs: Sequence[int] = PROBE_PAIRS, keys: Sequence[str] | None = None) -> list[Task]:
+    """The KV-retrieval probe of the retrieval-aware head ranking: `kv_retrieval` prompts
+    in the paper's format, ``n`` in all, spread evenly over the dictionary sizes ``pairs``
+    (one `Task` per size: a task's prompts share their number of lines).
+
+    Args:
+        n: prompts in all (at least one per size; the first sizes take the remainder).
+        seed: task ``i`` uses seed ``seed * 1000 + i``.
+        pairs: dictionary sizes (default 20, 30, 40, 50 lines; values 0 to 99).
+        keys: the key vocabulary (default: the toy task's 64 words, common English words).
+    """
+    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence) or not pairs:
+        raise ValueError(f"pairs={pairs!r}: expected a non-empty list of dictionary sizes, e.g. {PROBE_PAIRS}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < len(pairs):
+        raise ValueError(f"n={n!r}: expected an int, at least one prompt per dictionary size ({len(pairs)} sizes)")
+    share, extra = divmod(n, len(pairs))
+    return [kv_retrieval(size, n=share + (i < extra), seed=seed * 1000 + i, keys=keys) for i, size in enumerate(pairs)]

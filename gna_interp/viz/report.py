@@ -23,6 +23,9 @@ Given a `FaithfulnessCurve` per circuit (``write_report(..., faithfulness=...)``
 `circuit_faithfulness`), a model's section also shows how much of the task the circuit's
 heads carry alone: accuracy with every other head ablated, against clean and every head
 ablated, as a share of clean, and the curve of the top-n heads of discovery's own ranking.
+Given a `RetentionCurve` per circuit (``write_report(..., retention=...)``, made by
+`gna.retention_curve`), it shows the keep-only curve: the top-n heads of a ranking (e.g.
+`gna.retrieval_ranking`) kept against random sets of the same size, with error bars.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ if TYPE_CHECKING:
     from ..discovery.circuit import GnACircuit
     from ..discovery.picture import RolePicture
     from ..faithfulness import FaithfulnessCurve
+    from ..retention import RetentionCurve
 
 ReportLike = tuple["GnACircuit", Any, Any]
 """``(circuit, model or None, task or None)``: patterns are drawn when both are given."""
@@ -339,6 +343,37 @@ def _faithfulness_html(circuit: GnACircuit, curve: FaithfulnessCurve, folder: Pa
     return f'<div data-role="faithfulness" {data}>{title}<div class="row">{"".join(parts)}</div></div>'
 
 
+def _retention_html(curve: RetentionCurve, folder: Path, slug: str) -> str:
+    """The keep-only curve: the ranking's top-n heads kept against random sets, and its table."""
+    from .faithfulness import retention_svg
+
+    frame = curve.to_frame()
+    rows = [
+        {
+            "heads kept": int(row["size"]),
+            "ranking's top-n": row["accuracy"],
+            "random (mean)": row["random_mean"],
+            "random (std)": row["random_std"],
+            "top-n share of clean": row["of_clean"],
+        }
+        for _, row in frame.iterrows()
+    ]
+    lead = (
+        f'<p class="caption" data-role="retention-lead">Keeping only n of the {curve.n_heads} {curve.kind} heads and '
+        f"{curve.how}-ablating the others ({_HOW.get(curve.how, curve.how)}), on the task's {curve.n_prompts} prompts: the "
+        f"ranking's top-n heads against {len(curve.seeds)} random orders of the same heads (seeds "
+        f"{', '.join(map(str, curve.seeds))}). Clean {curve.clean:.3f}, none kept {curve.ablated:.3f}, chance {curve.chance:.3f}. "
+        f"Every point is in {slug}-retention.csv.</p>"
+    )
+    caption = "Ranking: " + ", ".join(map(str, curve.order[:12])) + (", ..." if curve.n_heads > 12 else "")
+    figure = _figure(retention_svg(curve), html.escape(caption), role="retention-curve")
+    frame.to_csv(folder / f"{slug}-retention.csv", index=False)
+    data = f'data-clean="{curve.clean!r}" data-ablated="{curve.ablated!r}" data-how="{html.escape(curve.how)}"'
+    title = "<h3>Keep-only: how much do the top-ranked heads carry, against random ones?</h3>"
+    body = f'<div style="flex: 1 1 420px">{lead}{_table(rows)}</div><div style="flex: 1 1 480px; max-width: 720px">{figure}</div>'
+    return f'<div data-role="retention" {data}>{title}<div class="row">{body}</div></div>'
+
+
 def _entry(clean: float, ablated: float | None, entry: dict[str, float] | None) -> str:
     """Where a head's effect enters the residual stream, with the share of it that ablating
     the head there alone reproduces (`entry_shares`)."""
@@ -411,7 +446,14 @@ def _picture_html(circuit: GnACircuit, picture: RolePicture, model: Any, task: A
     return f'<div class="pair"><div>{left}</div><div data-role="view">{right}</div></div>'
 
 
-def _section(circuit: GnACircuit, model: Any, task: Any, folder: Path, curve: FaithfulnessCurve | None = None) -> str:
+def _section(
+    circuit: GnACircuit,
+    model: Any,
+    task: Any,
+    folder: Path,
+    curve: FaithfulnessCurve | None = None,
+    retention: RetentionCurve | None = None,
+) -> str:
     from ..discovery.picture import role_picture
 
     slug = _slug(circuit.model)
@@ -445,6 +487,8 @@ def _section(circuit: GnACircuit, model: Any, task: Any, folder: Path, curve: Fa
     parts.append(_stability_html(circuit))
     if curve is not None:
         parts.append(_faithfulness_html(circuit, curve, folder, slug))
+    if retention is not None:
+        parts.append(_retention_html(retention, folder, slug))
     if model is not None and task is not None and (circuit.gather or circuit.aggregate):
         picture = role_picture(circuit, model, task)
         parts.append("<h3>The G&amp;A picture, averaged over the task</h3>")
@@ -468,7 +512,13 @@ def _section(circuit: GnACircuit, model: Any, task: Any, folder: Path, curve: Fa
     return "\n".join(parts)
 
 
-def write_report(items: list[ReportLike], directory: str | Path, *, faithfulness: dict[str, FaithfulnessCurve] | None = None) -> Path:
+def write_report(
+    items: list[ReportLike],
+    directory: str | Path,
+    *,
+    faithfulness: dict[str, FaithfulnessCurve] | None = None,
+    retention: dict[str, RetentionCurve] | None = None,
+) -> Path:
     """Write ``index.html`` (offline, self-contained) and one JSON per circuit into
     ``directory``. Heads-needed curves the circuits lack are measured when the model and
     task are given, and written in the JSON (the circuits passed in are not changed).
@@ -476,7 +526,11 @@ def write_report(items: list[ReportLike], directory: str | Path, *, faithfulness
     ``faithfulness``: per circuit's ``model`` name, a `FaithfulnessCurve` whose
     ``circuit`` is that circuit's heads (`circuit_faithfulness` makes one); its section
     then shows the circuit kept alone against clean and every head ablated, and the curve
-    (with its points in ``<model>-faithfulness.csv``). Nothing is measured for it here."""
+    (with its points in ``<model>-faithfulness.csv``). Nothing is measured for it here.
+
+    ``retention``: per circuit's ``model`` name, a `RetentionCurve` (`gna.retention_curve`);
+    its section then shows the keep-only curve against random heads (points in
+    ``<model>-retention.csv``)."""
     from .views import bundle_script
 
     folder = Path(directory)
@@ -484,6 +538,7 @@ def write_report(items: list[ReportLike], directory: str | Path, *, faithfulness
         raise ValueError(f"report directory {str(folder)!r} is an existing file: expected a folder")
     folder.mkdir(parents=True, exist_ok=True)
     curves = _check_faithfulness(faithfulness, [item[0] for item in items])
+    kept = _check_retention(retention, [item[0] for item in items])
     items = [(copy.deepcopy(circuit), model, task) for circuit, model, task in items]
     for circuit, model, task in items:
         _curves(circuit, model, task)
@@ -498,7 +553,7 @@ def write_report(items: list[ReportLike], directory: str | Path, *, faithfulness
         "sharp the rows they use are (Gather: segment-end rows; Aggregate: the final row). Reported as measured.</p>"
     )
     body.append(_table(contrast_rows(circuits)))
-    body += [_section(circuit, model, task, folder, curves.get(circuit.model)) for circuit, model, task in items]
+    body += [_section(circuit, model, task, folder, curves.get(circuit.model), kept.get(circuit.model)) for circuit, model, task in items]
     scripts = bundle_script() if any("CircuitsVis.render(" in part for part in body) else ""  # once, before every view
     page = f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>gna_interp report</title><style>{_STYLE}</style>'
     page += f"{scripts}</head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
@@ -529,3 +584,20 @@ def _check_faithfulness(faithfulness: Any, circuits: list[GnACircuit]) -> dict[s
                 f"{', '.join(map(str, heads))} (faithfulness_curve(..., circuit=...); circuit_faithfulness does it)"
             )
     return dict(faithfulness)
+
+
+def _check_retention(retention: Any, circuits: list[GnACircuit]) -> dict[str, RetentionCurve]:
+    """``write_report``'s ``retention``: model names of ``circuits`` to keep-only curves."""
+    from ..retention import RetentionCurve
+
+    if retention is None:
+        return {}
+    if not isinstance(retention, dict):
+        raise TypeError(f"retention={type(retention).__name__}: expected a dict of circuit.model -> RetentionCurve")
+    names = sorted(circuit.model for circuit in circuits)
+    for name, curve in retention.items():
+        if name not in names:
+            raise KeyError(f"retention[{name!r}]: no circuit of the report has that model; expected one of {names}")
+        if not isinstance(curve, RetentionCurve):
+            raise TypeError(f"retention[{name!r}] is {type(curve).__name__}: expected a RetentionCurve (gna.retention_curve)")
+    return dict(retention)

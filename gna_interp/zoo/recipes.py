@@ -170,6 +170,32 @@ RECIPES: dict[str, Recipe] = {
             ),
         ),
         Recipe(
+            name="llama_4x8",
+            family="llama",
+            config=dict(_LLAMA_2X4, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8, head_dim=16, initializer_range=0.2),
+            seed=0,
+            lr=1e-3,
+            max_steps=800,
+            warmup_steps=100,
+            decay_start=400,
+            decay_steps=400,
+            layout="label_last",
+            shuffle_labels=True,
+            init_from="llama_4x8_start",
+            notes=(
+                "The teacher of issue 30's keep-only experiments: 4 layers x 8 heads of 16 (32 heads), on label-last options "
+                "with shuffled labels (it must read the labels). Grown from `llama_4heads`, then fine-tuned: that toy's layers "
+                "are layers 0 and 2 (heads 0-3), every other head and layers 1 and 3 freshly initialised with their writers "
+                "scaled by 0.1 (`python benchmarks/retention_teacher.py widen OUT`, then `gna-interp zoo train llama_4x8 "
+                "--init OUT`). Training from scratch at this size did not fit the time on a shared 2-core machine (0.5 steps/s)."
+                " Its retrieval ranking on its task (500 prompts, toy_mcq seed 31000, zero ablation): L0H0 0.672, L0H"
+                "2 0.600, L0H1 0.570, L0H3 0.556, L2H0 0.232, L2H2 0.206, L2H3 0.194, L2H1 0.126; the 24 new heads 0."
+                "000 (fine-tuning left them near-inert). Keeping those 8 of 32 heads (25%) and mean-ablating the rest"
+                " keeps 0.986 (100% of clean); the top 6 keep 0.702, the top 4 0.234; 8 random heads keep 0.256 +- 0."
+                "017 (5 seeds) (`python benchmarks/retention_teacher.py measure`)."
+            ),
+        ),
+        Recipe(
             name="mamba2_8heads",
             family="mamba2",
             config=_MAMBA2_2X8,

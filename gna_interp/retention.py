@@ -1,0 +1,468 @@
+"""Which heads to keep: a retrieval-aware head ranking and keep-only retention curves.
+
+After Bick, Xing and Gu (2026, "Retrieval-Aware Distillation for Transformer-SSM
+Hybrids"): rank every head by the accuracy its ablation costs on a KV-retrieval probe
+(`retrieval_ranking`), then measure how much of a task the top-n heads carry when every
+other head of their kind is ablated (`retention_curve`), against random sets of the same
+size.
+
+- `retrieval_ranking`: one `ablation_sweep` per probe task, scored by candidate accuracy
+  (batched and prefix-reused: stacked variants, each chunk starting at its first ablated
+  block). The probe defaults to `tasks.kv_probe`: the paper's dictionary prompts, 20 to 50
+  pairs, values 0 to 99, tokenized with the model's tokenizer. Any `Task` may replace it.
+- `retention_curve`: `KeepOnly` of the top-n heads of a ranking, and of the first n heads
+  of ``seeds`` random orders of the same heads, evaluated with `evaluate` (the two ends,
+  nothing and everything kept, are shared by every order and evaluated once).
+
+Both record what they ran (`gna_interp.cost_meter` counts, with ``passes``: rows x blocks
+evaluated over prompts x layers).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from .core.compile import heads_of_kind
+from .core.heads import Head
+from .core.inputs import UnknownWordsWarning, unk_id
+from .core.interventions import ABLATION_KINDS, HEAD_KINDS, Ablate
+from .cost import cost_meter
+from .evaluation import check_context, check_distinct_candidates, evaluate
+from .faithfulness import check_sizes, keep_only_summary, rank_heads
+from .patching.metrics import candidate_accuracy
+from .patching.results import SweepResult
+from .patching.sweeps import ablation_sweep
+from .progress import progress_bar
+from .tasks.base import Task
+from .tasks.kv import kv_probe
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .models.handle import GnaModel
+
+CHANCE_MARGIN = 0.1
+"""`retrieval_ranking` warns when the clean probe accuracy is within this of chance."""
+
+
+@dataclass
+class RetrievalRanking:
+    """Every head's accuracy drop on a retrieval probe when ablated alone.
+
+    Attributes:
+        drop: ``[layer, head]`` float64, clean accuracy minus accuracy with that head
+            ablated (NaN for heads not ranked: another kind, or a layer without them).
+        accuracy: ``[layer, head]`` float64, probe accuracy with that head ablated.
+        clean: probe accuracy with nothing ablated.
+        order: the ranked heads, largest drop first (ties in ``model.heads`` order).
+        kinds: per ranked head, ``"attention"`` or ``"ssm"``.
+        how: ``"zero"`` (the paper's), ``"mean"`` or ``"resample"``.
+        probe: the probe tasks' names; ``n_prompts`` their prompts in all.
+        chance: mean over prompts of ``1 / candidates``.
+        cost: `gna_interp.cost.Cost.to_dict` of the whole ranking (``passes`` included).
+    """
+
+    drop: Tensor
+    accuracy: Tensor
+    clean: float
+    order: list[Head]
+    kinds: dict[Head, str]
+    how: str
+    probe: list[str]
+    n_prompts: int
+    chance: float
+    cost: dict[str, Any] = field(default_factory=dict)
+
+    def top(self, k: int) -> list[Head]:
+        """The ``k`` heads whose ablation costs the most."""
+        return self.order[:k]
+
+    def as_sweep(self) -> SweepResult:
+        """The same numbers as an ablation sweep's `SweepResult`: ``scores`` the
+        ``[layer, head]`` accuracy, ``baseline`` the clean accuracy."""
+        meta = {"how": self.how, "n_prompts": self.n_prompts, "probe": list(self.probe)}
+        return SweepResult(self.accuracy.float(), ("layer", "head"), self.clean, kind="ablation", meta=meta)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per ranked head, best first: ``rank`` (1 = largest drop), ``head``,
+        ``layer``, ``index``, ``kind``, ``accuracy``, ``drop``."""
+        import pandas as pd
+
+        return pd.DataFrame(
+            {
+                "rank": list(range(1, len(self.order) + 1)),
+                "head": [str(h) for h in self.order],
+                "layer": [h.layer for h in self.order],
+                "index": [h.head for h in self.order],
+                "kind": [self.kinds[h] for h in self.order],
+                "accuracy": [float(self.accuracy[h.layer, h.head]) for h in self.order],
+                "drop": [float(self.drop[h.layer, h.head]) for h in self.order],
+            }
+        )
+
+    def __repr__(self) -> str:
+        best = ", ".join(f"{h} {float(self.drop[h.layer, h.head]):+.3f}" for h in self.order[:3])
+        return (
+            f"RetrievalRanking({len(self.order)} heads, how={self.how!r}, clean {self.clean:.3f} on {self.n_prompts} prompts, "
+            f"chance {self.chance:.3f}; largest drops: {best})"
+        )
+
+
+def retrieval_ranking(
+    model: GnaModel,
+    probe: Task | Sequence[Task] | None = None,
+    *,
+    kind: str = "all",
+    how: str = "zero",
+    n: int = 100,
+    seed: int = 0,
+    max_rows: int | None = None,
+    memory_budget_mb: float | None = None,
+    batch_size: int = 64,
+    progress: bool = True,
+) -> RetrievalRanking:
+    """Rank heads by the probe accuracy their ablation costs (Bick et al. 2026's ranking).
+
+    Args:
+        model: any `GnaModel`: attention heads, SSM heads, or both (hybrids).
+        probe: a `Task` or a list of them (their drops are averaged, weighted by prompts).
+            Default: `tasks.kv_probe` (``n`` dictionary prompts of 20, 30, 40 and 50
+            pairs, ``seed``) in the model's own vocabulary; a tokenizer that lacks its words
+            is an error (a zoo toy's tokenizer has them, but the toys never saw
+            dictionaries: pass ``probe=gna.toy_task(name)`` for them).
+        kind: rank ``"attention"`` heads, ``"ssm"`` heads, or ``"all"``.
+        how: ``"zero"`` (the paper's: the head's out-projection slice zeroed), ``"mean"``
+            (its mean over each probe task's tokens) or ``"resample"`` (its output on the
+            task's corrupted prompts).
+        n: the default probe's number of prompts.
+        seed: the default probe's seed.
+        max_rows: rows per stacked forward (see `ablation_sweep`).
+        memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
+        batch_size: prompts per forward where candidates span several tokens (then each
+            head is one `evaluate`, not one variant of a stacked sweep).
+        progress: a bar per probe task.
+
+    Returns:
+        `RetrievalRanking`: ``drop`` ``[layer, head]``, ``order``, ``.to_frame()``; it is
+        a ranking `retention_curve` and `faithfulness_curve` (``.as_sweep()``) accept.
+
+    Warns:
+        UserWarning: when the clean probe accuracy is within 0.1 of chance: the model does
+            not do the probe, so its drops are noise (pass a task it solves as ``probe``).
+    """
+    if kind not in HEAD_KINDS:
+        raise ValueError(f"kind={kind!r}: expected one of {HEAD_KINDS}")
+    if how not in ABLATION_KINDS:
+        raise ValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
+    tasks = _probe_tasks(model, probe, n, seed)
+    heads = heads_of_kind(model.layout, kind)
+    if not heads:
+        raise ValueError(f"kind={kind!r}: {model.name} has no {kind} heads")
+    shape = (model.n_layers, model.n_heads)
+    weighted = torch.zeros(shape, dtype=torch.float64)
+    clean_sum = chance_sum = 0.0
+    total = sum(len(task) for task in tasks)
+    with cost_meter(model) as cost:
+        for task in tasks:
+            clean, ablated = _ablated_accuracy(model, task, heads, how, max_rows, memory_budget_mb, batch_size, progress)
+            weighted += len(task) * ablated
+            clean_sum += len(task) * clean
+            chance_sum += sum(1.0 / len(example.candidates) for example in task.examples)
+    accuracy = torch.full(shape, math.nan, dtype=torch.float64)
+    for head in heads:
+        accuracy[head.layer, head.head] = weighted[head.layer, head.head] / total
+    clean = clean_sum / total
+    drop = clean - accuracy
+    chance = chance_sum / total
+    if clean <= chance + CHANCE_MARGIN:
+        names = ", ".join(task.name for task in tasks)
+        warnings.warn(
+            f"retrieval_ranking: {model.name} answers the probe ({names}) at {clean:.3f}, chance {chance:.3f}: it does not do "
+            "this task, so the drops are noise; pass probe= a task it solves (for a zoo toy, gna.toy_task(name))",
+            stacklevel=2,
+        )
+    order = sorted(heads, key=lambda h: -float(drop[h.layer, h.head]))  # stable: ties keep model.heads order
+    kinds = {head: model.layout.head_kind(head).value for head in heads}
+    return RetrievalRanking(
+        drop=drop,
+        accuracy=accuracy,
+        clean=clean,
+        order=order,
+        kinds=kinds,
+        how=how,
+        probe=[task.name for task in tasks],
+        n_prompts=total,
+        chance=chance,
+        cost=cost.to_dict(total),
+    )
+
+
+def _probe_tasks(model: GnaModel, probe: Task | Sequence[Task] | None, n: int, seed: int) -> list[Task]:
+    if probe is None:
+        tasks = kv_probe(n, seed)
+        unknown = unk_id(model.tokenizer)
+        hint = "pass probe= a Task in its vocabulary, e.g. tasks.kv_retrieval(keys=[...]) or, for a zoo toy, gna.toy_task(name)"
+        for task in tasks:
+            try:
+                with warnings.catch_warnings():  # unknown words: the error below says what to do
+                    warnings.simplefilter("ignore", UnknownWordsWarning)
+                    encoded = task.encode(model.tokenizer)
+            except ValueError as error:
+                raise ValueError(
+                    f"probe=None: {model.name}'s tokenizer cannot encode the default KV probe ({task.name}: {error}): {hint}"
+                ) from error
+            if unknown is not None and bool((encoded.batch.input_ids == unknown).any()):
+                raise ValueError(
+                    f"probe=None: the default KV probe ({task.name}) has words {model.name}'s tokenizer lacks (they tokenize "
+                    f"to its unknown token): {hint}"
+                )
+            limit = getattr(model.hf_model.config, "max_position_embeddings", None)
+            longest = int(encoded.batch.attention_mask.sum(1).max())
+            if limit is not None and longest > limit:
+                raise ValueError(
+                    f"probe=None: the default KV probe's {task.name} prompts have up to {longest} tokens, more than "
+                    f"{model.name}'s context of {limit}: pass a probe that fits, e.g. probe=tasks.kv_probe(pairs=(5, 10)) "
+                    "or, for a zoo toy, gna.toy_task(name)"
+                )
+        return tasks
+    if isinstance(probe, Task):
+        return [probe]
+    if isinstance(probe, (str, bytes)) or not isinstance(probe, Sequence) or not probe:
+        raise TypeError(f"probe={probe!r}: expected a gna_interp Task, a non-empty list of them, or None (the KV probe)")
+    for index, item in enumerate(probe):
+        if not isinstance(item, Task):
+            raise TypeError(f"probe[{index}] is {item!r} ({type(item).__name__}): expected a gna_interp Task")
+    return list(probe)
+
+
+def _ablated_accuracy(
+    model: GnaModel,
+    task: Task,
+    heads: list[Head],
+    how: str,
+    max_rows: int | None,
+    memory_budget_mb: float | None,
+    batch_size: int,
+    progress: bool,
+) -> tuple[float, Tensor]:
+    """Clean accuracy and ``[layer, head]`` float64 accuracy with each head ablated alone."""
+    encoded = task.encode(task.tokenizer_for(model.tokenizer))
+    check_distinct_candidates(task, encoded)
+    check_context(model, encoded)
+    reference = None if how == "zero" else task if how == "mean" else task.corrupted()
+    table = torch.full((model.n_layers, model.n_heads), math.nan, dtype=torch.float64)
+    if encoded.single_token:  # one stacked sweep; a row's score is 0 or 1, so counts are exact
+        metric = candidate_accuracy(encoded.candidate_ids, encoded.correct)
+        chunking = dict(max_rows=max_rows, memory_budget_mb=memory_budget_mb, progress=progress)
+        sweep = ablation_sweep(model, task, metric, heads=heads, how=how, reference=reference, **chunking)  # type: ignore[arg-type]
+        rows = len(task)
+        for head in heads:
+            table[head.layer, head.head] = round(float(sweep.scores[head.layer, head.head]) * rows) / rows
+        return round(sweep.baseline * rows) / rows, table
+    clean = evaluate(model, task, batch_size=batch_size, progress=False).accuracy
+    for head in progress_bar(heads, show=progress, desc=f"ranking ({how})"):
+        ablation = Ablate([head], how=how, reference=reference)
+        table[head.layer, head.head] = evaluate(model, task, [ablation], batch_size=batch_size, progress=False).accuracy
+    return clean, table
+
+
+@dataclass
+class RetentionCurve:
+    """Accuracy with only the top-n heads of a ranking kept, against random sets.
+
+    Attributes:
+        sizes: ``[n_sizes]`` long, heads kept (ascending; 0 and every head of the kind included).
+        accuracy: ``[n_sizes]`` float64, the ranking's top-n kept.
+        random: ``[n_seeds, n_sizes]`` float64, the first n of each random order kept.
+        order: the ranking's heads of ``kind``, best first.
+        random_orders: one random order of the same heads per seed.
+        seeds: the random orders' seeds.
+        clean: accuracy with every head kept (nothing ablated); ``ablated``: with none kept.
+        kind: the heads kept or ablated (``"attention"``, ``"ssm"`` or ``"all"``; heads
+            of other kinds are never touched); ``how``: their ablation.
+        chance: ``1 / candidates``; ``n_prompts``: prompts of the task.
+        cost: `gna_interp.cost.Cost.to_dict` of the whole curve.
+    """
+
+    sizes: Tensor
+    accuracy: Tensor
+    random: Tensor
+    order: list[Head]
+    random_orders: list[list[Head]]
+    seeds: list[int]
+    clean: float
+    ablated: float
+    kind: str
+    how: str
+    chance: float
+    n_prompts: int
+    cost: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_heads(self) -> int:
+        """Heads of ``kind`` (the size at which nothing is ablated)."""
+        return len(self.order)
+
+    @property
+    def random_mean(self) -> Tensor:
+        """``[n_sizes]`` mean over the random orders."""
+        return self.random.mean(0)
+
+    @property
+    def random_std(self) -> Tensor:
+        """``[n_sizes]`` sample standard deviation over the random orders (0 with one seed)."""
+        return self.random.std(0, unbiased=True) if self.random.shape[0] > 1 else torch.zeros_like(self.random[0])
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per size: ``size``, ``fraction`` (of the kind's heads), ``accuracy``,
+        ``of_clean``, ``random_mean``, ``random_std``, ``random_min``, ``random_max``,
+        ``random_of_clean`` and ``added`` (the ranking's heads this point adds)."""
+        import pandas as pd
+
+        sizes = self.sizes.tolist()
+        clean = self.clean if self.clean > 0 else math.nan
+        added = [", ".join(str(h) for h in self.order[(sizes[i - 1] if i else 0) : n]) for i, n in enumerate(sizes)]
+        return pd.DataFrame(
+            {
+                "size": sizes,
+                "fraction": [n / self.n_heads for n in sizes],
+                "accuracy": self.accuracy.tolist(),
+                "of_clean": (self.accuracy / clean).tolist(),
+                "random_mean": self.random_mean.tolist(),
+                "random_std": self.random_std.tolist(),
+                "random_min": self.random.min(0).values.tolist(),
+                "random_max": self.random.max(0).values.tolist(),
+                "random_of_clean": (self.random_mean / clean).tolist(),
+                "added": added,
+            }
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"RetentionCurve({len(self.sizes)} sizes of {self.n_heads} {self.kind} heads, how={self.how!r}, {len(self.seeds)} "
+            f"random orders, clean {self.clean:.3f}, none kept {self.ablated:.3f})"
+        )
+
+
+def retention_curve(
+    model: GnaModel,
+    task: Task,
+    ranking: RetrievalRanking | SweepResult | Sequence[Head],
+    sizes: Sequence[int] | None = None,
+    *,
+    seeds: int | Sequence[int] = 5,
+    kind: str = "attention",
+    how: str = "mean",
+    reference: Any = None,
+    batch_size: int = 64,
+    progress: bool = True,
+) -> RetentionCurve:
+    """Accuracy on ``task`` keeping the top-n heads of ``ranking`` (every other head of
+    ``kind`` ablated: `KeepOnly`), against random orders of the same heads.
+
+    Args:
+        model: any `GnaModel`.
+        task: a `Task` (`evaluate` scores it).
+        ranking: a `RetrievalRanking` (its order), a ``[layer, head]`` `SweepResult`
+            (heads by ``|score - baseline|``, as `faithfulness_curve` ranks them) or a list
+            of `Head` values, best first. Only heads of ``kind`` count; heads of that kind
+            it leaves out follow in ``model.heads`` order.
+        sizes: heads kept, each in ``0..`` the kind's heads (0 and all always included;
+            default as `faithfulness_curve`'s: every n up to 32 heads, else 24 points).
+        seeds: the random orders: a count (seeds ``0..count-1``) or a list of seeds.
+        kind: ``"attention"`` (default: the paper's student keeps attention heads and
+            replaces the rest), ``"ssm"`` or ``"all"``.
+        how: ``"mean"`` (default; over ``reference``, the task's prompts by default),
+            ``"zero"`` or ``"resample"`` (``reference`` default ``task.corrupted()``).
+        reference: see `Ablate`.
+        batch_size: prompts per forward (`evaluate`).
+        progress: a bar over the evaluations.
+
+    Returns:
+        `RetentionCurve`: ``accuracy`` ``[n_sizes]``, ``random`` ``[n_seeds, n_sizes]``,
+        ``.to_frame()`` with the random mean and standard deviation.
+    """
+    if not isinstance(task, Task):
+        raise TypeError(f"task={task!r}: expected a gna_interp Task")
+    if kind not in HEAD_KINDS:
+        raise ValueError(f"kind={kind!r}: expected one of {HEAD_KINDS}")
+    if how not in ABLATION_KINDS:
+        raise ValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
+    seed_list = _seeds(seeds)
+    heads = heads_of_kind(model.layout, kind)
+    if not heads:
+        raise ValueError(f"kind={kind!r}: {model.name} has no {kind} heads")
+    order = _order_of_kind(model, ranking, heads, kind)
+    chosen = check_sizes(sizes, len(heads))
+    shuffled = []
+    for seed in seed_list:
+        permutation = list(heads)
+        random.Random(seed).shuffle(permutation)
+        shuffled.append(permutation)
+    if reference is None and how != "zero":
+        reference = task if how == "mean" else task.corrupted()
+    inner = [n for n in chosen if 0 < n < len(heads)]
+    with cost_meter(model) as cost, model.source_cache():
+        bar = progress_bar(total=2 + len(inner) * (1 + len(seed_list)), show=progress, desc=f"retention ({kind}, {how})")
+        with bar:
+
+            def accuracy(kept: Sequence[Head]) -> float:
+                bar.update(1)
+                return keep_only_summary(model, task, kept, kind, how, reference, batch_size)["accuracy"]
+
+            ends = {0: accuracy([]), len(heads): accuracy(heads)}  # the same for every order
+            ranked = [ends[n] if n in ends else accuracy(order[:n]) for n in chosen]
+            random_rows = [[ends[n] if n in ends else accuracy(perm[:n]) for n in chosen] for perm in shuffled]
+    return RetentionCurve(
+        sizes=torch.tensor(chosen, dtype=torch.long),
+        accuracy=torch.tensor(ranked, dtype=torch.float64),
+        random=torch.tensor(random_rows, dtype=torch.float64).view(len(seed_list), len(chosen)),
+        order=order,
+        random_orders=shuffled,
+        seeds=seed_list,
+        clean=ends[len(heads)],
+        ablated=ends[0],
+        kind=kind,
+        how=how,
+        chance=1.0 / len(task.examples[0].candidates),
+        n_prompts=len(task),
+        cost=cost.to_dict(len(task)),
+    )
+
+
+def _seeds(seeds: int | Sequence[int]) -> list[int]:
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        if seeds < 1:
+            raise ValueError(f"seeds={seeds}: expected at least one random order (a count >= 1 or a list of seeds)")
+        return list(range(seeds))
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or not seeds:
+        raise TypeError(f"seeds={seeds!r}: expected a count of random orders (int >= 1) or a non-empty list of int seeds")
+    for index, seed in enumerate(seeds):
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seeds[{index}]={seed!r}: expected an int seed")
+    return list(seeds)
+
+
+def _order_of_kind(model: GnaModel, ranking: Any, heads: list[Head], kind: str) -> list[Head]:
+    """``ranking``'s heads of ``kind``, best first; the kind's heads it leaves out follow."""
+    if isinstance(ranking, RetrievalRanking):
+        listed = list(ranking.order)
+    else:
+        listed = rank_heads(model, ranking)  # checks a list's heads; appends the rest
+        if not isinstance(ranking, SweepResult):
+            allowed = set(heads)
+            for index, head in enumerate(ranking):
+                if head not in allowed:
+                    actual = model.layout.head_kind(head).value
+                    raise ValueError(f"ranking[{index}] is {head}, an {actual} head: expected heads of kind={kind!r}")
+    allowed = set(heads)
+    ordered = [head for head in listed if head in allowed]
+    return ordered + [head for head in heads if head not in set(ordered)]
