@@ -15,7 +15,8 @@ import torch.nn.functional as F
 import gna_interp as gna
 from gna_interp.models.distill import distill
 from gna_interp.models.hybrid_student import SILU_ONE, hybridize
-from tests.conftest import no_hooks_left
+from tests.conftest import CLEAN, CORRUPT, no_hooks_left
+from tests.conftest import PROMPTS as PADDED  # left-padded in a batch
 
 PROMPTS = ["w5 w6 w7 w8 w9 w10", "w11 w12 w13 w14 w15 w16", "w20 w9 w30 w8 w40 w7"]
 TEXTS = [" ".join(f"w{(i * 7 + j * 3) % 56 + 4}" for j in range(6)) for i in range(12)]
@@ -149,8 +150,221 @@ def test_analyses_run_on_the_student(teacher):
     mine = gna.attention_pattern(student, PROMPTS, [gna.Head(0, 1)])
     theirs = gna.attention_pattern(teacher, PROMPTS, [gna.Head(0, 4)])
     assert (mine - theirs).abs().max().item() < 1e-6
-    with pytest.raises(ValueError, match="'discrete_mamba2'"):
-        gna.attention_pattern(student, PROMPTS, [gna.Head(0, 2)])
+    assert no_hooks_left(student)
+
+
+# ----- the student through the package's table: Llamba's mixer spec, save / load, analyses --------
+
+
+def roughen(student, seed: int = 7):
+    """Random conv weights and biases, ``D`` and ``z_bias`` in every mixer (in place), so
+    that the conv's history, its bias (what padding would write into the state), the skip
+    term and the gate all matter."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for block in student.hf_model.model.layers:
+            mixer = block.mixer
+            for param in (mixer.conv1d.weight, mixer.conv1d.bias, mixer.z_bias):
+                param.copy_(0.5 * torch.randn(param.shape, generator=generator))
+            mixer.D.copy_(1 + 0.3 * torch.randn(mixer.D.shape, generator=generator))
+    return student
+
+
+def test_the_students_row_is_in_the_table_with_llambas_mixer(teacher):
+    from types import SimpleNamespace
+
+    from gna_interp.models.registry import DISCRETE_MAMBA2_STREAMS, HYBRID_STUDENT, discrete_mamba2_pad_guard, spec_for
+
+    student = hybridize(teacher, KEEP)
+    assert spec_for(SimpleNamespace(model_type="gna_hybrid_student")) is HYBRID_STUDENT and student.arch is HYBRID_STUDENT
+    assert "gna_hybrid_student" in gna.models.registry.known_model_types()
+    for layer in range(3):
+        ssm = HYBRID_STUDENT.mixers(student.hf_model.config, layer)[-1]
+        assert (ssm.path, ssm.recipe, ssm.streams, ssm.pad_guard) == (
+            "mixer",
+            "discrete_mamba2",
+            DISCRETE_MAMBA2_STREAMS,
+            discrete_mamba2_pad_guard,
+        )
+    assert student.receiver_inputs(gna.Head(0, 2)) == ("x", "B", "C", "z", "decay")
+    assert student.receiver_inputs(gna.Head(0, 0)) == ("q", "k", "v")
+
+
+def test_left_padded_rows_equal_rows_run_alone(teacher):
+    """With a conv bias, the student's own forward lets padding into the SSM state (its
+    mask multiplies the mixer input, not the conv bias); the library's pad guard does not."""
+    student = roughen(hybridize(teacher, KEEP, init="attention"))
+    batch = student.to_batch(PADDED)
+    assert not batch.attention_mask.all(), "the batch must be left-padded"
+    logits = student.logits(PADDED)
+    with torch.no_grad():
+        raw = student.hf_model(batch.input_ids, attention_mask=batch.attention_mask).logits
+    moved = 0.0
+    for row, text in enumerate(PADDED):
+        alone = student.logits([text])[0]
+        n = alone.shape[0]
+        assert (logits[row, -n:] - alone).abs().max().item() < 1e-5, text
+        moved = max(moved, (raw[row, -n:] - alone).abs().max().item())
+    assert moved > 1e-3, "padding must move the unguarded forward's rows, or this test could not fail"
+    assert no_hooks_left(student)
+
+
+def test_a_saved_student_loads_with_gna_load(teacher, tokenizer, tmp_path):
+    """save_pretrained + the tokenizer -> gna.load(folder) in a fresh process: the same logits."""
+    import subprocess
+    import sys
+
+    student = roughen(hybridize(teacher, KEEP, init="attention"))
+    student.hf_model.save_pretrained(tmp_path / "student")
+    tokenizer.save_pretrained(tmp_path / "student")
+    loaded = gna.load(str(tmp_path / "student"))
+    assert loaded.arch is student.arch and loaded.heads_per_layer == (8, 6, 8) and loaded.hf_model.config.kept == [[1, 4], [], [3, 5]]
+    want = student.logits(PADDED)
+    assert torch.equal(loaded.logits(PADDED), want)
+    fresh = hybridize(teacher, KEEP, init="attention")  # what the weights would be without loading them
+    assert (fresh.logits(PADDED) - want).abs().max().item() > 1e-3
+    code = f"import sys, torch, gna_interp as gna; m = gna.load(sys.argv[1]); torch.save(m.logits({PADDED!r}), sys.argv[2])"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "student"), str(tmp_path / "logits.pt")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert torch.equal(torch.load(tmp_path / "logits.pt"), want)
+
+
+def test_implicit_attention_reproduces_the_student_mixer(teacher):
+    """``y = M x`` (``D`` on the diagonal) for the SSM heads of a hybrid layer, against the
+    twin's sequential scan on the mixer input captured with a raw hook, each row unpadded."""
+    from gna_interp.models.llamba import discrete_mamba2_scan
+
+    student = roughen(hybridize(teacher, KEEP, init="default"))
+    layer, n_kept = 2, 2
+    heads = [gna.Head(layer, n_kept + h) for h in range(6)]
+    pattern = gna.attention_pattern(student, PADDED, heads, include_skip=True)  # [batch, head, query, key]
+    mixer = student.hf_model.model.layers[layer].mixer
+    for row, text in enumerate(PADDED):
+        store: dict = {}
+        handle = mixer.register_forward_pre_hook(lambda module, args, store=store: store.update(u=args[0]))
+        try:
+            with torch.no_grad():
+                student.hf_model(student.to_batch([text]).input_ids)
+        finally:
+            handle.remove()
+        with torch.no_grad():
+            parts = mixer.ssm_inputs(store["u"])
+            y = discrete_mamba2_scan(parts["x"], parts["a"], parts["B"], parts["C"]) + mixer.D[:, None] * parts["x"]
+        n = y.shape[1]
+        M = pattern[row, :, -n:, -n:]
+        assert (pattern[row, :, :, :-n] == 0).all(), "padding keys get no weight"
+        mixed = torch.einsum("hts,shp->thp", M, parts["x"][0])
+        assert (mixed - y[0]).abs().max().item() < 1e-5, text
+    assert no_hooks_left(student)
+
+
+def raw_path_patch(student, clean_ids, corrupt_ids, sender, receiver, stream):
+    """Path patching ``sender -> receiver (stream) -> logits`` with raw hooks on the student
+    (receiver an SSM head; layers 0 and 2 keep 2 attention heads of 8, then 6 SSM heads of
+    8, state 8). D: the clean run with the sender's out-projection slice from the corrupt
+    run, reading the receiver's ``in_proj`` columns of ``stream``. C: the clean run with
+    the receiver's slice of its ``out_proj`` input taken from a copy of its mixer whose
+    ``in_proj`` output carries the D columns."""
+    blocks = student.model.layers
+    n_kept = [len(k) for k in student.config.kept]
+    if sender.head < n_kept[sender.layer]:
+        send_proj, sl = blocks[sender.layer].self_attn.o_proj, slice(sender.head * 8, sender.head * 8 + 8)
+    else:
+        h = sender.head - n_kept[sender.layer]
+        send_proj, sl = blocks[sender.layer].mixer.out_proj, slice(h * 8, h * 8 + 8)
+    mixer = blocks[receiver.layer].mixer
+    h = receiver.head - n_kept[receiver.layer]
+    first = {"x": h * 8, "B": 48 + h * 8, "C": 96 + h * 8, "z": 144 + h * 8}[stream]
+    cols = torch.arange(first, first + 8)
+    store = {}
+
+    def run(ids, hooks):
+        handles = [
+            module.register_forward_pre_hook(fn) if kind == "pre" else module.register_forward_hook(fn) for module, kind, fn in hooks
+        ]
+        try:
+            with torch.no_grad():
+                return student(ids).logits
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    run(corrupt_ids, [(send_proj, "pre", lambda m, a: store.update(sender=a[0][..., sl].clone()))])
+
+    def corrupt_sender(module, args):
+        x = args[0].clone()
+        x[..., sl] = store["sender"]
+        return (x,)
+
+    run(clean_ids, [(send_proj, "pre", corrupt_sender), (mixer.in_proj, "fwd", lambda m, a, o: store.update(d=o[..., cols].clone()))])
+    run(clean_ids, [(mixer, "pre", lambda m, a: store.update(u=a[0].clone()))])
+
+    def patched(module, args, output):
+        out = output.clone()
+        out[..., cols] = store["d"]
+        return out
+
+    twin = copy.deepcopy(mixer)
+    handles = [
+        twin.in_proj.register_forward_hook(patched),
+        twin.out_proj.register_forward_pre_hook(lambda m, a: store.update(copy=a[0].clone())),
+    ]
+    try:
+        with torch.no_grad():
+            twin(store["u"])
+    finally:
+        for handle in handles:
+            handle.remove()
+    rs = slice(h * 8, h * 8 + 8)
+
+    def from_twin(module, args):
+        x = args[0].clone()
+        x[..., rs] = store["copy"][..., rs]
+        return (x,)
+
+    return run(clean_ids, [(mixer.out_proj, "pre", from_twin)])
+
+
+@pytest.mark.parametrize(
+    ("sender", "receiver", "stream"),
+    [(gna.Head(0, 0), gna.Head(1, 4), "B"), (gna.Head(1, 3), gna.Head(2, 4), "x")],
+    ids=["kept attention head -> SSM layer, B", "SSM head -> hybrid layer's SSM head, x"],
+)
+def test_path_patching_into_a_student_ssm_head_equals_raw_hooks(teacher, sender, receiver, stream):
+    """Sender and receiver in adjacent layers (no head between them to freeze)."""
+    student = roughen(hybridize(teacher, KEEP, init="attention"))
+
+    def metric(logits):
+        return logits[:, -1, 5] - logits[:, -1, 9]
+
+    clean, corrupt = student.to_batch(CLEAN).input_ids, student.to_batch(CORRUPT).input_ids
+    got = gna.path_patching(student, CLEAN, CORRUPT, [sender], [receiver], metric, receiver_input=stream)
+    expected = float(metric(raw_path_patch(student.hf_model, clean, corrupt, sender, receiver, stream)).mean())
+    base = float(metric(student.logits(CLEAN)).mean())
+    assert abs(expected - base) > 1e-5, f"{stream}: no effect, the test could not fail"
+    assert got == pytest.approx(expected, abs=1e-5)
+    assert no_hooks_left(student)
+
+
+def test_discover_runs_on_a_student():
+    """A random student retrieves nothing, but every stage of discovery runs over its
+    attention and SSM heads (layer 1 has 6 heads, the others 8)."""
+    import warnings
+
+    from gna_interp.models.tiny import tiny_model
+    from gna_interp.tasks.toy import VOCAB
+
+    toy_teacher = gna.load(tiny_model("llama", seed=4, vocab_size=len(VOCAB)), tokenizer=gna.tasks.toy_tokenizer(), backend="nnsight")
+    student = hybridize(toy_teacher, KEEP, init="attention")
+    task = gna.tasks.toy_mcq(12, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gna.discovery.NoRetrievalWarning)
+        circuit = gna.discover(student, task, max_candidates=6, progress=False)
+    scan = torch.tensor([[float("nan") if v is None else v for v in row] + [float("nan")] * (8 - len(row)) for row in circuit.head_scan])
+    assert scan.shape == (3, 8)
+    assert not scan[0].isnan().any() and not scan[2].isnan().any() and not scan[1, :6].isnan().any()
     assert no_hooks_left(student)
 
 

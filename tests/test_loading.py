@@ -28,7 +28,9 @@ def test_load_from_a_local_folder(tmp_path, tokenizer, family):
 
 
 def test_every_table_row_has_a_tiny_config():
-    twins = {"llamba"}  # not a transformers class: its tiny model is gna_interp.models.llamba.tiny_llamba
+    # llamba: not a transformers class, its tiny model is gna_interp.models.llamba.tiny_llamba;
+    # gna_hybrid_student: built from a tiny Llama by gna.hybridize (tests/test_hybrid_student.py)
+    twins = {"llamba", "gna_hybrid_student"}
     assert {spec.family for spec in ARCHITECTURES} - twins <= set(TINY_CONFIGS)
 
 

@@ -38,11 +38,13 @@ the teacher's; the teacher is never modified.
   softmax(q.k/sqrt(d)) swapped for the linear, decaying ``(q.k/sqrt(d)) 2^-(t-s)`` and
   without RoPE: ``y_h[t] = sum_{s<=t} (C_t . B_s) 2^-(t-s) x_s``.
 
-The student describes itself to the library through `student_arch` (an
-`gna_interp.core.arch.ArchSpec` built from its own config): heads per layer are its kept
-attention heads (``self_attn``, numbered 0..k-1 in the order of the teacher's head
-index, `HybridStudentConfig.kept`), then its ``n_heads`` SSM heads (``mixer``), so head
-ablation, capture and attention patterns of attention heads run on it as on any model.
+The student describes itself to the library through the package's architecture table
+(`gna_interp.models.registry.HYBRID_STUDENT`, ``model_type`` ``"gna_hybrid_student"``):
+heads per layer are its kept attention heads (``self_attn``, numbered 0..k-1 in the order
+of the teacher's head index, `HybridStudentConfig.kept`), then its ``n_heads`` SSM heads
+(``mixer``, Llamba's Discrete Mamba-2 mixer spec: input streams, pad guard and the
+``"discrete_mamba2"`` implicit-attention recipe), so every analysis runs on it. A folder
+written by ``save_pretrained`` (plus the tokenizer) loads with `gna_interp.load`.
 """
 
 from __future__ import annotations
@@ -54,26 +56,42 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, LlamaConfig, PreTrainedModel
 
-from ..core.arch import ArchSpec, AttentionDims, LayerKind, Mamba2Dims, MixerSpec
 from ..core.heads import Head
 from .llamba import DiscreteMamba2
+from .registry import HYBRID_STUDENT, HYBRID_STUDENT_MODEL_TYPE
 
 INITS = ("default", "attention")
-MODEL_TYPE = "gna_hybrid_student"
+MODEL_TYPE = HYBRID_STUDENT_MODEL_TYPE
 SILU_ONE = 1.2784645427610738
 """The ``s`` with ``silu(s) = s * sigmoid(s) = 1``."""
 
 
-def _student_config(teacher_config: Any, kept: list[list[int]], d_state: int) -> Any:
-    """A copy of the teacher's config (a ``LlamaConfig``) that says what the student is:
-    ``model_type`` ``"gna_hybrid_student"``, ``kept`` (per layer, the teacher head indices
-    kept as attention) and ``d_state``."""
-    config = copy.deepcopy(teacher_config)
-    config.model_type = MODEL_TYPE
-    config.kept = [list(layer) for layer in kept]
-    config.d_state = d_state
+class HybridStudentConfig(LlamaConfig):
+    """The student's config: its Llama teacher's fields plus ``kept`` (per layer, the
+    teacher head indices kept as attention) and ``d_state`` (the mixer's state per qk
+    head; default ``head_dim``). ``model_type`` ``"gna_hybrid_student"``, a row of the
+    package's architecture table (`gna_interp.models.registry.HYBRID_STUDENT`), registered
+    with transformers' ``AutoConfig`` / ``AutoModelForCausalLM`` so that a saved student
+    folder loads with `gna_interp.load`."""
+
+    model_type = MODEL_TYPE
+
+    def __init__(self, kept: list[list[int]] | None = None, d_state: int | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.kept = [list(layer) for layer in kept] if kept is not None else [[] for _ in range(int(self.num_hidden_layers))]
+        self.d_state = int(d_state) if d_state is not None else _head_dim(self)
+
+
+def _student_config(teacher_config: Any, kept: list[list[int]], d_state: int) -> HybridStudentConfig:
+    """The teacher's config fields (a ``LlamaConfig``'s) with ``kept`` and ``d_state``,
+    and the teacher's attention kernel."""
+    fields = teacher_config.to_dict()
+    for name in ("model_type", "architectures", "kept", "d_state", "transformers_version"):
+        fields.pop(name, None)
+    config = HybridStudentConfig(kept=kept, d_state=d_state, **fields)
+    config._attn_implementation = getattr(teacher_config, "_attn_implementation", None)
     config.architectures = ["HybridStudentForCausalLM"]
     return config
 
@@ -212,6 +230,7 @@ class HybridStudentForCausalLM(PreTrainedModel, GenerationMixin):
     ``forward(input_ids, attention_mask=None)`` -> ``.logits [batch, pos, vocab]``.
     A ``transformers.PreTrainedModel`` (what nnsight's wrapper expects)."""
 
+    config_class = HybridStudentConfig
     base_model_prefix = "model"
     _supports_sdpa = True
     _supports_attention_backend = True
@@ -220,6 +239,14 @@ class HybridStudentForCausalLM(PreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = HybridStudentTrunk(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()  # transformers' bookkeeping (from_pretrained needs it); weights: see _init_weights
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Only the rotary buffers are (re)computed: every parameter keeps PyTorch's default
+        init (the authors' default-initialised SSM) or the teacher's copy, and a loaded
+        student its saved values."""
+        if "RotaryEmbedding" in type(module).__name__:
+            super()._init_weights(module)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, **kwargs: Any) -> HybridStudentOutput:
         return HybridStudentOutput(logits=self.lm_head(self.model(input_ids, attention_mask)))
@@ -228,39 +255,28 @@ class HybridStudentForCausalLM(PreTrainedModel, GenerationMixin):
 # ----- describing the student to the library -------------------------------------------
 
 
-def _ssm_dims(config: Any) -> Mamba2Dims:
-    n_heads = int(config.num_attention_heads)
-    return Mamba2Dims(
-        heads=n_heads, head_dim=_head_dim(config), groups=n_heads, state=int(config.d_state), act="identity", gated_norm=False
-    )
+STUDENT_ARCH = HYBRID_STUDENT
+"""The student's row of the package's architecture table
+(`gna_interp.models.registry.HYBRID_STUDENT`): its SSM heads use Llamba's Discrete Mamba-2
+`MixerSpec` (input streams ``x``, ``B``, ``C``, ``z``, ``decay``, the pad guard, the
+``"discrete_mamba2"`` implicit-attention recipe)."""
 
-
-def _student_mixers(config: Any, layer: int) -> tuple[MixerSpec, ...]:
-    # No input streams on the SSM side (its in_proj is laid out [x | B | C | z | A_log], not
-    # Mamba-2's), and the implicit-attention recipe "discrete_mamba2" is the Llamba work's.
-    ssm = MixerSpec(LayerKind.SSM, "mixer", "out_proj", _ssm_dims, recipe="discrete_mamba2", runs=0)
-    n_kept = len(config.kept[layer])
-    if not n_kept:
-        return (ssm,)
-    from .registry import ATTENTION_STREAMS
-
-    dims = AttentionDims(n_kept, n_kept, _head_dim(config))
-    attention = MixerSpec(LayerKind.ATTENTION, "self_attn", "o_proj", lambda _config: dims, ATTENTION_STREAMS, runs=1)
-    return (attention, ssm)
-
-
-STUDENT_ARCH = ArchSpec(MODEL_TYPE, (MODEL_TYPE,), LayerKind.HYBRID, "model.layers", "model.norm", _student_mixers, tlens=False)
-"""The student's row of the architecture table (not registered: `wrap_student` passes it
-to `GnaModel` directly)."""
+AutoConfig.register(MODEL_TYPE, HybridStudentConfig, exist_ok=True)
+AutoModelForCausalLM.register(HybridStudentConfig, HybridStudentForCausalLM, exist_ok=True)
 
 
 def wrap_student(student: HybridStudentForCausalLM, tokenizer: Any, name: str = "hybrid student") -> Any:
     """A `GnaModel` over ``student`` (nnsight backend, `STUDENT_ARCH`)."""
+    from nnsight.modeling.transformers import TransformersModel
+
+    from ..backends.nnsight import NNsightBackend
     from .handle import GnaModel
-    from .loading import _nnsight_backend
 
     student.eval()
-    return GnaModel(student, tokenizer, STUDENT_ARCH, _nnsight_backend(student, tokenizer, STUDENT_ARCH, False), name)
+    # As gna.load wraps a transformers model (loading imports this module: no import back).
+    envoy = TransformersModel(student, tokenizer=copy.deepcopy(tokenizer))  # nnsight sets padding in place: not on the caller's
+    backend = NNsightBackend(envoy, STUDENT_ARCH, STUDENT_ARCH.layers_of(student.config), False)
+    return GnaModel(student, tokenizer, STUDENT_ARCH, backend, name)
 
 
 # ----- building one ---------------------------------------------------------------------

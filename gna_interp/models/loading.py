@@ -30,7 +30,7 @@ from .preflight import (
     looks_like_path,
     read_config_json,
 )
-from .registry import spec_for, spec_for_model
+from .registry import HYBRID_STUDENT_MODEL_TYPE, spec_for, spec_for_model
 from .swap_block import swapped_in_layers
 
 BACKENDS = ("tlens", "nnsight")
@@ -198,7 +198,10 @@ def _hf_model(model: Any, folder: str | None, device: Any, dtype: Any, hf_kwargs
             f"model must be a hub id, a local folder, a transformers PreTrainedModel or a torch.nn.Module, got {type(model).__name__}"
         )
     path = folder if folder is not None and str(model).startswith("~") else os.fspath(model)
-    if folder is not None and read_config_json(config_file(Path(folder))).get("model_type") == "llamba":
+    model_type = read_config_json(config_file(Path(folder))).get("model_type") if folder is not None else None
+    if model_type == HYBRID_STUDENT_MODEL_TYPE:
+        from . import hybrid_student  # noqa: F401  (registers the student's classes with transformers' Auto classes)
+    if folder is not None and model_type == "llamba":
         from .llamba import load_llamba_folder  # transformers has no Llamba class: Cartesia's, or the CPU twin
 
         llamba = load_llamba_folder(folder, dtype=_dtype(dtype))

@@ -16,6 +16,7 @@ family's own config fields. Heads are numbered per layer, attention first, then 
 | FalconH1 | every layer | attention (``self_attn``), then Mamba-2 (``mamba``) |
 | Qwen3-Next | ``layer_types``: ``full_attention``, ``linear_attention`` | attention (``self_attn``) or gated DeltaNet (``linear_attn``) |
 | Llamba (Cartesia; ``backbone`` or HF-style ``model`` trunk) | SSM, Discrete Mamba-2 | SSM (``mixer``) |
+| hybrid student (`hybridize`) | ``kept``: layers keeping heads are hybrid | attention (``self_attn``), Discrete Mamba-2 (``mixer``) |
 
 A family the table lacks is described the same way, as data, without editing the
 package: `register_architecture` adds a row for its ``model_type`` (or pass the row to
@@ -315,15 +316,19 @@ def discrete_mamba2_pad_guard(projected: Any, d: Mamba2Dims, mask: Any) -> Any:
     return out
 
 
-def discrete_mamba2(path: str = "mixer") -> MixerSpec:
-    """Llamba's mixer: heads are value heads; no norm (``out_proj(y * silu(z + z_bias))``)."""
+def discrete_mamba2(path: str = "mixer", dims: Any = llamba_dims, runs: int = 0) -> MixerSpec:
+    """A Discrete Mamba-2 mixer (Llamba's; hybrid students' too, with their own ``dims``):
+    heads are value heads; no norm (``out_proj(y * silu(z + z_bias))``); input streams
+    `DISCRETE_MAMBA2_STREAMS`, recipe ``"discrete_mamba2"``, pad guard
+    `discrete_mamba2_pad_guard` on ``in_proj``."""
     return MixerSpec(
         LayerKind.SSM,
         path,
         "out_proj",
-        llamba_dims,
+        dims,
         DISCRETE_MAMBA2_STREAMS,
         recipe="discrete_mamba2",
+        runs=runs,
         pad_guard=discrete_mamba2_pad_guard,
         pad_guard_module="in_proj",
     )
@@ -354,6 +359,50 @@ LLAMBA_HF = _llamba("llamba_hf", "model", 1)
 def llamba_variant(model: Any) -> ArchSpec:
     """The Llamba row that fits ``model``'s module tree (``backbone`` or ``model`` trunk)."""
     return LLAMBA if hasattr(model, "backbone") else LLAMBA_HF
+
+
+# ----- hybrid students (`gna_interp.models.hybrid_student`) ----------------------------------
+# A student's config is its Llama teacher's plus ``kept`` (per layer, the teacher heads kept
+# as attention) and ``d_state``. Every layer: the kept heads' attention (``self_attn``, absent
+# when none is kept) and a Discrete Mamba-2 mixer (``mixer``) of one value head and one qk
+# head per teacher head, both reading the block's normed input (one stage); the mixer runs
+# first. Its input streams and pad guard are Llamba's.
+
+HYBRID_STUDENT_MODEL_TYPE = "gna_hybrid_student"
+
+
+def hybrid_student_ssm_dims(config: Any) -> Mamba2Dims:
+    """The student mixer's sizes: ``num_attention_heads`` value and qk heads of
+    ``head_dim``, state ``d_state``, identity activation, conv bias, no norm."""
+    heads = attention_heads(config)
+    return Mamba2Dims(
+        heads=heads,
+        head_dim=attention_head_dim(config),
+        groups=heads,
+        state=_config_int(config, "d_state"),
+        act="identity",
+        gated_norm=False,
+    )
+
+
+def hybrid_student_mixers(config: Any, layer: int) -> tuple[MixerSpec, ...]:
+    ssm = discrete_mamba2("mixer", hybrid_student_ssm_dims, runs=0)
+    n_kept = len(config.kept[layer])
+    if not n_kept:
+        return (ssm,)
+    dims = AttentionDims(n_kept, n_kept, attention_head_dim(config))  # one key/value head per kept head
+    return (MixerSpec(LayerKind.ATTENTION, "self_attn", "o_proj", lambda _config: dims, ATTENTION_STREAMS, runs=1), ssm)
+
+
+HYBRID_STUDENT = ArchSpec(
+    HYBRID_STUDENT_MODEL_TYPE,
+    (HYBRID_STUDENT_MODEL_TYPE,),
+    LayerKind.HYBRID,
+    "model.layers",
+    "model.norm",
+    hybrid_student_mixers,
+    tlens=False,
+)
 
 
 def _llama_like(family: str) -> ArchSpec:
@@ -403,6 +452,7 @@ ARCHITECTURES: tuple[ArchSpec, ...] = (
     _hybrid("falcon_h1", "model.final_layernorm", by_layer_type("layers_block_type", {"hybrid": _FALCON_H1}), block_output=1),
     _hybrid("qwen3_next", "model.norm", by_layer_type("layer_types", _QWEN3_NEXT)),
     LLAMBA,
+    HYBRID_STUDENT,
 )
 
 # One row per model_type; Llamba's HF-style naming is picked by the module tree
