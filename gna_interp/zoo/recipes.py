@@ -116,6 +116,9 @@ class Recipe:
     that carry their output are zero and stay zero
     (`gna_interp.zoo.prune`), so a layer can have fewer heads than the config says."""
     threads: int = 1
+    ablation_prompts: int | None = None
+    """Held-out prompts of the card's ablation facts (``None``: all of them, as the clean
+    accuracy); fewer for a toy whose every channel is a head."""
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -333,6 +336,7 @@ RECIPES: dict[str, Recipe] = {
             seed=1,
             lr=2e-3,
             max_steps=6_000,
+            ablation_prompts=400,
             notes=(
                 "Mamba-1, 2 layers x 128 channels (each channel is a head), state 16, query first. At lr 3e-3 "
                 "(seed 0) it stayed at chance for 600+ steps; at 2e-3 it sits at chance for about 600 steps, then learns."
