@@ -87,5 +87,5 @@ def doubling_set(model: GnaModel, task: Task, ordered: list[Head], threshold: fl
         curve.append([size, accuracy])
         if accuracy <= threshold:
             break
-    size, accuracy = curve[-1]
-    return {"heads": [str(h) for h in ordered[: int(size)]], "accuracy": accuracy, "reached_chance": accuracy <= threshold, "curve": curve}
+    last, accuracy = curve[-1]
+    return {"heads": [str(h) for h in ordered[: int(last)]], "accuracy": accuracy, "reached_chance": accuracy <= threshold, "curve": curve}
