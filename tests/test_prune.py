@@ -146,6 +146,9 @@ def test_bad_input():
         prune_heads(model, ["one"])
     with pytest.raises(ValueError, match="pruning heads of a 'mamba' model is not supported"):
         prune_heads(tiny_model("mamba", seed=1), ["L0H0"])
+    mamba = tiny_model("mamba", seed=1)  # nothing to prune: any family trains (the Mamba-1 toy's recipe)
+    before = {k: v.clone() for k, v in mamba.state_dict().items()}
+    assert prune_heads(mamba, []) == {} and all(torch.equal(v, before[k]) for k, v in mamba.state_dict().items())
     with pytest.raises(ValueError, match="trains from scratch"):
         build_model(recipe("mamba2_8heads"), init="somewhere")
     with pytest.raises(ValueError, match="init='somewhere': expected the folder of a trained toy"):

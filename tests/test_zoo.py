@@ -219,3 +219,35 @@ def test_learning_rate_schedule():
     assert [lr_factor(decayed, s) for s in (99, 100, 125, 150, 400)] == [1.0, 1.0, 0.5, 0.0, 0.0]
     restarted = dataclasses.replace(decayed, more_phases=((20, 0.5, 0.5), (10, 0.5, 0.0)))
     assert [lr_factor(restarted, s) for s in (149, 150, 169, 170, 175, 180, 500)] == pytest.approx([0.02, 0.5, 0.5, 0.5, 0.25, 0.0, 0.0])
+
+
+def test_card_facts_of_wide_layers_double_and_ablate_whole_layers(monkeypatch):
+    """A layer wider than `DOUBLING_ABOVE` gets its smallest set at doubling sizes (each point
+    re-measured here through `evaluate`), and every layer its heads ablated together,
+    everywhere, at the final position and at the segment ends; the card shows both."""
+    from gna_interp.zoo import card
+
+    monkeypatch.setattr(card, "DOUBLING_ABOVE", 2)  # the llama toy's 4-head layer 0 counts as wide
+    model, task = gna.load_toy("llama"), gna.toy_task("llama", 40, seed=FRESH_SEED)
+    facts = card.ablation_facts(model, task)
+    encoded = task.encode(task.tokenizer_for(model.tokenizer))
+    order = sorted((h for h in model.heads if h.layer == 0), key=lambda h: facts.single_head[str(h)])
+    row = facts.smallest_sets[0]
+    sizes = [int(k) for k, _ in row["curve"]]
+    assert sizes == [1, 2, 4][: len(sizes)] and row["heads"] == [str(h) for h in order[: sizes[-1]]]
+    for size, accuracy in row["curve"]:
+        assert accuracy == gna.evaluate(model, task, [gna.Ablate(order[: int(size)])], progress=False).accuracy
+    assert row["reached_chance"] == (row["accuracy"] <= facts.chance + card.CHANCE_MARGIN)
+    for layer in range(model.n_layers):
+        heads = [h for h in model.heads if h.layer == layer]
+        expected = {
+            "all": gna.Ablate(heads),
+            "final": gna.Ablate(heads, positions=encoded.final),
+            "ends": gna.Ablate(heads, positions=encoded.segment_ends),
+        }
+        for where, ablate in expected.items():
+            assert facts.layer_ablation[layer][where] == gna.evaluate(model, task, [ablate], progress=False).accuracy, (layer, where)
+    markdown = card_markdown({**gna.toy_card("llama"), "ablation": facts.to_dict(), "ablation_n": 40})
+    assert f"- layer 0: {sizes[0]} -> {row['curve'][0][1]:.3f}" in markdown
+    assert f"| 1 | {facts.layer_ablation[1]['all']:.3f} | {facts.layer_ablation[1]['final']:.3f} |" in markdown
+    assert "Ablations measured on 40 held-out prompts" in markdown

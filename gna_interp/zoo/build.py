@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..evaluation import evaluate
 from ..models.loading import load
 from ..tasks.toy import toy_mcq, toy_tokenizer
 from .card import CHANCE_MARGIN, ablation_facts
@@ -43,7 +44,11 @@ def finish_toy(recipe: Recipe, result: TrainResult, out: Path, *, progress: bool
     tokenizer = toy_tokenizer()
     model = load(result.model, tokenizer=tokenizer, backend="nnsight")
     task = toy_mcq(HELD_OUT_PROMPTS, seed=HELD_OUT_TASK_SEED, **task_shape(recipe))
-    facts = ablation_facts(model, task, progress=progress)
+    if recipe.ablation_prompts is None:
+        facts = ablation_facts(model, task, progress=progress)
+    else:  # fewer prompts for the ablations; the clean accuracy on all of them
+        facts = ablation_facts(model, toy_mcq(recipe.ablation_prompts, seed=HELD_OUT_TASK_SEED, **task_shape(recipe)), progress=progress)
+        facts.clean_accuracy = evaluate(model, task, progress=False).accuracy
     card = {
         "name": recipe.name,
         "family": recipe.family,
@@ -65,6 +70,7 @@ def finish_toy(recipe: Recipe, result: TrainResult, out: Path, *, progress: bool
         "held_out_accuracy": facts.clean_accuracy,
         "held_out_n": HELD_OUT_PROMPTS,
         "held_out_seed": HELD_OUT_TASK_SEED,
+        **({"ablation_n": recipe.ablation_prompts} if recipe.ablation_prompts is not None else {}),
         "chance_margin": CHANCE_MARGIN,
         "ablation": facts.to_dict(),
         "history": result.history,

@@ -79,11 +79,13 @@ def head_masks(model: Any, heads: Iterable[Head | str]) -> Masks:
     """The masks of ``heads`` in an HF ``*ForCausalLM`` (the model is left as it is).
 
     Args:
-        model: a Llama-like (``llama``, ``mistral``, ``qwen2``) or ``mamba2`` model.
+        model: a Llama-like (``llama``, ``mistral``, ``qwen2``) or ``mamba2`` model
+            (any family when ``heads`` is empty: no masks).
         heads: `Head`s or their names (``"L1H3"``).
     """
+    heads = list(heads)
     family = model.config.model_type
-    if family not in _ENTRIES:
+    if heads and family not in _ENTRIES:  # nothing to prune: any family trains
         raise ValueError(f"pruning heads of a {family!r} model is not supported: expected one of {sorted(_ENTRIES)}")
     masks: Masks = {}
     n_layers = model.config.num_hidden_layers

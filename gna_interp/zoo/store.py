@@ -145,6 +145,26 @@ def card_markdown(card: dict[str, Any]) -> str:
     ]
     for layer, row in facts["smallest_sets"].items():
         lines.append(f"| {layer} | {', '.join(row['heads'])} | {row['accuracy']:.3f} | {'yes' if row['reached_chance'] else 'no'} |")
+    curves = {layer: row["curve"] for layer, row in facts["smallest_sets"].items() if row.get("curve")}
+    if curves:  # wide layers: the sizes tried doubled
+        lines += ["", "Wide layers, the most harmful heads ablated together (size -> accuracy):", ""]
+        lines += [f"- layer {layer}: " + ", ".join(f"{int(k)} -> {a:.3f}" for k, a in curve) for layer, curve in curves.items()]
+    if facts.get("layer_ablation"):  # cards written since the field exists
+        lines += [
+            "",
+            "Every head of a layer zero-ablated together:",
+            "",
+            "| layer | everywhere | final position only | segment ends only |",
+            "|---|---|---|---|",
+        ]
+        for layer, row in facts["layer_ablation"].items():
+            cells = [f"{row[k]:.3f}" if k in row else "-" for k in ("all", "final", "ends")]
+            lines.append(f"| {layer} | {' | '.join(cells)} |")
+    if card.get("ablation_n"):
+        lines += [
+            "",
+            f"Ablations measured on {card['ablation_n']} held-out prompts (toy_mcq seed {card['held_out_seed']}).",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -113,7 +113,7 @@ def lr_factor(recipe: Recipe, step: int) -> float:
 def _recipe_key(recipe: Recipe) -> dict[str, Any]:
     """What a checkpoint must agree on to be resumed: everything that shapes the
     trajectory (the step limit, the stopping accuracy and the notes may change)."""
-    return {k: v for k, v in dataclasses.asdict(recipe).items() if k not in ("max_steps", "target_accuracy", "notes")}
+    return {k: v for k, v in dataclasses.asdict(recipe).items() if k not in ("max_steps", "target_accuracy", "notes", "ablation_prompts")}
 
 
 _SCHEDULE_FIELDS = ("decay_start", "decay_steps", "more_phases")
