@@ -68,6 +68,7 @@ _EXPORTS: dict[str, str] = {
     "path_patching": "patching",
     "path_patching_sweep": "patching",
     "progress_enabled": "progress",
+    "reads_position": "patching",
     "set_progress": "progress",
     "swap_layers": "models.swap",
     "target_logprob": "patching",
