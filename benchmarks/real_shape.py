@@ -17,7 +17,7 @@ tokens:
 ``ablation, last logits``
     the same with ``logits_to_keep=1``: the final position's logits alone.
 ``sweep`` / ``sweep, every position``
-    `ablation_sweep` over 4 heads of layer 0 with `logit_diff` (it declares that it reads
+    `ablation_sweep` over heads 0 and 1 of layer 0 with `logit_diff` (it declares that it reads
     the final position: logits computed there alone) and with the same metric as an
     undeclared lambda (every position's logits): issue 27 item 6 side by side.
 ``path patching``, ``final-row patterns``, ``attribution``
@@ -41,6 +41,7 @@ Run: ``python benchmarks/real_shape.py [--layers 2] [--prompts 2] [--seq-len 32]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import json
@@ -144,7 +145,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any], str, int]] = {
     # layer 0's out-projection path, head width); `build` and every measurement below take it
     # unchanged (its family must be in gna_interp's architecture table).
 }
-SWEEP_HEADS = 4
+SWEEP_HEADS = 2
 
 
 def build(name: str, n_layers: int, device: str) -> Any:
@@ -175,10 +176,8 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats()
             self.start = torch.cuda.memory_allocated()
             return self
-        try:
+        with contextlib.suppress(OSError):
             ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed memory back to the system first
-        except OSError:
-            pass
         import psutil
 
         self.process = psutil.Process()
@@ -206,11 +205,14 @@ class PeakMemory:
 
 
 def measure(fn: Callable[[], Any], repeats: int, device: str) -> tuple[float, float, Any]:
-    """(best seconds, peak bytes of the first call, the last result)."""
+    """(best seconds of ``repeats`` calls, peak bytes of the first, the last result)."""
     with PeakMemory(device) as memory:
+        start = time.perf_counter()
         result = fn()
-    best = float("inf")
-    for _ in range(repeats):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    best = time.perf_counter() - start
+    for _ in range(repeats - 1):
         start = time.perf_counter()
         result = fn()
         if device.startswith("cuda"):
@@ -238,7 +240,10 @@ def raw_hooked(hf: Any, path: str, head_dim: int, head: int, ids: torch.Tensor) 
 
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     _, _, out_proj, head_dim = CONFIGS[name]
+    start = time.perf_counter()
     hf = build(name, args.layers, args.device)
+    if args.verbose:
+        print(f"  {name}: built in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     model = gna.load(hf, device=args.device, tokenizer=word_tokenizer())  # inputs are token ids: it is not used
     vocab = hf.config.vocab_size
     generator = torch.Generator().manual_seed(1)
@@ -266,9 +271,12 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     }
     rows: dict[str, dict[str, float]] = {}
     results: dict[str, Any] = {}
+    operations["raw"](), operations["ablation"]()  # warm-up: first-call costs (hook tables, allocator) are not timed
     for label, fn in operations.items():
         seconds, peak, results[label] = measure(fn, args.repeats, args.device)
         rows[label] = {"seconds": seconds, "peak_mb": peak / 2**20}
+        if args.verbose:
+            print(f"  {name}: {label} {seconds:.3f} s", file=sys.stderr, flush=True)
     for row in rows.values():
         row["time_ratio"] = row["seconds"] / rows["raw"]["seconds"]
         row["memory_ratio"] = row["peak_mb"] / max(rows["raw"]["peak_mb"], 1e-9)
@@ -292,8 +300,6 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "logit_scale": float(raw[:, -1].float().abs().max()),
     }
     info = {"backend": model.backend_name, "layers": args.layers, "params_m": sum(p.numel() for p in hf.parameters()) / 1e6}
-    del model, hf, results, raw
-    gc.collect()
     return {"model": name, **info, "rows": rows, "checks": checks}
 
 
@@ -302,16 +308,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(CONFIGS))
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=2)
-    parser.add_argument("--seq-len", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=1, help="calls per operation, the best timed (the first also measures memory)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--tolerance", type=float, default=0.05, help="max |diff| of bf16 logits / metrics vs the raw-hook twin")
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--verbose", action="store_true", help="each operation's time on stderr as it finishes")
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    if not 2 <= args.layers:
+    if args.layers < 2:
         parser.error(f"--layers={args.layers}: path patching needs 2 layers or more")
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in CONFIGS]
