@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=1, help="calls per operation, the best timed (the first also measures memory)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on shared cores)")
     parser.add_argument("--tolerance", type=float, default=0.05, help="max |diff| of bf16 logits / metrics vs the raw-hook twin")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--verbose", action="store_true", help="each operation's time on stderr as it finishes")
