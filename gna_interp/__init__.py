@@ -76,6 +76,7 @@ _EXPORTS: dict[str, str] = {
     "path_patching": "patching",
     "path_patching_sweep": "patching",
     "progress_enabled": "progress",
+    "reads_position": "patching",
     "register_architecture": "models.registry",
     "retention_curve": "retention",
     "retrieval_ranking": "retention",

@@ -230,7 +230,7 @@ def _single_token_scores(
     chunks = _single_token_chunks(encoded, interventions, size, keep_columns)
     parts = []
     for start, stop, rows, chunk in progress_bar(chunks, show=len(chunks) > 4 if progress is None else progress, desc="evaluate"):
-        parts.append(_candidate_logprobs(model.logits(rows, chunk)[:, -1], encoded.candidate_ids[start:stop]))
+        parts.append(_candidate_logprobs(model.logits(rows, chunk, logits_to_keep=1)[:, -1], encoded.candidate_ids[start:stop]))
     return torch.cat(parts)
 
 
@@ -265,7 +265,7 @@ def evaluate_with_logits(
 
     if not is_batched_remote(model):
         evaluations = [evaluate(model, task, interventions, batch_size=batch_size, progress=progress) for task, interventions in runs]
-        return evaluations, [model.logits(inputs)[:, -1:] for inputs in logits_of]
+        return evaluations, [model.logits(inputs, logits_to_keep=1) for inputs in logits_of]
     jobs = JobList(model)
     pending: list[tuple[EncodedTask, list[tuple[int, int, int]]] | Evaluation] = []
     for task, interventions in runs:

@@ -17,7 +17,8 @@ from ..core.plan import Plan, Read, Site
 @dataclass
 class RunOutput:
     logits: Tensor
-    """``[batch, pos, vocab]``."""
+    """``[batch, pos, vocab]``; ``[batch, k, vocab]`` (the last ``k`` positions) for a forward
+    run with ``logits_to_keep=k``."""
     acts: dict[Site, Tensor] = field(default_factory=dict)
     """Captured activations (after the plan's edits at that site)."""
     reads: list[Tensor] = field(default_factory=list)
@@ -27,12 +28,23 @@ class RunOutput:
 class Backend(Protocol):
     name: str
 
-    def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), reads: Sequence[Read] = (), grad: bool = False) -> RunOutput:
+    def run(
+        self,
+        batch: Batch,
+        plan: Plan,
+        capture: Collection[Site] = (),
+        reads: Sequence[Read] = (),
+        grad: bool = False,
+        logits_to_keep: int = 0,
+    ) -> RunOutput:
         """One forward over ``batch`` with ``plan`` applied. Leaves no hook behind.
 
         With ``grad=True`` autograd records the forward, and the captured activations are
         the tensors the forward goes on with: the logits can be differentiated with
-        respect to them."""
+        respect to them. ``logits_to_keep=k > 0``: the unembedding runs on the last ``k``
+        positions alone and the logits are ``[batch, k, vocab]`` (the same numbers as those
+        positions of the full logits); ``0``: every position. Logits that are NaN or inf on
+        a real token raise `gna_interp.backends.finite.NonFiniteLogitsError`."""
         ...
 
 

@@ -58,6 +58,7 @@ from ..core.plan import Plan, Read, ReadKind, Ref, Site, SiteKind
 from ..cost import charge, charge_forward
 from . import nnsight_program as program
 from .base import RunOutput, eager_attention
+from .finite import check_logits, keep_last, output_embedding_path
 from .jobs import Job
 
 # Step opcodes, in the order a block executes them (the trace body: `nnsight_program.apply_steps`).
@@ -92,6 +93,7 @@ class NNsightBackend:
         self.max_request_mb = 256.0
         """Tensor payload one session request may carry (`run_many` packs jobs up to it)."""
         self._shared: tuple[Any, dict[int, tuple[int, ...]]] | None = None
+        self._unembedding: str | None = None
 
     def steps(self, plan: Plan, capture: Collection[Site], reads: Sequence[Read] = ()) -> list[tuple]:
         """The plan as a list of plain tuples ``(op, path, edits, slot, tensor, spec, occurrence)``,
@@ -218,7 +220,38 @@ class NNsightBackend:
         layers = shared.get(id(self.envoy._module.get_submodule(path)), ())
         return sum(1 for other in layers if start_layer <= other < layer)
 
-    def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), reads: Sequence[Read] = (), grad: bool = False) -> RunOutput:
+    @property
+    def unembedding_path(self) -> str:
+        """The path of the unembedding (``lm_head``) whose input ``logits_to_keep`` narrows;
+        ``""`` when the model has none to find (logits are then sliced after the forward)."""
+        if self._unembedding is None:
+            self._unembedding = output_embedding_path(self.envoy._module)
+        return self._unembedding
+
+    def run(
+        self,
+        batch: Batch,
+        plan: Plan,
+        capture: Collection[Site] = (),
+        reads: Sequence[Read] = (),
+        grad: bool = False,
+        logits_to_keep: int = 0,
+    ) -> RunOutput:
+        """`gna_interp.backends.base.Backend.run`; its logits checked (`gna_interp.backends.finite`)."""
+        out = self._forward(batch, plan, capture, reads, grad, logits_to_keep)
+        root = None if self.remote else self.envoy._module  # a remote model's weights are not here
+
+        def unchecked(batch: Batch, plan: Plan, capture: Collection[Site]) -> RunOutput:
+            return self._forward(batch, plan, capture, (), False, logits_to_keep)
+
+        check_logits(self.name, out.logits, batch, plan, self.layers, unchecked, root)
+        return out
+
+    def _forward(
+        self, batch: Batch, plan: Plan, capture: Collection[Site], reads: Sequence[Read], grad: bool, logits_to_keep: int
+    ) -> RunOutput:
+        if logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep={logits_to_keep}: expected 0 (every position) or k > 0 (the last k positions)")
         steps = self.steps(plan, capture, reads)
         n_saved = len(capture) + len(reads)
         charge_forward(self, batch.n_rows, plan.start_layer, self.n_layers, request=bool(self.remote))
@@ -229,7 +262,7 @@ class NNsightBackend:
         inputs = self.call_inputs(batch)
         with torch.set_grad_enabled(grad), eager_attention(getattr(self.envoy._module, "config", None), patterns):  # noqa: SIM117
             with self.pad_guards(batch), model.trace(**inputs) as tracer:
-                saved, logits = program.apply_steps(model, tracer, steps, n_saved, block_items, grad)
+                saved, logits = program.apply_steps(model, tracer, steps, n_saved, block_items, grad, self.unembedding_path, logits_to_keep)
         acts = {site: saved[i] for i, site in enumerate(sorted(capture))}
         values = [saved[len(capture) + i] for i in range(len(reads))]
         for read, value in zip(reads, values, strict=True):
@@ -242,7 +275,7 @@ class NNsightBackend:
             acts = {site: value.detach() for site, value in acts.items()}
             values = [value.detach() for value in values]
             logits = logits.detach()
-        return RunOutput(logits=logits, acts=acts, reads=values)
+        return RunOutput(logits=keep_last(logits, logits_to_keep), acts=acts, reads=values)
 
     def call_inputs(self, batch: Batch) -> dict[str, Any]:
         """The keywords of one forward: ``input_ids``, ``attention_mask`` when the family's
@@ -301,8 +334,9 @@ class NNsightBackend:
             from .jobs import kept, resolved
 
             full: list[RunOutput] = []
-            for job in jobs:
-                full.append(self.run(job.batch, resolved(job.plan, full), capture=job.capture, reads=job.reads))
+            for job in jobs:  # keep 0 / 2: the final position's logits alone are computed
+                last = 0 if job.keep == 1 else 1
+                full.append(self.run(job.batch, resolved(job.plan, full), capture=job.capture, reads=job.reads, logits_to_keep=last))
             return [kept(out, job.keep) for out, job in zip(full, jobs, strict=True)]
         outputs: list[RunOutput | None] = [None] * len(jobs)
         for group, own in self._request_groups(jobs):
@@ -352,7 +386,7 @@ class NNsightBackend:
         # Two statements on purpose: nnsight captures the source of the session block itself.
         with torch.no_grad(), eager_attention(getattr(self.envoy._module, "config", None), patterns):  # noqa: SIM117
             with model.session(remote=self.remote):
-                returned = nnsight.save(program.run_jobs(model, prepared, block_items))
+                returned = nnsight.save(program.run_jobs(model, prepared, block_items, self.unembedding_path))
         outputs: list[RunOutput | None] = []
         for index, item in zip(group, returned, strict=True):
             if item is None:
@@ -360,6 +394,7 @@ class NNsightBackend:
                 continue
             job = jobs[index]
             saved, logits = item
+            check_logits(self.name, logits[:, None] if job.keep == 2 else logits, job.batch, job.plan, self.layers, None, None)
             if job.keep == 2:
                 outputs.append(RunOutput(logits=logits[:, None].detach()))
                 continue
@@ -377,7 +412,7 @@ class NNsightBackend:
         # Two statements on purpose: nnsight captures the source of the session block itself.
         with torch.no_grad():  # noqa: SIM117
             with model.session(remote=self.remote):
-                result = nnsight.save(program.greedy_joint(model, problem, block_items))
+                result = nnsight.save(program.greedy_joint(model, {**problem, "unembed": self.unembedding_path}, block_items))
         roles, (forwards, rows, block_rows) = result
         charge(self, forwards=forwards, rows=rows, block_rows=block_rows, requests=1)
         return list(roles)

@@ -31,9 +31,13 @@ READ_PARAM = 5  # a module's parameter, index-selected
 STREAMS = 6  # column blocks of a module's output or input, per unit
 
 
-def apply_steps(model: Any, tracer: Any, steps: list, n_saved: int, block_items: Any, grad: bool) -> tuple[Any, Any]:
+def apply_steps(
+    model: Any, tracer: Any, steps: list, n_saved: int, block_items: Any, grad: bool, unembed: str = "", last: int = 0
+) -> tuple[Any, Any]:
     """The body of one trace: apply ``steps`` in execution order; returns the saved list
-    (captures and reads, by slot) and the logits."""
+    (captures and reads, by slot) and the logits. ``last > 0``: the input of the module at
+    ``unembed`` (the ``lm_head``) is narrowed to the last ``last`` positions, so the
+    logits are ``[batch, last, vocab]``, computed there alone."""
     saved = nnsight.save([None] * n_saved)
     stash: Any = None  # replaced by a block's input before any skip reads it
     for op, path, edits, slot, rows, spec, occurrence in steps:
@@ -100,6 +104,11 @@ def apply_steps(model: Any, tracer: Any, steps: list, n_saved: int, block_items:
                 saved[slot] = act
             if op == 0:
                 stash = act
+    if last > 0 and unembed:
+        head = model
+        for part in unembed.split("."):
+            head = head[int(part)] if part.isdigit() else getattr(head, part)
+        head.input = head.input[:, -last:]
     logits = model.output.logits.save()
     return saved, logits
 
@@ -131,21 +140,26 @@ def resolve_steps(steps: list, results: list) -> list:
     return out
 
 
-def run_trace(model: Any, ids: Any, mask: Any, steps: list, n_saved: int, block_items: Any) -> tuple[Any, Any]:
-    """One trace (inside a session: on the session's backend)."""
+def run_trace(
+    model: Any, ids: Any, mask: Any, steps: list, n_saved: int, block_items: Any, unembed: str = "", last: int = 0
+) -> tuple[Any, Any]:
+    """One trace (inside a session: on the session's backend); ``unembed``, ``last`` as
+    in `apply_steps`."""
     with model.trace(input_ids=ids, attention_mask=mask) as tracer:
-        saved, logits = apply_steps(model, tracer, steps, n_saved, block_items, False)
+        saved, logits = apply_steps(model, tracer, steps, n_saved, block_items, False, unembed, last)
     return saved, logits
 
 
-def run_jobs(model: Any, jobs: list, block_items: Any) -> list:
+def run_jobs(model: Any, jobs: list, block_items: Any, unembed: str = "") -> list:
     """Each job ``(ids, mask, steps, n_saved, keep)`` as one trace, in order; a job's
     references point at earlier jobs. ``keep``: 0 = nothing comes back (a prefix or
     source kept on the server), 1 = saved values and logits, 2 = the final position's
-    logits ``[batch, vocab]`` alone."""
+    logits ``[batch, vocab]`` alone. With ``unembed`` (the ``lm_head`` path) jobs of
+    ``keep`` 0 and 2 compute the final position's logits alone (`apply_steps`)."""
     results: list = []
-    for ids, mask, steps, n_saved, _ in jobs:
-        results.append(run_trace(model, ids, mask, resolve_steps(steps, results), n_saved, block_items))
+    for ids, mask, steps, n_saved, keep in jobs:
+        last = 1 if keep != 1 else 0
+        results.append(run_trace(model, ids, mask, resolve_steps(steps, results), n_saved, block_items, unembed, last))
     returned: list = []
     for (_, _, _, _, keep), (saved, logits) in zip(jobs, results, strict=True):
         if keep == 0:
@@ -181,17 +195,20 @@ def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, lis
       ``max_heads``, ``start_accuracy``, and ``after`` / ``bound``: a role searched after
       another drops that role's chosen heads from its pool and keeps only heads before
       the last of ``bound`` and the chosen heads' positions (or its members);
-    - ``n_rows``.
+    - ``n_rows``;
+    - ``unembed`` (optional): the ``lm_head`` path; logits are then computed at the final
+      position alone.
 
     Returns ``(per role: (pool, chosen, curve, accuracy with the chosen heads ablated at
     every position or None), [forwards, rows, block rows])``; heads are ids, curve the
     accuracy after each step.
     """
     n_layers = problem["n_layers"]
+    unembed = problem.get("unembed", "")  # verdicts read the final position: its logits alone are computed
     cost = [0, 0, 0]
     prefix: list = []
     for ids, mask, steps, n_saved, _ in problem["prefix_jobs"]:
-        prefix.append(run_trace(model, ids, mask, resolve_steps(steps, prefix), n_saved, block_items))
+        prefix.append(run_trace(model, ids, mask, resolve_steps(steps, prefix), n_saved, block_items, unembed, 1))
         cost = [cost[0] + 1, cost[1] + ids.shape[0], cost[2] + ids.shape[0] * n_layers]
 
     def accuracy(heads: list, where: str) -> float:
@@ -207,7 +224,7 @@ def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, lis
                     else:
                         merged[key] = step
             steps = resolve_steps([merged[key] for key in sorted(merged)], prefix)
-            _, logits = run_trace(model, ids, mask, steps, 0, block_items)
+            _, logits = run_trace(model, ids, mask, steps, 0, block_items, unembed, 1)
             found.append(verdicts(logits, candidate_ids, correct))
             cost[0], cost[1], cost[2] = cost[0] + 1, cost[1] + ids.shape[0], cost[2] + ids.shape[0] * (n_layers - start)
         return float(torch.cat(found).double().mean())  # exact, as `Evaluation.accuracy`

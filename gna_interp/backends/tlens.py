@@ -66,6 +66,7 @@ from ..core.inputs import Batch
 from ..core.plan import Edit, Plan, Read, ReadKind, Site, SiteKind, apply_edits
 from ..cost import charge_forward
 from .base import RunOutput, attention_kernel, eager_attention
+from .finite import check_logits, keep_last, output_embedding_path
 
 HookFn = Callable[[Tensor], Tensor]
 View = tuple[str, tuple[int, ...]]
@@ -165,6 +166,7 @@ class TLensBackend:
         self._kernel_attentions: list[Native] | None = None
         self._native_norms: list[Native] | None = None
         self._hook_points: dict[str, Any] | None = None
+        self._unembedding: str | None = None
 
     # ----- where sites live ----------------------------------------------------------------
     def mixer(self, layer: int, index: int) -> LayerMixer:
@@ -230,7 +232,38 @@ class TLensBackend:
         return self._shared
 
     # ----- one forward -----------------------------------------------------------------------
-    def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), reads: Sequence[Read] = (), grad: bool = False) -> RunOutput:
+    def run(
+        self,
+        batch: Batch,
+        plan: Plan,
+        capture: Collection[Site] = (),
+        reads: Sequence[Read] = (),
+        grad: bool = False,
+        logits_to_keep: int = 0,
+    ) -> RunOutput:
+        """`gna_interp.backends.base.Backend.run`; its logits checked (`gna_interp.backends.finite`)."""
+        out = self._forward(batch, plan, capture, reads, grad, logits_to_keep)
+        check_logits(self.name, out.logits, batch, plan, self.layers, self._unchecked(logits_to_keep), self.root)
+        return out
+
+    def _unchecked(self, logits_to_keep: int) -> Callable[[Batch, Plan, Collection[Site]], RunOutput]:
+        def forward(batch: Batch, plan: Plan, capture: Collection[Site]) -> RunOutput:
+            return self._forward(batch, plan, capture, (), False, logits_to_keep)
+
+        return forward
+
+    def _unembedding_tap(self) -> Tap | None:
+        """The input of the unembedding (``lm_head``), where ``logits_to_keep`` narrows the
+        hidden states to the positions read; ``None`` if the model has none to find."""
+        if self._unembedding is None:
+            self._unembedding = output_embedding_path(self.root)
+        return self._resolve(self.n_layers, self._unembedding, "input") if self._unembedding else None
+
+    def _forward(
+        self, batch: Batch, plan: Plan, capture: Collection[Site], reads: Sequence[Read], grad: bool, logits_to_keep: int
+    ) -> RunOutput:
+        if logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep={logits_to_keep}: expected 0 (every position) or k > 0 (the last k positions)")
         captured: dict[Site, Tensor] = {}
         values: list[Tensor] = [torch.empty(0)] * len(reads)
         stash: dict[int, Tensor] = {}
@@ -258,6 +291,9 @@ class TLensBackend:
             elif read.layer >= start_layer:
                 hooks.setdefault(self.read_tap(read), []).append(_read_hook(read, slot, values, grad))
 
+        unembedding = self._unembedding_tap() if logits_to_keep > 0 else None
+        if unembedding is not None:
+            hooks.setdefault(unembedding, []).append(_last_positions(logits_to_keep))
         fired: set[Tap] = set()
         named = [(tap.hook, _firing(fn, tap, fired)) for tap, fns in hooks.items() if tap.hook for fn in fns]
         raw = {tap: [_firing(fn, tap, fired) for fn in fns] for tap, fns in hooks.items() if not tap.hook}
@@ -279,7 +315,7 @@ class TLensBackend:
         silent = [tap for tap in hooks if tap not in fired]
         if silent:
             raise RuntimeError(f"backend 'tlens': {_describe(silent[0])} never ran in this forward: its site could not be read or edited")
-        return RunOutput(logits=logits, acts=captured, reads=values)
+        return RunOutput(logits=keep_last(logits, logits_to_keep), acts=captured, reads=values)
 
     @contextmanager
     def _named_hooks(self, named: Sequence[tuple[str, Callable[..., Tensor]]]) -> Iterator[None]:
@@ -506,6 +542,15 @@ def _site_hook(site: Site, view: View, edits: list[Edit], keep: bool, captured: 
 def _start_hook(resid: Tensor) -> HookFn:
     def hook(act: Tensor) -> Tensor:
         return resid.to(act.device, act.dtype)
+
+    return hook
+
+
+def _last_positions(k: int) -> HookFn:
+    """The unembedding's input narrowed to the last ``k`` positions: logits there alone."""
+
+    def hook(act: Tensor) -> Tensor:
+        return act[:, -k:]
 
     return hook
 

@@ -501,7 +501,10 @@ def _gather_to_aggregate(
     right = clean_enc.candidate_ids[rows, clean_enc.correct]
     wrong = corrupt_enc.candidate_ids[rows, corrupt_enc.correct]
     metric = logit_diff(right, wrong)
-    clean_logits, corrupt_logits = logits if logits is not None else (model.logits(task), model.logits(corrupt))
+    if logits is None:  # the metric reads the final position: logits there alone
+        clean_logits, corrupt_logits = model.logits(task, logits_to_keep=1), model.logits(corrupt, logits_to_keep=1)
+    else:
+        clean_logits, corrupt_logits = logits
     clean_value = reduce_metric(metric(clean_logits))
     corrupt_value = reduce_metric(metric(corrupt_logits))
     path = path_patching(model, task, corrupt, circuit.gather, receivers, metric)

@@ -182,18 +182,26 @@ class GnaModel:
         return batch.to(self.device)
 
     def run(
-        self, inputs: Any, interventions: Intervention | Sequence[Intervention] = (), capture: Iterable[Target] = ()
+        self,
+        inputs: Any,
+        interventions: Intervention | Sequence[Intervention] = (),
+        capture: Iterable[Target] = (),
+        logits_to_keep: int = 0,
     ) -> tuple[Tensor, dict[Target, Tensor]]:
         """Logits ``[batch, pos, vocab]`` and the activations at ``capture``.
 
         Captured heads come back as ``[batch, pos, d_head]``, residual sites as
         ``[batch, pos, d_model]``, both after the interventions at that site.
+        ``logits_to_keep=k > 0``: the logits of the last ``k`` positions alone,
+        ``[batch, k, vocab]``, the unembedding computed there alone (same numbers).
+        Logits that hold NaN or inf on a real token raise
+        `gna_interp.backends.finite.NonFiniteLogitsError`, naming where they began.
         """
         batch = self.to_batch(inputs)
         targets = list(capture)
         sites = {self.site_of(t) for t in targets}
         plan = self.compile_plan(batch, [*self._ambient, *as_interventions(interventions)])
-        out = self.run_plan(batch, plan, capture=sites)
+        out = self.run_plan(batch, plan, capture=sites, logits_to_keep=logits_to_keep)
         acts: dict[Target, Tensor] = {}
         for target in targets:
             if isinstance(target, Head):
@@ -215,7 +223,7 @@ class GnaModel:
         object are read back, and only the missing ones run."""
         if self._sources is None:
             batch = self.to_batch(inputs)
-            return batch, self.backend.run(batch, Plan(), capture=set(sites)).acts
+            return batch, self.backend.run(batch, Plan(), capture=set(sites), logits_to_keep=1).acts  # logits unread
         kept = self._sources.get(id(inputs))
         if kept is None or kept[0] is not inputs:  # identity: the object is held, so its id is not reused
             kept = (inputs, self.to_batch(inputs), {})
@@ -223,7 +231,7 @@ class GnaModel:
         _, batch, acts = kept
         missing = set(sites) - set(acts)
         if missing:
-            acts.update(self.backend.run(batch, Plan(), capture=missing).acts)
+            acts.update(self.backend.run(batch, Plan(), capture=missing, logits_to_keep=1).acts)
         return batch, {site: acts[site] for site in sites}
 
     @contextmanager
@@ -243,12 +251,12 @@ class GnaModel:
         finally:
             self._sources = None
 
-    def run_plan(self, batch: Batch, plan: Plan, capture: Collection[Site] = ()) -> RunOutput:
+    def run_plan(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), logits_to_keep: int = 0) -> RunOutput:
         """``backend.run``, starting from the clean prefix cached by an open `prefix_cache`
         where the plan allows (see `gna_interp.models.prefix`)."""
         if self._prefix is None:
-            return self.backend.run(batch, plan, capture=capture)  # type: ignore[no-any-return]
-        return self._prefix.run(batch, plan, capture)
+            return self.backend.run(batch, plan, capture=capture, logits_to_keep=logits_to_keep)  # type: ignore[no-any-return]
+        return self._prefix.run(batch, plan, capture, logits_to_keep)
 
     @contextmanager
     def prefix_cache(self, max_mb: float = DEFAULT_PREFIX_MB) -> Iterator[PrefixCache | None]:
@@ -265,10 +273,11 @@ class GnaModel:
         finally:
             self._prefix = None
 
-    def logits(self, inputs: Any, interventions: Intervention | Sequence[Intervention] = ()) -> Tensor:
+    def logits(self, inputs: Any, interventions: Intervention | Sequence[Intervention] = (), logits_to_keep: int = 0) -> Tensor:
         """``[batch, pos, vocab]`` logits with ``interventions`` (and any active
-        ``ablated`` / ``intervening`` contexts) applied."""
-        return self.run(inputs, interventions)[0]
+        ``ablated`` / ``intervening`` contexts) applied; ``logits_to_keep=k > 0``: the last
+        ``k`` positions' alone, ``[batch, k, vocab]``, computed there alone (`run`)."""
+        return self.run(inputs, interventions, logits_to_keep=logits_to_keep)[0]
 
     def cache(self, inputs: Any, targets: Iterable[Target], interventions: Sequence[Intervention] = ()) -> dict[Target, Tensor]:
         return self.run(inputs, interventions, capture=targets)[1]

@@ -41,10 +41,11 @@ def run_jobs(model: GnaModel, jobs: Sequence[Job]) -> list[RunOutput | None]:
     outputs: list[RunOutput | None] = []
     for job in jobs:
         plan = resolved(job.plan, full)
+        last = 0 if job.keep == 1 else 1  # keep 0 / 2: the final position's logits alone are computed
         if job.reads:
-            out = model.backend.run(job.batch, plan, capture=job.capture, reads=job.reads)
+            out = model.backend.run(job.batch, plan, capture=job.capture, reads=job.reads, logits_to_keep=last)
         else:
-            out = model.run_plan(job.batch, plan, job.capture)
+            out = model.run_plan(job.batch, plan, job.capture, logits_to_keep=last)
         full.append(out)
         outputs.append(kept(out, job.keep))
     return outputs

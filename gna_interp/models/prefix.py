@@ -64,32 +64,36 @@ class PrefixCache:
             stride += 1
         return sorted({*range(stride, n_layers + 1, stride), n_layers})
 
-    def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = ()) -> RunOutput:
-        """``backend.run(batch, plan, capture)``, from the cached clean prefix where it can."""
+    def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), logits_to_keep: int = 0) -> RunOutput:
+        """``backend.run(batch, plan, capture, logits_to_keep=...)``, from the cached clean
+        prefix where it can. The clean forward that fills the cache for an edited plan
+        returns nothing of its logits: it computes the final position's alone."""
+        keep = logits_to_keep
         backend, n_layers = self.backend, self.n_layers
         if plan.start is not None:
-            return backend.run(batch, plan, capture=capture)
+            return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
         first, resume = plan.reusable_start(n_layers, capture)
         if first == 0:
-            return backend.run(batch, plan, capture=capture)
+            return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
         key = self.key(batch)
         entry = self.entries.get(key)
         if entry is None:
             layers = self.layers_to_keep(batch)
             sites = {Site(SiteKind.RESID, layer) for layer in layers}
-            clean = backend.run(batch, Plan(), capture=sites | set(capture) if not plan else sites)
+            clean = backend.run(batch, Plan(), capture=sites | set(capture) if not plan else sites, logits_to_keep=keep if not plan else 1)
             entry = self._store(key, {layer: clean.acts[Site(SiteKind.RESID, layer)] for layer in layers})
             if not plan:
                 return RunOutput(logits=clean.logits, acts={site: clean.acts[site] for site in capture})
         self.entries.move_to_end(key)
         if not plan and all(site.kind is SiteKind.RESID and site.layer in entry for site in capture):
-            out = backend.run(batch, Plan(start=(n_layers, entry[n_layers])))
+            out = backend.run(batch, Plan(start=(n_layers, entry[n_layers])), logits_to_keep=keep)
             return RunOutput(logits=out.logits, acts={site: entry[site.layer] for site in capture})
         source = max((layer for layer in entry if layer <= first), default=0)
         if source == 0:
-            return backend.run(batch, plan, capture=capture)
+            return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
         start = resume if source == first else source  # past fully skipped blocks only from `first` itself
-        return backend.run(batch, Plan(edits=plan.edits, skips=plan.skips, start=(start, entry[source])), capture=capture)
+        resumed = Plan(edits=plan.edits, skips=plan.skips, start=(start, entry[source]))
+        return backend.run(batch, resumed, capture=capture, logits_to_keep=keep)
 
     def _store(self, key: bytes, entry: dict[int, Tensor]) -> dict[int, Tensor]:
         size = sum(t.numel() * t.element_size() for t in entry.values())

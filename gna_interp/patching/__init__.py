@@ -3,7 +3,7 @@ variant runner they share."""
 
 from .attribution import ablation_attribution, attribution_patching
 from .edges import EdgeResult, edge_attribution
-from .metrics import candidate_accuracy, candidate_logprob, logit_diff, target_logprob
+from .metrics import candidate_accuracy, candidate_logprob, logit_diff, reads_position, target_logprob
 from .paths import LOGITS, path_patching, path_patching_sweep
 from .results import SweepResult
 from .sweeps import ablation_sweep, patching_sweep
@@ -22,5 +22,6 @@ __all__ = [
     "patching_sweep",
     "path_patching",
     "path_patching_sweep",
+    "reads_position",
     "target_logprob",
 ]

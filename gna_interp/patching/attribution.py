@@ -48,7 +48,7 @@ from ..core.interventions import Intervention
 from ..core.plan import Edit, Plan, Site, SiteKind
 from ..cost import charge
 from .checks import check_local, check_sites, head_list, target_and_source
-from .metrics import Metric, check_metric, metric_name, reduce_metric
+from .metrics import Metric, check_metric, logits_read, metric_name, reduce_metric
 from .results import SweepResult
 
 if TYPE_CHECKING:
@@ -113,8 +113,8 @@ def attribution_patching(
     else:
         site_list = [Site(SiteKind.RESID, layer) for layer in range(model.n_layers)]
     ambient = [*model.active_interventions, *interventions]
-    source_out = model.backend.run(source, model.compile_plan(source, ambient), capture=set(site_list))
-    reference = reduce_metric(metric(source_out.logits), metric)
+    source_out = model.backend.run(source, model.compile_plan(source, ambient), capture=set(site_list), logits_to_keep=logits_read(metric))
+    reference = reduce_metric(metric(source_out.logits), metric, source.n_rows)
     effects, baseline = integrated_effects(model, target, ambient, {site: source_out.acts[site] for site in site_list}, metric, steps, rule)
     if not by_position:
         effects = {site: effect.sum(0) for site, effect in effects.items()}
@@ -211,7 +211,7 @@ def integrated_effects(
     base = model.compile_plan(batch, ambient)
     baseline = None
     if rule == "midpoint":
-        baseline = reduce_metric(metric(model.backend.run(batch, base).logits), metric)
+        baseline = reduce_metric(metric(model.backend.run(batch, base, logits_to_keep=logits_read(metric)).logits), metric, batch.n_rows)
     sites = sorted(targets)
     effects = {site: torch.zeros(_gate_shape(model, site, batch.n_pos)[1:-1]) for site in sites}
     offset = 0.5 if rule == "midpoint" else 0.0
@@ -222,7 +222,7 @@ def integrated_effects(
         plan.extend(base)
         for site in sites:
             plan.add(site, Edit(gates[site], targets[site]))
-        out = model.backend.run(batch, plan, grad=True)
+        out = model.backend.run(batch, plan, grad=True, logits_to_keep=logits_read(metric))
         value = _scalar(metric(out.logits), metric)
         if j == 0 and baseline is None:
             baseline = float(value.detach())  # alpha = 0: the gates change nothing

@@ -72,7 +72,7 @@ from ..core.plan import Edit, Plan, Site, SiteKind
 from ..cost import charge
 from .attribution import _gradients, _scalar
 from .checks import check_local, clean_corrupt_batches
-from .metrics import Metric, check_metric, reduce_metric
+from .metrics import Metric, check_metric, logits_read, reduce_metric
 from .path_chain import held_sites, norm_inputs, receiver_streams
 from .paths import ANY, Receivers, check_senders, parse_receivers, parse_streams
 from .variants import rows_per_forward
@@ -219,8 +219,9 @@ def edge_attribution(
     if first > 0:
         capture.add(Site(SiteKind.RESID, first))
 
-    corrupt_out = model.backend.run(corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=sender_sites)
-    reference = reduce_metric(metric(corrupt_out.logits), metric)
+    keep = logits_read(metric)  # the positions the metric reads: logits computed there alone
+    corrupt_out = model.backend.run(corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=sender_sites, logits_to_keep=keep)
+    reference = reduce_metric(metric(corrupt_out.logits), metric, corrupt_batch.n_rows)
     per_chunk = max(1, rows_per_forward(model, clean_batch.n_pos, max_rows, memory_budget_mb) // clean_batch.n_rows)
     receiver_order = sorted(receiver_sites)
     flat = torch.zeros((len(sender_list), len(copies)))  # sender -> one score per copy, summed over the points
@@ -233,7 +234,7 @@ def edge_attribution(
         for site in sorted(sender_sites) if step else []:  # the senders' outputs, interpolated
             mask = head_mask(model.layout, site, [model.head_site(h)[1] for h in sender_list if model.head_site(h)[0] == site])
             plan.add(site, Edit(mask, clean_acts[site] + alpha * (corrupt_out.acts[site] - clean_acts[site])))
-        point = model.backend.run(clean_batch, plan, capture=capture, grad=True)
+        point = model.backend.run(clean_batch, plan, capture=capture, grad=True, logits_to_keep=keep)
         value = _scalar(metric(point.logits), metric)
         grads = dict(zip(receiver_order, _gradients(value, [point.acts[s] for s in receiver_order]), strict=True))
         charge(model.backend, backwards=1, backward_block_rows=clean_batch.n_rows * model.n_layers)
@@ -306,7 +307,8 @@ def _chunk_gradients(
         for site in norm_inputs(model, {head_site: [index]}):  # the other heads' inputs to the group norm
             others = ~(head_mask(model.layout, site, [index]) if site.kind is SiteKind.PRE_NORM else _unit(model, site, index))
             plan.add(site, Edit(rows & others, stack(clean[site])))
-    out = model.backend.run(batch.repeat(n_copies), plan, capture={model.head_site(r)[0] for r, _ in chunk}, grad=True)
+    receivers = {model.head_site(r)[0] for r, _ in chunk}
+    out = model.backend.run(batch.repeat(n_copies), plan, capture=receivers, grad=True, logits_to_keep=1)  # logits unread
     total = torch.zeros(())
     for c, (receiver, _) in enumerate(chunk):
         site, index = model.head_site(receiver)

@@ -256,11 +256,42 @@ def candidate_logit_diff(candidates: TokenSpec, correct: Sequence[int] | Tensor,
 
 def _reads(metric: Callable[[Tensor], Tensor], position: int, name: str) -> Metric:
     """Name ``metric`` for errors and tag it with the one position it reads
-    (``metric.position``): a sweep on a remote model then asks only for that position's
-    logits back."""
+    (``metric.position``): forwards scored by it compute the logits there alone
+    (`logits_read`), and a remote model sends only those back."""
     metric.__name__ = metric.__qualname__ = name
     metric.position = position  # type: ignore[attr-defined]
     return metric
+
+
+def reads_position(metric: Metric, position: int = -1) -> Metric:
+    """``metric``, declared to read the logits at ``position`` alone (a negative position,
+    ``-k``: forwards scored by it compute the logits of the last ``k`` positions only, and
+    the metric receives those, ``[batch, k, vocab]``, where ``logits[:, position]`` is what
+    it was). The library's metrics declare their position themselves; an undeclared
+    callable gets every position.
+
+    Args:
+        metric: a function of logits ``[batch, pos, vocab]`` returning a scalar or ``[batch]``.
+        position: the one position it reads (``-1``: the last).
+    """
+    check_metric(metric)
+    position = _position(position, "reads_position")
+
+    def declared(logits: Tensor) -> Tensor | float:
+        return metric(logits)
+
+    return _reads(declared, position, metric_name(metric))  # type: ignore[arg-type]
+
+
+def logits_read(metric: object) -> int:
+    """How many final positions' logits ``metric`` reads, as ``logits_to_keep``: ``k`` when
+    it declares a negative ``position`` ``-k`` (the library's metrics, `reads_position`),
+    ``0`` (every position) for any other callable: a user metric that says nothing gets
+    every position."""
+    position = getattr(metric, "position", None)
+    if isinstance(position, int) and not isinstance(position, bool) and position < 0:
+        return -position
+    return 0
 
 
 def metric_name(metric: object) -> str:
@@ -286,16 +317,24 @@ def check_metric(metric: object) -> None:
 METRIC_RESULT = "a float, or a tensor (a scalar, or one value per row: averaged)"
 
 
-def reduce_metric(value: Tensor | float, metric: object = None) -> float:
-    """A metric's output as one number: scalars pass, per-example tensors are averaged.
+def reduce_metric(value: Tensor | float, metric: object = None, n_rows: int | None = None) -> float:
+    """A metric's output as one number: scalars pass, per-example tensors are averaged
+    in float32 (a bf16 model's metric is not averaged in bf16).
 
     Args:
         value: what ``metric`` returned.
         metric: the metric, named in the error when ``value`` is not a number.
+        n_rows: the rows of the logits it read; a 1-D result of another length is refused.
     """
     if isinstance(value, Tensor):
         if value.numel() == 0:
             raise ValueError(f"metric {metric_name(metric)} returned an empty tensor: expected {METRIC_RESULT}")
+        if value.dim() > 1 or (value.dim() == 1 and n_rows is not None and value.numel() not in (1, n_rows)):
+            rows = f" ({n_rows})" if n_rows is not None else ""
+            raise ValueError(
+                f"metric {metric_name(metric)} returned a tensor of shape {tuple(value.shape)}: expected a scalar or "
+                f"one value per row [batch]{rows}; reduce it over its other axes first (e.g. .mean(-1) or .sum(-1))"
+            )
         return float(value.float().mean())
     if not isinstance(value, (str, bytes)) and value is not None:
         try:

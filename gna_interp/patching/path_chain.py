@@ -53,7 +53,7 @@ from ..core.compile import head_mask, heads_by_site
 from ..core.heads import Head
 from ..core.inputs import Batch
 from ..core.plan import Edit, Plan, Site, SiteKind
-from .metrics import Metric, reduce_metric
+from .metrics import Metric, logits_read, reduce_metric
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
@@ -234,7 +234,9 @@ class _Chunk:
         specs = self.s.model.layer_specs
         return {Site(SiteKind.HEADS, m.layer, mixer=m.index) for spec in specs for m in spec.mixers if start <= m.position < stop}
 
-    def d_run(self, upto: Position, capture: set[Site], extra: Sequence[tuple[Site, Edit]] = ()) -> tuple[Tensor, dict[Site, Tensor]]:
+    def d_run(
+        self, upto: Position, capture: set[Site], extra: Sequence[tuple[Site, Edit]] = (), keep: int = 1
+    ) -> tuple[Tensor, dict[Site, Tensor]]:
         """D: every head from the first sender's layer up to position ``upto`` frozen to C,
         the senders swapped in, plus the ``extra`` edits."""
         plan = self.plan(self.first[0])
@@ -247,14 +249,15 @@ class _Chunk:
             plan.add(site, Edit(every, value))
         for site, edit in extra:
             plan.add(site, edit)
-        out = self.s.model.backend.run(self.batch, plan, capture=capture)
+        out = self.s.model.backend.run(self.batch, plan, capture=capture, logits_to_keep=keep)
         return out.logits, out.acts
 
-    def c_run(self, start: int, patches: list[tuple[Site, Edit]], capture: set[Site]) -> tuple[Tensor, dict[Site, Tensor]]:
+    def c_run(self, start: int, patches: list[tuple[Site, Edit]], capture: set[Site], keep: int = 1) -> tuple[Tensor, dict[Site, Tensor]]:
+        """``keep``: ``logits_to_keep`` (1 where the logits are not read: the final position's alone)."""
         plan = self.plan(start)
         for site, edit in patches:
             plan.add(site, edit)
-        out = self.s.model.backend.run(self.batch, plan, capture=capture)
+        out = self.s.model.backend.run(self.batch, plan, capture=capture, logits_to_keep=keep)
         return out.logits, out.acts
 
     def scores(self) -> list[float]:
@@ -279,10 +282,10 @@ class _Chunk:
                 every = self.head_sites(positions[0], end)
                 _, acts = self.c_run(positions[0][0], patches, every)
                 self.c_heads.update({site: acts[site] for site in every})
-            logits, _ = self.d_run(end, set())
+            logits, _ = self.d_run(end, set(), keep=logits_read(s.metric))
         else:
-            logits, _ = self.c_run(positions[0][0], patches, set())
-        return [reduce_metric(s.metric(rows), s.metric) for rows in logits.split(self.n_rows)]
+            logits, _ = self.c_run(positions[0][0], patches, set(), keep=logits_read(s.metric))
+        return [reduce_metric(s.metric(rows), s.metric, self.n_rows) for rows in logits.split(self.n_rows)]
 
     def layer_patches(self, position: Position, heads: Sequence[int], before: dict[Site, Tensor]) -> list[tuple[Site, Edit]]:
         """The edits of C for the receivers ``heads`` at ``position``, from one D run.

@@ -65,7 +65,7 @@ from ..core.heads import Head, refuse_string
 from ..core.interventions import Intervention
 from ..progress import progress_bar
 from .checks import clean_corrupt_batches
-from .metrics import Metric, check_metric, reduce_metric
+from .metrics import Metric, check_metric, logits_read, reduce_metric
 from .path_chain import PathSetup, path_scores, receiver_streams, setup_sites
 from .results import SweepResult
 from .variants import rows_per_forward
@@ -267,9 +267,11 @@ def prepare(
     clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "path patching")
     ambient = [*model.active_interventions, *interventions]
     base = model.compile_plan(clean_batch, ambient)
-    clean_out = model.backend.run(clean_batch, base, capture=setup_sites(model, heads, streams, sender_layers, whole_output))
+    keep = logits_read(metric)  # the positions the metric reads: logits computed there alone
+    clean_sites = setup_sites(model, heads, streams, sender_layers, whole_output)
+    clean_out = model.backend.run(clean_batch, base, capture=clean_sites, logits_to_keep=keep)
     corrupt_sites = {model.head_site(head)[0] for head in senders}
-    corrupt_out = model.backend.run(corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=corrupt_sites)
+    corrupt_out = model.backend.run(corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=corrupt_sites, logits_to_keep=keep)
     setup = PathSetup(
         model=model,
         batch=clean_batch,
@@ -282,4 +284,5 @@ def prepare(
         corrupt_heads=dict(corrupt_out.acts),
         metric=metric,
     )
-    return setup, reduce_metric(metric(clean_out.logits), metric), reduce_metric(metric(corrupt_out.logits), metric)
+    clean_value = reduce_metric(metric(clean_out.logits), metric, clean_batch.n_rows)
+    return setup, clean_value, reduce_metric(metric(corrupt_out.logits), metric, corrupt_batch.n_rows)

@@ -28,7 +28,7 @@ from ..core.heads import Head
 from ..core.interventions import Intervention
 from ..core.plan import Edit, Site, SiteKind
 from .checks import check_ablation, check_sites, head_list, target_and_source
-from .metrics import Metric, check_metric, reduce_metric
+from .metrics import Metric, check_metric, logits_read, reduce_metric
 from .results import SweepResult
 from .variants import Variant, score_table
 
@@ -128,8 +128,8 @@ def patching_sweep(
         layer_sites = set(heads_by_site(model.layout, chosen))
     else:
         layer_sites = {Site(SiteKind.RESID, layer) for layer in range(model.n_layers)}
-    source_out = model.backend.run(source, source_base, capture=layer_sites)
-    reference = reduce_metric(metric(source_out.logits), metric)
+    source_out = model.backend.run(source, source_base, capture=layer_sites, logits_to_keep=logits_read(metric))
+    reference = reduce_metric(metric(source_out.logits), metric, source.n_rows)
     n_pos = target.n_pos
     shape: tuple[int, ...]
     dims: tuple[str, ...]

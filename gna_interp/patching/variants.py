@@ -28,7 +28,7 @@ from ..core.inputs import Batch
 from ..core.plan import Edit, Plan, Ref, Site, SiteKind
 from ..models.jobs import is_batched_remote, run_jobs
 from ..progress import progress_bar
-from .metrics import Metric, reduce_metric
+from .metrics import Metric, logits_read, reduce_metric
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
@@ -84,8 +84,9 @@ def run_variants(
     chunks = [order[offset : offset + per_chunk] for offset in range(0, len(order), per_chunk)]
     if is_batched_remote(model):
         return _run_remote(model, batch, base, variants, chunks, prefix_sites, metric)
-    base_out = model.run_plan(batch, base, capture=prefix_sites)  # from an open prefix cache, if any
-    baseline = reduce_metric(metric(base_out.logits), metric)
+    keep = logits_read(metric)  # the positions the metric reads: logits computed there alone
+    base_out = model.run_plan(batch, base, capture=prefix_sites, logits_to_keep=keep)  # from an open prefix cache, if any
+    baseline = reduce_metric(metric(base_out.logits), metric, batch.n_rows)
     scores = torch.empty(len(variants))
     with progress_bar(total=len(variants), show=progress, desc=desc) as bar:
         for indices in chunks:
@@ -94,9 +95,9 @@ def run_variants(
             start = Site(SiteKind.RESID, chunk[0].first_layer)
             if start in base_out.acts:
                 plan.start = (start.layer, base_out.acts[start].repeat(len(chunk), 1, 1))
-            logits = model.backend.run(batch.repeat(len(chunk)), plan).logits
+            logits = model.backend.run(batch.repeat(len(chunk)), plan, logits_to_keep=keep).logits
             for i, rows in zip(indices, logits.split(batch.n_rows), strict=True):
-                scores[i] = reduce_metric(metric(rows), metric)
+                scores[i] = reduce_metric(metric(rows), metric, batch.n_rows)
             bar.update(len(chunk))
     return baseline, scores
 
@@ -106,7 +107,7 @@ def _run_remote(
 ) -> tuple[float, Tensor]:
     """The same forwards as `run_variants` as jobs of one request (`gna_interp.models.jobs`):
     the baseline captures the prefix on the server, each chunk starts from it there."""
-    final_only = getattr(metric, "position", None) == -1  # the metric reads the last position alone
+    final_only = logits_read(metric) == 1  # the metric reads the last position alone
     jobs = [Job(batch, base, frozenset(prefix_sites), keep=2 if final_only else 1)]
     for indices in chunks:
         chunk = [variants[i] for i in indices]
@@ -116,11 +117,11 @@ def _run_remote(
             plan.start = (start.layer, Ref(0, start, len(chunk)))
         jobs.append(Job(batch.repeat(len(chunk)), plan, keep=2 if final_only else 1))
     outputs = run_jobs(model, jobs)
-    baseline = reduce_metric(metric(outputs[0].logits), metric)  # type: ignore[union-attr]
+    baseline = reduce_metric(metric(outputs[0].logits), metric, batch.n_rows)  # type: ignore[union-attr]
     scores = torch.empty(len(variants))
     for indices, out in zip(chunks, outputs[1:], strict=True):
         for i, rows in zip(indices, out.logits.split(batch.n_rows), strict=True):  # type: ignore[union-attr]
-            scores[i] = reduce_metric(metric(rows), metric)
+            scores[i] = reduce_metric(metric(rows), metric, batch.n_rows)
     return baseline, scores
 
 

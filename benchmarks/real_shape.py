@@ -1,0 +1,357 @@
+"""Benchmark: gna_interp at real widths, against a raw HF forward with one raw hook.
+
+What is run
+-----------
+The published configs of Llama-3.1-8B, Falcon-Mamba-7B and Zamba2-7B (`CONFIGS`: every
+width, head count, vocabulary and norm setting as released), cut to ``--layers`` layers (2
+by default; Zamba2 alternates Mamba-2 and hybrid layers), random weights, bf16, on the CPU
+(``--device cuda`` on a GPU). Each model is loaded once into its default backend (tlens for
+Llama, nnsight for the SSMs) and runs, on ``--prompts`` random prompts of ``--seq-len``
+tokens:
+
+``raw``
+    the HF model's own forward with one raw torch pre-hook zeroing head 0 of layer 0 at
+    its out-projection's input: the floor every ratio is taken against (1.00x).
+``forward``, ``ablation``
+    `GnaModel.logits` plain, and with ``Ablate(Head(0, 0))`` (the same edit as ``raw``).
+``ablation, last logits``
+    the same with ``logits_to_keep=1``: the final position's logits alone.
+``sweep`` / ``sweep, every position``
+    `ablation_sweep` over heads 0 and 1 of layer 0 with `logit_diff` (it declares that it reads
+    the final position: logits computed there alone) and with the same metric as an
+    undeclared lambda (every position's logits): issue 27 item 6 side by side.
+``path patching``, ``final-row patterns``, ``attribution``
+    `path_patching` (head 0 of layer 0 -> head 0 of layer 1), `attention_pattern` of both
+    heads at the final query row, `attribution_patching` over every head.
+
+Time is the best of ``--repeats`` calls; peak memory is the peak resident memory above
+what the process held before the call (a sampling thread, every 2 ms, after returning
+freed memory to the system), or ``torch.cuda.max_memory_allocated`` above the weights on a
+GPU. Both are given as ratios to ``raw``'s.
+
+Numbers: the ablated logits must equal ``raw``'s (bf16, same arithmetic) within
+``--tolerance`` on the final position, and the sweep's per-head scores must equal a loop
+of ``raw`` forwards with the hook moved to each head, the metric reduced in float32, within
+``--tolerance`` (else exit 1).
+
+Run: ``python benchmarks/real_shape.py [--layers 2] [--prompts 2] [--seq-len 32]
+[--models llama-3.1-8b,falcon-mamba-7b,zamba2-7b] [--device cpu|cuda] [--json PATH]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import gna_interp as gna
+from gna_interp.models.tiny import word_tokenizer
+
+CONFIGS: dict[str, tuple[str, dict[str, Any], str, int]] = {
+    # name: (model_type, the released config's fields, layer 0's out-projection, its head width)
+    "llama-3.1-8b": (
+        "llama",
+        dict(
+            vocab_size=128256,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            hidden_act="silu",
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            rope_theta=500000.0,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+            attention_bias=False,
+            mlp_bias=False,
+            tie_word_embeddings=False,
+            bos_token_id=128000,
+            eos_token_id=128001,
+        ),
+        "model.layers.0.self_attn.o_proj",
+        128,
+    ),
+    "falcon-mamba-7b": (
+        "falcon_mamba",
+        dict(
+            vocab_size=65024,
+            hidden_size=4096,
+            state_size=16,
+            expand=2,
+            conv_kernel=4,
+            time_step_rank=256,
+            use_bias=False,
+            use_conv_bias=True,
+            layer_norm_epsilon=1e-5,
+            mixer_rms_eps=1e-6,
+            residual_in_fp32=True,
+            tie_word_embeddings=False,
+            pad_token_id=0,
+            bos_token_id=0,
+            eos_token_id=11,
+        ),
+        "backbone.layers.0.mixer.out_proj",
+        1,  # every channel is a head
+    ),
+    "zamba2-7b": (
+        "zamba2",
+        dict(
+            vocab_size=32000,
+            hidden_size=3584,
+            intermediate_size=14336,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            mamba_d_state=64,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            mamba_headdim=64,
+            mamba_ngroups=2,
+            n_mamba_heads=112,
+            num_mem_blocks=2,
+            use_shared_attention_adapter=False,
+            adapter_rank=128,
+            use_mem_rope=True,
+            rope_theta=10000,
+            max_position_embeddings=4096,
+            rms_norm_eps=1e-5,
+            add_bias_linear=False,
+            use_conv_bias=True,
+            chunk_size=256,
+            tie_word_embeddings=True,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        "model.layers.0.mamba.out_proj",
+        64,
+    ),
+    # TODO(llamba): the Llamba twin is a fourth entry here, (model_type, its released config,
+    # layer 0's out-projection path, head width); `build` and every measurement below take it
+    # unchanged (its family must be in gna_interp's architecture table).
+}
+SWEEP_HEADS = 2
+
+
+def build(name: str, n_layers: int, device: str) -> Any:
+    """The released config of ``name`` cut to ``n_layers`` layers, random bf16 weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_type, fields, _, _ = CONFIGS[name]
+    fields = dict(fields, num_hidden_layers=n_layers)
+    if model_type == "zamba2":  # Mamba-2 layers with the shared attention block every other one
+        fields["layers_block_type"] = ["mamba" if i % 2 == 0 else "hybrid" for i in range(n_layers)]
+    config = AutoConfig.for_model(model_type, **fields)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    return model.to(device).eval()
+
+
+class PeakMemory:
+    """Peak memory above the start, in bytes: resident memory sampled by a thread (CPU), or
+    the CUDA allocator's peak."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+
+    def __enter__(self) -> PeakMemory:
+        gc.collect()
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.start = torch.cuda.memory_allocated()
+            return self
+        with contextlib.suppress(OSError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed memory back to the system first
+        import psutil
+
+        self.process = psutil.Process()
+        self.start = self.process.memory_info().rss
+        self.peak = self.start
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while self.running:
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            time.sleep(0.002)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.used = torch.cuda.max_memory_allocated() - self.start
+            return
+        self.running = False
+        self.thread.join()
+        self.peak = max(self.peak, self.process.memory_info().rss)
+        self.used = self.peak - self.start
+
+
+def measure(fn: Callable[[], Any], repeats: int, device: str) -> tuple[float, float, Any]:
+    """(best seconds of ``repeats`` calls, peak bytes of the first, the last result)."""
+    with PeakMemory(device) as memory:
+        start = time.perf_counter()
+        result = fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    best = time.perf_counter() - start
+    for _ in range(repeats - 1):
+        start = time.perf_counter()
+        result = fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best, float(memory.used), result
+
+
+def raw_hooked(hf: Any, path: str, head_dim: int, head: int, ids: torch.Tensor) -> torch.Tensor:
+    """Logits ``[batch, pos, vocab]`` of the HF forward with a raw pre-hook zeroing ``head``
+    at the out-projection ``path``'s input; the hook is removed before returning."""
+
+    def zero(module: Any, inputs: tuple) -> tuple:
+        x = inputs[0].clone()
+        x[..., head * head_dim : (head + 1) * head_dim] = 0
+        return (x, *inputs[1:])
+
+    handle = hf.get_submodule(path).register_forward_pre_hook(zero)
+    try:
+        with torch.no_grad():
+            return hf(input_ids=ids).logits
+    finally:
+        handle.remove()
+
+
+def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    _, _, out_proj, head_dim = CONFIGS[name]
+    start = time.perf_counter()
+    hf = build(name, args.layers, args.device)
+    if args.verbose:
+        print(f"  {name}: built in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    model = gna.load(hf, device=args.device, tokenizer=word_tokenizer())  # inputs are token ids: it is not used
+    vocab = hf.config.vocab_size
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(100, vocab, (args.prompts, args.seq_len), generator=generator).to(args.device)
+    corrupt = ids.clone()
+    corrupt[:, args.seq_len // 2] = torch.randint(100, vocab, (args.prompts,), generator=generator).to(args.device)
+    good, bad = 1000, 2000
+    metric = gna.logit_diff(good, bad)  # declares the final position
+
+    def undeclared(logits: torch.Tensor) -> torch.Tensor:  # the same metric, declaring nothing: every position
+        return logits[:, -1, good].float() - logits[:, -1, bad].float()
+
+    heads = [gna.Head(0, h) for h in range(SWEEP_HEADS)]
+    ablate = [gna.Ablate([gna.Head(0, 0)])]
+    operations: dict[str, Callable[[], Any]] = {
+        "raw": lambda: raw_hooked(hf, out_proj, head_dim, 0, ids),
+        "forward": lambda: model.logits(ids),
+        "ablation": lambda: model.logits(ids, ablate),
+        "ablation, last logits": lambda: model.logits(ids, ablate, logits_to_keep=1),
+        "sweep": lambda: gna.ablation_sweep(model, ids, metric, heads=heads, progress=False),
+        "sweep, every position": lambda: gna.ablation_sweep(model, ids, undeclared, heads=heads, progress=False),
+        "path patching": lambda: gna.path_patching(model, ids, corrupt, [gna.Head(0, 0)], [gna.Head(1, 0)], metric),
+        "final-row patterns": lambda: gna.attention_pattern(model, ids, [gna.Head(0, 0), gna.Head(1, 0)], query_positions=[-1]),
+        "attribution": lambda: gna.attribution_patching(model, ids, corrupt, metric),
+    }
+    rows: dict[str, dict[str, float]] = {}
+    results: dict[str, Any] = {}
+    operations["raw"](), operations["ablation"]()  # warm-up: first-call costs (hook tables, allocator) are not timed
+    for label, fn in operations.items():
+        seconds, peak, results[label] = measure(fn, args.repeats, args.device)
+        rows[label] = {"seconds": seconds, "peak_mb": peak / 2**20}
+        if args.verbose:
+            print(f"  {name}: {label} {seconds:.3f} s", file=sys.stderr, flush=True)
+    for row in rows.values():
+        row["time_ratio"] = row["seconds"] / rows["raw"]["seconds"]
+        row["memory_ratio"] = row["peak_mb"] / max(rows["raw"]["peak_mb"], 1e-9)
+    # Numbers: the ablated logits against the raw twin's; the sweep against a raw-hook loop.
+    raw = results["raw"]
+    ablation_diff = float((results["ablation"][:, -1].float() - raw[:, -1].float()).abs().max())
+    last_diff = float((results["ablation, last logits"][:, -1].float() - raw[:, -1].float()).abs().max())
+    twin = torch.tensor(
+        [
+            float((lambda lg: (lg[:, -1, good].float() - lg[:, -1, bad].float()).mean())(raw_hooked(hf, out_proj, head_dim, h.head, ids)))
+            for h in heads
+        ]
+    )
+    sweep = results["sweep"].scores[0, :SWEEP_HEADS].float()
+    every = results["sweep, every position"].scores[0, :SWEEP_HEADS].float()
+    checks = {
+        "ablation_vs_raw": ablation_diff,
+        "last_logits_vs_raw": last_diff,
+        "sweep_vs_raw_loop": float((sweep - twin).abs().max()),
+        "sweep_declared_vs_every_position": float((sweep - every).abs().max()),
+        "logit_scale": float(raw[:, -1].float().abs().max()),
+    }
+    info = {"backend": model.backend_name, "layers": args.layers, "params_m": sum(p.numel() for p in hf.parameters()) / 1e6}
+    return {"model": name, **info, "rows": rows, "checks": checks}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(CONFIGS))
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=1, help="calls per operation, the best timed (the first also measures memory)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on shared cores)")
+    parser.add_argument("--tolerance", type=float, default=0.05, help="max |diff| of bf16 logits / metrics vs the raw-hook twin")
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--verbose", action="store_true", help="each operation's time on stderr as it finishes")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.layers < 2:
+        parser.error(f"--layers={args.layers}: path patching needs 2 layers or more")
+    names = [n for n in args.models.split(",") if n]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        parser.error(f"--models: unknown {unknown}; expected names from {list(CONFIGS)}")
+    print(
+        f"real shapes, {args.layers} layers, random bf16 weights, {args.prompts} prompts x {args.seq_len} tokens, "
+        f"device {args.device}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), best of {args.repeats}"
+    )
+    reports = []
+    failed = []
+    for name in names:
+        report = run_model(name, args)
+        reports.append(report)
+        print(f"\n{name} ({report['params_m']:.0f}M parameters at {args.layers} layers, backend {report['backend']})")
+        print(f"{'operation':<24} {'seconds':>8} {'/ raw':>7} {'peak MB':>9} {'/ raw':>7}")
+        for label, row in report["rows"].items():
+            print(f"{label:<24} {row['seconds']:>8.3f} {row['time_ratio']:>6.2f}x {row['peak_mb']:>9.0f} {row['memory_ratio']:>6.2f}x")
+        checks = report["checks"]
+        print(
+            "max |diff| vs the raw-hook twin (bf16; metric in float32): "
+            + ", ".join(f"{key} {value:.3g}" for key, value in checks.items())
+            + f"; tolerance {args.tolerance}"
+        )
+        failed += [f"{name}: {key}" for key, value in checks.items() if key != "logit_scale" and not value <= args.tolerance]
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"args": vars(args), "models": reports}, handle, indent=2)
+    if failed:
+        print(f"FAIL: {failed} beyond {args.tolerance}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
