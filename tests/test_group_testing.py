@@ -35,7 +35,7 @@ def test_k_critical_heads_among_n_cost_about_k_log2_n_tests(n, k):
     assert set(found.screened) == set(_heads(n)) - critical and set(found.screened.values()) <= {1.0}
     assert found.tests <= 1 + 2 * len(critical) * math.ceil(math.log2(n))
     assert n <= 8 or found.tests < n
-    assert found.rounds == math.ceil(math.log2(n)) + 1 and found.spread == []
+    assert found.rounds <= math.ceil(math.log2(n)) + 1 and found.spread == []
 
 
 @pytest.mark.parametrize("spread_heads,quorum", [((5, 70, 100), 3), ((1, 9, 17, 40, 77), 3)])
@@ -52,7 +52,7 @@ def test_an_effect_spread_over_heads_is_kept_with_the_heads_it_needs(spread_head
     found = group_testing(lambda groups: [accuracy(g) for g in groups], _heads(128), clean=1.0, min_effect=0.02)
     assert found.singles == {}
     [group] = found.spread
-    assert group.accuracy == 0.3 and group.halves == (1.0, 1.0)
+    assert group.accuracy == 0.3 and group.parts == (1.0, 1.0) and len(group.heads) > 4
     half = (len(group.heads) + 1) // 2
     assert accuracy(group.heads[:half]) == accuracy(group.heads[half:]) == 1.0  # the halves cost nothing
     expected = sorted(h for h in group.heads if accuracy([x for x in group.heads if x != h]) == 1.0)

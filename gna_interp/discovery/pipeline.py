@@ -9,7 +9,7 @@ roles from the patterns and confirm them:
 2. **truncation scan** and critical layer (`scans.truncation_scan`).
 3. **layer scan**: leave one layer out.
 4. **head scan**: single-head zero-ablation of the candidate layers (every layer by
-   default), with a grouped pre-screen where a layer has very many heads.
+   default); adaptive group testing where a layer has very many heads (`scans.group_testing`).
 5. **entry**: where each candidate's effect enters: accuracy with the head ablated only
    at the final position, and only on the segment tokens.
 6. **roles**: pattern scores of the examined heads (`roles`); labels from the entry
@@ -20,7 +20,8 @@ roles from the patterns and confirm them:
    compensate, to the role.
 8. **confirmation**: accuracy with the Gather heads ablated, the Aggregate heads, both,
    and with only the G&A heads kept in their layers; per role, how many heads are needed
-   to collapse accuracy to chance.
+   to collapse accuracy to chance. A role no set of up to ``max_heads_per_role`` heads
+   collapses (an empty one included) is reported with where it enters (`_spread`).
 
 `stability` re-runs the search on other prompt samples and counts how often each head
 is chosen (``discover(..., stability=k)`` records it in the circuit).
@@ -105,10 +106,13 @@ def discover(
         chance_margin: "collapsed" means accuracy at most chance + this.
         thresholds: role-label thresholds (`RoleThresholds`).
         pattern_prompts: prompts used for the pattern scores.
-        screen_above: layers with more heads are pre-screened in groups.
+        screen_above: layers with more heads are scanned by adaptive group testing
+            (`scans.group_testing`: about ``2 k log2 N`` group forwards for ``k`` costly
+            heads among ``N``), not head by head.
         prescreen_above: when the scanned layers hold more heads than this, only some are
             ablated one by one (`scans.prescreen`): every head of the layers whose removal
-            costs at least ``thresholds.min_effect`` (layer scan), and the
+            costs at least ``thresholds.min_effect`` (layer scan; such a layer of more than
+            ``screen_above`` heads by group testing instead), and the
             ``prescreen_keep`` heads with the largest attribution estimate (default
             ``2 * max_candidates``). The others are not measured (NaN in ``head_scan``).
         check_labels: on multiple-choice tasks, measure the accuracy with the labels

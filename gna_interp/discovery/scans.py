@@ -8,7 +8,7 @@
    than ``screen_above`` (Mamba-1: every channel is a head) are scanned by adaptive group
    testing (`group_testing`): the layer's heads are ablated together, and every group whose
    removal costs accuracy is split in halves, recursively, down to single heads
-   (*verified*); the heads of a group that costs nothing keep its accuracy (*screened*).
+   (groups of at most 4: into single heads at once) (*verified*); the heads of a group that costs nothing keep its accuracy (*screened*).
    Finding ``k`` critical heads among ``N`` costs about ``2 k log2(N / k) + 1`` group
    forwards instead of ``N``. A group whose effect neither half explains (a role spread
    over many heads) is kept, with the heads the effect needs (`SpreadGroup`).
@@ -70,14 +70,16 @@ def layer_scan(model: GnaModel, task: Task, *, progress: bool = True) -> list[fl
 
 @dataclass
 class SpreadGroup:
-    """A group of heads whose joint ablation costs accuracy while neither of its halves
-    alone does (`group_testing`): an effect spread over many heads, which single-head
-    ablation cannot see.
+    """A group of heads whose joint ablation costs accuracy that its parts (halves, or
+    single heads for a group of at most `SINGLES_AT`) do not explain: none costs
+    ``min_effect`` alone, or their effects add up to less than half the group's
+    (`group_testing`): an effect spread over many heads, which single-head ablation
+    cannot see.
 
     Attributes:
         heads: the group, ablated together.
         accuracy: task accuracy with it ablated.
-        halves: accuracy with each half ablated alone (both cost less than ``min_effect``).
+        parts: accuracy with each part ablated alone.
         needed: heads the group's effect needs: with the rest of the group kept ablated,
             un-ablating any one of them brings accuracy back within ``min_effect`` of clean
             (empty: the effect is redundant, no head or quarter of the group is needed).
@@ -85,26 +87,26 @@ class SpreadGroup:
 
     heads: list[Head]
     accuracy: float
-    halves: tuple[float, float]
+    parts: tuple[float, ...]
     needed: list[Head] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
         return {
             "heads": [str(h) for h in self.heads],
             "accuracy": self.accuracy,
-            "halves": list(self.halves),
+            "parts": list(self.parts),
             "needed": [str(h) for h in self.needed],
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> SpreadGroup:
-        a, b = data["halves"]
-        return cls([Head.parse(h) for h in data["heads"]], data["accuracy"], (a, b), [Head.parse(h) for h in data.get("needed", [])])
+        parts = tuple(float(v) for v in data["parts"])
+        return cls([Head.parse(h) for h in data["heads"]], data["accuracy"], parts, [Head.parse(h) for h in data.get("needed", [])])
 
     def describe(self) -> str:
-        """``"L1H0-L1H127 (128 heads) 0.310 together, halves 0.950 / 0.930; needs L1H3, L1H9"``."""
+        """``"L1H0-L1H127 (128 heads) 0.310 together, parts 0.950 / 0.930; needs L1H3, L1H9"``."""
         ends = f"{self.heads[0]}-{self.heads[-1]}" if len(self.heads) > 1 else str(self.heads[0])
-        text = f"{ends} ({len(self.heads)} heads) {self.accuracy:.3f} together, halves {self.halves[0]:.3f} / {self.halves[1]:.3f}"
+        text = f"{ends} ({len(self.heads)} heads) {self.accuracy:.3f} together, parts {' / '.join(f'{v:.3f}' for v in self.parts)}"
         needed = ", ".join(map(str, self.needed)) if self.needed else "no head alone (redundant)"
         return text + f"; needs {needed}"
 
@@ -130,6 +132,9 @@ class GroupTesting:
     rounds: int
 
 
+SINGLES_AT = 4
+"""`group_testing` ablates the heads of a costly group of at most this many one by one."""
+
 Measure = Callable[[list[list[Head]]], list[float]]
 """Task accuracy with each group of heads ablated (all of a group's heads together)."""
 
@@ -141,15 +146,19 @@ def group_testing(measure: Measure, heads: Sequence[Head], clean: float, min_eff
     Rounds: ablate every group of the round together (``measure``); a group that costs
     less than ``min_effect`` is cleared (its heads are *screened* with its accuracy); one
     that costs more is split in halves for the next round, down to single heads (measured
-    alone). Ablating more heads is assumed to cost at least as much as ablating fewer
+    alone); a costly group of at most `SINGLES_AT` heads goes to single heads at once
+    (as cheap as bisecting it, and cheaper where most of its heads cost accuracy).
+    Ablating more heads is assumed to cost at least as much as ablating fewer
     (monotone effects): then every head that costs ``min_effect`` alone lies in costly
     groups all the way down, and is found. ``k`` such heads among ``N`` cost at most ``1 +
-    2 k ceil(log2 N)`` tests, in ``ceil(log2 N) + 1`` rounds.
+    2 k ceil(log2 N)`` tests, in at most ``ceil(log2 N) + 1`` rounds.
 
-    **Interactions.** A costly group whose halves both cost less than ``min_effect`` holds
+    **Interactions.** A costly group whose parts all cost less than ``min_effect`` holds
     an effect spread over many heads: single-head ablation would miss it, and so would
-    bisection. Such a group is kept as a `SpreadGroup`, and searched for the heads its effect
-    needs with the rest of the group kept ablated: each half's halves (quarters) are
+    bisection; so does, in part, one whose parts' effects add up to less than half its
+    own (the union costs more than its parts explain). Such a group is kept as a
+    `SpreadGroup` (its costly parts are still split), and searched for the heads its
+    effect needs with the rest of the group kept ablated: each half's halves (quarters) are
     un-ablated in turn (the group minus that quarter is ablated); a quarter without which
     the effect falls below ``min_effect`` is needed, and is split the same way, the rest
     of the group still ablated, down to single heads. A redundant effect (every quarter
@@ -186,13 +195,14 @@ def group_testing(measure: Measure, heads: Sequence[Head], clean: float, min_eff
                 for head in group:
                     screened[head] = value
             if costly and len(group) > 1:
-                half = (len(group) + 1) // 2
                 next_parents.append((group, value))
-                split += [(group[:half], (len(next_parents) - 1, 0)), (group[half:], (len(next_parents) - 1, 1))]
-        for index, halves in children.items():  # a costly parent whose halves both cost nothing
-            if len(halves) == 2 and all(clean - value < min_effect for _, value in halves):
+                parts = [[h] for h in group] if len(group) <= SINGLES_AT else _halves(group)
+                split += [(part, (len(next_parents) - 1, i)) for i, part in enumerate(parts)]
+        for index, measured in children.items():  # a costly parent its parts do not explain
+            effects = [clean - value for _, value in measured]
+            if max(effects) < min_effect or sum(max(e, 0.0) for e in effects) < 0.5 * (clean - parents[index][1]):
                 group, value = parents[index]
-                spread.append(SpreadGroup(group, value, (halves[0][1], halves[1][1])))
+                spread.append(SpreadGroup(group, value, tuple(v for _, v in measured)))
         pending, parents = split, next_parents
     for item in spread:
         item.needed, extra = _needed_heads(measure, item.heads, clean, min_effect)
