@@ -74,7 +74,7 @@ def _wide_mamba(channels: int, live: list[int]) -> gna.GnaModel:
     return gna.load(hf, tokenizer=gna.models.tiny.word_tokenizer())
 
 
-@pytest.mark.parametrize("channels,live", [(128, [17]), (128, [3, 64, 100, 127]), (4096, [5, 2048, 4000])])
+@pytest.mark.parametrize("channels,live", [(128, [17]), (128, [3, 64, 100, 127]), (4096, [2048]), (4096, [5, 4000])])
 def test_a_wide_mamba1_layer_costs_k_log2_n_group_forwards(channels, live):
     """On a real Mamba-1 (channels as heads), with "accuracy" the share of 8 prompts whose
     final logits stay within 1e-4 of the clean ones: the heads found are the live channels
@@ -101,7 +101,7 @@ def test_the_adaptive_scan_finds_the_exhaustive_scans_heads_on_every_toy(name):
     """Every bundled toy, both layers by group testing (``screen_above=0``) against every
     head ablated alone: the same heads cost at least ``min_effect``, with the same
     accuracies; the others are screened by a group that costs less."""
-    model, task = gna.load_toy(name), gna.toy_task(name, 32, seed=4242)
+    model, task = gna.load_toy(name), gna.toy_task(name, 16, seed=4242)
     layers = list(range(model.n_layers))
     clean = gna.evaluate(model, task).accuracy
     exhaustive = head_scan(model, task, layers, screen_above=10**6, progress=False)
