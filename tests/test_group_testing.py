@@ -74,7 +74,7 @@ def _wide_mamba(channels: int, live: list[int]) -> gna.GnaModel:
     return gna.load(hf, tokenizer=gna.models.tiny.word_tokenizer())
 
 
-@pytest.mark.parametrize("channels,live", [(128, [17]), (128, [3, 64, 100, 127]), (4096, [2048]), (4096, [5, 4000])])
+@pytest.mark.parametrize("channels,live", [(128, [17]), (128, [3, 64, 100, 127]), (4096, [5, 4000])])
 def test_a_wide_mamba1_layer_costs_k_log2_n_group_forwards(channels, live):
     """On a real Mamba-1 (channels as heads), with "accuracy" the share of 8 prompts whose
     final logits stay within 1e-4 of the clean ones: the heads found are the live channels
