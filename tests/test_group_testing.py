@@ -12,6 +12,7 @@ import torch
 
 import gna_interp as gna
 from gna_interp.discovery.scans import group_testing, head_scan, segment_positions
+from gna_interp.models.tiny import tiny_model, word_tokenizer
 from gna_interp.viz.report import write_report
 
 
@@ -64,14 +65,14 @@ def _wide_mamba(channels: int, live: list[int]) -> gna.GnaModel:
     """A random 2-layer Mamba-1 with ``channels`` channels per layer (every channel a head),
     whose layer-1 out-projection reads only the ``live`` channels: ablating any other
     channel of layer 1 changes nothing, exactly."""
-    hf = gna.models.tiny.tiny_model("mamba", seed=3, hidden_size=32, expand=channels // 32)
+    hf = tiny_model("mamba", seed=3, hidden_size=32, expand=channels // 32)
     with torch.no_grad():
         out = hf.backbone.layers[1].mixer.out_proj.weight  # [d_model, channels]
         keep = torch.zeros(channels, dtype=torch.bool)
         keep[live] = True
         out[:, ~keep] = 0
         out[:, keep] *= 20
-    return gna.load(hf, tokenizer=gna.models.tiny.word_tokenizer())
+    return gna.load(hf, tokenizer=word_tokenizer())
 
 
 @pytest.mark.parametrize("channels,live", [(128, [17]), (128, [3, 64, 100, 127]), (4096, [5, 4000])])
