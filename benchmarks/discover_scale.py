@@ -17,7 +17,8 @@ prompts (``gna.toy_task``, ``--prompts``, seed ``--seed``):
     The same model loaded with ``remote="local"`` (nnsight's in-process simulation of
     NDIF: every request serialised, local modules hidden, run): requests (round trips)
     and whether the circuit equals the local one (roles, heads, accuracies, needs,
-    curves, path patching; pattern scores to 1e-5).
+    curves, path patching; pattern scores to 1e-5; not the attribution estimate and the
+    prescreen's method, which a remote run has not: no local backward).
 ``hand``
     The paper's hand procedure in passes, each evaluation a full forward: truncation scan
     (``L``) + layer scan (``L``) + single-head scan of two layers (``2 x heads``) + the
@@ -193,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 for data in (a, b):
                     data.pop("cost")
                     data.pop("attribution")  # a remote run has no local backward
+                    data["settings"].pop("prescreen", None)  # so it says its prescreen was forward-only
                 equal = same_circuit(a, b)
                 failed |= not equal
                 row |= {

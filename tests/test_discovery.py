@@ -272,26 +272,6 @@ def test_joint_search_equals_a_brute_force_greedy():
     assert reached == (current <= 0.3)
 
 
-def test_grouped_prescreen_verifies_the_worst_groups():
-    """Mamba-1 channels as heads: groups screened, the two worst verified one by one; the
-    verified values equal single ablations measured through evaluate."""
-    from gna_interp.discovery.scans import head_scan
-
-    model = gna.load(gna.models.tiny.tiny_model("mamba", seed=1, vocab_size=192), tokenizer=gna.tasks.toy_tokenizer())
-    task = gna.tasks.toy_mcq(16, seed=3)
-    scan = head_scan(model, task, [1], screen_above=16, group_size=16, verify_groups=1, progress=False)
-    groups = [scan.accuracy[1, i : i + 16] for i in range(0, model.n_heads, 16)]
-    assert int(scan.verified[1].sum()) == 16 and not bool(scan.verified[0].any())
-    assert bool(scan.accuracy[0].isnan().all())
-    worst = min(
-        range(len(groups)),
-        key=lambda g: float(gna.evaluate(model, task, [gna.Ablate([gna.Head(1, h) for h in range(16 * g, 16 * g + 16)])]).accuracy),
-    )
-    assert bool(scan.verified[1, 16 * worst : 16 * worst + 16].all())
-    for h in range(16 * worst, 16 * worst + 3):
-        assert float(scan.accuracy[1, h]) == pytest.approx(gna.evaluate(model, task, [gna.Ablate([gna.Head(1, h)])]).accuracy)
-
-
 @pytest.mark.parametrize(
     "case,expected",
     [

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..core.heads import Head
 from .roles import RoleScores, RoleThresholds, pattern_shortfall, scores_from_dict
+from .scans import SpreadGroup
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -123,8 +124,73 @@ class RoleNeed:
         return text
 
 
-POSITIONS = {"all": "at every position", "final": "at the final position", "segments": "on the segments"}
+POSITIONS = {"all": "at every position", "final": "at the final position", "segments": "on the segments", "ends": "at the segment ends"}
 """Where a figure's heads were ablated, in words (`RoleNeed.curve_positions`)."""
+
+
+@dataclass
+class SpreadRole:
+    """A role that no set of up to ``max_heads`` heads takes to chance: spread wider than
+    the search (`discover`'s ``max_heads_per_role``), reported rather than dropped.
+
+    Attributes:
+        role: ``"gather"`` or ``"aggregate"``.
+        positions: where the role enters: ``"final"`` (Aggregate: the final position) or
+            ``"ends"`` (Gather: the segment ends).
+        layers: accuracy with every head of each costly layer (layer scan) ablated at
+            ``positions`` only, by layer.
+        layer: where the role enters: the layer whose ablation at ``positions`` costs most
+            (at least ``min_effect``); ``None``: no layer ablated there costs accuracy.
+        best: the best set found, with its curve (the role's joint set or confirmation
+            set when there is one; else the entry layer's most harmful heads, added one by
+            one at ``positions``).
+        max_heads: the search's bound (``max_heads_per_role``).
+        groups: spread groups of the head scan's group testing (`scans.SpreadGroup`).
+    """
+
+    role: str
+    positions: str
+    layers: dict[int, float]
+    layer: int | None
+    best: RoleNeed | None
+    max_heads: int
+    groups: list[SpreadGroup] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "positions": self.positions,
+            "layers": {str(layer): value for layer, value in self.layers.items()},
+            "layer": self.layer,
+            "best": None if self.best is None else self.best.to_dict(),
+            "max_heads": self.max_heads,
+            "groups": [group.to_dict() for group in self.groups],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpreadRole:
+        best = None if data["best"] is None else RoleNeed.from_dict(data["best"])
+        layers = {int(layer): value for layer, value in data["layers"].items()}
+        groups = [SpreadGroup.from_dict(group) for group in data.get("groups", [])]
+        return cls(data["role"], data["positions"], layers, data["layer"], best, int(data["max_heads"]), groups)
+
+    def describe(self) -> str:
+        """``"spread beyond the search: no set of up to 8 heads reaches chance (best: 8
+        head(s), 0.310 at every position); enters at layer 1, at the final position (layer
+        ablated there: 0.305)"``; for an empty role whose layers cost nothing at its
+        positions, that it was not found there (not spread)."""
+        where = POSITIONS[self.positions]
+        if self.layer is None and (self.best is None or not self.best.heads):
+            return f"not found: no layer ablated {where} costs accuracy (absent, not spread beyond the search)"
+        if self.best is not None and self.best.reached_chance:
+            text = f"no head labelled, but {len(self.best.heads)} head(s) of its layer reach chance together ({self.best.accuracy:.3f})"
+        else:
+            text = f"spread beyond the search: no set of up to {self.max_heads} heads reaches chance"
+            if self.best is not None and self.best.heads:
+                text += f" (best: {len(self.best.heads)} head(s), {self.best.accuracy:.3f} at every position)"
+        if self.layer is None:
+            return text + f"; no layer ablated {where} costs accuracy"
+        return text + f"; enters at layer {self.layer}, {where} (layer ablated there: {self.layers[self.layer]:.3f})"
 
 
 @dataclass(frozen=True)
@@ -283,6 +349,10 @@ class GnACircuit:
             ``1 / n_segments`` (``None``: a circuit written before it was recorded).
         stability: how often discovery chose each head on other prompt samples
             (`Stability`; ``None``: not measured, see ``discover``'s ``stability``).
+        spread: per role that no set of up to ``max_heads_per_role`` heads takes to
+            chance (an empty role included), where it enters and the best set found
+            (`SpreadRole`): an empty role list with an entry here means "spread beyond the
+            search", not "absent".
 
     A head in a role's list (``gather``, ``aggregate``) is a member of that role's set;
     `standing` says whether the evidence gives it the role outright (an effect alone, and
@@ -309,6 +379,7 @@ class GnACircuit:
     attribution: list[list[float | None]] | None = None
     n_segments: int | None = None
     stability: Stability | None = None
+    spread: dict[str, SpreadRole] = field(default_factory=dict)
 
     # ----- tables and serialisation ---------------------------------------------
     def evidence(self, head: Head) -> HeadEvidence:
@@ -408,6 +479,7 @@ class GnACircuit:
         data["heads"] = [item.to_dict() for item in self.heads]
         data["needs"] = {role: need.to_dict() for role, need in self.needs.items()}
         data["stability"] = None if self.stability is None else self.stability.to_dict()
+        data["spread"] = {role: item.to_dict() for role, item in self.spread.items()}
         return _finite(data)
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -427,6 +499,7 @@ class GnACircuit:
         data["heads"] = [HeadEvidence.from_dict(item) for item in data["heads"]]
         data["needs"] = {role: RoleNeed.from_dict(need) for role, need in data["needs"].items()}
         data["stability"] = None if data.get("stability") is None else Stability.from_dict(data["stability"])
+        data["spread"] = {role: SpreadRole.from_dict(item) for role, item in data.get("spread", {}).items()}
         return cls(**data)
 
     # ----- views -------------------------------------------------------------------
@@ -444,6 +517,11 @@ class GnACircuit:
             parts.append(f"  {role:9s} {self.named(getattr(self, role))}")
             if getattr(self, role):
                 parts.append(f"            {self.describe_role(role)}")
+            if role in self.spread:
+                spread = self.spread[role]
+                parts.append(f"            {spread.describe()}")
+                if spread.best is not None and spread.best.curve and role not in self.needs:
+                    parts.append(f"            curve ({POSITIONS[spread.best.curve_positions]}): {spread.best.describe_curve()}")
         if self.gather or self.aggregate:
             parts.append(f"  evidence  {self.evidence_rule()}")
         parts.append("  accuracy  " + "  ".join(f"{k} {v:.3f}" for k, v in acc.items()))

@@ -9,7 +9,7 @@ roles from the patterns and confirm them:
 2. **truncation scan** and critical layer (`scans.truncation_scan`).
 3. **layer scan**: leave one layer out.
 4. **head scan**: single-head zero-ablation of the candidate layers (every layer by
-   default), with a grouped pre-screen where a layer has very many heads.
+   default); adaptive group testing where a layer has very many heads (`scans.group_testing`).
 5. **entry**: where each candidate's effect enters: accuracy with the head ablated only
    at the final position, and only on the segment tokens.
 6. **roles**: pattern scores of the examined heads (`roles`); labels from the entry
@@ -20,7 +20,8 @@ roles from the patterns and confirm them:
    compensate, to the role.
 8. **confirmation**: accuracy with the Gather heads ablated, the Aggregate heads, both,
    and with only the G&A heads kept in their layers; per role, how many heads are needed
-   to collapse accuracy to chance.
+   to collapse accuracy to chance. A role no set of up to ``max_heads_per_role`` heads
+   collapses (an empty one included) is reported with where it enters (`_spread`).
 
 `stability` re-runs the search on other prompt samples and counts how often each head
 is chosen (``discover(..., stability=k)`` records it in the circuit).
@@ -39,19 +40,20 @@ import torch
 from ..core.heads import Head
 from ..core.interventions import Ablate
 from ..cost import cost_meter
-from ..evaluation import evaluate
+from ..evaluation import evaluate, evaluate_many
 from ..patching.metrics import logit_diff, reduce_metric
 from ..patching.paths import path_patching
 from ..progress import progress_bar
 from ..tasks.base import Task
 from ..tasks.mcq import shuffle_labels
 from . import remote, scans
-from .circuit import ROLES, GnACircuit, HeadEvidence, RoleNeed, Stability
+from .circuit import ROLES, GnACircuit, HeadEvidence, RoleNeed, SpreadRole, Stability
 from .joint import JointSearch, head_float
 from .roles import RoleThresholds, entry_shares, label, pattern_agrees, role_scores
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
+    from ..tasks.base import EncodedTask
 
 
 class NoRetrievalWarning(UserWarning):
@@ -104,10 +106,13 @@ def discover(
         chance_margin: "collapsed" means accuracy at most chance + this.
         thresholds: role-label thresholds (`RoleThresholds`).
         pattern_prompts: prompts used for the pattern scores.
-        screen_above: layers with more heads are pre-screened in groups.
+        screen_above: layers with more heads are scanned by adaptive group testing
+            (`scans.group_testing`: about ``2 k log2 N`` group forwards for ``k`` costly
+            heads among ``N``), not head by head.
         prescreen_above: when the scanned layers hold more heads than this, only some are
             ablated one by one (`scans.prescreen`): every head of the layers whose removal
-            costs at least ``thresholds.min_effect`` (layer scan), and the
+            costs at least ``thresholds.min_effect`` (layer scan; such a layer of more than
+            ``screen_above`` heads by group testing instead), and the
             ``prescreen_keep`` heads with the largest attribution estimate (default
             ``2 * max_candidates``). The others are not measured (NaN in ``head_scan``).
         check_labels: on multiple-choice tasks, measure the accuracy with the labels
@@ -326,14 +331,29 @@ def _discover(
         circuit.layer_scan = scans.layer_scan(model, task, progress=progress) if first is None else first.layer_scan
     if "heads" not in stages:
         return circuit
-    only = None
+    only, adaptive = None, []
     if sum(model.heads_per_layer[layer] for layer in scan_layers) > prescreen_above:
         costly = [layer for layer, accuracy in enumerate(circuit.layer_scan or []) if clean.accuracy - accuracy >= thresholds.min_effect]
-        only, estimates = scans.prescreen(model, task, scan_layers, [layer for layer in costly if layer in scan_layers], prescreen_keep)
+        costly = [layer for layer in costly if layer in scan_layers]
+        adaptive = [layer for layer in costly if model.heads_per_layer[layer] > screen_above]  # wide: group testing
+        narrow = [layer for layer in costly if layer not in adaptive]
+        only, estimates = scans.prescreen(model, task, scan_layers, narrow, prescreen_keep)
         circuit.settings["prescreen"] = scans.prescreen_method(model)
         if estimates is not None:
             circuit.attribution = [[head_float(v) for v in row] for row in estimates]
-    scan = scans.head_scan(model, task, scan_layers, screen_above=screen_above, only=only, progress=progress)
+    scan = scans.head_scan(
+        model,
+        task,
+        scan_layers,
+        screen_above=screen_above,
+        only=only,
+        adaptive=adaptive,
+        clean=clean.accuracy,
+        min_effect=thresholds.min_effect,
+        progress=progress,
+    )
+    if scan.tests:
+        circuit.settings["group_testing"] = {str(layer): tests for layer, tests in scan.tests.items()}
     circuit.head_scan = [[None if v != v else float(v) for v in row] for row in scan.accuracy.tolist()]
     candidates = _candidates(scan.accuracy, scan.verified, max_candidates)
     evidence = {h: HeadEvidence(h, None, float(scan.accuracy[h.layer, h.head]), bool(scan.verified[h.layer, h.head])) for h in candidates}
@@ -375,7 +395,63 @@ def _discover(
     circuit.heads = sorted(evidence.values(), key=lambda e: e.head)
     if "confirm" in stages:
         _confirm(model, task, circuit, chance + chance_margin, max_heads_per_role, evaluate_bars)
+        if encoded.single_token:
+            _spread(model, task, encoded, circuit, scan, chance + chance_margin, max_heads_per_role)
     return circuit
+
+
+def _spread(
+    model: GnaModel, task: Task, encoded: EncodedTask, circuit: GnACircuit, scan: scans.HeadScan, threshold: float, max_heads: int
+) -> None:
+    """`GnACircuit.spread`: for each role without a set of up to ``max_heads`` heads that
+    reaches chance (an empty role included), where it enters and the best set found.
+
+    Where: every head of each costly layer (layer scan; every scanned layer without it)
+    ablated only at the role's positions (Aggregate: the final position; Gather: the
+    segment ends); the layer that costs most there (at least ``min_effect``). Best set: the
+    role's need (joint or confirmation set, with its curve); for an empty role, the entry
+    layer's heads by their scan accuracy (most harmful first, unmeasured last), added one
+    by one at the role's positions up to ``max_heads`` or chance. The layer measurements
+    run together (`evaluate_many`: one request on a remote model)."""
+    clean, min_effect = circuit.accuracy["clean"], circuit.thresholds.min_effect
+    open_roles = [role for role in ROLES if role not in circuit.needs or not circuit.needs[role].reached_chance]
+    if not open_roles or clean < threshold:
+        return
+    if circuit.layer_scan is not None:
+        layers = [layer for layer in circuit.settings["layers"] if clean - circuit.layer_scan[layer] >= min_effect]
+    else:
+        layers = list(circuit.settings["layers"])
+    where = {"aggregate": ("final", encoded.final), "gather": ("ends", encoded.segment_ends)}
+    runs = [
+        (task, [Ablate([Head(layer, h) for h in range(model.heads_per_layer[layer])], positions=where[role][1])])
+        for role in open_roles
+        for layer in layers
+    ]
+    values = iter(result.accuracy for result in evaluate_many(model, runs))
+    for role in open_roles:
+        name, positions = where[role]
+        measured = {layer: next(values) for layer in layers}
+        costly = [layer for layer, value in measured.items() if clean - value >= min_effect]
+        entry = min(costly, key=lambda layer: (measured[layer], layer)) if costly else None
+        best = circuit.needs.get(role)
+        if best is None and entry is not None:
+            ranked = sorted(range(model.heads_per_layer[entry]), key=lambda h: (_nan_last(scan.accuracy[entry, h]), h))
+            curve: list[tuple[Head, float]] = []
+            chosen: list[Head] = []
+            for h in ranked[:max_heads]:
+                chosen.append(Head(entry, h))
+                curve.append((chosen[-1], evaluate(model, task, [Ablate(chosen, positions=positions)], progress=False).accuracy))
+                if curve[-1][1] <= threshold:
+                    break
+            everywhere = evaluate(model, task, [Ablate(chosen)], progress=False).accuracy
+            best = RoleNeed(chosen, everywhere, everywhere <= threshold, curve, name)
+        groups = [g for g in scan.spread if entry is not None and g.heads[0].layer == entry]
+        circuit.spread[role] = SpreadRole(role, name, measured, entry, best, max_heads, groups)
+
+
+def _nan_last(value: torch.Tensor) -> float:
+    number = float(value)
+    return 2.0 if number != number else number
 
 
 def _check_labels(

@@ -5,9 +5,13 @@
    recovers at least half of the clean accuracy above chance (the paper's MMLU jump).
 2. `layer_scan`: leave one layer out at a time.
 3. `head_scan`: zero-ablate heads one at a time (batched sweep). Layers with more heads
-   than ``screen_above`` (Mamba-1: every channel is a head) are pre-screened by ablating
-   contiguous groups of heads; only heads of the most harmful groups are then ablated
-   one by one (*verified*); the others keep their group's accuracy (*screened*).
+   than ``screen_above`` (Mamba-1: every channel is a head) are scanned by adaptive group
+   testing (`group_testing`): the layer's heads are ablated together, and every group whose
+   removal costs accuracy is split in halves, recursively, down to single heads
+   (groups of at most 4: into single heads at once) (*verified*); the heads of a group that costs nothing keep its accuracy (*screened*).
+   Finding ``k`` critical heads among ``N`` costs about ``2 k log2(N / k) + 1`` group
+   forwards instead of ``N``. A group whose effect neither half explains (a role spread
+   over many heads) is kept, with the heads the effect needs (`SpreadGroup`).
 4. `entry_scan`: ablate a head only at the final position, then only on the segment
    tokens, then only at the segment ends; a head's output at position ``t`` enters the
    residual stream at ``t`` alone, so this says where its effect comes in.
@@ -15,8 +19,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -65,11 +69,181 @@ def layer_scan(model: GnaModel, task: Task, *, progress: bool = True) -> list[fl
 
 
 @dataclass
+class SpreadGroup:
+    """A group of heads whose joint ablation costs accuracy that its parts (halves, or
+    single heads for a group of at most `SINGLES_AT`) do not explain: none costs
+    ``min_effect`` alone, or their effects add up to less than half the group's
+    (`group_testing`): an effect spread over many heads, which single-head ablation
+    cannot see.
+
+    Attributes:
+        heads: the group, ablated together.
+        accuracy: task accuracy with it ablated.
+        parts: accuracy with each part ablated alone.
+        needed: heads the group's effect needs: with the rest of the group kept ablated,
+            un-ablating any one of them brings accuracy back within ``min_effect`` of clean
+            (empty: the effect is redundant, no head or quarter of the group is needed).
+    """
+
+    heads: list[Head]
+    accuracy: float
+    parts: tuple[float, ...]
+    needed: list[Head] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "heads": [str(h) for h in self.heads],
+            "accuracy": self.accuracy,
+            "parts": list(self.parts),
+            "needed": [str(h) for h in self.needed],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SpreadGroup:
+        parts = tuple(float(v) for v in data["parts"])
+        return cls([Head.parse(h) for h in data["heads"]], data["accuracy"], parts, [Head.parse(h) for h in data.get("needed", [])])
+
+    def describe(self) -> str:
+        """``"L1H0-L1H127 (128 heads) 0.310 together, parts 0.950 / 0.930; needs L1H3, L1H9"``."""
+        ends = f"{self.heads[0]}-{self.heads[-1]}" if len(self.heads) > 1 else str(self.heads[0])
+        text = f"{ends} ({len(self.heads)} heads) {self.accuracy:.3f} together, parts {' / '.join(f'{v:.3f}' for v in self.parts)}"
+        needed = ", ".join(map(str, self.needed)) if self.needed else "no head alone (redundant)"
+        return text + f"; needs {needed}"
+
+
+@dataclass
+class GroupTesting:
+    """What `group_testing` found in one set of heads.
+
+    Attributes:
+        singles: accuracy of each head measured alone (every head whose groups all cost
+            at least ``min_effect`` down to itself).
+        screened: for every other head, the accuracy of the smallest group it was measured
+            in that cost less than ``min_effect`` (or a spread group's half).
+        spread: groups whose effect no half explains (`SpreadGroup`).
+        tests: group forwards run (each an evaluation of the task).
+        rounds: rounds of tests (each round's groups are independent: one request remotely).
+    """
+
+    singles: dict[Head, float]
+    screened: dict[Head, float]
+    spread: list[SpreadGroup]
+    tests: int
+    rounds: int
+
+
+SINGLES_AT = 4
+"""`group_testing` ablates the heads of a costly group of at most this many one by one."""
+
+Measure = Callable[[list[list[Head]]], list[float]]
+"""Task accuracy with each group of heads ablated (all of a group's heads together)."""
+
+
+def group_testing(measure: Measure, heads: Sequence[Head], clean: float, min_effect: float) -> GroupTesting:
+    """Adaptive group testing for the heads whose single ablation costs at least
+    ``min_effect`` accuracy below ``clean``.
+
+    Rounds: ablate every group of the round together (``measure``); a group that costs
+    less than ``min_effect`` is cleared (its heads are *screened* with its accuracy); one
+    that costs more is split in halves for the next round, down to single heads (measured
+    alone); a costly group of at most `SINGLES_AT` heads goes to single heads at once
+    (as cheap as bisecting it, and cheaper where most of its heads cost accuracy).
+    Ablating more heads is assumed to cost at least as much as ablating fewer
+    (monotone effects): then every head that costs ``min_effect`` alone lies in costly
+    groups all the way down, and is found. ``k`` such heads among ``N`` cost at most ``1 +
+    2 k ceil(log2 N)`` tests, in at most ``ceil(log2 N) + 1`` rounds.
+
+    **Interactions.** A costly group whose parts all cost less than ``min_effect`` holds
+    an effect spread over many heads: single-head ablation would miss it, and so would
+    bisection; so does, in part, one whose parts' effects add up to less than half its
+    own (the union costs more than its parts explain). Such a group is kept as a
+    `SpreadGroup` (its costly parts are still split), and searched for the heads its
+    effect needs with the rest of the group kept ablated: each half's halves (quarters) are
+    un-ablated in turn (the group minus that quarter is ablated); a quarter without which
+    the effect falls below ``min_effect`` is needed, and is split the same way, the rest
+    of the group still ablated, down to single heads. A redundant effect (every quarter
+    can be spared) ends there, with no head named.
+
+    Args:
+        measure: accuracy with each group ablated (one call per round).
+        heads: the heads to search (usually one layer's).
+        clean: accuracy with nothing ablated.
+        min_effect: the smallest drop in accuracy that counts.
+
+    Returns:
+        `GroupTesting`.
+    """
+    singles: dict[Head, float] = {}
+    screened: dict[Head, float] = {}
+    spread: list[SpreadGroup] = []
+    tests = rounds = 0
+    pending: list[tuple[list[Head], tuple[int, int] | None]] = [(list(heads), None)] if heads else []
+    parents: list[tuple[list[Head], float]] = []  # costly groups split this round: (heads, accuracy)
+    while pending:
+        values = measure([group for group, _ in pending])
+        tests, rounds = tests + len(pending), rounds + 1
+        children: dict[int, list[tuple[list[Head], float]]] = {}
+        split: list[tuple[list[Head], tuple[int, int] | None]] = []
+        next_parents: list[tuple[list[Head], float]] = []
+        for (group, parent), value in zip(pending, values, strict=True):
+            if parent is not None:
+                children.setdefault(parent[0], []).append((group, value))
+            costly = clean - value >= min_effect
+            if len(group) == 1 and costly:
+                singles[group[0]] = value
+            elif not costly:
+                for head in group:
+                    screened[head] = value
+            if costly and len(group) > 1:
+                next_parents.append((group, value))
+                parts = [[h] for h in group] if len(group) <= SINGLES_AT else _halves(group)
+                split += [(part, (len(next_parents) - 1, i)) for i, part in enumerate(parts)]
+        for index, measured in children.items():  # a costly parent its parts do not explain
+            effects = [clean - value for _, value in measured]
+            if max(effects) < min_effect or sum(max(e, 0.0) for e in effects) < 0.5 * (clean - parents[index][1]):
+                group, value = parents[index]
+                spread.append(SpreadGroup(group, value, tuple(v for _, v in measured)))
+        pending, parents = split, next_parents
+    for item in spread:
+        item.needed, extra = _needed_heads(measure, item.heads, clean, min_effect)
+        tests, rounds = tests + extra[0], rounds + extra[1]
+    return GroupTesting(singles, screened, spread, tests, rounds)
+
+
+def _needed_heads(measure: Measure, group: list[Head], clean: float, min_effect: float) -> tuple[list[Head], tuple[int, int]]:
+    """Heads of a spread group its effect needs (`group_testing`), and ``(tests, rounds)``."""
+    needed: list[Head] = []
+    tests = rounds = 0
+    pending = [part for half in _halves(group) for part in _halves(half)]
+    while pending:
+        values = measure([[h for h in group if h not in set(part)] for part in pending])
+        tests, rounds = tests + len(pending), rounds + 1
+        split = []
+        for part, value in zip(pending, values, strict=True):
+            if clean - value < min_effect:  # without this part ablated, the effect is gone: needed
+                if len(part) == 1:
+                    needed.append(part[0])
+                else:
+                    split += _halves(part)
+        pending = split
+    return sorted(needed), (tests, rounds)
+
+
+def _halves(group: list[Head]) -> list[list[Head]]:
+    half = (len(group) + 1) // 2
+    return [part for part in (group[:half], group[half:]) if part]
+
+
+@dataclass
 class HeadScan:
     accuracy: Tensor
     """``[layer, head]`` accuracy with that head zero-ablated; NaN where not scanned."""
     verified: Tensor
     """``[layer, head]`` bool: measured alone (not only through its group)."""
+    spread: list[SpreadGroup] = field(default_factory=list)
+    """Groups of the adaptively scanned layers whose effect no half explains (`group_testing`)."""
+    tests: dict[int, int] = field(default_factory=dict)
+    """Per adaptively scanned layer, its group forwards."""
 
 
 PRESCREEN_STEPS = 4
@@ -131,35 +305,62 @@ def head_scan(
     layers: Sequence[int],
     *,
     screen_above: int = 64,
-    group_size: int = 16,
-    verify_groups: int = 4,
     only: Collection[Head] | None = None,
+    adaptive: Sequence[int] = (),
+    clean: float | None = None,
+    min_effect: float = 0.02,
     progress: bool = True,
 ) -> HeadScan:
-    """Single-head zero-ablation accuracy for every head of ``layers`` (see module docs);
-    with ``only``, for those heads alone (a `prescreen`; no grouped screening then)."""
+    """Single-head zero-ablation accuracy for every head of ``layers`` (see module docs):
+    layers of more than ``screen_above`` heads by adaptive group testing (`group_testing`,
+    heads whose single ablation costs at least ``min_effect`` below ``clean``). With
+    ``only``, for those heads alone (a `prescreen`), and the layers ``adaptive`` by group
+    testing whatever their width.
+
+    Args:
+        clean: accuracy with nothing ablated (measured if needed and not given).
+    """
     accuracy = torch.full((model.n_layers, model.n_heads), float("nan"))
     verified = torch.zeros(model.n_layers, model.n_heads, dtype=torch.bool)
     direct: list[Head] = []
+    wide = list(adaptive)
     if only is not None:
-        layers = []
-        direct = sorted(only)
-    for layer in layers:
+        direct = sorted(h for h in only if h.layer not in set(wide))
+    else:
+        for layer in layers:
+            heads = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
+            if len(heads) > screen_above:
+                wide.append(layer)
+            else:
+                direct += heads
+    spread: list[SpreadGroup] = []
+    tests: dict[int, int] = {}
+    if wide and clean is None:
+        clean = _accuracy(model, task)
+    for layer in progress_bar(wide, show=progress, desc="group testing"):
         heads = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
-        if len(heads) <= screen_above:
-            direct += heads
-            continue
-        groups = [heads[i : i + group_size] for i in range(0, len(heads), group_size)]
-        scores = [_accuracy(model, task, [Ablate(g)]) for g in progress_bar(groups, show=progress, desc=f"screening layer {layer}")]
-        for group, score in zip(groups, scores, strict=True):
-            for head in group:
-                accuracy[head.layer, head.head] = score
-        for index in sorted(range(len(groups)), key=scores.__getitem__)[:verify_groups]:
-            direct += groups[index]
+        found = group_testing(_group_measure(model, task), heads, float(clean), min_effect)  # type: ignore[arg-type]
+        for values, measured in ((found.screened, False), (found.singles, True)):
+            for head, value in values.items():
+                accuracy[head.layer, head.head] = value
+                verified[head.layer, head.head] = measured
+        spread += found.spread
+        tests[layer] = found.tests
     for head, value in _single_ablations(model, task, direct, progress).items():
         accuracy[head.layer, head.head] = value
         verified[head.layer, head.head] = True
-    return HeadScan(accuracy, verified)
+    return HeadScan(accuracy, verified, spread, tests)
+
+
+def _group_measure(model: GnaModel, task: Task) -> Measure:
+    """`Measure` on ``model``: a remote model's round in one request (`evaluate_many`)."""
+
+    def measure(groups: list[list[Head]]) -> list[float]:
+        if is_batched_remote(model):
+            return [result.accuracy for result in evaluate_many(model, [(task, [Ablate(g)]) for g in groups])]
+        return [_accuracy(model, task, [Ablate(g)]) for g in groups]
+
+    return measure
 
 
 def _single_ablations(model: GnaModel, task: Task, heads: list[Head], progress: bool) -> dict[Head, float]:

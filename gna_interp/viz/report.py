@@ -460,6 +460,12 @@ def _section(
     parts = [f'<section class="model" id="{slug}">']
     parts.append(f"<h2>{html.escape(circuit.model)} <small>({html.escape(circuit.family)}, {html.escape(circuit.task)})</small></h2>")
     parts += [f'<p class="note">{html.escape(w)}</p>' for w in circuit.warnings]
+    parts += [
+        f'<p class="note" data-role="spread">{role.capitalize()}: {html.escape(item.describe())}'
+        + (f"; curve {html.escape(POSITIONS[item.best.curve_positions])}: {html.escape(item.best.describe_curve())}" if item.best else "")
+        + "</p>"
+        for role, item in sorted(circuit.spread.items())
+    ]
     if circuit.gather or circuit.aggregate:
         parts.append(f'<p class="caption" data-role="evidence">Evidence: {html.escape(circuit.evidence_rule())}.</p>')
     tables = [_table(_conditions(circuit))]

@@ -1,0 +1,177 @@
+"""Adaptive group testing in the head scan (issue 27, item 3) and roles spread wider than
+the search (item 5): the heads found are those single ablations find, at about
+k log2(N) group forwards; a spread effect is kept and reported, never dropped."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import gna_interp as gna
+from gna_interp.discovery.scans import group_testing, head_scan, segment_positions
+from gna_interp.models.tiny import tiny_model, word_tokenizer
+from gna_interp.viz.report import write_report
+
+
+def _heads(n: int, layer: int = 0) -> list[gna.Head]:
+    return [gna.Head(layer, i) for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [8, 128, 4096, 8192])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_k_critical_heads_among_n_cost_about_k_log2_n_tests(n, k):
+    """An oracle where each of ``k`` spread-out heads costs 0.1 accuracy: exactly those are
+    found, measured alone, in at most ``1 + 2 k ceil(log2 N)`` tests and ``ceil(log2 N) + 1``
+    rounds; every other head is screened by a group that costs nothing."""
+    critical = {gna.Head(0, (i * 7919) % n) for i in range(k)}
+
+    def measure(groups):
+        return [1.0 - 0.1 * len(critical & set(g)) for g in groups]
+
+    found = group_testing(measure, _heads(n), clean=1.0, min_effect=0.02)
+    assert found.singles == {h: pytest.approx(0.9) for h in critical}
+    assert set(found.screened) == set(_heads(n)) - critical and set(found.screened.values()) <= {1.0}
+    assert found.tests <= 1 + 2 * len(critical) * math.ceil(math.log2(n))
+    assert n <= 8 or found.tests < n
+    assert found.rounds <= math.ceil(math.log2(n)) + 1 and found.spread == []
+
+
+@pytest.mark.parametrize("spread_heads,quorum", [((5, 70, 100), 3), ((1, 9, 17, 40, 77), 3)])
+def test_an_effect_spread_over_heads_is_kept_with_the_heads_it_needs(spread_heads, quorum):
+    """No head costs anything alone; ``quorum`` of ``spread_heads`` ablated together do.
+    Bisection alone would clear every half; the scan keeps the smallest costly group whose
+    halves cost nothing, and names the heads it needs: those whose un-ablation, with the
+    rest of the group ablated, brings accuracy back (brute force over the group)."""
+    spread = {gna.Head(0, i) for i in spread_heads}
+
+    def accuracy(group):
+        return 0.3 if len(spread & set(group)) >= quorum else 1.0
+
+    found = group_testing(lambda groups: [accuracy(g) for g in groups], _heads(128), clean=1.0, min_effect=0.02)
+    assert found.singles == {}
+    [group] = found.spread
+    assert group.accuracy == 0.3 and group.parts == (1.0, 1.0) and len(group.heads) > 4
+    half = (len(group.heads) + 1) // 2
+    assert accuracy(group.heads[:half]) == accuracy(group.heads[half:]) == 1.0  # the halves cost nothing
+    expected = sorted(h for h in group.heads if accuracy([x for x in group.heads if x != h]) == 1.0)
+    assert group.needed == expected and len(expected) == quorum
+    assert "needs " + ", ".join(map(str, expected)) in group.describe()
+
+
+def _wide_mamba(channels: int, live: list[int]) -> gna.GnaModel:
+    """A random 2-layer Mamba-1 with ``channels`` channels per layer (every channel a head),
+    whose layer-1 out-projection reads only the ``live`` channels: ablating any other
+    channel of layer 1 changes nothing, exactly."""
+    hf = tiny_model("mamba", seed=3, hidden_size=32, expand=channels // 32)
+    with torch.no_grad():
+        out = hf.backbone.layers[1].mixer.out_proj.weight  # [d_model, channels]
+        keep = torch.zeros(channels, dtype=torch.bool)
+        keep[live] = True
+        out[:, ~keep] = 0
+        out[:, keep] *= 20
+    return gna.load(hf, tokenizer=word_tokenizer())
+
+
+@pytest.mark.parametrize("channels,live", [(128, [17]), (128, [3, 64, 100, 127]), (4096, [5, 4000])])
+def test_a_wide_mamba1_layer_costs_k_log2_n_group_forwards(channels, live):
+    """On a real Mamba-1 (channels as heads), with "accuracy" the share of 8 prompts whose
+    final logits stay within 1e-4 of the clean ones: the heads found are the live channels
+    (each re-measured alone), in ``<= 1 + 2 k log2 N`` forwards."""
+    model = _wide_mamba(channels, live)
+    assert model.heads_per_layer[1] == channels
+    prompts = [" ".join(f"w{(7 * r + 3 * c) % 60 + 4}" for c in range(6)) for r in range(8)]
+    clean = model.logits(prompts)[:, -1]
+    forwards = []
+
+    def measure(groups):
+        forwards.extend(groups)
+        changes = [(model.logits(prompts, [gna.Ablate(g)])[:, -1] - clean).abs().amax(-1) for g in groups]  # [batch] each
+        return [float((change <= 1e-4).float().mean()) for change in changes]
+
+    found = group_testing(measure, _heads(channels, layer=1), clean=1.0, min_effect=0.02)
+    alone = {gna.Head(1, c): measure([[gna.Head(1, c)]])[0] for c in live}
+    assert found.singles == alone and max(alone.values()) < 1.0
+    assert found.tests == len(forwards) - len(live) <= 1 + 2 * len(live) * math.ceil(math.log2(channels))
+
+
+@pytest.mark.parametrize("name", gna.toy_names())
+def test_the_adaptive_scan_finds_the_exhaustive_scans_heads_on_every_toy(name):
+    """Every bundled toy, both layers by group testing (``screen_above=0``) against every
+    head ablated alone: the same heads cost at least ``min_effect``, with the same
+    accuracies; the others are screened by a group that costs less."""
+    model, task = gna.load_toy(name), gna.toy_task(name, 16, seed=4242)
+    layers = list(range(model.n_layers))
+    clean = gna.evaluate(model, task).accuracy
+    exhaustive = head_scan(model, task, layers, screen_above=10**6, progress=False)
+    adaptive = head_scan(model, task, layers, screen_above=0, clean=clean, progress=False)
+    costly = clean - exhaustive.accuracy >= 0.02
+    assert bool(costly.any()), f"{name}: no head costs accuracy alone"
+    assert torch.equal(adaptive.verified & (clean - adaptive.accuracy >= 0.02), costly & exhaustive.verified)
+    assert torch.allclose(adaptive.accuracy[costly], exhaustive.accuracy[costly])
+    screened = ~adaptive.verified & ~adaptive.accuracy.isnan()
+    assert bool((clean - adaptive.accuracy[screened] < 0.02).all())
+    assert set(adaptive.tests) == set(layers)
+
+
+def _discover(model, task, **options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gna.discovery.PositionalAnswerWarning)
+        return gna.discover(model, task, progress=False, **options)
+
+
+@pytest.fixture(scope="module")
+def mamba2():
+    return gna.load_toy("mamba2"), gna.toy_task("mamba2", 60, seed=4242)
+
+
+def test_a_role_wider_than_the_search_is_reported(mamba2, tmp_path):
+    """The Mamba-2 toy's Gather role needs 5 heads; with ``max_heads_per_role=2`` no set
+    reaches chance: the circuit says so, names the layer it enters at the segment ends
+    (every head of each costly layer ablated there, re-measured), gives the best set with
+    its curve, and keeps it through JSON, the summary and the report."""
+    model, task = mamba2
+    circuit = _discover(model, task, max_heads_per_role=2)
+    need = circuit.needs["gather"]
+    assert not need.reached_chance and len(need.heads) == 2
+    spread = circuit.spread["gather"]
+    ends = task.encode().segment_ends
+    for layer, value in spread.layers.items():
+        heads = [gna.Head(layer, h) for h in range(model.heads_per_layer[layer])]
+        assert value == pytest.approx(gna.evaluate(model, task, [gna.Ablate(heads, positions=ends)]).accuracy)
+    assert spread.layer == min(spread.layers, key=lambda layer: spread.layers[layer]) == 0
+    assert spread.best == need and spread.max_heads == 2 and spread.positions == "ends"
+    assert circuit.accuracy["clean"] - spread.layers[0] >= 0.02
+    assert ("aggregate" in circuit.spread) == (not circuit.needs["aggregate"].reached_chance)
+    text = "spread beyond the search: no set of up to 2 heads reaches chance"
+    assert text in circuit.summary() and "enters at layer 0, at the segment ends" in circuit.summary()
+    assert gna.GnACircuit.from_json(circuit.to_json()) == circuit
+    page = write_report([(circuit, None, None)], tmp_path).read_text()
+    assert 'data-role="spread"' in page and text in page
+
+
+def test_an_empty_role_is_never_silent(mamba2):
+    """With labels made impossible (an entry share above 1), no head gets a role: each empty
+    role still names where it enters (the final position for Aggregate, the segment ends for
+    Gather) and the best set of that layer with its curve, each point re-measured."""
+    model, task = mamba2
+    thresholds = gna.discovery.RoleThresholds(entry_share=1.5)
+    circuit = _discover(model, task, thresholds=thresholds, stages=("truncation", "layers", "heads", "entry", "roles", "confirm"))
+    assert circuit.gather == [] and circuit.aggregate == [] and circuit.needs == {}
+    encoded = task.encode()
+    where = {"final": encoded.final, "ends": encoded.segment_ends}
+    assert set(circuit.spread) == {"gather", "aggregate"}
+    for role, positions in (("aggregate", "final"), ("gather", "ends")):
+        spread = circuit.spread[role]
+        assert spread.positions == positions and spread.layer is not None and spread.best is not None
+        best = spread.best
+        assert [h for h, _ in best.curve] == best.heads and {h.layer for h in best.heads} == {spread.layer}
+        for count, (_, accuracy) in enumerate(best.curve, start=1):
+            ablate = gna.Ablate(best.heads[:count], positions=where[positions])
+            assert accuracy == pytest.approx(gna.evaluate(model, task, [ablate]).accuracy)
+        assert best.accuracy == pytest.approx(gna.evaluate(model, task, [gna.Ablate(best.heads)]).accuracy)
+        assert spread.describe() in circuit.summary()
+    assert circuit.spread["aggregate"].layer == 1  # the toy's Aggregate head L1H6 reads at the final position
+    assert segment_positions(encoded).any()
