@@ -209,7 +209,9 @@ def compare(estimate: torch.Tensor, exact: torch.Tensor) -> dict[str, Any]:
     return row
 
 
-def measure(name: str, model: Any, clean: Any, corrupt: Any, metric: Callable, repeats: int) -> list[dict[str, Any]]:
+def measure(
+    name: str, model: Any, clean: Any, corrupt: Any, metric: Callable, repeats: int, methods: tuple[tuple[str, int, str], ...] = METHODS
+) -> list[dict[str, Any]]:
     """One row per (estimate, method): patching and zero ablation, each method against its full sweep."""
     n = model.to_batch(clean).n_rows
     rows = []
@@ -220,7 +222,7 @@ def measure(name: str, model: Any, clean: Any, corrupt: Any, metric: Callable, r
     for estimate, sweep in sweeps.items():
         patch_s, _ = best_time(sweep, repeats)
         exact, exact_passes, _ = metered(model, sweep, n)
-        for method, steps, rule in METHODS:
+        for method, steps, rule in methods:
 
             def run(steps: int = steps, rule: str = rule, estimate: str = estimate) -> Any:
                 if estimate == "patching":
@@ -269,7 +271,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
+    names = [method for method, _, _ in METHODS]
+    parser.add_argument(
+        "--methods", nargs="+", default=names, choices=names, metavar="METHOD", help=f"of {', '.join(names)} (default: all)"
+    )
     args = parser.parse_args()
+    methods = tuple(m for m in METHODS if m[0] in args.methods)
     torch.set_num_threads(args.threads)
     loads = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(
@@ -280,7 +287,7 @@ def main() -> None:
     cases = [toy_case("mamba2", args.prompts, args.seed), *random_models(args.prompts, args.seed)]
     if "falcon_h1" in gna.toy_names():
         cases.append(toy_case("falcon_h1", args.prompts, args.seed))
-    rows = [row for case in cases for row in measure(*case, repeats=args.repeats)]
+    rows = [row for case in cases for row in measure(*case, repeats=args.repeats, methods=methods)]
     columns = ("attr s", "patch s", "speed-up", "passes", "sweep", "saved MB", "max|eff|", "spearman")
     header = f"{'model':<30} {'estimate':<9} {'method':<11} {'heads':>5} {'live':>5} " + " ".join(f"{c:>8}" for c in columns) + " "
     header += " ".join(f"{'top-' + str(k):>6}" for k in TOP_K)

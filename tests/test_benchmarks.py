@@ -30,7 +30,9 @@ def run_benchmark(name: str, *args: str, out: Path) -> dict:
 def test_attribution_benchmark_compares_real_effects(tmp_path):
     """Every model's exact sweep moves the metric (a constant table would make the rank
     correlation meaningless); top-10 is not reported where 10 covers every head."""
-    figures = run_benchmark("attribution", "--prompts", "4", "--repeats", "1", out=tmp_path / "attribution.json")
+    figures = run_benchmark(
+        "attribution", "--prompts", "4", "--repeats", "1", "--methods", "attribution", "IG-2 mid", out=tmp_path / "attribution.json"
+    )
     rows = figures["rows"]
     assert {r["model"].split(" ")[0] for r in rows} >= {"toy-mamba2", "toy-llama"}
     for row in rows:

@@ -224,7 +224,7 @@ def test_one_intervention_needs_no_list(toy_pair):
     assert torch.equal(gna.evaluate(model, task, ablate).scores, listed)
     assert not torch.allclose(listed, gna.evaluate(model, task).scores)  # the ablation did something
     assert torch.equal(model.logits(task.prompts[:2], ablate), model.logits(task.prompts[:2], [ablate]))
-    with pytest.raises(TypeError, match=r"interventions='L1H0': expected an intervention \(Ablate, Patch"):
+    with pytest.raises(TypeError, match=r"interventions='L1H0': expected an intervention \(Ablate, KeepOnly, Patch"):
         gna.evaluate(model, task, "L1H0")
     with pytest.raises(TypeError, match=r"interventions\[1\] is Head\(layer=1, head=0\): expected an intervention"):
         gna.evaluate(model, task, [ablate, gna.Head(1, 0)])

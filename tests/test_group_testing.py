@@ -4,6 +4,7 @@ k log2(N) group forwards; a spread effect is kept and reported, never dropped.""
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 
@@ -150,6 +151,23 @@ def test_a_role_wider_than_the_search_is_reported(mamba2, tmp_path):
     assert gna.GnACircuit.from_json(circuit.to_json()) == circuit
     page = write_report([(circuit, None, None)], tmp_path).read_text()
     assert 'data-role="spread"' in page and text in page
+
+
+def test_a_remote_run_reports_the_same_spread_in_no_extra_request(mamba2):
+    """``remote="local"``: the spread check's layer measurements travel in the
+    confirmation's request. The spread record equals the local run's, and the request count
+    equals that of a run whose roles all reach chance (the check costs no request)."""
+    model, task = mamba2
+    remote = gna.load(copy.deepcopy(model.hf_model), tokenizer=model.tokenizer, remote="local")
+    remote.name = model.name
+    local = _discover(model, task, max_heads_per_role=2)
+    with gna.cost_meter(remote) as spread_cost:
+        spread = _discover(remote, task, max_heads_per_role=2)
+    with gna.cost_meter(remote) as full_cost:
+        full = _discover(remote, task)
+    assert spread.spread and spread.spread == local.spread
+    assert not full.spread
+    assert spread_cost.requests == full_cost.requests
 
 
 def test_an_empty_role_is_never_silent(mamba2):

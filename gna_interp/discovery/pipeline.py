@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.heads import Head
-from ..core.interventions import Ablate
+from ..core.interventions import Ablate, Intervention
 from ..cost import cost_meter
 from ..evaluation import evaluate, evaluate_many
 from ..patching.metrics import logit_diff, reduce_metric
@@ -394,14 +394,51 @@ def _discover(
         item.kind = model.head_kind(item.head).value
     circuit.heads = sorted(evidence.values(), key=lambda e: e.head)
     if "confirm" in stages:
-        _confirm(model, task, circuit, chance + chance_margin, max_heads_per_role, evaluate_bars)
-        if encoded.single_token:
-            _spread(model, task, encoded, circuit, scan, chance + chance_margin, max_heads_per_role)
+        threshold = chance + chance_margin
+        # A remote run measures the spread check's layers speculatively in the confirmation's
+        # request (every role that may stay open), so the check costs no request of its own.
+        check_spread = encoded.single_token and circuit.accuracy["clean"] >= threshold
+        spread_runs = _spread_runs(model, task, encoded, circuit, _open_roles(circuit)) if check_spread and batched else None
+        spread_values = _confirm(model, task, circuit, threshold, max_heads_per_role, evaluate_bars, spread_runs)
+        if check_spread:
+            _spread(model, task, encoded, circuit, scan, threshold, max_heads_per_role, spread_runs, spread_values)
     return circuit
 
 
+SpreadRuns = tuple[list[tuple[str, int]], list[tuple[Task, list[Intervention]]]]
+
+
+def _open_roles(circuit: GnACircuit) -> list[str]:
+    """Roles without a set found to reach chance (so far)."""
+    return [role for role in ROLES if role not in circuit.needs or not circuit.needs[role].reached_chance]
+
+
+def _spread_runs(model: GnaModel, task: Task, encoded: EncodedTask, circuit: GnACircuit, roles: Sequence[str]) -> SpreadRuns:
+    """The spread check's measurements: for each role and each costly layer (layer scan;
+    every scanned layer without it), the layer's heads ablated only at the role's positions
+    (Aggregate: the final position; Gather: the segment ends). Returns the ``(role, layer)``
+    keys and the runs, in the same order."""
+    clean, min_effect = circuit.accuracy["clean"], circuit.thresholds.min_effect
+    if circuit.layer_scan is not None:
+        layers = [layer for layer in circuit.settings["layers"] if clean - circuit.layer_scan[layer] >= min_effect]
+    else:
+        layers = list(circuit.settings["layers"])
+    where = {"aggregate": encoded.final, "gather": encoded.segment_ends}
+    keys = [(role, layer) for role in roles for layer in layers]
+    runs = [(task, [Ablate([Head(layer, h) for h in range(model.heads_per_layer[layer])], positions=where[role])]) for role, layer in keys]
+    return keys, runs
+
+
 def _spread(
-    model: GnaModel, task: Task, encoded: EncodedTask, circuit: GnACircuit, scan: scans.HeadScan, threshold: float, max_heads: int
+    model: GnaModel,
+    task: Task,
+    encoded: EncodedTask,
+    circuit: GnACircuit,
+    scan: scans.HeadScan,
+    threshold: float,
+    max_heads: int,
+    premeasured: SpreadRuns | None = None,
+    values: Sequence[float] | None = None,
 ) -> None:
     """`GnACircuit.spread`: for each role without a set of up to ``max_heads`` heads that
     reaches chance (an empty role included), where it enters and the best set found.
@@ -412,25 +449,21 @@ def _spread(
     role's need (joint or confirmation set, with its curve); for an empty role, the entry
     layer's heads by their scan accuracy (most harmful first, unmeasured last), added one
     by one at the role's positions up to ``max_heads`` or chance. The layer measurements
-    run together (`evaluate_many`: one request on a remote model)."""
+    run together (`evaluate_many`: one request on a remote model), or come measured:
+    ``premeasured`` keys and runs (`_spread_runs`, a superset of the open roles) with their
+    accuracies ``values``."""
     clean, min_effect = circuit.accuracy["clean"], circuit.thresholds.min_effect
-    open_roles = [role for role in ROLES if role not in circuit.needs or not circuit.needs[role].reached_chance]
+    open_roles = _open_roles(circuit)
     if not open_roles or clean < threshold:
         return
-    if circuit.layer_scan is not None:
-        layers = [layer for layer in circuit.settings["layers"] if clean - circuit.layer_scan[layer] >= min_effect]
-    else:
-        layers = list(circuit.settings["layers"])
+    if premeasured is None or values is None:
+        premeasured = _spread_runs(model, task, encoded, circuit, open_roles)
+        values = [result.accuracy for result in evaluate_many(model, premeasured[1])]
+    by_key = dict(zip(premeasured[0], values, strict=True))
     where = {"aggregate": ("final", encoded.final), "gather": ("ends", encoded.segment_ends)}
-    runs = [
-        (task, [Ablate([Head(layer, h) for h in range(model.heads_per_layer[layer])], positions=where[role][1])])
-        for role in open_roles
-        for layer in layers
-    ]
-    values = iter(result.accuracy for result in evaluate_many(model, runs))
     for role in open_roles:
         name, positions = where[role]
-        measured = {layer: next(values) for layer in layers}
+        measured = {layer: value for (of, layer), value in by_key.items() if of == role}
         costly = [layer for layer, value in measured.items() if clean - value >= min_effect]
         entry = min(costly, key=lambda layer: (measured[layer], layer)) if costly else None
         best = circuit.needs.get(role)
@@ -511,7 +544,18 @@ def _gather_before_aggregate(evidence: dict[Head, HeadEvidence], position: Calla
             item.role = None
 
 
-def _confirm(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float, max_heads: int, evaluate_bars: bool | None) -> None:
+def _confirm(
+    model: GnaModel,
+    task: Task,
+    circuit: GnACircuit,
+    threshold: float,
+    max_heads: int,
+    evaluate_bars: bool | None,
+    spread_runs: SpreadRuns | None = None,
+) -> list[float] | None:
+    """The confirmation: accuracy with each role's heads ablated, the fallback needs, and
+    the path-patching check. Returns the accuracies of ``spread_runs`` when they were
+    measured in a remote run's confirmation request (None otherwise)."""
     clean = circuit.accuracy["clean"]
     sets = {"-gather": circuit.gather, "-aggregate": circuit.aggregate, "-both": [*circuit.gather, *circuit.aggregate]}
     kept = {*circuit.gather, *circuit.aggregate}
@@ -524,11 +568,15 @@ def _confirm(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float,
         role: heads for role, heads in (("gather", circuit.gather), ("aggregate", circuit.aggregate)) if heads and role not in circuit.needs
     }
     logits: list[torch.Tensor] | None = None
+    spread_values: list[float] = []
     measured: dict[str, float] = {}
     prefixes: dict[str, list[float]] = {}
     if remote.batched(model):  # one request: every accuracy below, and the path-patching metric's logits
         corrupt = task.corrupted() if circuit.gather and circuit.aggregate else None
-        measured, prefixes, logits = remote.confirm(model, task, {k: v for k, v in sets.items() if v}, fallback, max_heads, corrupt)
+        extra = spread_runs[1] if spread_runs is not None else ()
+        measured, prefixes, logits, spread_values = remote.confirm(
+            model, task, {k: v for k, v in sets.items() if v}, fallback, max_heads, corrupt, extra
+        )
     for name, heads in sets.items():
         if not heads:
             circuit.accuracy[name] = clean
@@ -551,6 +599,7 @@ def _confirm(model: GnaModel, task: Task, circuit: GnACircuit, threshold: float,
         )
         circuit.needs[role] = RoleNeed(chosen, accuracy, reached, curve, "all")
     circuit.path_patching = _gather_to_aggregate(model, task, circuit, logits)
+    return spread_values if logits is not None else None
 
 
 def _gather_to_aggregate(

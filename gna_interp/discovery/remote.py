@@ -28,6 +28,7 @@ forward.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -193,19 +194,28 @@ def _unmark(step: tuple) -> tuple:
 
 
 def confirm(
-    model: GnaModel, task: Task, sets: dict[str, list[Head]], cumulative: dict[str, list[Head]], max_heads: int, corrupt: Task | None
-) -> tuple[dict[str, float], dict[str, list[float]], list[Tensor]]:
+    model: GnaModel,
+    task: Task,
+    sets: dict[str, list[Head]],
+    cumulative: dict[str, list[Head]],
+    max_heads: int,
+    corrupt: Task | None,
+    extra: Sequence[tuple[Task, list[Intervention]]] = (),
+) -> tuple[dict[str, float], dict[str, list[float]], list[Tensor], list[float]]:
     """Request 6: accuracy with each set ablated, with each cumulative set of each role up to
-    ``max_heads``, and the clean (and corrupt) final logits."""
+    ``max_heads``, with each of the ``extra`` runs (the spread check's layers), and the clean
+    (and corrupt) final logits."""
     runs: list[tuple[Task, list[Intervention]]] = [(task, [Ablate(heads)]) for heads in sets.values()]
     spans = {}
     for role, heads in cumulative.items():
         first = len(runs)
         runs += [(task, [Ablate(list(heads)[:k])]) for k in range(1, min(max_heads, len(heads)) + 1)]
         spans[role] = (first, len(runs))
+    first_extra = len(runs)
+    runs += list(extra)
     inputs: list[Any] = [task] if corrupt is None else [task, corrupt]
     results, logits = evaluate_with_logits(model, runs, inputs)
     accuracies = [result.accuracy for result in results]
     measured = dict(zip(sets, accuracies, strict=False))
     prefixes = {role: accuracies[a:b] for role, (a, b) in spans.items()}
-    return measured, prefixes, logits
+    return measured, prefixes, logits, accuracies[first_extra:]
