@@ -28,14 +28,19 @@ $(VENV)/.installed: pyproject.toml $(BOOTSTRAP) $(LOCK)
 $(FLOORS_VENV)/.installed: pyproject.toml $(BOOTSTRAP) $(FLOORS_LOCK)
 	$(call locked_env,$(FLOORS_VENV),$(FLOORS_LOCK))
 
-.PHONY: setup demo test test-latest test-floors lock lint docs bench notebooks
+.PHONY: setup demo test test-slow test-latest test-floors lock lint docs bench notebooks
 setup: $(VENV)/.installed
 
 demo: setup
 	$(VENV)/bin/gna-interp demo
 
+# `make test` leaves out the checks marked slow (pyproject.toml); `make test-slow` runs them,
+# CI runs both, and test-latest / test-floors run everything.
 test: setup
-	$(PY) $(PYTEST)
+	$(PY) $(PYTEST) -m "not slow"
+
+test-slow: setup
+	$(PY) $(PYTEST) -m slow
 
 # The newest releases the ranges in pyproject.toml allow (torch held at the bootstrap's), in a
 # fresh environment: what `pip install gna-interp` would give a user today. Prints which

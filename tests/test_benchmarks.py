@@ -27,6 +27,7 @@ def run_benchmark(name: str, *args: str, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_attribution_benchmark_compares_real_effects(tmp_path):
     """Every model's exact sweep moves the metric (a constant table would make the rank
     correlation meaningless); top-10 is not reported where 10 covers every head."""

@@ -304,6 +304,7 @@ PREDECESSOR_GAPS = {  # what docs/discovery.md says the bundled toys' predecesso
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in PREDECESSOR_GAPS if n in gna.toy_names()])
 def test_the_predecessor_toys_miss_the_lines_the_bundled_ones_close(name):
     """Why the bundled `llama` and `mamba2` are what they are, re-measured. In the unpruned

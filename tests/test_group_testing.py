@@ -153,6 +153,7 @@ def test_a_role_wider_than_the_search_is_reported(mamba2, tmp_path):
     assert 'data-role="spread"' in page and text in page
 
 
+@pytest.mark.slow
 def test_a_remote_run_reports_the_same_spread_in_no_extra_request(mamba2):
     """``remote="local"``: the spread check's layer measurements travel in the
     confirmation's request. The spread record equals the local run's, and the request count

@@ -121,6 +121,7 @@ def test_ordered_label_steps_keep_the_labels_in_order_then_shuffle():
     assert any(not torch.equal(after[k], reference[k]) for k in after)
 
 
+@pytest.mark.slow
 def test_cli_zoo_train_end_to_end(tmp_path, capsys):
     out = tmp_path / "toy"
     assert main(["zoo", "train", "llama", "--max-steps", "3", "--out", str(out), "--quiet"]) == 0  # in-process: the console script's path
