@@ -424,8 +424,10 @@ def _spread_runs(model: GnaModel, task: Task, encoded: EncodedTask, circuit: GnA
     else:
         layers = list(circuit.settings["layers"])
     where = {"aggregate": encoded.final, "gather": encoded.segment_ends}
-    keys = [(role, layer) for role in roles for layer in layers]
-    runs = [(task, [Ablate([Head(layer, h) for h in range(model.heads_per_layer[layer])], positions=where[role])]) for role, layer in keys]
+    keys: list[tuple[str, int]] = [(role, int(layer)) for role in roles for layer in layers]
+    runs: list[tuple[Task, list[Intervention]]] = [
+        (task, [Ablate([Head(layer, h) for h in range(model.heads_per_layer[layer])], positions=where[role])]) for role, layer in keys
+    ]
     return keys, runs
 
 
