@@ -199,9 +199,8 @@ class HybridStudentTrunk(nn.Module):
         from transformers.masking_utils import create_causal_mask
 
         position_ids = torch.arange(hidden.shape[1], device=hidden.device)[None]
-        mask = create_causal_mask(
-            config=self.config, inputs_embeds=hidden, attention_mask=attention_mask, cache=None, position_ids=position_ids
-        )
+        # The cache is passed by position: transformers renamed it (past_key_values -> cache).
+        mask = create_causal_mask(self.config, hidden, attention_mask, None, position_ids=position_ids)
         return {
             "attention_mask": mask,
             "position_embeddings": self.rotary_emb(hidden, position_ids=position_ids),
