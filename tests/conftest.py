@@ -156,3 +156,9 @@ def demo_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, object]:
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     return result, report
+
+
+@pytest.fixture(scope="module")
+def toy_llamas():
+    """The bundled Llama toy on each backend: ``{"tlens": model, "nnsight": model}``."""
+    return {backend: gna.load_toy("llama", backend=backend) for backend in ("tlens", "nnsight")}

@@ -28,11 +28,6 @@ SEED = 4242
 
 
 @pytest.fixture(scope="module")
-def toy_llamas():
-    return {backend: gna.load_toy("llama", backend=backend) for backend in ("tlens", "nnsight")}
-
-
-@pytest.fixture(scope="module")
 def llama_task():
     return gna.toy_task("llama", N_PROMPTS, seed=SEED)
 
