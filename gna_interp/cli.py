@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = zoo_commands.add_parser("list", help="bundled toy models and their cards")
     listing.add_argument("--markdown", action="store_true", help="one markdown table (as in the docs)")
     listing.set_defaults(func=cmd.zoo_list)
-    train = zoo_commands.add_parser("train", help="train a toy model on CPU from its recipe (deterministic for a seed)")
+    train = zoo_commands.add_parser("train", help="train a toy model from its recipe (deterministic for a seed on a machine)")
     train.add_argument("name", help="a toy model's recipe: its name in `gna-interp zoo list` (e.g. llama, mamba2, falcon_h1)")
     train.add_argument("--out", help="output folder (default: gna-zoo/NAME)")
     train.add_argument("--seed", type=int, help="override the recipe's seed")
@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--init", help="for a fine-tuning recipe (init_from): the trained folder of the toy it starts from (default: the bundled toy)"
     )
+    train.add_argument("--device", help="where to train: cpu or cuda (default: the recipe's, cpu for all but mamba)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(func=cmd.zoo_train)
     return parser

@@ -351,8 +351,9 @@ def zoo_train(args: argparse.Namespace) -> int:
         chosen = dataclasses.replace(chosen, max_steps=args.max_steps)
     out = check_out_dir(args.out or f"gna-zoo/{args.name}")
     quiet_libraries()
-    print(f"training {chosen.name} ({chosen.family}), seed {chosen.seed}, at most {chosen.max_steps} steps, into {out}/")
-    card = build_toy(chosen, out, init=args.init, progress=not args.quiet)
+    where = args.device or chosen.device
+    print(f"training {chosen.name} ({chosen.family}) on {where}, seed {chosen.seed}, at most {chosen.max_steps} steps, into {out}/")
+    card = build_toy(chosen, out, init=args.init, progress=not args.quiet, device=args.device)
     facts = card["ablation"]
     print(
         f"done: {card['steps']} steps in {card['train_seconds']:.0f} s; held-out accuracy {card['held_out_accuracy']:.3f}; "

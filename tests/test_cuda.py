@@ -42,7 +42,7 @@ def handles(request):
 
 
 def _agree(cpu: torch.Tensor, gpu: torch.Tensor, what: str) -> None:
-    difference = (cpu.float() - gpu.detach().float().cpu()).abs().nan_to_num(0).max().item()
+    difference = (cpu.detach().float().cpu() - gpu.detach().float().cpu()).abs().nan_to_num(0).max().item()
     assert difference < TOL, f"{what}: CPU and GPU differ by {difference}"
 
 

@@ -56,3 +56,20 @@ def test_model_structure(llama_tlens):
 def test_cli_bad_command_is_one_line():
     result = subprocess.run([sys.executable, "-m", "gna_interp.cli", "nope"], capture_output=True, text=True)
     assert result.returncode == 2 and "invalid choice: 'nope'" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("family", ["llama", "mamba2"])
+def test_nnsight_leaves_a_cpu_model_on_the_cpu_when_a_gpu_exists(monkeypatch, family):
+    """nnsight wraps the model in a transformers pipeline, which moves it to the GPU when one
+    exists (seen on an H200: a CPU model's logits came back on cuda:0). Here CUDA is faked
+    as present, so any move to it raises; the handle must run where the weights are."""
+    from gna_interp.models.tiny import word_tokenizer
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    hf = tiny_model(family, seed=0)
+    tokenizer = word_tokenizer()
+    model = gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="nnsight")
+    assert model.device == torch.device("cpu")
+    ids = tokenizer(["w5 w6 w7 w8"], return_tensors="pt").input_ids
+    torch.testing.assert_close(model.logits(["w5 w6 w7 w8"]), hf(ids).logits, rtol=0, atol=1e-5)

@@ -23,7 +23,7 @@ FRESH_SEED = 777  # neither the training stream nor the card's held-out prompts
 def test_the_zoo_is_bundled_and_small():
     assert {"llama", "mamba2"} <= set(NAMES)
     size = sum(p.stat().st_size for p in ZOO_DIR.rglob("*") if p.is_file())
-    assert size <= 5 * 2**20, f"zoo is {size / 2**20:.2f} MB"
+    assert size <= 6 * 2**20, f"zoo is {size / 2**20:.2f} MB"  # 5 MB until the Mamba-1 toy (0.36 MB) took it past
     for name in NAMES:
         files = {p.name for p in (ZOO_DIR / name).iterdir()}
         assert {"model.safetensors", "config.json", "tokenizer.json", "card.json", "README.md"} <= files

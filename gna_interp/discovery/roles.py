@@ -159,7 +159,7 @@ def _role_rows(model: GnaModel, encoded: EncodedTask, heads: Sequence[Head], row
     """``[batch, head, segment + 1, key]``: the raw segment-end rows, then the final row."""
     batch = Batch(encoded.batch.input_ids[rows], encoded.batch.attention_mask[rows])
     queries = torch.cat([encoded.segment_ends[rows], encoded.final[rows, None]], 1)  # [batch, segment + 1]
-    return attention_pattern(model, batch, list(heads), query_positions=queries).float()
+    return attention_pattern(model, batch, list(heads), query_positions=queries).float().cpu()  # the task's masks live on the CPU
 
 
 def _masses(pattern: Tensor, encoded: EncodedTask, rows: slice) -> RoleMasses:

@@ -294,10 +294,19 @@ def _nnsight_backend(hf_model: Any, tokenizer: Any, spec: ArchSpec, remote: bool
 
     config = hf_model.config
     if isinstance(hf_model, PreTrainedModel):
-        envoy = TransformersModel(hf_model, tokenizer=copy.deepcopy(tokenizer))  # nnsight sets padding in place: not on the caller's
+        # nnsight wraps the module in a transformers pipeline, which moves it to the GPU when one
+        # exists: name the device the weights are on, so the caller's model stays where it is.
+        where = {} if getattr(hf_model, "hf_device_map", None) else {"device": _weights_device(hf_model)}
+        # nnsight sets padding in place: a copy, not the caller's tokenizer
+        envoy = TransformersModel(hf_model, tokenizer=copy.deepcopy(tokenizer), **where)
     else:  # any other torch module: nnsight's generic wrapper (GnaModel tokenizes)
         envoy = nnsight.NNsight(hf_model)
     return NNsightBackend(envoy, spec, spec.layers_of(config), remote)
+
+
+def _weights_device(module: torch.nn.Module) -> torch.device:
+    parameter = next(module.parameters(), None)
+    return torch.device("cpu") if parameter is None else parameter.device
 
 
 def _load_remote(model: Any, tokenizer: Any) -> GnaModel:

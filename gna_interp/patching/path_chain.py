@@ -208,10 +208,10 @@ class _Chunk:
                 site, index = model.head_site(head)
                 by_site.setdefault(site, torch.zeros(self.copies, model.site_shape(site)[0], dtype=torch.bool))[copy, index] = True
         # head site -> ([rows, 1, head, 1] bool: sender heads of each copy, [rows, pos, head, d_head] corrupt outputs)
-        self.swap = {
-            site: (mask.repeat_interleave(self.n_rows, 0)[:, None, :, None], self.stack(setup.corrupt_heads[site]))
-            for site, mask in by_site.items()
-        }
+        self.swap: dict[Site, tuple[Tensor, Tensor]] = {}
+        for site, mask in by_site.items():
+            corrupt = self.stack(setup.corrupt_heads[site])
+            self.swap[site] = (mask.repeat_interleave(self.n_rows, 0)[:, None, :, None].to(corrupt.device), corrupt)
         self.c_heads: dict[Site, Tensor] = {}  # head outputs in C, where they differ from clean
 
     def stack(self, tensor: Tensor) -> Tensor:

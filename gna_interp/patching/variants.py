@@ -155,13 +155,14 @@ def stacked_plan(model: GnaModel, batch: Batch, base: Plan, chunk: Sequence[Vari
             plan.add(site, compact)
             continue
         masks, values = [], []
+        device = model.device  # edit values captured on the model's device (a GPU's)
         for variant in chunk:
             mine = [edit for s, edit in variant.edits if s == site]
-            mask = torch.zeros((*shape[:-1], 1), dtype=torch.bool)
-            value = torch.zeros(shape)
+            mask = torch.zeros((*shape[:-1], 1), dtype=torch.bool, device=device)
+            value = torch.zeros(shape, device=device)
             for edit in mine:
-                edit_mask = edit.mask.expand((*shape[:-1], 1))
-                value = torch.where(edit_mask, edit.value.to(value.dtype).expand(shape), value)
+                edit_mask = edit.mask.to(device).expand((*shape[:-1], 1))
+                value = torch.where(edit_mask, edit.value.to(device, value.dtype).expand(shape), value)
                 mask = mask | edit_mask
             masks.append(mask)
             values.append(value)

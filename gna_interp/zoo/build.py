@@ -23,24 +23,51 @@ HELD_OUT_TASK_SEED = 20_000
 
 
 def build_toy(
-    recipe: Recipe, out: Path, *, init: str | Path | None = None, progress: bool = True, log: Callable[[str], None] = print
+    recipe: Recipe,
+    out: Path,
+    *,
+    init: str | Path | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    device: str | None = None,
 ) -> dict[str, Any]:
     """Train ``recipe``, evaluate it on fresh prompts, run the ablation checks, save.
 
     ``init``: for a recipe with ``init_from``, that toy's folder (default: the bundled one).
     Training checkpoints to ``out/checkpoint.pt`` at every evaluation; running again
     after an interruption resumes there (the result equals an uninterrupted run).
+    ``device``: where to train (default: the recipe's ``device``); a CUDA device on a
+    machine without one is an error naming the option.
 
     Returns:
         the model card (also written to ``out/card.json`` and ``out/README.md``).
     """
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "checkpoint.pt"
-    result = train(recipe, checkpoint=checkpoint, init=init, progress=progress, log=log)
-    return finish_toy(recipe, result, out, progress=progress, init=init)
+    where = recipe.device if device is None else device
+    if torch.device(where).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={where!r}: recipe {recipe.name!r} trains on a GPU and this machine has none; pass "
+            "device='cpu' (CLI: --device cpu) to train it on the CPU (much slower, other weights)"
+        )
+    result = train(recipe, checkpoint=checkpoint, init=init, progress=progress, log=log, device=where)
+    return finish_toy(recipe, result, out, progress=progress, init=init, device=where)
 
 
-def finish_toy(recipe: Recipe, result: TrainResult, out: Path, *, progress: bool = False, init: str | Path | None = None) -> dict[str, Any]:
+def finish_toy(
+    recipe: Recipe,
+    result: TrainResult,
+    out: Path,
+    *,
+    progress: bool = False,
+    init: str | Path | None = None,
+    device: str = "cpu",
+    machine: str | None = None,
+) -> dict[str, Any]:
+    """Evaluate ``result`` on fresh prompts (on the CPU), run the ablation checks, save.
+
+    ``device`` / ``machine``: where it was trained, for the card (``machine`` defaults to
+    this machine's processor and torch version)."""
     tokenizer = toy_tokenizer()
     model = load(result.model, tokenizer=tokenizer, backend="nnsight")
     task = toy_mcq(HELD_OUT_PROMPTS, seed=HELD_OUT_TASK_SEED, **task_shape(recipe))
@@ -66,7 +93,8 @@ def finish_toy(recipe: Recipe, result: TrainResult, out: Path, *, progress: bool
         "reached_target": result.reached_target,
         "train_seconds": round(result.seconds, 1),
         "threads": recipe.threads,
-        "machine": f"{platform.machine()}, torch {torch.__version__}",
+        "device": device,
+        "machine": machine or f"{platform.machine()}, torch {torch.__version__}",
         "held_out_accuracy": facts.clean_accuracy,
         "held_out_n": HELD_OUT_PROMPTS,
         "held_out_seed": HELD_OUT_TASK_SEED,

@@ -101,8 +101,9 @@ def zoo_table_markdown() -> str:
             for layer, row in facts["smallest_sets"].items()
         )
         origin = f", fine-tuned from `{card['init_from']}`" if card.get("init_from") else ""
+        gpu = " (GPU)" if card.get("device", "cpu") != "cpu" else ""
         lines.append(
-            f"| `{name}` ({card['family']}{origin}) | {card['parameters']:,} | {card['steps']:,} | {card['train_seconds']:.0f} s | "
+            f"| `{name}` ({card['family']}{origin}) | {card['parameters']:,} | {card['steps']:,} | {card['train_seconds']:.0f} s{gpu} | "
             f"{card['held_out_accuracy']:.3f} | {facts['best_single_head']} -> "
             f"{facts['best_single_head_accuracy']:.3f} | {sets} |"
         )
@@ -132,7 +133,11 @@ def card_markdown(card: dict[str, Any]) -> str:
             else []
         ),
         f"| steps | {card['steps']:,} (batch {card['batch_size']}) |",
-        f"| training time | {card['train_seconds']:.0f} s on {card['threads']} CPU thread(s) |",
+        (
+            f"| training time | {card['train_seconds']:.0f} s on a GPU ({card['machine']}) |"
+            if card.get("device", "cpu") != "cpu"
+            else f"| training time | {card['train_seconds']:.0f} s on {card['threads']} CPU thread(s) |"
+        ),
         f"| held-out accuracy | {card['held_out_accuracy']:.3f} on {card['held_out_n']} fresh prompts (seed {card['held_out_seed']}) |",
         f"| chance | {facts['chance']:.3f} |",
         f"| best single-head ablation | {facts['best_single_head']} -> {facts['best_single_head_accuracy']:.3f} |",

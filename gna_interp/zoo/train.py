@@ -113,7 +113,8 @@ def lr_factor(recipe: Recipe, step: int) -> float:
 def _recipe_key(recipe: Recipe) -> dict[str, Any]:
     """What a checkpoint must agree on to be resumed: everything that shapes the
     trajectory (the step limit, the stopping accuracy and the notes may change)."""
-    return {k: v for k, v in dataclasses.asdict(recipe).items() if k not in ("max_steps", "target_accuracy", "notes", "ablation_prompts")}
+    free = ("max_steps", "target_accuracy", "notes", "ablation_prompts", "device")
+    return {k: v for k, v in dataclasses.asdict(recipe).items() if k not in free}
 
 
 _SCHEDULE_FIELDS = ("decay_start", "decay_steps", "more_phases")
@@ -159,6 +160,7 @@ def train(
     init: str | Path | None = None,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    device: str | torch.device = "cpu",
 ) -> TrainResult:
     """Train ``recipe``'s model from scratch, or resume it from ``checkpoint``.
 
@@ -172,6 +174,8 @@ def train(
             (default: the bundled toy).
         progress: show a tqdm bar.
         log: where evaluation lines go.
+        device: where the model trains (``"cuda"`` on a GPU; prompts are still drawn on
+            the CPU from the recipe's seed). The result is returned on the CPU.
 
     Deterministic for a seed on a given machine and thread count: the weights, the
     prompts and their order all come from the recipe's seed.
@@ -180,19 +184,20 @@ def train(
     threads = torch.get_num_threads()
     torch.set_num_threads(recipe.threads)
     try:
-        model = build_model(recipe, init).train()
+        model = build_model(recipe, init).to(device).train()
         pruned = head_masks(model, recipe.pruned_heads)  # build_model zeroed them
         steps_limit = recipe.max_steps if max_steps is None else max_steps
         data = torch.Generator().manual_seed(recipe.seed)
         held_ids, held_answers = toy_token_batch(512, torch.Generator().manual_seed(HELD_OUT_SEED + recipe.seed), **task_shape(recipe))
-        letter_ids = _letter_ids(recipe)
+        held_ids, held_answers = held_ids.to(device), held_answers.to(device)
+        letter_ids = _letter_ids(recipe).to(device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(recipe, step))
         history: list[dict[str, float]] = []
         first_step, elapsed = 1, 0.0
         checkpoint = Path(checkpoint) if checkpoint is not None else None
         if checkpoint is not None and checkpoint.is_file():
-            state = torch.load(checkpoint, weights_only=False)
+            state = torch.load(checkpoint, weights_only=False, map_location="cpu")
             key, stored = _recipe_key(recipe), state["recipe"]
             if not _key_agrees(key, stored) or not _schedule_agrees(recipe, int(state["step"]), stored):
                 raise ValueError(f"checkpoint {str(checkpoint)!r} was written for another recipe: delete it or pass another path")
@@ -218,6 +223,7 @@ def train(
             for step in range(first_step, steps_limit + 1) if not reached else range(0):
                 shape = in_order if step <= recipe.ordered_label_steps else task
                 input_ids, answers = toy_token_batch(recipe.batch_size, data, **shape)
+                input_ids, answers = input_ids.to(device), answers.to(device)
                 loss = F.cross_entropy(model(input_ids=input_ids).logits[:, -1], answers)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -248,6 +254,6 @@ def train(
         bar.close()
         if not still_pruned(pruned):  # would mean an optimizer that moves zero-gradient weights
             raise RuntimeError(f"{recipe.name}: a pruned head's weights left 0 during training")
-        return TrainResult(model.eval(), step, time.perf_counter() - start, reached, history)
+        return TrainResult(model.cpu().eval(), step, time.perf_counter() - start, reached, history)
     finally:
         torch.set_num_threads(threads)
