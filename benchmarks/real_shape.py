@@ -2,11 +2,12 @@
 
 What is run
 -----------
-The published configs of Llama-3.1-8B, Falcon-Mamba-7B and Zamba2-7B (`CONFIGS`: every
-width, head count, vocabulary and norm setting as released), cut to ``--layers`` layers (2
-by default; Zamba2 alternates Mamba-2 and hybrid layers), random weights, bf16, on the CPU
-(``--device cuda`` on a GPU). Each model is loaded once into its default backend (tlens for
-Llama, nnsight for the SSMs) and runs, on ``--prompts`` random prompts of ``--seq-len``
+The published configs of Llama-3.1-8B, Falcon-Mamba-7B, Zamba2-7B and Llamba-8B (`CONFIGS`:
+every width, head count, vocabulary and norm setting as released; Llamba as gna_interp's
+PyTorch twin of Cartesia's class), cut to ``--layers`` layers (2 by default; Zamba2
+alternates Mamba-2 and hybrid layers), random weights, bf16, on the CPU (``--device cuda`` on
+a GPU). Each model is loaded once into its default backend (tlens for Llama, nnsight for the
+SSMs) and runs, on ``--prompts`` random prompts of ``--seq-len``
 tokens:
 
 ``raw``
@@ -35,7 +36,7 @@ of ``raw`` forwards with the hook moved to each head, the metric reduced in floa
 ``--tolerance`` (else exit 1).
 
 Run: ``python benchmarks/real_shape.py [--layers 2] [--prompts 2] [--seq-len 32]
-[--models llama-3.1-8b,falcon-mamba-7b,zamba2-7b] [--device cpu|cuda] [--json PATH]``
+[--models llama-3.1-8b,falcon-mamba-7b,zamba2-7b,llamba-8b] [--device cpu|cuda] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -141,9 +142,16 @@ CONFIGS: dict[str, tuple[str, dict[str, Any], str, int]] = {
         "model.layers.0.mamba.out_proj",
         64,
     ),
-    # TODO(llamba): the Llamba twin is a fourth entry here, (model_type, its released config,
-    # layer 0's out-projection path, head width); `build` and every measurement below take it
-    # unchanged (its family must be in gna_interp's architecture table).
+    # Llamba-8B in Cartesia's naming (`LlambaConfig`'s defaults are its released config):
+    # 32 value heads of 128 over 32 qk heads, state 64, no attention. transformers has no
+    # Llamba class: `build` makes gna_interp's CPU twin (`gna_interp.models.llamba`), whose
+    # scan is sequential PyTorch (Cartesia's GPU class runs a Triton scan instead).
+    "llamba-8b": (
+        "llamba",
+        dict(vocab_size=128256, d_model=4096, pad_vocab_size_multiple=8, tie_embeddings=False),
+        "backbone.layers.0.mixer.out_proj",
+        128,
+    ),
 }
 SWEEP_HEADS = 2
 
@@ -153,6 +161,12 @@ def build(name: str, n_layers: int, device: str) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model_type, fields, _, _ = CONFIGS[name]
+    if model_type == "llamba":
+        from gna_interp.models.llamba import LlambaConfig, LlambaLMHeadModel
+
+        torch.manual_seed(0)
+        twin = LlambaLMHeadModel(LlambaConfig(**fields, n_layer=n_layers))
+        return twin.to(device=device, dtype=torch.bfloat16).eval()
     fields = dict(fields, num_hidden_layers=n_layers)
     if model_type == "zamba2":  # Mamba-2 layers with the shared attention block every other one
         fields["layers_block_type"] = ["mamba" if i % 2 == 0 else "hybrid" for i in range(n_layers)]

@@ -121,3 +121,21 @@ def test_reads_position_refuses_what_is_not_a_metric_or_a_position():
         gna.reads_position(lambda logits: logits[:, -1, 0], True)
     assert logits_read(gna.reads_position(lambda logits: logits[:, 2, 0], 2)) == 0  # a position from the start: every position
     assert logits_read(gna.target_logprob(3, position=-2)) == 2
+
+
+def test_llamba_computes_the_kept_positions_alone(tokenizer):
+    """Llamba (no ``get_output_embeddings``: Cartesia's class and the twin): the root
+    ``lm_head`` is the unembedding narrowed, so ``logits_to_keep`` saves its cost there too."""
+    from gna_interp.models.llamba import tiny_llamba
+
+    twin = tiny_llamba(seed=2, vocab_size=len(tokenizer))
+    model = gna.load(twin, tokenizer=tokenizer)
+    full = model.logits(PROMPTS, [gna.Ablate([gna.Head(1, 0)])])
+    shapes: list[tuple[int, ...]] = []
+    handle = twin.lm_head.register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape)))
+    try:
+        kept = model.logits(PROMPTS, [gna.Ablate([gna.Head(1, 0)])], logits_to_keep=1)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(kept, full[:, -1:], atol=TOL, rtol=0)
+    assert shapes == [(len(PROMPTS), 1, full.shape[-1])], shapes

@@ -144,10 +144,12 @@ def keep_last(logits: Tensor, logits_to_keep: int) -> Tensor:
 
 
 def output_embedding_path(root: Any) -> str:
-    """The path of ``root``'s unembedding (HF's ``get_output_embeddings()``: ``lm_head``);
-    ``""`` when it has none (logits are then computed at every position and sliced)."""
+    """The path of ``root``'s unembedding (HF's ``get_output_embeddings()``, else a root
+    ``lm_head`` linear layer, as in Cartesia's Llamba); ``""`` when it has none (logits are
+    then computed at every position and sliced)."""
     get = getattr(root, "get_output_embeddings", None)
     head = get() if callable(get) else None
     if head is None:
-        return ""
+        linear = getattr(root, "lm_head", None)
+        return "lm_head" if isinstance(linear, torch.nn.Linear) else ""
     return next((name for name, module in root.named_modules() if module is head and name), "")
