@@ -176,7 +176,10 @@ class SavedBytes:
         size = tensor.numel() * tensor.element_size()
         self.now += size
         self.peak = max(self.peak, self.now)
-        return _Held(tensor, size, self)
+        # hold a detached view (same storage): holding ``tensor`` itself would, for a tensor that is its own
+        # node's output, make a cycle through autograd's C++ graph that Python's gc cannot see, and the meter
+        # would then count (and keep alive) every graph it ever measured
+        return _Held(tensor.detach(), size, self)
 
     @staticmethod
     def unpack(held: Any) -> torch.Tensor:

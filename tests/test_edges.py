@@ -298,3 +298,24 @@ def test_no_residue_also_when_it_raises(models, name):
     assert forwards["n"] == 3
     assert torch.equal(model.logits(CLEAN), before)
     assert no_hooks_left(model) and all(p.grad is None for p in model.hf_model.parameters())
+
+
+@pytest.mark.parametrize("name", ["llama-tlens", "falcon_h1"])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_cost_meter_counts_the_stated_passes(models, name, steps):
+    """The module docs' cost: the corrupt forward, then per point one clean forward and
+    backward and one stacked forward and backward per chunk of (receiver, stream) copies."""
+    model = models[1][name]
+    last = model.n_layers - 1
+    receivers = [H(last, 0), H(last, model.n_heads - 1)]
+    copies = sum(len(model.receiver_inputs(r)) for r in receivers)
+    n, per_chunk = len(CLEAN), 2
+    chunks = -(-copies // per_chunk)
+    with gna.cost_meter(model) as cost:
+        gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, steps=steps, receivers=receivers, max_rows=per_chunk * n)
+    assert copies >= 3 and chunks >= 2
+    assert cost.forwards == 1 + steps * (1 + chunks)
+    assert cost.backwards == steps * (1 + chunks)
+    assert cost.rows == n * (1 + steps * (1 + copies))
+    assert cost.block_rows == cost.rows * model.n_layers  # the senders start at layer 0: every forward runs every layer
+    assert cost.backward_block_rows == steps * n * (1 + copies) * model.n_layers

@@ -199,3 +199,49 @@ def test_no_residue_even_when_a_step_raises(pairs, backend):
     assert torch.equal(model.logits(CLEAN), before)
     assert all(p.grad is None for p in model.hf_model.parameters())
     assert no_hooks_left(model)
+
+
+class SavedBytes:
+    """Bytes autograd saves for the backward: now and at the peak (a saved tensor counts
+    until its graph is freed)."""
+
+    def __init__(self):
+        self.now = self.peak = 0
+
+    def pack(self, tensor):
+        return _Held(tensor, self)
+
+    @staticmethod
+    def unpack(held):
+        return held.tensor
+
+
+class _Held:
+    """One saved tensor. Holds a detached view (same storage): holding the saved tensor
+    itself would, for a node's own output, make a cycle through autograd's graph that no
+    garbage collection frees."""
+
+    def __init__(self, tensor, meter):
+        self.tensor, self.size, self.meter = tensor.detach(), tensor.numel() * tensor.element_size(), meter
+        meter.now += self.size
+        meter.peak = max(meter.peak, meter.now)
+
+    def __del__(self):
+        self.meter.now -= self.size
+
+
+@pytest.mark.parametrize("family", ["llama", "falcon_h1"])
+def test_one_graph_at_a_time(pairs, family):
+    """The peak of tensors saved for the backward does not grow with ``steps``: each point's
+    graph is freed before the next forward, and none outlives the call."""
+    model = pairs[family][1]
+    peaks = {}
+    for steps in (1, 4):
+        saved = SavedBytes()
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+            gna.attribution_patching(model, CLEAN, CORRUPT, METRIC, steps=steps)
+            ablation_attribution(model, CLEAN, METRIC, steps=steps)
+        assert saved.now == 0
+        peaks[steps] = saved.peak
+    assert peaks[1] > 0
+    assert peaks[4] == peaks[1]
