@@ -30,8 +30,14 @@ the exact zero-ablation effect on the same metric.
 
 Timing is wall clock on whatever machine runs it; the counts do not depend on it.
 
+``--families`` takes any toy `deep_toy` builds: a bundled toy's name (``llama``, ``mamba2``,
+``mamba`` once the Mamba-1 toy is bundled) or a trained toy's folder. ``--width W`` makes
+the Mamba-1 toys wide (``deep_toy(..., width=W)``: the toy's channels among live filler
+channels, every layer ``W`` wide); their heads are then expected at `deep_head`'s places,
+and the accuracies within 0.02 of the toy's (the filler perturbs the logits a little).
+
 Run: ``python benchmarks/discover_scale.py [--layers 2 8 32] [--families llama mamba2]
-[--prompts 200] [--no-remote] [--json PATH]``
+[--width 4096] [--prompts 200] [--no-remote] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ import torch
 
 import gna_interp as gna
 from gna_interp.patching.metrics import candidate_logit_diff
-from gna_interp.zoo.deep import deep_toy
+from gna_interp.zoo.deep import deep_head, deep_toy, placed_channels
 
 
 class Payloads:
@@ -131,8 +137,13 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((ra * rb).sum() / (ra.norm() * rb.norm()))
 
 
+def load_toy(name: str) -> gna.GnaModel:
+    """A bundled toy by name, or a trained toy's folder."""
+    return gna.load_toy(name) if name in gna.toy_names() else gna.load(name)
+
+
 def prescreen_agreement(family: str, prompts: int, seed: int) -> dict[str, Any]:
-    model, task = gna.load_toy(family), gna.toy_task(family, prompts, seed=seed)
+    model, task = load_toy(family), gna.toy_task(family, prompts, seed=seed)
     encoded = task.encode()
     metric = candidate_logit_diff(encoded.candidate_ids, encoded.correct)
     estimate = gna.patching.ablation_attribution(model, task, metric)
@@ -145,7 +156,8 @@ def prescreen_agreement(family: str, prompts: int, seed: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 8, 32])
-    parser.add_argument("--families", nargs="+", default=["llama", "mamba2"], choices=["llama", "mamba2"])
+    parser.add_argument("--families", nargs="+", default=["llama", "mamba2"], help="bundled toys or trained toys' folders")
+    parser.add_argument("--width", type=int, default=None, help="Mamba-1 toys only: channels per layer (deep_toy's width)")
     parser.add_argument("--prompts", type=int, default=200)
     parser.add_argument("--seed", type=int, default=4242)
     parser.add_argument("--no-remote", action="store_true", help="skip the remote='local' runs")
@@ -156,21 +168,28 @@ def main(argv: list[str] | None = None) -> int:
     rows, failed = [], False
     for family in args.families:
         task = gna.toy_task(family, args.prompts, seed=args.seed)
+        toy_model = load_toy(family)
+        wide = args.width is not None and toy_model.arch.family == "mamba"
+        channels = placed_channels(toy_model.heads_per_layer[0], args.width) if wide else None
         toy = None
         for n_layers in args.layers:
-            model = deep_toy(family, n_layers)
+            model = deep_toy(family, n_layers, width=args.width if wide else None)
             at = max(0, n_layers // 2 - 1)
             circuit, seconds = discover(model, task)  # discover meters itself: circuit.cost
-            toy = toy or (circuit if n_layers == 2 else discover(gna.load_toy(family), task)[0])
-            found = circuit.gather == [gna.Head(h.layer + at, h.head) for h in toy.gather] and circuit.aggregate == [
-                gna.Head(h.layer + at, h.head) for h in toy.aggregate
+            toy = toy or (circuit if n_layers == toy_model.n_layers and not wide else discover(toy_model, task)[0])
+            found = circuit.gather == [deep_head(h, at, channels) for h in toy.gather] and circuit.aggregate == [
+                deep_head(h, at, channels) for h in toy.aggregate
             ]
-            found &= circuit.accuracy == toy.accuracy
+            if wide:  # the filler moves the logits a little
+                found &= all(abs(circuit.accuracy[k] - toy.accuracy[k]) <= 0.02 for k in ("clean", "chance"))
+            else:
+                found &= circuit.accuracy == toy.accuracy
             failed |= not found
             heads_per_layer = max(model.heads_per_layer)
             row = {
                 "family": family,
                 "layers": n_layers,
+                "width": max(model.heads_per_layer),
                 "backend": model.backend_name,
                 "gather": [str(h) for h in circuit.gather],
                 "aggregate": [str(h) for h in circuit.aggregate],
@@ -179,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                 "rows": circuit.cost["rows"],
                 "passes": circuit.cost["passes"],
                 "backwards": circuit.cost["backwards"],
+                "prescreen": circuit.settings.get("prescreen"),
+                "group_tests": circuit.settings.get("group_testing"),
                 "seconds": seconds,
                 "hand_passes": 1 + 2 * n_layers + 2 * heads_per_layer,
             }
@@ -211,12 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     agreement = {family: prescreen_agreement(family, args.prompts, args.seed) for family in args.families}
 
     print(f"\n{args.prompts} prompts (toy_task seed {args.seed}); passes = block_rows / (prompts x L); torch threads {args.threads}")
+    wide_rows = any(row["width"] > 64 for row in rows)
     header = f"{'model':18} {'forwards':>8} {'passes':>7} {'bwd':>4} {'hand':>5} {'seconds':>8} {'requests':>8}"
     print(f"{header} {'remote = local':>14}  heads found")
     for row in rows:
         requests = str(row.get("requests", "-"))
         equal = {True: "yes", False: "NO", None: "-"}[row.get("remote_equals_local")]
-        name = f"{row['family']} L={row['layers']}"
+        name = f"{Path(row['family']).name} L={row['layers']}" + (f" W={row['width']}" if wide_rows else "")
         found = ("" if row["toy_heads_shifted"] else "NOT THE TOY'S: ") + ", ".join(row["gather"]) + " | " + ", ".join(row["aggregate"])
         print(
             f"{name:18} {row['forwards']:8d} {row['passes']:7.1f} {row['backwards']:4d} {row['hand_passes']:5d} "

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from gna_interp.zoo.store import toy_path
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -84,14 +86,17 @@ def test_backends_benchmark_compares_equal_nonzero_results(tmp_path, monkeypatch
 
 def test_discover_scale_benchmark_finds_the_toy_at_depth(tmp_path):
     """The 2-layer toy and its 3-layer deep copy (toy at layers 0, 1): the toy's heads,
-    shifted, with their cost (the remote comparison is tests/test_sessions.py's)."""
+    shifted, with their cost (the remote comparison is tests/test_sessions.py's). The toy
+    is given by its folder, as a trained toy not yet bundled is."""
+    folder = str(toy_path("llama"))
     figures = run_benchmark(
-        "discover_scale", *("--layers", "2", "3", "--prompts", "16", "--families", "llama", "--no-remote"), out=tmp_path / "scale.json"
+        "discover_scale", *("--layers", "2", "3", "--prompts", "16", "--families", folder, "--no-remote"), out=tmp_path / "scale.json"
     )
     assert figures["ok"] and [row["layers"] for row in figures["rows"]] == [2, 3]
     for row in figures["rows"]:
         assert row["toy_heads_shifted"] and row["forwards"] > 0 and row["passes"] > 0, row
-    assert figures["prescreen"]["llama"]["live"] >= 2
+        assert row["family"] == folder and row["width"] == 4 and row["group_tests"] is None, row
+    assert figures["prescreen"][folder]["live"] >= 2
 
 
 def test_bridge_overhead_benchmark_variants_equal_hf(tmp_path, monkeypatch):

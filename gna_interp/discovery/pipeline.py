@@ -337,10 +337,10 @@ def _discover(
         costly = [layer for layer in costly if layer in scan_layers]
         adaptive = [layer for layer in costly if model.heads_per_layer[layer] > screen_above]  # wide: group testing
         narrow = [layer for layer in costly if layer not in adaptive]
-        only, estimates = scans.prescreen(model, task, scan_layers, narrow, prescreen_keep)
-        circuit.settings["prescreen"] = scans.prescreen_method(model)
-        if estimates is not None:
-            circuit.attribution = [[head_float(v) for v in row] for row in estimates]
+        screened = scans.prescreen(model, task, scan_layers, narrow, prescreen_keep, grouped=adaptive)
+        only, circuit.settings["prescreen"] = screened.heads, screened.method
+        if screened.estimates is not None:
+            circuit.attribution = [[head_float(v) for v in row] for row in screened.estimates]
     scan = scans.head_scan(
         model,
         task,

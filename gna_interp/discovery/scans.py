@@ -83,12 +83,15 @@ class SpreadGroup:
         needed: heads the group's effect needs: with the rest of the group kept ablated,
             un-ablating any one of them brings accuracy back within ``min_effect`` of clean
             (empty: the effect is redundant, no head or quarter of the group is needed).
+        searched: whether ``needed`` was searched: not for a group whose effect is below
+            twice ``min_effect`` (`group_testing`).
     """
 
     heads: list[Head]
     accuracy: float
     parts: tuple[float, ...]
     needed: list[Head] = field(default_factory=list)
+    searched: bool = True
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -96,17 +99,21 @@ class SpreadGroup:
             "accuracy": self.accuracy,
             "parts": list(self.parts),
             "needed": [str(h) for h in self.needed],
+            "searched": self.searched,
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> SpreadGroup:
         parts = tuple(float(v) for v in data["parts"])
-        return cls([Head.parse(h) for h in data["heads"]], data["accuracy"], parts, [Head.parse(h) for h in data.get("needed", [])])
+        needed = [Head.parse(h) for h in data.get("needed", [])]
+        return cls([Head.parse(h) for h in data["heads"]], data["accuracy"], parts, needed, bool(data.get("searched", True)))
 
     def describe(self) -> str:
         """``"L1H0-L1H127 (128 heads) 0.310 together, parts 0.950 / 0.930; needs L1H3, L1H9"``."""
         ends = f"{self.heads[0]}-{self.heads[-1]}" if len(self.heads) > 1 else str(self.heads[0])
         text = f"{ends} ({len(self.heads)} heads) {self.accuracy:.3f} together, parts {' / '.join(f'{v:.3f}' for v in self.parts)}"
+        if not self.searched:
+            return text + "; needs not searched (its effect is below twice min_effect)"
         needed = ", ".join(map(str, self.needed)) if self.needed else "no head alone (redundant)"
         return text + f"; needs {needed}"
 
@@ -162,7 +169,10 @@ def group_testing(measure: Measure, heads: Sequence[Head], clean: float, min_eff
     un-ablated in turn (the group minus that quarter is ablated); a quarter without which
     the effect falls below ``min_effect`` is needed, and is split the same way, the rest
     of the group still ablated, down to single heads. A redundant effect (every quarter
-    can be spared) ends there, with no head named.
+    can be spared) ends there, with no head named. A group whose effect is below twice
+    ``min_effect`` is kept but not searched (``searched=False``): there a part would be
+    "needed" for recovering less than ``min_effect``, an amount the scan counts as no
+    effect anywhere else (every part qualifies, and the search splits the whole group).
 
     Args:
         measure: accuracy with each group ablated (one call per round).
@@ -205,8 +215,10 @@ def group_testing(measure: Measure, heads: Sequence[Head], clean: float, min_eff
                 spread.append(SpreadGroup(group, value, tuple(v for _, v in measured)))
         pending, parents = split, next_parents
     for item in spread:
-        item.needed, extra = _needed_heads(measure, item.heads, clean, min_effect)
-        tests, rounds = tests + extra[0], rounds + extra[1]
+        item.searched = clean - item.accuracy >= 2 * min_effect
+        if item.searched:
+            item.needed, extra = _needed_heads(measure, item.heads, clean, min_effect)
+            tests, rounds = tests + extra[0], rounds + extra[1]
     return GroupTesting(singles, screened, spread, tests, rounds)
 
 
@@ -251,10 +263,30 @@ PRESCREEN_STEPS = 4
 
 
 def prescreen_method(model: GnaModel, steps: int = PRESCREEN_STEPS) -> str:
-    """How `prescreen` ranks heads on ``model``, in words (recorded in the circuit's settings)."""
+    """How `prescreen` ranks heads on ``model``, in words (recorded in the circuit's settings
+    when `prescreen` does not say more: it returns what it ran)."""
     if getattr(model.backend, "remote", False):
         return "forward-only: the layer scan's costly layers (remote model: no local backward for attribution)"
+    if steps == 1:
+        return "first-order attribution of zero ablation on the candidate logit difference"
     return f"integrated gradients, {steps} steps, of zero ablation on the candidate logit difference"
+
+
+@dataclass
+class Prescreen:
+    """What `prescreen` chose.
+
+    Attributes:
+        heads: the heads to ablate one by one, layer-major.
+        estimates: ``[layer, head]`` estimates of the ranked heads' zero-ablation effect
+            (0 elsewhere), or ``None`` where nothing was estimated.
+        method: how the heads were chosen, in words (`prescreen_method`'s, or why the
+            ranking stopped at first order or did not run).
+    """
+
+    heads: list[Head]
+    estimates: Tensor | None
+    method: str
 
 
 def prescreen(
@@ -265,38 +297,76 @@ def prescreen(
     keep: int,
     rows: int = 64,
     steps: int = PRESCREEN_STEPS,
-) -> tuple[list[Head], Tensor | None]:
+    grouped: Sequence[int] = (),
+) -> Prescreen:
     """Which heads of ``layers`` to ablate one by one when there are too many: every head of
     ``harmful_layers`` (from the layer scan: removing the layer costs accuracy), and the
     ``keep`` heads with the largest estimate of their zero-ablation effect on the candidate
-    logit difference: integrated gradients over ``steps`` points (`ablation_attribution`;
-    ``steps`` forwards and backwards; first-order attribution misranks the hybrid toy's
-    heads, docs/patching.md). A head whose estimate is exactly 0 (its output reaches
-    nothing the metric depends on, e.g. its out-projection columns are zero) is kept only
-    through its layer. Remote models get no attribution (no local backward): the layers
-    alone, the forward-only screen (`prescreen_method` says which ran).
+    logit difference: integrated gradients over ``steps`` points (`ablation_attribution`'s,
+    ``rule="left"``; ``steps`` forwards and backwards per ``rows`` prompts; first-order attribution misranks the hybrid toy's heads,
+    docs/patching.md). A head whose estimate is exactly 0 (its output reaches nothing the
+    metric depends on, e.g. its out-projection columns are zero) is kept only through its
+    layer. The heads of ``grouped`` layers (scanned by group testing) are neither gated
+    nor ranked. Remote models get no attribution (no local backward): the layers alone,
+    the forward-only screen.
+
+    **Only where the ranking decides.** The first point (``alpha = 0``) is first-order
+    attribution. When at most ``keep`` heads have a non-zero first-order estimate, every
+    one of them is kept whatever their order, so the other ``steps - 1`` points are not
+    run (the estimates stay first order; a gradient exactly 0 at ``alpha = 0`` is taken to
+    be structural, 0 along the whole path, as for zeroed out-projection columns). With
+    nothing to rank (no gated head outside ``harmful_layers``), no attribution runs.
+    Otherwise the remaining points complete the integral: the same estimates as
+    `ablation_attribution` with ``steps`` points.
 
     Returns:
-        the heads, layer-major, and the ``[layer, head]`` estimates (``None`` without them).
+        `Prescreen`.
     """
-    from ..patching.attribution import ablation_attribution
+    from ..core.compile import heads_by_site
+    from ..patching.attribution import integrated_effects
     from ..patching.metrics import candidate_logit_diff
 
-    scanned = [Head(layer, h) for layer in layers for h in range(model.heads_per_layer[layer])]
-    chosen = {head for head in scanned if head.layer in set(harmful_layers)}
-    estimates = None
-    if not getattr(model.backend, "remote", False) and scanned:
-        encoded = task.encode(task.tokenizer_for(model.tokenizer))
+    harmful, skipped = set(harmful_layers), set(grouped)
+    scanned = [Head(layer, h) for layer in layers if layer not in skipped for h in range(model.heads_per_layer[layer])]
+    chosen = {head for head in scanned if head.layer in harmful}
+    if getattr(model.backend, "remote", False):
+        return Prescreen(sorted(chosen), None, prescreen_method(model, steps))
+    if all(head.layer in harmful for head in scanned):
+        return Prescreen(sorted(chosen), None, "every head of the costly layers (nothing else to rank: no attribution)")
+    encoded = task.encode(task.tokenizer_for(model.tokenizer))
+    sites = sorted(heads_by_site(model.layout, scanned))
+    ambient = list(model.active_interventions)
+    chunks = []
+    for start in range(0, encoded.batch.n_rows, rows):  # gradients of `rows` prompts at a time
+        stop = min(start + rows, encoded.batch.n_rows)
+        chunk = Batch(encoded.batch.input_ids[start:stop], encoded.batch.attention_mask[start:stop])
+        metric = candidate_logit_diff(encoded.candidate_ids[start:stop], encoded.correct[start:stop])
+        chunks.append((chunk, metric, (stop - start) / encoded.batch.n_rows))
+
+    def integrate(points: Sequence[int], baselines: list[float | None]) -> tuple[Tensor, list[float | None]]:
         estimates = torch.zeros(model.n_layers, model.n_heads)
-        for start in range(0, encoded.batch.n_rows, rows):  # gradients of `rows` prompts at a time
-            stop = min(start + rows, encoded.batch.n_rows)
-            chunk = Batch(encoded.batch.input_ids[start:stop], encoded.batch.attention_mask[start:stop])
-            metric = candidate_logit_diff(encoded.candidate_ids[start:stop], encoded.correct[start:stop])
-            result = ablation_attribution(model, chunk, metric, scanned, steps=steps)
-            estimates += (result.scores - result.baseline).nan_to_num() * (stop - start) / encoded.batch.n_rows
-        ranked = sorted(scanned, key=lambda h: (-abs(float(estimates[h.layer, h.head])), h))
-        chosen |= {h for h in ranked[:keep] if float(estimates[h.layer, h.head]) != 0.0}
-    return sorted(chosen), estimates
+        measured: list[float | None] = []
+        for (chunk, metric, weight), baseline in zip(chunks, baselines, strict=True):
+            targets = {site: torch.zeros(()) for site in sites}
+            effects, value = integrated_effects(model, chunk, ambient, targets, metric, steps, "left", points=points, baseline=baseline)
+            measured.append(value)
+            for head in scanned:
+                site, index = model.head_site(head)
+                estimates[head.layer, head.head] += float(effects[site][:, index].sum()) * weight
+        return estimates, measured
+
+    estimates, baselines = integrate([0], [None] * len(chunks))  # alpha = 0: first order, divided by `steps`
+    live = [head for head in scanned if float(estimates[head.layer, head.head]) != 0.0]
+    if len(live) <= keep or steps == 1:
+        method = prescreen_method(model, 1)
+        if steps > 1:
+            method += f": {len(live)} heads reach the metric, at most the {keep} kept, so integrated gradients would decide nothing"
+        return Prescreen(sorted(chosen | set(live)), estimates * steps, method)
+    rest, _ = integrate(range(1, steps), baselines)
+    estimates += rest
+    order = sorted(scanned, key=lambda h: (-abs(float(estimates[h.layer, h.head])), h))
+    chosen |= {h for h in order[:keep] if float(estimates[h.layer, h.head]) != 0.0}
+    return Prescreen(sorted(chosen), estimates, prescreen_method(model, steps))
 
 
 def head_scan(

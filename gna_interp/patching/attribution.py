@@ -192,6 +192,9 @@ def integrated_effects(
     metric: Metric,
     steps: int,
     rule: str,
+    *,
+    points: Sequence[int] | None = None,
+    baseline: float | None = None,
 ) -> tuple[dict[Site, Tensor], float]:
     """Integrated gradients of ``metric`` on ``batch`` along the gate path that moves every
     site of ``targets`` towards its target value at once (module docs).
@@ -202,20 +205,24 @@ def integrated_effects(
         targets: site -> target value, broadcastable to the site's activation (a head site
             ``[batch | 1, pos, head, d_head]`` or ``[]``; a residual ``[batch | 1, pos, d_model]``).
         steps, rule: the points ``alpha_j`` (``"left"``: ``j / steps``; ``"midpoint"``: ``(j + 1/2) / steps``).
+        points: the ``j`` to evaluate (default ``range(steps)``): part of the integral, so
+            that a caller can stop after the first points (the parts add up to the whole).
+        baseline: the metric of the ungated run, if known (else measured: at ``alpha = 0``
+            when ``points`` holds it under ``"left"``, else by a plain forward).
 
     Returns:
         site -> ``[pos, head]`` (head sites) or ``[pos]`` (residual) effects, float32 on
-        the CPU: ``(1/steps) sum_j dm/dw(alpha_j)``, each gate one weight per position and
-        head; and the metric of the ungated run.
+        the CPU: ``(1/steps) sum_{j in points} dm/dw(alpha_j)``, each gate one weight per
+        position and head; and the metric of the ungated run.
     """
     base = model.compile_plan(batch, ambient)
-    baseline = None
-    if rule == "midpoint":
+    points = range(steps) if points is None else points
+    if baseline is None and (rule == "midpoint" or 0 not in points):
         baseline = reduce_metric(metric(model.backend.run(batch, base, logits_to_keep=logits_read(metric)).logits), metric, batch.n_rows)
     sites = sorted(targets)
     effects = {site: torch.zeros(_gate_shape(model, site, batch.n_pos)[1:-1]) for site in sites}
     offset = 0.5 if rule == "midpoint" else 0.0
-    for j in range(steps):
+    for j in points:
         alpha = (j + offset) / steps
         gates = {site: torch.full(_gate_shape(model, site, batch.n_pos), alpha, requires_grad=True) for site in sites}
         plan = Plan(start=base.start)

@@ -1,0 +1,125 @@
+"""Discovery's budget (issue 27, item 4): the prescreen runs integrated gradients only where
+their ranking decides which heads are ablated, with the same estimates as
+`ablation_attribution` where it does; the 32-layer deep toys stay within 45 and 66 passes
+with the toy's heads (slow: 200 prompts each)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import gna_interp as gna
+from gna_interp.core.heads import Head
+from gna_interp.discovery import scans
+from gna_interp.patching.metrics import candidate_logit_diff
+from gna_interp.zoo.deep import deep_toy
+
+
+def _attribution(model, task, steps):
+    """`ablation_attribution` of every head on the candidate logit difference: ``[layer, head]`` effects."""
+    encoded = task.encode()
+    metric = candidate_logit_diff(encoded.candidate_ids, encoded.correct)
+    result = gna.patching.ablation_attribution(model, encoded.batch, metric, steps=steps)
+    return result.scores - result.baseline
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return gna.load_toy("llama"), gna.toy_task("llama", 12, seed=3)
+
+
+def test_the_prescreen_runs_integrated_gradients_where_the_ranking_decides(toy):
+    """``keep=1`` among the toy's live heads: the four points run, and the estimates are
+    `ablation_attribution`'s with 4 steps; the head kept is the largest estimate."""
+    model, task = toy
+    with gna.cost_meter(model) as cost:
+        screened = scans.prescreen(model, task, [0, 1], [], keep=1)
+    expected = _attribution(model, task, scans.PRESCREEN_STEPS)
+    assert cost.backwards == scans.PRESCREEN_STEPS and screened.method.startswith("integrated gradients, 4 steps")
+    assert torch.allclose(screened.estimates, expected.nan_to_num(), atol=1e-5)
+    first_order = _attribution(model, task, 1)
+    assert (expected - first_order).abs().max() > 1e-3  # the two methods differ here: the test can tell them apart
+    top = max((Head(layer, h) for layer in (0, 1) for h in range(model.n_heads)), key=lambda h: abs(float(expected[h.layer, h.head])))
+    assert screened.heads == [top]
+
+
+def test_the_prescreen_stops_at_first_order_when_every_live_head_is_kept(toy):
+    """``keep`` at least the live heads: one point (a backward per chunk of 64 prompts),
+    first-order estimates, every head with a non-zero estimate kept, and the method says why."""
+    model, task = toy
+    first_order = _attribution(model, task, 1)
+    live = sorted(Head(layer, h) for layer in (0, 1) for h in range(model.n_heads) if float(first_order[layer, h]) != 0.0)
+    assert 1 < len(live) <= 8
+    with gna.cost_meter(model) as cost:
+        screened = scans.prescreen(model, task, [0, 1], [1], keep=len(live))
+    assert cost.backwards == 1 and "integrated gradients would decide nothing" in screened.method
+    assert torch.allclose(screened.estimates, first_order.nan_to_num(), atol=1e-5)
+    assert screened.heads == sorted(set(live) | {Head(1, h) for h in range(model.n_heads)})
+
+
+def test_the_prescreen_ranks_nothing_it_need_not(toy):
+    """Every scanned layer costly, or scanned by group testing: no attribution at all."""
+    model, task = toy
+    with gna.cost_meter(model) as cost:
+        every = scans.prescreen(model, task, [0, 1], [0, 1], keep=4)
+        grouped = scans.prescreen(model, task, [0, 1], [1], keep=4, grouped=[0])
+    assert cost.backwards == 0 and cost.forwards == 0
+    assert every.estimates is None and every.heads == [Head(layer, h) for layer in (0, 1) for h in range(model.n_heads)]
+    assert grouped.estimates is None and grouped.heads == [Head(1, h) for h in range(model.n_heads)]
+    assert "no attribution" in every.method
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "budget"), [("llama", 45.0), ("mamba2", 66.0)])
+def test_the_deep_toys_stay_within_their_budget(family, budget):
+    """32 layers, 200 prompts (the benchmark's setting): the toy's heads shifted to layers
+    15 and 16, in at most 45 (Llama) and 66 (Mamba-2) passes; the prescreen at first order
+    (the filler layers' heads reach nothing)."""
+    task = gna.toy_task(family, 200, seed=4242)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gna.discovery.PositionalAnswerWarning)
+        toy = gna.discover(gna.load_toy(family), task, progress=False)
+        deep = gna.discover(deep_toy(family, 32), task, progress=False)
+    assert deep.gather == [Head(h.layer + 15, h.head) for h in toy.gather] and deep.gather
+    assert deep.aggregate == [Head(h.layer + 15, h.head) for h in toy.aggregate] and deep.aggregate
+    assert deep.accuracy == pytest.approx(toy.accuracy)
+    assert deep.cost["passes"] <= budget, deep.cost
+    assert deep.cost["backwards"] == 4 and deep.settings["prescreen"].startswith("first-order")  # 4 chunks of <= 64 prompts
+
+
+@pytest.mark.parametrize(("effect", "searched"), [(0.03, False), (0.04, True), (0.7, True)])
+def test_a_spread_group_is_searched_only_where_its_effect_can_be_split(effect, searched):
+    """Three heads of 64 cost ``effect`` together and nothing alone: the group is kept either
+    way; the heads it needs are searched only when ``effect`` is at least twice
+    ``min_effect`` (0.02), and the tests say so (the search is what costs the extra ones)."""
+    spread = {Head(0, i) for i in (5, 30, 50)}
+
+    def measure(groups):
+        return [1.0 - effect if spread <= set(g) else 1.0 for g in groups]
+
+    found = scans.group_testing(measure, [Head(0, i) for i in range(64)], clean=1.0, min_effect=0.02)
+    [group] = found.spread
+    assert group.searched is searched and group.accuracy == pytest.approx(1.0 - effect)
+    assert group.needed == (sorted(spread) if searched else [])
+    # the layer and its two halves; the search: 4 quarters of 16, then each needed part (one per
+    # spread head) halved 16 -> 8 -> 4 -> 2 -> 1, two tests a halving
+    assert found.tests == 3 + (4 + 3 * 2 * 4 if searched else 0), found.tests
+    assert ("not searched" in group.describe()) is not searched
+    assert scans.SpreadGroup.from_dict(group.to_dict()) == group
+
+
+@pytest.mark.slow
+def test_the_mamba1_toy_costs_under_100_passes():
+    """The trained 2 x 128 Mamba-1 toy (every channel a head, both layers group-tested), 200
+    prompts: both roles found, in at most 100 passes (95.3 measured; 302 on the issue's
+    model before group testing), with no attribution (nothing left to rank)."""
+    if "mamba" not in gna.toy_names():
+        pytest.skip("the Mamba-1 toy is not bundled yet")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gna.discovery.PositionalAnswerWarning)
+        circuit = gna.discover(gna.load_toy("mamba"), gna.toy_task("mamba", 200, seed=4242), progress=False)
+    assert circuit.gather and circuit.aggregate
+    assert circuit.cost["passes"] <= 100 and circuit.cost["backwards"] == 0, circuit.cost
+    assert set(circuit.settings["group_testing"]) == {"0", "1"}
