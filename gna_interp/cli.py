@@ -37,7 +37,7 @@ def _task_arguments(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gna-interp", description="Gather-and-Aggregate interpretability for Transformers and SSMs.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = commands.add_parser("demo", help="G&A discovery on the bundled toy Transformer, SSM and hybrid; writes an offline report")
+    demo = commands.add_parser("demo", help="G&A discovery on the bundled toys (Llama, Mamba-2, Mamba-1, hybrid); writes an offline report")
     demo.add_argument("--out", default="gna-report", help="report folder (default: gna-report)")
     demo.add_argument("--n", type=int, default=cmd.DEMO_PROMPTS, help=f"prompts per model (default {cmd.DEMO_PROMPTS})")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")

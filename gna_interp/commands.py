@@ -12,7 +12,7 @@ from typing import Any
 
 DEMO_PROMPTS = 200
 DEMO_SEED = 2026
-DEMO_MODELS = ("llama", "mamba2", "falcon_h1")
+DEMO_MODELS = ("llama", "mamba2", "falcon_h1", "mamba")
 """The bundled toy models the demo runs: a Transformer, an SSM and a hybrid."""
 
 
@@ -198,7 +198,7 @@ def summary_table(circuits: list[Any]) -> str:
 
 
 def demo(args: argparse.Namespace) -> int:
-    """Discovery on the bundled Transformer, SSM and hybrid toy models, summary, offline report."""
+    """Discovery on the bundled Transformer, SSM (Mamba-2 heads, Mamba-1 channels) and hybrid toy models, summary, offline report."""
     from .discovery import discover
     from .viz.report import write_report
     from .zoo import load_toy, toy_names, toy_task

@@ -41,7 +41,7 @@ def test_demo_report_has_each_circuits_faithfulness(demo_run):
     result, report = demo_run
     page = (report / "index.html").read_text()
     printed = re.findall(r"(\S+): faithfulness: the circuit's (\d+) heads alone .*? ([\d.]+), (\d+)% of clean ([\d.]+)", result.stdout)
-    models = [name for name in ("llama", "mamba2", "falcon_h1") if name in gna.toy_names()]
+    models = [name for name in ("llama", "mamba2", "falcon_h1", "mamba") if name in gna.toy_names()]
     assert [name for name, *_ in printed] == [f"toy-{name}" for name in models], result.stdout[-3000:]
     assert page.count('<figure data-role="faithfulness-curve">') == len(models)
     circuit = json.loads((report / "toy-llama.json").read_text())
