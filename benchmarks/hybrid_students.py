@@ -8,7 +8,7 @@ on fresh prompts of the toy task. Printed per student: accuracy on 400 held-out 
 before and after, the fraction of the teacher recovered, KV-cache and SSM-state bytes at a
 stated context length against the teacher's KV cache, and training minutes.
 
-    python benchmarks/hybrid_students.py STUDENT [STEPS_A STEPS_B]   # STUDENT: top2, bottom2, none
+    python benchmarks/hybrid_students.py STUDENT [STEPS_A STEPS_B INIT LR]   # STUDENT: top2, bottom2, none
     (one student per process: run them in parallel, each on one thread)
 
 The toy task is the retrieval task here (find the line whose first word is the query, read
@@ -59,6 +59,7 @@ def main() -> None:
     steps_a = int(sys.argv[2]) if len(sys.argv) > 2 else 60
     steps_b = int(sys.argv[3]) if len(sys.argv) > 3 else 240
     init = sys.argv[4] if len(sys.argv) > 4 else "attention"
+    lr = float(sys.argv[5]) if len(sys.argv) > 5 else 2e-3
     teacher, task = gna.load_toy(TOY), gna.toy_task(TOY, 400, seed=2026)
     train = gna.toy_task(TOY, 8000, seed=1).prompts
     clean = gna.evaluate(teacher, task, progress=False).accuracy
@@ -76,7 +77,7 @@ def main() -> None:
         train,
         steps={"A": steps_a, "B": steps_b},
         batch_size=16,
-        lr=2e-3,
+        lr=lr,
         seed=0,
         positions="last",
         callback=log,
@@ -87,7 +88,7 @@ def main() -> None:
     t_kv, _ = cache_bytes(teacher.hf_model.config, None)
     kv, state = cache_bytes(student.hf_model.config, student.hf_model.config.kept)
     print(
-        f"RESULT | {name} ({', '.join(map(str, STUDENTS[name])) or 'no head'}) | init {init} | teacher {clean:.3f} | "
+        f"RESULT | {name} ({', '.join(map(str, STUDENTS[name])) or 'no head'}) | init {init} | lr {lr} | teacher {clean:.3f} | "
         f"before {before:.3f} | after {after:.3f} | {after / clean:.0%} of teacher | "
         f"KV {kv} B + state {state} B = {(kv + state) / t_kv:.1%} of teacher KV {t_kv} B at {CONTEXT} tokens | "
         f"stage A {float(history.stage('A')[-10:].mean()):.3f} | "
