@@ -33,6 +33,7 @@ from ..core.heads import Resid
 from ..progress import progress_bar
 
 STAGES = ("A", "B")
+POSITIONS = ("all", "last")
 CHECKPOINT_NAME = "distill_checkpoint.pt"
 
 
@@ -120,14 +121,24 @@ def _stage_a_loss(student: Any, resids: list[Tensor], mask: Tensor) -> Tensor:
     return torch.stack(losses).mean()
 
 
-def _stage_b_loss(student: Any, input_ids: Tensor, mask: Tensor, teacher_logits: Tensor, temperature: float) -> Tensor:
-    """Mean over real tokens of ``KL(teacher || student)`` of the next-token distributions
-    at ``temperature``."""
+def last_token_mask(mask: Tensor) -> Tensor:
+    """``[batch, pos]`` attention mask -> ``[batch, pos]``, 1 only at each row's last real
+    token (left or right padding)."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask.bool(), positions, -1).max(dim=1).values
+    return (positions == last[:, None]).to(mask.dtype)
+
+
+def _stage_b_loss(
+    student: Any, input_ids: Tensor, mask: Tensor, teacher_logits: Tensor, temperature: float, weight_mask: Tensor | None = None
+) -> Tensor:
+    """Mean over real tokens (or the tokens ``weight_mask`` marks) of ``KL(teacher ||
+    student)`` of the next-token distributions at ``temperature``."""
     logits = student(input_ids, attention_mask=mask).logits.float()
     target = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
     log_q = F.log_softmax(logits / temperature, dim=-1)
     kl = (target.exp() * (target - log_q)).sum(-1)
-    weight = mask.to(kl.dtype)
+    weight = (mask if weight_mask is None else weight_mask).to(kl.dtype)
     return (kl * weight).sum() / weight.sum()
 
 
@@ -142,6 +153,7 @@ def distill(
     lr: float = 1e-3,
     seed: int = 0,
     temperature: float = 1.0,
+    positions: str = "all",
     checkpoint_dir: str | os.PathLike[str] | None = None,
     checkpoint_every: int = 10,
     callback: Callable[[str, int, float], None] | None = None,
@@ -160,6 +172,9 @@ def distill(
         lr: AdamW's learning rate.
         seed: fixes the batches (and nothing else is random).
         temperature: stage B's softmax temperature.
+        positions: the tokens stage B's KL averages over: ``"all"`` real tokens, or
+            ``"last"``, each row's last real token only (the answer position of a task's
+            prompt: where a toy was trained). Stage A always fits every real token.
         checkpoint_dir: a folder; every ``checkpoint_every`` steps and at each stage's end,
             the student's weights, the optimiser and the history go to
             ``<dir>/distill_checkpoint.pt``. A call that finds one there (written with the
@@ -183,6 +198,8 @@ def distill(
             f"distill: the student ({student.n_layers} layers, vocabulary {student.vocab_size}) does not match the teacher "
             f"({teacher.n_layers} layers, vocabulary {teacher.vocab_size})"
         )
+    if positions not in POSITIONS:
+        raise ValueError(f"distill: positions={positions!r}: expected one of {POSITIONS}")
     if batch_size < 1 or checkpoint_every < 1 or lr <= 0 or temperature <= 0:
         raise ValueError(
             f"distill: batch_size={batch_size}, checkpoint_every={checkpoint_every}, lr={lr}, temperature={temperature}: "
@@ -190,6 +207,8 @@ def distill(
         )
     source = _texts_source(data)
     settings = {"stages": list(plan), "steps": plan, "batch_size": batch_size, "lr": lr, "seed": seed, "temperature": temperature}
+    if positions != "all":
+        settings["positions"] = positions
     model = student.hf_model
     path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
     history, done = DistillHistory(), {stage: 0 for stage in plan}
@@ -217,7 +236,8 @@ def distill(
                 if stage == "A":
                     loss = _stage_a_loss(model, [acts[Resid(layer)].detach() for layer in range(n_layers + 1)], mask)
                 else:
-                    loss = _stage_b_loss(model, batch.input_ids, mask, logits.detach(), temperature)
+                    weight_mask = last_token_mask(mask) if positions == "last" else None
+                    loss = _stage_b_loss(model, batch.input_ids, mask, logits.detach(), temperature, weight_mask)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()

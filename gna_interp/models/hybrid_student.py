@@ -60,9 +60,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, Llam
 
 from ..core.heads import Head
 from .llamba import DiscreteMamba2
-from .registry import HYBRID_STUDENT, HYBRID_STUDENT_MODEL_TYPE
+from .registry import HYBRID_STUDENT, HYBRID_STUDENT_MODEL_TYPE, discrete_mamba2_pad_guard, hybrid_student_ssm_dims
 
 INITS = ("default", "attention")
+COMBINES = ("authors", "sum")
+"""How a layer adds its two mixers: ``"authors"`` rescales the attention to the SSM's
+per-token mean and std, maps it and averages; ``"sum"`` adds both unchanged (the teacher's
+own sum of heads, so the kept heads pass exactly at initialisation)."""
 MODEL_TYPE = HYBRID_STUDENT_MODEL_TYPE
 SILU_ONE = 1.2784645427610738
 """The ``s`` with ``silu(s) = s * sigmoid(s) = 1``."""
@@ -78,19 +82,20 @@ class HybridStudentConfig(LlamaConfig):
 
     model_type = MODEL_TYPE
 
-    def __init__(self, kept: list[list[int]] | None = None, d_state: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, kept: list[list[int]] | None = None, d_state: int | None = None, combine: str = "authors", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.combine = combine
         self.kept = [list(layer) for layer in kept] if kept is not None else [[] for _ in range(int(self.num_hidden_layers))]
         self.d_state = int(d_state) if d_state is not None else _head_dim(self)
 
 
-def _student_config(teacher_config: Any, kept: list[list[int]], d_state: int) -> HybridStudentConfig:
+def _student_config(teacher_config: Any, kept: list[list[int]], d_state: int, combine: str = "authors") -> HybridStudentConfig:
     """The teacher's config fields (a ``LlamaConfig``'s) with ``kept`` and ``d_state``,
     and the teacher's attention kernel."""
     fields = teacher_config.to_dict()
-    for name in ("model_type", "architectures", "kept", "d_state", "transformers_version"):
+    for name in ("model_type", "architectures", "kept", "d_state", "combine", "transformers_version"):
         fields.pop(name, None)
-    config = HybridStudentConfig(kept=kept, d_state=d_state, **fields)
+    config = HybridStudentConfig(kept=kept, d_state=d_state, combine=combine, **fields)
     config._attn_implementation = getattr(teacher_config, "_attn_implementation", None)
     config.architectures = ["HybridStudentForCausalLM"]
     return config
@@ -118,6 +123,8 @@ class HybridStudentLayer(nn.Module):
         from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm
 
         self.layer_idx = layer_idx
+        self.combine_how = str(getattr(config, "combine", "authors"))
+        self.ssm_dims = hybrid_student_ssm_dims(config)
         n_kept = len(config.kept[layer_idx])
         d_model, head_dim = int(config.hidden_size), _head_dim(config)
         n_heads = int(config.num_attention_heads)
@@ -151,9 +158,12 @@ class HybridStudentLayer(nn.Module):
 
     def combine(self, ssm: Tensor, attention: Tensor | None) -> Tensor:
         """``ssm``, ``attention`` ``[batch, pos, d_model]`` -> the mixers' sum
-        ``(ssm + attn_map(rescaled attention)) / 2`` (``ssm`` alone without attention)."""
+        ``(ssm + attn_map(rescaled attention)) / 2`` (``ssm`` alone without attention);
+        with ``combine="sum"``, ``ssm + attn_map(attention)``."""
         if attention is None or self.attn_map is None:
             return ssm
+        if self.combine_how == "sum":
+            return ssm + self.attn_map(attention)
         a_mean, a_std = attention.mean(-1, keepdim=True), attention.std(-1, keepdim=True)
         s_mean, s_std = ssm.mean(-1, keepdim=True), ssm.std(-1, keepdim=True)
         rescaled = (attention - a_mean) / (a_std + 1e-6) * s_std + s_mean
@@ -172,7 +182,18 @@ class HybridStudentLayer(nn.Module):
         residual = hidden_states
         normed = self.input_layernorm(hidden_states)
         ssm_in = normed if padding_mask is None else normed * padding_mask[..., None].to(normed.dtype)
-        ssm = self.mixer(ssm_in)["hidden_states"]
+        handle = None
+        if padding_mask is not None and not bool(padding_mask.bool().all()):
+            # Llamba's pad guard on in_proj (idempotent, so the library's own copy may run too).
+            def guard(module: nn.Module, args: Any, output: Tensor) -> Tensor:
+                return discrete_mamba2_pad_guard(output, self.ssm_dims, padding_mask)  # type: ignore[no-any-return]
+
+            handle = self.mixer.in_proj.register_forward_hook(guard)
+        try:
+            ssm = self.mixer(ssm_in)["hidden_states"]
+        finally:
+            if handle is not None:
+                handle.remove()
         attention = None
         if self.self_attn is not None:
             attention = self.self_attn(hidden_states=normed, attention_mask=attention_mask, position_embeddings=position_embeddings)[0]
@@ -319,6 +340,7 @@ def hybridize(
     seed: int = 0,
     d_state: int | None = None,
     tokenizer: Any = None,
+    combine: str = "authors",
 ) -> Any:
     """A hybrid student of ``teacher`` that keeps the heads ``keep`` as attention.
 
@@ -332,6 +354,9 @@ def hybridize(
         d_state: the mixer's state size per qk head (default: the teacher's ``head_dim``;
             ``init="attention"`` needs exactly that).
         tokenizer: the tokenizer, when ``teacher`` is not a `GnaModel`.
+        combine: ``"authors"`` (attention rescaled to the SSM output's per-token mean
+            and std, mapped, then averaged with it) or ``"sum"`` (``ssm + attn_map(a)``:
+            the kept heads reach the residual exactly as in the teacher at initialisation).
 
     Returns:
         A `GnaModel` (nnsight backend) over a `HybridStudentForCausalLM` (``.hf_model``).
@@ -344,6 +369,8 @@ def hybridize(
     """
     if init not in INITS:
         raise ValueError(f"hybridize: init={init!r}: expected one of {INITS}")
+    if combine not in COMBINES:
+        raise ValueError(f"hybridize: combine={combine!r}: expected one of {COMBINES}")
     hf_teacher, teacher_tokenizer = _teacher_parts(teacher)
     tokenizer = tokenizer if tokenizer is not None else teacher_tokenizer
     if tokenizer is None:
@@ -357,7 +384,7 @@ def hybridize(
             f"hybridize: d_state={d_state} with init='attention': keys and queries become B and C, so d_state must be head_dim={head_dim}"
         )
     kept = _kept_per_layer(keep, n_layers, n_heads)
-    student_config = _student_config(config, kept, d_state)
+    student_config = _student_config(config, kept, d_state, combine)
     student_config.name_or_path = f"hybrid student of {config.name_or_path or config.model_type}"
     with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
         torch.manual_seed(seed)
