@@ -109,21 +109,25 @@ def test_default_init_copies_the_teachers_shared_parts(teacher, llama_hf):
         assert torch.equal(mine.mixer.D, torch.ones(6))
 
 
+@torch.no_grad()
+def _block_zero_parts(student, seed: int):
+    """Block 0 of ``student`` with a perturbed ``attn_map``, and its parts on two prompts:
+    (block, residual input h, the block's extra inputs, SSM output s, attention output a)."""
+    block = student.hf_model.model.layers[0]
+    block.attn_map.weight.add_(0.1 * torch.randn(block.attn_map.weight.shape, generator=torch.Generator().manual_seed(seed)))
+    batch = student.to_batch(PROMPTS[:2])
+    h = student.hf_model.model.embed_tokens(batch.input_ids)
+    extra = student.hf_model.model.block_inputs(h, batch.attention_mask)
+    normed = block.input_layernorm(h)
+    s = block.mixer(normed)["hidden_states"]
+    a = block.self_attn(hidden_states=normed, attention_mask=extra["attention_mask"], position_embeddings=extra["position_embeddings"])[0]
+    return block, h, extra, s, a
+
+
 def test_the_student_layer_combines_as_the_authors_do(teacher):
     """Block 0 = h + (s + attn_map(rescaled a)) / 2 + MLP, from its parts evaluated by hand."""
-    student = hybridize(teacher, KEEP, init="default")
-    block = student.hf_model.model.layers[0]
+    block, h, extra, s, a = _block_zero_parts(hybridize(teacher, KEEP, init="default"), seed=3)
     with torch.no_grad():
-        block.attn_map.weight.add_(0.1 * torch.randn(block.attn_map.weight.shape, generator=torch.Generator().manual_seed(3)))
-    batch = student.to_batch(PROMPTS[:2])
-    with torch.no_grad():
-        h = student.hf_model.model.embed_tokens(batch.input_ids)
-        extra = student.hf_model.model.block_inputs(h, batch.attention_mask)
-        normed = block.input_layernorm(h)
-        s = block.mixer(normed)["hidden_states"]
-        a = block.self_attn(hidden_states=normed, attention_mask=extra["attention_mask"], position_embeddings=extra["position_embeddings"])[
-            0
-        ]
         scaled = (a - a.mean(-1, keepdim=True)) / a.std(-1, keepdim=True) * s.std(-1, keepdim=True) + s.mean(-1, keepdim=True)
         mid = h + (s + scaled @ block.attn_map.weight.T) / 2
         want = mid + block.mlp(block.post_attention_layernorm(mid))
@@ -487,19 +491,8 @@ def test_sum_combine_keeping_every_head_is_the_teacher(teacher):
 
 def test_sum_combine_adds_the_two_mixers(teacher):
     """Block 0 with combine="sum" = h + s + attn_map(a) + MLP, from its parts by hand."""
-    student = hybridize(teacher, KEEP, init="default", combine="sum")
-    block = student.hf_model.model.layers[0]
+    block, h, extra, s, a = _block_zero_parts(hybridize(teacher, KEEP, init="default", combine="sum"), seed=4)
     with torch.no_grad():
-        block.attn_map.weight.add_(0.1 * torch.randn(block.attn_map.weight.shape, generator=torch.Generator().manual_seed(4)))
-    batch = student.to_batch(PROMPTS[:2])
-    with torch.no_grad():
-        h = student.hf_model.model.embed_tokens(batch.input_ids)
-        extra = student.hf_model.model.block_inputs(h, batch.attention_mask)
-        normed = block.input_layernorm(h)
-        s = block.mixer(normed)["hidden_states"]
-        a = block.self_attn(hidden_states=normed, attention_mask=extra["attention_mask"], position_embeddings=extra["position_embeddings"])[
-            0
-        ]
         mid = h + s + a @ block.attn_map.weight.T
         want = mid + block.mlp(block.post_attention_layernorm(mid))
         got = block(h, **extra)
