@@ -21,6 +21,12 @@ from .prefix import DEFAULT_PREFIX_MB, PrefixCache
 from .swap_block import swapped_in_layers
 
 
+def weights_device(module: torch.nn.Module) -> torch.device:
+    """The device of ``module``'s first parameter (the CPU for none, or for meta weights)."""
+    parameter = next(module.parameters(), None)
+    return torch.device("cpu") if parameter is None or parameter.is_meta else parameter.device
+
+
 class GnaModel:
     """A model with a backend. Same calls, same numbers, on every backend.
 
@@ -172,8 +178,7 @@ class GnaModel:
         """Where inputs go: the weights' device (CPU for remote models)."""
         if getattr(self.backend, "remote", False):
             return torch.device("cpu")
-        parameter = next(self.hf_model.parameters(), None)
-        return torch.device("cpu") if parameter is None or parameter.is_meta else parameter.device
+        return weights_device(self.hf_model)
 
     def to_batch(self, inputs: Any) -> Batch:
         """Tokenize (left padding), validate against the vocabulary, move to `device`."""

@@ -14,7 +14,7 @@ import torch
 
 from ..core.arch import ArchSpec, LayerKind
 from ..progress import progress_enabled
-from .handle import GnaModel
+from .handle import GnaModel, weights_device
 from .hub import NDIF_KEY_HELP, hub_access, ndif_api_key
 from .preflight import (
     ModelFilesError,
@@ -296,17 +296,12 @@ def _nnsight_backend(hf_model: Any, tokenizer: Any, spec: ArchSpec, remote: bool
     if isinstance(hf_model, PreTrainedModel):
         # nnsight wraps the module in a transformers pipeline, which moves it to the GPU when one
         # exists: name the device the weights are on, so the caller's model stays where it is.
-        where = {} if getattr(hf_model, "hf_device_map", None) else {"device": _weights_device(hf_model)}
+        where = {} if getattr(hf_model, "hf_device_map", None) else {"device": weights_device(hf_model)}
         # nnsight sets padding in place: a copy, not the caller's tokenizer
         envoy = TransformersModel(hf_model, tokenizer=copy.deepcopy(tokenizer), **where)
     else:  # any other torch module: nnsight's generic wrapper (GnaModel tokenizes)
         envoy = nnsight.NNsight(hf_model)
     return NNsightBackend(envoy, spec, spec.layers_of(config), remote)
-
-
-def _weights_device(module: torch.nn.Module) -> torch.device:
-    parameter = next(module.parameters(), None)
-    return torch.device("cpu") if parameter is None else parameter.device
 
 
 def _load_remote(model: Any, tokenizer: Any) -> GnaModel:

@@ -148,6 +148,7 @@ def stacked_plan(model: GnaModel, batch: Batch, base: Plan, chunk: Sequence[Vari
     n_rows, n_pos, copies = batch.n_rows, batch.n_pos, len(chunk)
     plan = base.tiled(n_rows, copies)
     sites = sorted({site for variant in chunk for site, _ in variant.edits})
+    device = model.device  # edit values are captured on the model's device (a GPU's)
     for site in sites:
         shape = (n_rows, n_pos, *model.site_shape(site))
         compact = _one_scalar_value(model, site, chunk, n_rows)
@@ -155,7 +156,6 @@ def stacked_plan(model: GnaModel, batch: Batch, base: Plan, chunk: Sequence[Vari
             plan.add(site, compact)
             continue
         masks, values = [], []
-        device = model.device  # edit values captured on the model's device (a GPU's)
         for variant in chunk:
             mine = [edit for s, edit in variant.edits if s == site]
             mask = torch.zeros((*shape[:-1], 1), dtype=torch.bool, device=device)

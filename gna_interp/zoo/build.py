@@ -62,12 +62,10 @@ def finish_toy(
     progress: bool = False,
     init: str | Path | None = None,
     device: str = "cpu",
-    machine: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``result`` on fresh prompts (on the CPU), run the ablation checks, save.
 
-    ``device`` / ``machine``: where it was trained, for the card (``machine`` defaults to
-    this machine's processor and torch version)."""
+    ``device``: where it was trained, for the card."""
     tokenizer = toy_tokenizer()
     model = load(result.model, tokenizer=tokenizer, backend="nnsight")
     task = toy_mcq(HELD_OUT_PROMPTS, seed=HELD_OUT_TASK_SEED, **task_shape(recipe))
@@ -94,7 +92,7 @@ def finish_toy(
         "train_seconds": round(result.seconds, 1),
         "threads": recipe.threads,
         "device": device,
-        "machine": machine or f"{platform.machine()}, torch {torch.__version__}",
+        "machine": f"{platform.machine()}, torch {torch.__version__}",
         "held_out_accuracy": facts.clean_accuracy,
         "held_out_n": HELD_OUT_PROMPTS,
         "held_out_seed": HELD_OUT_TASK_SEED,

@@ -86,6 +86,10 @@ def save_toy(model: Any, tokenizer: Any, card: dict[str, Any], folder: Path) -> 
     return folder
 
 
+def _trained_on_gpu(card: dict[str, Any]) -> bool:
+    return card.get("device", "cpu") != "cpu"  # cards written before the field: the CPU
+
+
 def zoo_table_markdown() -> str:
     """One markdown table of every bundled card (``gna-interp zoo list --markdown``)."""
     lines = [
@@ -101,7 +105,7 @@ def zoo_table_markdown() -> str:
             for layer, row in facts["smallest_sets"].items()
         )
         origin = f", fine-tuned from `{card['init_from']}`" if card.get("init_from") else ""
-        gpu = " (GPU)" if card.get("device", "cpu") != "cpu" else ""
+        gpu = " (GPU)" if _trained_on_gpu(card) else ""
         lines.append(
             f"| `{name}` ({card['family']}{origin}) | {card['parameters']:,} | {card['steps']:,} | {card['train_seconds']:.0f} s{gpu} | "
             f"{card['held_out_accuracy']:.3f} | {facts['best_single_head']} -> "
@@ -135,7 +139,7 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"| steps | {card['steps']:,} (batch {card['batch_size']}) |",
         (
             f"| training time | {card['train_seconds']:.0f} s on a GPU ({card['machine']}) |"
-            if card.get("device", "cpu") != "cpu"
+            if _trained_on_gpu(card)
             else f"| training time | {card['train_seconds']:.0f} s on {card['threads']} CPU thread(s) |"
         ),
         f"| held-out accuracy | {card['held_out_accuracy']:.3f} on {card['held_out_n']} fresh prompts (seed {card['held_out_seed']}) |",
