@@ -252,3 +252,26 @@ def test_card_facts_of_wide_layers_double_and_ablate_whole_layers(monkeypatch):
     assert f"- layer 0: {sizes[0]} -> {row['curve'][0][1]:.3f}" in markdown
     assert f"| 1 | {facts.layer_ablation[1]['all']:.3f} | {facts.layer_ablation[1]['final']:.3f} |" in markdown
     assert "Ablations measured on 40 held-out prompts" in markdown
+
+
+def test_a_gpu_recipe_on_a_machine_without_one_is_refused_by_name(tmp_path, monkeypatch):
+    """The bundled Mamba-1 recipe trains on a GPU; without one, `build_toy` names the way out
+    before any training (and writes nothing but the folder)."""
+    from gna_interp.zoo.build import build_toy
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert recipe("mamba").device == "cuda"
+    with pytest.raises(ValueError, match=r"device='cuda': recipe 'mamba' trains on a GPU .* device='cpu' \(CLI: --device cpu\)"):
+        build_toy(recipe("mamba"), tmp_path / "out", progress=False)
+    assert not any((tmp_path / "out").iterdir())
+
+
+def test_a_gpu_trained_card_says_so():
+    """The Mamba-1 card and the zoo table name the GPU; CPU cards keep their thread count."""
+    from gna_interp.zoo.store import zoo_table_markdown
+
+    gpu_card, cpu_card = gna.toy_card("mamba"), gna.toy_card("llama")
+    assert gpu_card["device"] == "cuda" and cpu_card.get("device", "cpu") == "cpu"
+    assert f"| training time | {gpu_card['train_seconds']:.0f} s on a GPU ({gpu_card['machine']}) |" in card_markdown(gpu_card)
+    assert f"s on {cpu_card['threads']} CPU thread(s) |" in card_markdown(cpu_card)
+    assert f"| {gpu_card['train_seconds']:.0f} s (GPU) |" in zoo_table_markdown()
