@@ -7,9 +7,11 @@ scored twice on the same prompts: by `gna.edge_attribution` (first order, ``step
 and by `gna.path_patching_sweep` (one receiver, one stream), with the candidate logit
 difference (linear in the logits) as the metric. Printed: the Spearman rank correlation
 over the live edges (either score non-zero), the sign agreement, the top-k overlap and the
-seconds each method took.
+seconds each method took. With ``--curve``, also the edge faithfulness curve
+(`gna.edge_faithfulness_curve`) of each ranking: the fewest top edges that keep 90% of the
+clean accuracy, with every other edge into the receivers patched from the corrupted run.
 
-    python benchmarks/edge_attribution.py [--prompts 200] [--seed 4242] [--json out.json]
+    python benchmarks/edge_attribution.py [--prompts 200] [--seed 4242] [--curve] [--json out.json]
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((ra * rb).sum() / (ra.norm() * rb.norm()))
 
 
-def measure(name: str, prompts: int, seed: int) -> dict[str, Any]:
+def measure(name: str, prompts: int, seed: int, curve: bool = False) -> dict[str, Any]:
     model, task = gna.load_toy(name), gna.toy_task(name, prompts, seed=seed)
     corrupt = task.corrupted(seed=seed)
     encoded = task.encode()
@@ -44,7 +46,7 @@ def measure(name: str, prompts: int, seed: int) -> dict[str, Any]:
     started = time.perf_counter()
     edges = gna.edge_attribution(model, task, corrupt, metric, receivers=receivers, receiver_input=_all_streams(model, receivers))
     edge_seconds = time.perf_counter() - started
-    estimate, exact = [], []
+    estimate, exact, edge_list = [], [], []
     started = time.perf_counter()
     for j, receiver in enumerate(edges.receivers):
         for k, stream in enumerate(edges.streams):
@@ -53,6 +55,7 @@ def measure(name: str, prompts: int, seed: int) -> dict[str, Any]:
             sweep = gna.path_patching_sweep(model, task, corrupt, [receiver], metric, stream, senders=edges.senders, progress=False)
             for i, sender in enumerate(edges.senders):
                 estimate.append(float(edges.scores[i, j, k]))
+                edge_list.append((sender, receiver, stream))
                 exact.append(float(sweep.scores[sender.layer, sender.head]) - sweep.baseline)
     path_seconds = time.perf_counter() - started
     a, b = torch.tensor(estimate), torch.tensor(exact)
@@ -60,6 +63,20 @@ def measure(name: str, prompts: int, seed: int) -> dict[str, Any]:
     a, b = a[live], b[live]
     k = max(1, len(b) // 10)
     top = len(set(a.abs().topk(k).indices.tolist()) & set(b.abs().topk(k).indices.tolist())) / k
+    curves = {}
+    if curve:
+        for label, values in (("attribution", estimate), ("path_patching", exact)):
+            order = [edge_list[i] for i in sorted(range(len(values)), key=lambda i: -abs(values[i]))]
+            started = time.perf_counter()
+            result = gna.edge_faithfulness_curve(model, task, order, corrupt=corrupt, metric=metric, progress=False)
+            reached = [n for n, acc in zip(result.sizes.tolist(), result.of_clean().tolist(), strict=True) if acc >= 0.9]
+            curves[label] = {
+                "clean": result.clean["accuracy"],
+                "none_kept": result.ablated["accuracy"],
+                "edges_for_90pct": reached[0] if reached else None,
+                "n_edges": len(order),
+                "seconds": time.perf_counter() - started,
+            }
     return {
         "toy": name,
         "receivers": [str(r) for r in receivers],
@@ -69,6 +86,7 @@ def measure(name: str, prompts: int, seed: int) -> dict[str, Any]:
         "top_10pct_overlap": top,
         "edge_seconds": edge_seconds,
         "path_patching_seconds": path_seconds,
+        "curves": curves,
     }
 
 
@@ -82,10 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=200)
     parser.add_argument("--seed", type=int, default=4242)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--curve", action="store_true", help="also each ranking's edge faithfulness curve")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = [measure(name, args.prompts, args.seed) for name in args.toys]
+    rows = [measure(name, args.prompts, args.seed, args.curve) for name in args.toys]
     print(f"{args.prompts} prompts (toy_task seed {args.seed}), first-order edge attribution vs path patching, candidate logit difference")
     print(f"{'toy':10} {'edges':>5} {'spearman':>8} {'sign':>5} {'top10%':>6} {'edge s':>7} {'path s':>7}  receivers")
     for row in rows:
@@ -93,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['toy']:10} {row['edges']:5d} {row['spearman']:8.3f} {row['sign_agrees']:5.2f} {row['top_10pct_overlap']:6.2f} "
             f"{row['edge_seconds']:7.2f} {row['path_patching_seconds']:7.2f}  {', '.join(row['receivers'])}"
         )
+    for row in rows:
+        for label, c in row["curves"].items():
+            print(
+                f"{row['toy']:10} edge faithfulness by {label:13}: clean acc {c['clean']:.3f}, no edge kept {c['none_kept']:.3f}, "
+                f"90% of clean with the top {c['edges_for_90pct']} of {c['n_edges']} edges ({c['seconds']:.1f} s)"
+            )
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0
