@@ -260,3 +260,21 @@ def test_bad_rankings_are_named(models, task, ranking, kwargs, error, match):
 def test_head_options_with_an_edge_ranking_are_refused(models, task):
     with pytest.raises(ValueError, match=r"how='mean' with an edge ranking: .* expected how=None or 'resample'"):
         gna.faithfulness_curve(models[1]["llama-nnsight"], task, [(H(0, 1), H(1, 3), "q")], how="mean")
+
+
+def test_receivers_in_two_layers_chain_as_path_patching(models, task):
+    """Receivers in layers 1 and 2: with the edges from layer-1 senders kept and those from
+    layer 0 ablated, the run is path patching of layer 0 into both (the layer-2 receiver also
+    reads the layer-1 receiver's change), by the raw-hook twin."""
+    hfs, loaded = models
+    model, hf = loaded["llama-nnsight"], hfs["llama"]
+    receivers, streams = [H(1, 3), H(2, 0)], ["k", "v"]
+    first = [(s, H(2, 0), st) for st in streams for s in model.heads if s.layer == 1]  # kept
+    order = first + [(s, r, st) for r in receivers for st in streams for s in model.heads if s.layer == 0]
+    curve = gna.edge_faithfulness_curve(model, task, order, sizes=[len(first)], corrupt=CORRUPT, metric=METRIC, progress=False)
+    clean_b, corrupt_b = model.to_batch(CLEAN), model.to_batch(CORRUPT)
+    senders = [s for s in model.heads if s.layer == 0]
+    expected = path_twin.path_patch(hf, clean_b, corrupt_b, senders, receivers, streams, METRIC)
+    one_layer = path_twin.path_patch(hf, clean_b, corrupt_b, senders, [H(2, 0)], streams, METRIC)
+    assert abs(expected - one_layer) > MIN_EFFECT  # the layer-1 receiver's change reaches layer 2: the chain matters
+    assert curve.metric[1].item() == pytest.approx(expected, abs=TOL)
