@@ -3,7 +3,8 @@
 For each toy, the receivers are the heads of its Aggregate layer (the card's smallest
 set of layer-1 heads whose ablation takes accuracy to chance: ``ablation.smallest_sets``)
 and the senders are every head before them. Every edge ``sender -> (receiver, stream)`` is
-scored twice on the same prompts: by `gna.edge_attribution` (first order, ``steps=1``)
+scored twice on the same prompts: by `gna.edge_attribution` (``--method``, ``--steps``;
+default first order, ``steps=1``)
 and by `gna.path_patching_sweep` (one receiver, one stream), with the candidate logit
 difference (linear in the logits) as the metric. Printed: the Spearman rank correlation
 over the live edges (either score non-zero), the sign agreement, the top-k overlap and the
@@ -36,7 +37,7 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((ra * rb).sum() / (ra.norm() * rb.norm()))
 
 
-def measure(name: str, prompts: int, seed: int, curve: bool = False) -> dict[str, Any]:
+def measure(name: str, prompts: int, seed: int, curve: bool = False, method: str = "first_order", steps: int = 1) -> dict[str, Any]:
     model, task = gna.load_toy(name), gna.toy_task(name, prompts, seed=seed)
     corrupt = task.corrupted(seed=seed)
     encoded = task.encode()
@@ -44,7 +45,8 @@ def measure(name: str, prompts: int, seed: int, curve: bool = False) -> dict[str
     card = gna.toy_card(name)
     receivers = [gna.Head(1, int(h.split("H")[1])) for h in card["ablation"]["smallest_sets"]["1"]["heads"]]
     started = time.perf_counter()
-    edges = gna.edge_attribution(model, task, corrupt, metric, receivers=receivers, receiver_input=_all_streams(model, receivers))
+    streams = _all_streams(model, receivers)
+    edges = gna.edge_attribution(model, task, corrupt, metric, steps, receivers=receivers, receiver_input=streams, method=method)
     edge_seconds = time.perf_counter() - started
     estimate, exact, edge_list = [], [], []
     started = time.perf_counter()
@@ -100,12 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=200)
     parser.add_argument("--seed", type=int, default=4242)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--method", default="first_order", choices=["first_order", "exact_upstream"])
+    parser.add_argument("--steps", type=int, default=1, help="edge_attribution's steps (exact_upstream: use 8)")
     parser.add_argument("--curve", action="store_true", help="also each ranking's edge faithfulness curve")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = [measure(name, args.prompts, args.seed, args.curve) for name in args.toys]
-    print(f"{args.prompts} prompts (toy_task seed {args.seed}), first-order edge attribution vs path patching, candidate logit difference")
+    rows = [measure(name, args.prompts, args.seed, args.curve, args.method, args.steps) for name in args.toys]
+    how = f"edge attribution (method={args.method!r}, steps={args.steps})"
+    print(f"{args.prompts} prompts (toy_task seed {args.seed}), {how} vs path patching, candidate logit difference")
     print(f"{'toy':10} {'edges':>5} {'spearman':>8} {'sign':>5} {'top10%':>6} {'edge s':>7} {'path s':>7}  receivers")
     for row in rows:
         print(

@@ -247,6 +247,7 @@ def test_senders_after_a_receiver_have_no_edge(models):
         ({"receiver_input": "x"}, ValueError, r"receiver_input='x' is not an input stream of llama heads"),
         ({"senders": [H(2, 1)]}, ValueError, r"senders has L2H1, at or after every receiver \(the last sits at layer 2\)"),
         ({"receivers": [H(0, 0)]}, ValueError, r"no head precedes the receivers \['L0H0'\]"),
+        ({"method": "atp"}, ValueError, r"method='atp': expected one of \('first_order', 'exact_upstream'\)"),
     ],
 )
 def test_bad_input(models, kwargs, error, message):
@@ -319,3 +320,132 @@ def test_cost_meter_counts_the_stated_passes(models, name, steps):
     assert cost.rows == n * (1 + steps * (1 + copies))
     assert cost.block_rows == cost.rows * model.n_layers  # the senders start at layer 0: every forward runs every layer
     assert cost.backward_block_rows == steps * n * (1 + copies) * model.n_layers
+
+
+# ----- method="exact_upstream" ---------------------------------------------------------------
+
+
+def twin_exact_upstream(hf, clean, corrupt, senders, receiver, stream, metric, steps):
+    """``(K_r^T g_ig) . (stream[D_s] - stream[clean])`` by raw hooks on the HF model, for a
+    receiver in layer 1 and senders in layer 0 (D: layer 0's out-projection input with the
+    sender's columns corrupt); ``g_ig`` averages the metric's gradient at the receiver's slice
+    of its out-projection input over ``steps`` midpoints to its output with ``stream`` from the
+    run where every sender is corrupt. Returns ``{sender: score}``."""
+    i, index = path_twin.locate(hf, receiver.layer, receiver.head)
+    m = path_twin.mixers(hf, receiver.layer)[i]
+    m0 = path_twin.mixers(hf, 0)[0]
+    module_name, cols = path_twin.stream_columns(hf, m.kind, stream, index)
+    proj = getattr(m.module, module_name)
+    out_cols = list(range(index * m.head_dim, (index + 1) * m.head_dim))
+    corrupt0 = path_twin.head_outputs(hf, corrupt)[0][("out", 0, 0)]
+
+    def run(sender_cols=(), stream_value=None, out_value=None):
+        seen = {}
+
+        def layer0(module, args):
+            x = args[0].clone()
+            x[..., list(sender_cols)] = corrupt0[..., list(sender_cols)]
+            return (x,)
+
+        def at_stream(module, args, output):
+            seen["stream"] = output[..., cols].detach().clone()
+            if stream_value is not None:
+                output = output.clone()
+                output[..., cols] = stream_value
+                return output
+            return None
+
+        def at_out(module, args):
+            x = args[0]
+            if out_value is not None:
+                x = x.clone()
+                x[..., out_cols] = out_value
+            seen["out"] = x[..., out_cols]
+            return (x,)
+
+        hooks = [(m0.out_proj, "pre", layer0), (proj, "post", at_stream), (m.out_proj, "pre", at_out)]
+        handles = [mod.register_forward_hook(fn) if kind == "post" else mod.register_forward_pre_hook(fn) for mod, kind, fn in hooks]
+        try:
+            with torch.enable_grad():
+                logits = hf(input_ids=clean.input_ids, attention_mask=clean.attention_mask, use_cache=False).logits
+        finally:
+            for handle in handles:
+                handle.remove()
+        return seen, logits
+
+    def columns(head):
+        return range(head.head * m0.head_dim, (head.head + 1) * m0.head_dim)
+
+    base, _ = run()
+    every, _ = run([c for s in senders for c in columns(s)])
+    end, _ = run(stream_value=every["stream"])
+    out0, out_end = base["out"].detach(), end["out"].detach()
+    g_ig = torch.zeros_like(out0)
+    for k in range(steps):
+        leaf = (out0 + (k + 0.5) / steps * (out_end - out0)).requires_grad_(True)
+        _, logits = run(out_value=leaf)
+        g_ig += torch.autograd.grad(metric(logits).float().mean(), leaf)[0] / steps
+    leaf = base["stream"].clone().requires_grad_(True)
+    seen, _ = run(stream_value=leaf)
+    u = torch.autograd.grad((seen["out"] * g_ig).sum(), leaf)[0]
+    return {s: float((u * (run(list(columns(s)))[0]["stream"] - base["stream"])).sum()) for s in senders}
+
+
+@pytest.mark.parametrize(
+    ("name", "receiver", "streams"),
+    [
+        ("llama-tlens", gna.Head(1, 3), ["q", "k", "v"]),
+        ("llama-nnsight", gna.Head(1, 3), ["q", "k", "v"]),
+        ("mamba2", gna.Head(1, 2), ["x", "dt"]),
+    ],
+)
+def test_exact_upstream_equals_its_hand_twin(models, name, receiver, streams):
+    hfs, loaded = models
+    model, hf = loaded[name], hfs[name.split("-")[0]]
+    senders = [h for h in model.heads if h.layer == 0]
+    result = gna.edge_attribution(
+        model, CLEAN, CORRUPT, METRIC, steps=3, receivers=[receiver], senders=senders, receiver_input=streams, method="exact_upstream"
+    )
+    assert result.meta["method"] == "exact_upstream"
+    clean_b, corrupt_b = model.to_batch(CLEAN), model.to_batch(CORRUPT)
+    for k, stream in enumerate(streams):
+        expected = twin_exact_upstream(hf, clean_b, corrupt_b, senders, receiver, stream, METRIC, 3)
+        assert max(abs(v) for v in expected.values()) > 1e-3, f"{stream}: no effect, the test could not fail"
+        for i, sender in enumerate(senders):
+            assert float(result.scores[i, 0, k]) == pytest.approx(expected[sender], abs=1e-4, rel=1e-3), (stream, sender)
+
+
+@pytest.mark.parametrize("name", ["llama-tlens", "mamba2"])
+def test_exact_upstream_leaves_no_residue_when_the_metric_raises(models, name):
+    model = models[1][name]
+    before = model.logits(CLEAN)
+    calls = {"n": 0}
+
+    def metric(logits):  # clean, corrupt, then the first integrated-gradient forward: fails there
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("metric failed")
+        return METRIC(logits)
+
+    receiver = H(1, 2)
+    with pytest.raises(RuntimeError, match="metric failed"):
+        gna.edge_attribution(model, CLEAN, CORRUPT, metric, 2, receivers=[receiver], method="exact_upstream")
+    assert calls["n"] == 3
+    assert torch.equal(model.logits(CLEAN), before)
+    assert no_hooks_left(model) and all(p.grad is None for p in model.hf_model.parameters())
+
+
+def test_exact_upstream_cost_meter(models):
+    """Stated cost: clean and corrupt forwards; the stacked D forward (senders + 2 copies);
+    per stream name one D and one recompute forward; ``steps`` + 1 stacked forwards and
+    backwards (one copy per receiver stream)."""
+    model = models[1]["llama-nnsight"]
+    senders = [h for h in model.heads if h.layer == 0]
+    with gna.cost_meter(model) as cost:
+        gna.edge_attribution(
+            model, CLEAN, CORRUPT, METRIC, 3, receivers=[H(1, 3)], senders=senders, receiver_input=["q", "k"], method="exact_upstream"
+        )
+    n, pairs = len(CLEAN), 2
+    assert cost.forwards == 2 + 1 + 2 * 2 + 3 + 1
+    assert cost.backwards == 3 + 1
+    assert cost.rows == 2 * n + (len(senders) + 2) * n + 2 * (n + n) + 4 * pairs * n

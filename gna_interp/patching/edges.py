@@ -53,6 +53,31 @@ every other head free), and heads are frozen at their values in that run. Cost: 
 times the above. All senders move together, so this is the EAP-IG approximation: it does
 not integrate each edge's own path-patching curve, and the sum over senders need not
 match the sum of their separate path-patching effects (measured in docs/patching.md).
+
+**Exact upstream** (``method="exact_upstream"``). On the trained toys first-order scores go
+wrong downstream of the receiver and upstream of it, not in the receiver's own nonlinearity
+(docs/patching.md, "Where the first-order error sits"). This method scores
+
+    ``score(s -> r, stream) = (K_r^T g_ig) . (stream_r[D_s] - stream_r[clean])``
+
+on ``r``'s unit of ``stream``, where
+
+- ``stream_r[D_s]`` is ``r``'s stream in path patching's D run with ``s`` alone corrupt (every
+  other head frozen, MLPs and norms recomputed): the sender's change upstream, exactly. One
+  stacked forward, one copy per sender (plus one with every sender and one with none), gives
+  it for every receiver at a position at once;
+- ``K_r`` is the receiver linear at the clean run (its other streams, held streams and the
+  other heads' inputs to a group norm clean, as in the first-order score);
+- ``g_ig`` is the metric's gradient at ``r``'s output averaged over ``steps`` midpoints
+  ``(i + 1/2) / steps`` of the straight path from ``r``'s clean output to its output with
+  ``stream`` taken from the every-sender D run (``r``'s output recomputed as path patching
+  recomputes it): integrated gradients downstream, one path per receiver stream.
+
+Cost: the stacked D forward (``senders + 2`` copies, per receiver position), a D and a
+recompute forward per stream name for the paths' ends, ``steps`` stacked forwards and
+backwards with one copy per ``(receiver, stream)``, and one more for ``K_r^T``. It is exact
+where the path is linear downstream of the receiver stream's change; measured against path
+patching on the toys in docs/patching.md.
 """
 
 from __future__ import annotations
@@ -73,12 +98,14 @@ from ..cost import charge
 from .attribution import _gradients, _scalar
 from .checks import check_local, clean_corrupt_batches
 from .metrics import Metric, check_metric, logits_read, reduce_metric
-from .path_chain import held_sites, norm_inputs, receiver_streams
-from .paths import ANY, Receivers, check_senders, parse_receivers, parse_streams
+from .path_chain import _Chunk, _EdgeSets, _stack, held_sites, norm_inputs, receiver_positions, receiver_streams, unit_mask
+from .paths import ANY, Receivers, check_senders, parse_receivers, parse_streams, prepare
 from .variants import rows_per_forward
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
+
+METHODS = ("first_order", "exact_upstream")
 
 
 @dataclass
@@ -147,6 +174,7 @@ def edge_attribution(
     interventions: Sequence[Intervention] = (),
     max_rows: int | None = None,
     memory_budget_mb: float | None = None,
+    method: str = "first_order",
 ) -> EdgeResult:
     """First-order estimate of `path_patching` for every edge ``sender -> receiver stream``
     at once (see the module docs for the exact definition).
@@ -171,6 +199,14 @@ def edge_attribution(
         max_rows: rows per stacked forward (one copy of the batch per receiver and
             stream), as in `path_patching_sweep`; default: estimated from ``memory_budget_mb``.
         memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
+        method: ``"first_order"`` (the default; with ``steps > 1``, integrated gradients
+            with every sender moving together) or ``"exact_upstream"``: each sender's change
+            to the receiver's stream taken exactly (path patching's D run, one stacked copy
+            per sender), the receiver linear, and the gradient downstream of it integrated
+            over ``steps`` midpoints (default 1: use 8) of a path per receiver stream (see
+            the module docs). Cost: a stacked forward of ``senders + 2`` copies, two
+            forwards per stream name, and ``steps + 1`` stacked forwards and backwards (one
+            copy per receiver stream).
 
     Returns:
         `EdgeResult`: ``scores`` ``[sender, receiver]`` (one stream, or ``"any"``) or
@@ -180,6 +216,8 @@ def edge_attribution(
     check_local(model, "edge_attribution")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r}: expected an int >= 1 (1 = first-order edge attribution)")
+    if method not in METHODS:
+        raise ValueError(f"method={method!r}: expected one of {METHODS}")
     heads, to_logits = parse_receivers(model, receivers)
     if to_logits:
         raise ValueError("receivers includes 'logits': edge attribution scores receiver heads' input streams; 'logits' has none")
@@ -203,6 +241,10 @@ def edge_attribution(
     if not sender_list:
         raise ValueError(f"no head precedes the receivers {[str(r) for r in receiver_list]}: there are no edges to score")
 
+    if method == "exact_upstream":
+        return _exact_upstream(
+            model, clean, corrupt, metric, steps, receivers, receiver_list, sender_list, receiver_input, streams, whole, interventions
+        )
     clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "edge attribution")
     ambient = [*model.active_interventions, *interventions]
     base = model.compile_plan(clean_batch, ambient)
@@ -344,3 +386,136 @@ def _table(
         summed = table.nan_to_num(0.0).sum(-1)
         return torch.where(table.isnan().all(-1), float("nan"), summed)
     return table[..., 0] if len(streams) == 1 else table
+
+
+def _exact_upstream(
+    model: GnaModel,
+    clean: Any,
+    corrupt: Any,
+    metric: Metric,
+    steps: int,
+    receivers: Receivers,
+    receiver_list: list[Head],
+    sender_list: list[Head],
+    receiver_input: str | Sequence[str],
+    streams: tuple[str, ...],
+    whole: bool,
+    interventions: Sequence[Intervention],
+) -> EdgeResult:
+    """``method="exact_upstream"``: ``score(s -> r, st) = (K_r^T g_ig) . (st_r[D_s] - st_r[clean])``
+    on ``r``'s unit of ``st`` (see the module docs)."""
+    setup, baseline, reference = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions)
+    n = setup.batch.n_rows
+    scored: dict[tuple[Head, Head, str], float] = {}
+    for position, heads in receiver_positions(model, setup.receivers).items():
+        layer = position[0]
+        here = [Head(layer, h) for h in heads]
+        pairs = [(r, st) for r in here for st in streams if st in model.mixer_of(r)[0].receiver_inputs]
+        live = [s for s in sender_list if model.head_position(s) < position]
+        if not pairs or not live:
+            continue
+        site_of = {(r, st): Site(SiteKind.STREAM, layer, st, model.mixer_of(r)[0].index) for r, st in pairs}
+        # Exact upstream: D with each sender alone (every other head frozen), every sender, none.
+        chunk = _Chunk(setup, [[s] for s in live] + [live, []])
+        _, d_acts = chunk.d_run(position, set(site_of.values()))
+
+        def copy_of(site: Site, c: int) -> Tensor:
+            return d_acts[site][c * n : (c + 1) * n]  # noqa: B023 (used within the iteration)
+
+        none = len(live) + 1
+        before = dict(setup.clean)
+        ends: dict[tuple[Head, str], Tensor] = {}
+        for st in streams:  # the paths' ends: r's output with st from the every-sender D run
+            group = {pair: live for pair in pairs if pair[1] == st}
+            if group:
+                edits = _EdgeSets(setup, group).receiver_patches(layer, position, [r.head for r, _ in group], before, [])
+                ends.update({pair: edit.value for pair, (_, edit) in zip(group, edits, strict=True)})
+        u = _integrated_pullback(model, setup, pairs, ends, site_of, {p: copy_of(site_of[p], none) for p in pairs}, steps, layer)
+        for (r, st), grad in u.items():
+            site, index = site_of[(r, st)], model.head_site(r)[1]
+            unit = index * model.mixer(site).stream(st).layout(model.mixer(site).dims)[1] // model.mixer(site).n_heads
+            for c, s in enumerate(live):
+                change = (copy_of(site, c) - copy_of(site, none))[:, :, unit].float()
+                scored[(s, r, st)] = float((grad[:, :, unit].float() * change).sum().cpu())
+    copies = [(r, name) for r in receiver_list for name in model.mixer_of(r)[0].receiver_inputs if name in streams]
+    flat = torch.full((len(sender_list), len(copies)), float("nan"))
+    for i, s in enumerate(sender_list):
+        for j, (r, st) in enumerate(copies):
+            if model.head_position(s) < model.head_position(r):
+                flat[i, j] = scored.get((s, r, st), 0.0)
+    scores = _table(flat, copies, receiver_list, streams, whole, len(sender_list))
+    names = (ANY,) if whole else streams
+    meta = {"method": "exact_upstream", "steps": steps, "n_prompts": n, "receiver_input": list(names)}
+    return EdgeResult(scores, sender_list, receiver_list, names, baseline, reference, meta=meta)
+
+
+def _integrated_pullback(
+    model: GnaModel,
+    setup: Any,
+    pairs: list[tuple[Head, str]],
+    ends: dict[tuple[Head, str], Tensor],
+    site_of: dict[tuple[Head, str], Site],
+    clean_streams: dict[tuple[Head, str], Tensor],
+    steps: int,
+    layer: int,
+) -> dict[tuple[Head, str], Tensor]:
+    """``K_r^T g_ig`` per ``(r, st)``: ``[batch, pos, unit, d]`` at the stream site, where
+    ``g_ig`` averages the metric's gradient at ``r``'s output over the midpoints from its clean
+    output to ``ends[(r, st)]``. Stacked: one copy of the batch per pair."""
+    n, k = setup.batch.n_rows, len(pairs)
+    head_of = {r: model.head_site(r) for r, _ in pairs}
+    sites = sorted({site for site, _ in head_of.values()})
+    metric = setup.metric
+
+    def rows_of(c: int) -> Tensor:
+        mask = torch.zeros(k, dtype=torch.bool)
+        mask[c] = True
+        return mask.repeat_interleave(n)[:, None, None, None]
+
+    def plan() -> Plan:
+        p = Plan()
+        p.extend(setup.base.tiled(n, k))
+        if layer > 0:
+            p.start = (layer, _stack(setup.clean[Site(SiteKind.RESID, layer)], n, k))
+        return p
+
+    def rows(tensor: Tensor, c: int) -> Tensor:
+        return tensor[c * n : (c + 1) * n]
+
+    g_ig: dict[tuple[Head, str], Tensor] = {}
+    for i in range(steps):
+        alpha = (i + 0.5) / steps
+        p = plan()
+        for c, pair in enumerate(pairs):
+            site, index = head_of[pair[0]]
+            out0 = setup.clean[site]
+            p.add(site, Edit(rows_of(c) & head_mask(model.layout, site, [index]), _stack(out0 + alpha * (ends[pair] - out0), n, k)))
+        out = model.backend.run(setup.batch.repeat(k), p, capture=set(sites), grad=True, logits_to_keep=logits_read(metric))
+        total = sum(_scalar(metric(part), metric) for part in out.logits.split(n))
+        grads = dict(zip(sites, _gradients(total, [out.acts[site] for site in sites]), strict=True))  # type: ignore[arg-type]
+        charge(model.backend, backwards=1, backward_block_rows=n * k * (model.n_layers - layer))
+        for c, pair in enumerate(pairs):
+            site, index = head_of[pair[0]]
+            g = rows(grads[site], c)[:, :, index].detach() / steps
+            g_ig[pair] = g if pair not in g_ig else g_ig[pair] + g
+    # K_r^T g_ig: r's copy of the stream is a leaf at its clean value; r's other inputs clean.
+    p = plan()
+    leaves: dict[tuple[Head, str], Tensor] = {}
+    for c, pair in enumerate(pairs):
+        r, _ = pair
+        site, (head_site, index) = site_of[pair], head_of[r]
+        leaves[pair] = _stack(clean_streams[pair], n, k).requires_grad_(True)
+        p.add(site, Edit(rows_of(c) & unit_mask(model, site, [index]), leaves[pair]))
+        for held, idx in held_sites(model, {site: [index]}).items():
+            p.add(held, Edit(rows_of(c) & unit_mask(model, held, idx), _stack(setup.clean[held], n, k)))
+        for norm in norm_inputs(model, {head_site: [index]}):
+            others = ~(head_mask(model.layout, norm, [index]) if norm.kind is SiteKind.PRE_NORM else _unit(model, norm, index))
+            p.add(norm, Edit(rows_of(c) & others, _stack(setup.clean[norm], n, k)))
+    out = model.backend.run(setup.batch.repeat(k), p, capture=set(sites), grad=True, logits_to_keep=1)  # logits unread
+    total = torch.zeros(())
+    for c, pair in enumerate(pairs):
+        site, index = head_of[pair[0]]
+        total = total + (rows(out.acts[site], c)[:, :, index].float() * g_ig[pair].float()).sum().cpu()
+    pulled = _gradients(total, [leaves[pair] for pair in pairs])
+    charge(model.backend, backwards=1, backward_block_rows=n * k)
+    return {pair: rows(grad, c) for c, (pair, grad) in enumerate(zip(pairs, pulled, strict=True))}
