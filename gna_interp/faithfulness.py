@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -84,6 +84,8 @@ class FaithfulnessCurve:
     n_prompts: int
     circuit: list[Head] = field(default_factory=list)
     circuit_point: dict[str, float] | None = None
+    unit: ClassVar[str] = "head"
+    """What ``sizes`` counts (``"edge"`` in `EdgeFaithfulnessCurve`)."""
 
     @property
     def n_heads(self) -> int:
@@ -327,6 +329,7 @@ class EdgeFaithfulnessCurve(FaithfulnessCurve):
 
     metric: Tensor | None = None
     clean_metric: float | None = None
+    unit: ClassVar[str] = "edge"
 
     @property
     def n_edges(self) -> int:

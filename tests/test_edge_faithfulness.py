@@ -19,6 +19,7 @@ import torch
 import gna_interp as gna
 from gna_interp.faithfulness import EdgeFaithfulnessCurve, rank_edges
 from gna_interp.tasks.base import Example
+from gna_interp.viz.faithfulness import faithfulness_figure
 
 from . import path_twin
 from .conftest import CLEAN, CORRUPT, TOL, no_hooks_anywhere
@@ -190,6 +191,8 @@ def test_an_edge_result_ranks_by_effect_and_faithfulness_curve_takes_it(models, 
     via_curve = gna.faithfulness_curve(model, task, result, sizes=[2], reference=CORRUPT, progress=False)
     assert via_curve.order == via_sibling.order == order
     assert torch.equal(via_curve.margin, via_sibling.margin)
+    labels = faithfulness_figure(via_curve).axes[0]
+    assert labels.get_xlabel() == "edges kept (of 12; every other edge's corrupted sender patched in)"
     frame = via_curve.to_frame()
     assert frame["size"].tolist() == [0, 2, 12]
     assert frame["added"][1] == ", ".join(f"{s}->{r}.{st}" for s, r, st in order[:2])

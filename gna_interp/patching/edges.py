@@ -203,8 +203,8 @@ def edge_attribution(
             with every sender moving together) or ``"exact_upstream"``: each sender's change
             to the receiver's stream taken exactly (path patching's D run, one stacked copy
             per sender), the receiver linear, and the gradient downstream of it integrated
-            over ``steps`` midpoints (default 1: use 8) of a path per receiver stream (see
-            the module docs). Cost: a stacked forward of ``senders + 2`` copies, two
+            over ``steps`` midpoints of a path per receiver stream (default 1, the midpoint:
+            on the toys as good as 8; see the module docs). Cost: a stacked forward of ``senders + 2`` copies, two
             forwards per stream name, and ``steps + 1`` stacked forwards and backwards (one
             copy per receiver stream).
 

@@ -60,13 +60,15 @@ def draw_faithfulness(figure: Any, curve: FaithfulnessCurve, *, title: str | Non
     accuracy = curve.accuracy.tolist()
     axes.axhline(curve.clean["accuracy"], color=CLEAN, linestyle="--", linewidth=1, label=f"clean {curve.clean['accuracy']:.3f}")
     axes.axhline(curve.chance, color=CHANCE, linestyle=":", linewidth=1, label=f"chance {curve.chance:.3f}")
-    axes.plot(sizes, accuracy, color=CURVE, marker="o", markersize=3, linewidth=1.5, label="top-n heads of the ranking kept")
+    unit = getattr(curve, "unit", "head")  # "edge" for an EdgeFaithfulnessCurve
+    axes.plot(sizes, accuracy, color=CURVE, marker="o", markersize=3, linewidth=1.5, label=f"top-n {unit}s of the ranking kept")
     if curve.circuit_point is not None:
         n, value = len(curve.circuit), curve.circuit_point["accuracy"]
         axes.axvline(n, color=CIRCUIT, linewidth=0.8, alpha=0.4)
         label = f"circuit alone ({n} heads): {value:.3f}, {curve.of_clean(value):.0%} of clean"
         axes.plot([n], [value], color=CIRCUIT, marker="*", markersize=12, linestyle="none", label=label)
-    axes.set_xlabel(f"heads kept (of {curve.n_heads}; every other head {curve.how}-ablated)")
+    ablated = f"every other head {curve.how}-ablated" if unit == "head" else "every other edge's corrupted sender patched in"
+    axes.set_xlabel(f"{unit}s kept (of {curve.n_heads}; {ablated})")
     axes.set_ylabel("accuracy")
     axes.set_ylim(0, 1.02)
     axes.set_xlim(-0.5, curve.n_heads + 0.5)
