@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=200)
     parser.add_argument("--seed", type=int, default=4242)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--method", default="first_order", choices=["first_order", "exact_upstream"])
+    parser.add_argument("--method", default="first_order", choices=["first_order", "exact_upstream", "exact_receiver"])
     parser.add_argument("--steps", type=int, default=1, help="edge_attribution's steps")
     parser.add_argument("--curve", action="store_true", help="also each ranking's edge faithfulness curve")
     parser.add_argument("--json", type=Path, default=None)

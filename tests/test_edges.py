@@ -247,7 +247,7 @@ def test_senders_after_a_receiver_have_no_edge(models):
         ({"receiver_input": "x"}, ValueError, r"receiver_input='x' is not an input stream of llama heads"),
         ({"senders": [H(2, 1)]}, ValueError, r"senders has L2H1, at or after every receiver \(the last sits at layer 2\)"),
         ({"receivers": [H(0, 0)]}, ValueError, r"no head precedes the receivers \['L0H0'\]"),
-        ({"method": "atp"}, ValueError, r"method='atp': expected one of \('first_order', 'exact_upstream'\)"),
+        ({"method": "atp"}, ValueError, r"method='atp': expected one of \('first_order', 'exact_upstream', 'exact_receiver'\)"),
     ],
 )
 def test_bad_input(models, kwargs, error, message):
@@ -325,7 +325,7 @@ def test_cost_meter_counts_the_stated_passes(models, name, steps):
 # ----- method="exact_upstream" ---------------------------------------------------------------
 
 
-def twin_exact_upstream(hf, clean, corrupt, senders, receiver, stream, metric, steps):
+def twin_exact_upstream(hf, clean, corrupt, senders, receiver, stream, metric, steps, exact_receiver=False):
     """``(K_r^T g_ig) . (stream[D_s] - stream[clean])`` by raw hooks on the HF model, for a
     receiver in layer 1 and senders in layer 0 (D: layer 0's out-projection input with the
     sender's columns corrupt); ``g_ig`` averages the metric's gradient at the receiver's slice
@@ -385,6 +385,9 @@ def twin_exact_upstream(hf, clean, corrupt, senders, receiver, stream, metric, s
         leaf = (out0 + (k + 0.5) / steps * (out_end - out0)).requires_grad_(True)
         _, logits = run(out_value=leaf)
         g_ig += torch.autograd.grad(metric(logits).float().mean(), leaf)[0] / steps
+    if exact_receiver:  # g_ig . (r's output with the stream from D_s - its clean output)
+        outputs = {s: run(stream_value=run(list(columns(s)))[0]["stream"])[0]["out"].detach() for s in senders}
+        return {s: float((g_ig * (outputs[s] - out0)).sum()) for s in senders}
     leaf = base["stream"].clone().requires_grad_(True)
     seen, _ = run(stream_value=leaf)
     u = torch.autograd.grad((seen["out"] * g_ig).sum(), leaf)[0]
@@ -399,17 +402,18 @@ def twin_exact_upstream(hf, clean, corrupt, senders, receiver, stream, metric, s
         ("mamba2", gna.Head(1, 2), ["x", "dt"]),
     ],
 )
-def test_exact_upstream_equals_its_hand_twin(models, name, receiver, streams):
+@pytest.mark.parametrize("method", ["exact_upstream", "exact_receiver"])
+def test_exact_upstream_equals_its_hand_twin(models, name, receiver, streams, method):
     hfs, loaded = models
     model, hf = loaded[name], hfs[name.split("-")[0]]
     senders = [h for h in model.heads if h.layer == 0]
     result = gna.edge_attribution(
-        model, CLEAN, CORRUPT, METRIC, steps=3, receivers=[receiver], senders=senders, receiver_input=streams, method="exact_upstream"
+        model, CLEAN, CORRUPT, METRIC, steps=3, receivers=[receiver], senders=senders, receiver_input=streams, method=method
     )
-    assert result.meta["method"] == "exact_upstream"
+    assert result.meta["method"] == method
     clean_b, corrupt_b = model.to_batch(CLEAN), model.to_batch(CORRUPT)
     for k, stream in enumerate(streams):
-        expected = twin_exact_upstream(hf, clean_b, corrupt_b, senders, receiver, stream, METRIC, 3)
+        expected = twin_exact_upstream(hf, clean_b, corrupt_b, senders, receiver, stream, METRIC, 3, method == "exact_receiver")
         assert max(abs(v) for v in expected.values()) > 1e-3, f"{stream}: no effect, the test could not fail"
         for i, sender in enumerate(senders):
             assert float(result.scores[i, 0, k]) == pytest.approx(expected[sender], abs=1e-4, rel=1e-3), (stream, sender)
@@ -449,3 +453,18 @@ def test_exact_upstream_cost_meter(models):
     assert cost.forwards == 2 + 1 + 2 * 2 + 3 + 1
     assert cost.backwards == 3 + 1
     assert cost.rows == 2 * n + (len(senders) + 2) * n + 2 * (n + n) + 4 * pairs * n
+
+
+def test_exact_receiver_cost_meter(models):
+    """As `test_exact_upstream_cost_meter`, without the ``K_r^T`` pass and with one stacked
+    forward per stream name of one copy per (sender, receiver)."""
+    model = models[1]["llama-nnsight"]
+    senders = [h for h in model.heads if h.layer == 0]
+    with gna.cost_meter(model) as cost:
+        gna.edge_attribution(
+            model, CLEAN, CORRUPT, METRIC, 3, receivers=[H(1, 3)], senders=senders, receiver_input=["q", "k"], method="exact_receiver"
+        )
+    n, pairs = len(CLEAN), 2
+    assert cost.forwards == 2 + 1 + 2 * 2 + 3 + 2
+    assert cost.backwards == 3
+    assert cost.rows == 2 * n + (len(senders) + 2) * n + 2 * (n + n) + 3 * pairs * n + 2 * len(senders) * n

@@ -78,6 +78,12 @@ recompute forward per stream name for the paths' ends, ``steps`` stacked forward
 backwards with one copy per ``(receiver, stream)``, and one more for ``K_r^T``. It is exact
 where the path is linear downstream of the receiver stream's change; measured against path
 patching on the toys in docs/patching.md.
+
+``method="exact_receiver"`` replaces ``K_r`` by the receiver itself:
+``score = g_ig . (out_r(stream_r[D_s]) - out_r)``, ``r``'s output recomputed with its unit of
+``stream`` from ``D_s`` and its other inputs clean (as path patching recomputes it), one
+stacked forward per stream name with one copy per ``(sender, receiver)``; no ``K_r^T``
+backward.
 """
 
 from __future__ import annotations
@@ -105,7 +111,7 @@ from .variants import rows_per_forward
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
 
-METHODS = ("first_order", "exact_upstream")
+METHODS = ("first_order", "exact_upstream", "exact_receiver")
 
 
 @dataclass
@@ -206,7 +212,10 @@ def edge_attribution(
             over ``steps`` midpoints of a path per receiver stream (default 1, the midpoint:
             on the toys as good as 8; see the module docs). Cost: a stacked forward of ``senders + 2`` copies, two
             forwards per stream name, and ``steps + 1`` stacked forwards and backwards (one
-            copy per receiver stream).
+            copy per receiver stream). ``"exact_receiver"``: the same, with the receiver's
+            output recomputed exactly under each sender's stream change instead of ``K_r``
+            (AtP*'s idea): ``steps`` backwards, and per stream name one more stacked
+            forward of one copy per sender and receiver.
 
     Returns:
         `EdgeResult`: ``scores`` ``[sender, receiver]`` (one stream, or ``"any"``) or
@@ -241,9 +250,21 @@ def edge_attribution(
     if not sender_list:
         raise ValueError(f"no head precedes the receivers {[str(r) for r in receiver_list]}: there are no edges to score")
 
-    if method == "exact_upstream":
+    if method in ("exact_upstream", "exact_receiver"):
         return _exact_upstream(
-            model, clean, corrupt, metric, steps, receivers, receiver_list, sender_list, receiver_input, streams, whole, interventions
+            model,
+            clean,
+            corrupt,
+            metric,
+            steps,
+            receivers,
+            receiver_list,
+            sender_list,
+            receiver_input,
+            streams,
+            whole,
+            interventions,
+            exact_receiver=method == "exact_receiver",
         )
     clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "edge attribution")
     ambient = [*model.active_interventions, *interventions]
@@ -401,9 +422,11 @@ def _exact_upstream(
     streams: tuple[str, ...],
     whole: bool,
     interventions: Sequence[Intervention],
+    exact_receiver: bool = False,
 ) -> EdgeResult:
     """``method="exact_upstream"``: ``score(s -> r, st) = (K_r^T g_ig) . (st_r[D_s] - st_r[clean])``
-    on ``r``'s unit of ``st`` (see the module docs)."""
+    on ``r``'s unit of ``st``; ``exact_receiver``: ``g_ig . (out_r(st_r[D_s]) - out_r)`` (see the
+    module docs)."""
     setup, baseline, reference = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions)
     n = setup.batch.n_rows
     scored: dict[tuple[Head, Head, str], float] = {}
@@ -430,6 +453,17 @@ def _exact_upstream(
             if group:
                 edits = _EdgeSets(setup, group).receiver_patches(layer, position, [r.head for r, _ in group], before, [])
                 ends.update({pair: edit.value for pair, (_, edit) in zip(group, edits, strict=True)})
+        if exact_receiver:
+            g_ig = _integrated_pullback(model, setup, pairs, ends, site_of, None, steps, layer)
+            for st in streams:
+                here_st = [r for r, name in pairs if name == st]
+                if here_st:
+                    outs = _receiver_outputs(model, setup, live, here_st, st, site_of, d_acts, layer)
+                    for (s, r), out in outs.items():
+                        site, index = model.head_site(r)
+                        change = (out - setup.clean[site][:, :, index]).float()
+                        scored[(s, r, st)] = float((g_ig[(r, st)].float() * change).sum().cpu())
+            continue
         u = _integrated_pullback(model, setup, pairs, ends, site_of, {p: copy_of(site_of[p], none) for p in pairs}, steps, layer)
         for (r, st), grad in u.items():
             site, index = site_of[(r, st)], model.head_site(r)[1]
@@ -445,7 +479,12 @@ def _exact_upstream(
                 flat[i, j] = scored.get((s, r, st), 0.0)
     scores = _table(flat, copies, receiver_list, streams, whole, len(sender_list))
     names = (ANY,) if whole else streams
-    meta = {"method": "exact_upstream", "steps": steps, "n_prompts": n, "receiver_input": list(names)}
+    meta = {
+        "method": "exact_receiver" if exact_receiver else "exact_upstream",
+        "steps": steps,
+        "n_prompts": n,
+        "receiver_input": list(names),
+    }
     return EdgeResult(scores, sender_list, receiver_list, names, baseline, reference, meta=meta)
 
 
@@ -455,13 +494,14 @@ def _integrated_pullback(
     pairs: list[tuple[Head, str]],
     ends: dict[tuple[Head, str], Tensor],
     site_of: dict[tuple[Head, str], Site],
-    clean_streams: dict[tuple[Head, str], Tensor],
+    clean_streams: dict[tuple[Head, str], Tensor] | None,
     steps: int,
     layer: int,
 ) -> dict[tuple[Head, str], Tensor]:
     """``K_r^T g_ig`` per ``(r, st)``: ``[batch, pos, unit, d]`` at the stream site, where
     ``g_ig`` averages the metric's gradient at ``r``'s output over the midpoints from its clean
-    output to ``ends[(r, st)]``. Stacked: one copy of the batch per pair."""
+    output to ``ends[(r, st)]``. Stacked: one copy of the batch per pair. With
+    ``clean_streams=None``: ``g_ig`` itself, ``[batch, pos, d_head]`` at ``r``'s output."""
     n, k = setup.batch.n_rows, len(pairs)
     head_of = {r: model.head_site(r) for r, _ in pairs}
     sites = sorted({site for site, _ in head_of.values()})
@@ -498,6 +538,8 @@ def _integrated_pullback(
             site, index = head_of[pair[0]]
             g = rows(grads[site], c)[:, :, index].detach() / steps
             g_ig[pair] = g if pair not in g_ig else g_ig[pair] + g
+    if clean_streams is None:
+        return g_ig
     # K_r^T g_ig: r's copy of the stream is a leaf at its clean value; r's other inputs clean.
     p = plan()
     leaves: dict[tuple[Head, str], Tensor] = {}
@@ -519,3 +561,43 @@ def _integrated_pullback(
     pulled = _gradients(total, [leaves[pair] for pair in pairs])
     charge(model.backend, backwards=1, backward_block_rows=n * k)
     return {pair: rows(grad, c) for c, (pair, grad) in enumerate(zip(pairs, pulled, strict=True))}
+
+
+def _receiver_outputs(
+    model: GnaModel,
+    setup: Any,
+    senders: list[Head],
+    receivers: list[Head],
+    stream: str,
+    site_of: dict[tuple[Head, str], Site],
+    d_acts: dict[Site, Tensor],
+    layer: int,
+) -> dict[tuple[Head, Head], Tensor]:
+    """Each receiver's output ``[batch, pos, d_head]`` recomputed with its unit of ``stream``
+    from the D run of each sender alone (copy ``c`` of ``d_acts`` for ``senders[c]``), its
+    other inputs clean (held streams, the other heads' inputs to a group norm): one stacked
+    forward, one copy per ``(sender, receiver)``."""
+    n = setup.batch.n_rows
+    combos = [(c, r) for c in range(len(senders)) for r in receivers]
+    k = len(combos)
+    plan = Plan()
+    plan.extend(setup.base.tiled(n, k))
+    if layer > 0:
+        plan.start = (layer, _stack(setup.clean[Site(SiteKind.RESID, layer)], n, k))
+    rows = torch.eye(k, dtype=torch.bool).repeat_interleave(n, 1)  # [copy, rows]
+    for j, (c, r) in enumerate(combos):
+        site, (head_site, index) = site_of[(r, stream)], model.head_site(r)
+        mask = rows[j][:, None, None, None]
+        plan.add(site, Edit(mask & unit_mask(model, site, [index]), _stack(d_acts[site][c * n : (c + 1) * n], n, k)))
+        for held, idx in held_sites(model, {site: [index]}).items():
+            plan.add(held, Edit(mask & unit_mask(model, held, idx), _stack(setup.clean[held], n, k)))
+        for norm in norm_inputs(model, {head_site: [index]}):
+            others = ~(head_mask(model.layout, norm, [index]) if norm.kind is SiteKind.PRE_NORM else _unit(model, norm, index))
+            plan.add(norm, Edit(mask & others, _stack(setup.clean[norm], n, k)))
+    capture = {model.head_site(r)[0] for r in receivers}
+    out = model.backend.run(setup.batch.repeat(k), plan, capture=capture, logits_to_keep=1)  # logits unread
+    result = {}
+    for j, (c, r) in enumerate(combos):
+        site, index = model.head_site(r)
+        result[(senders[c], r)] = out.acts[site][j * n : (j + 1) * n, :, index]
+    return result
