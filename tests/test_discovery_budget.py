@@ -5,6 +5,7 @@ with the toy's heads (slow: 200 prompts each)."""
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -123,3 +124,25 @@ def test_the_mamba1_toy_costs_under_100_passes():
     assert circuit.gather and circuit.aggregate
     assert circuit.cost["passes"] <= 100 and circuit.cost["backwards"] == 0, circuit.cost
     assert set(circuit.settings["group_testing"]) == {"0", "1"}
+
+
+@pytest.mark.slow
+def test_the_mamba1_toy_remote_run_takes_at_most_10_requests():
+    """``remote="local"`` on the trained 2 x 128 Mamba-1 toy, 200 prompts: the staged group
+    testing (`scans.StagedGroupTesting`: its first stage with the first scans, its second
+    in one request, the spread groups' search with the entry scan) finds what the local
+    adaptive scan finds (the same channels, head-scan accuracies and spread groups with the
+    heads they need) in at most 10 requests (29 with one request per adaptive round)."""
+    if "mamba" not in gna.toy_names():
+        pytest.skip("the Mamba-1 toy is not bundled yet")
+    model, task = gna.load_toy("mamba"), gna.toy_task("mamba", 200, seed=4242)
+    remote = gna.load(copy.deepcopy(model.hf_model), tokenizer=model.tokenizer, remote="local")
+    remote.name = model.name
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gna.discovery.PositionalAnswerWarning)
+        local = gna.discover(model, task, progress=False)
+        far = gna.discover(remote, task, progress=False)
+    assert far.gather == local.gather and far.aggregate == local.aggregate and far.gather and far.aggregate
+    assert far.head_scan == local.head_scan and far.accuracy == local.accuracy
+    assert far.spread == local.spread and far.needs == local.needs
+    assert far.cost["requests"] <= 10 and local.cost["requests"] == 0, far.cost
