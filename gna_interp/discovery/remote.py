@@ -5,9 +5,12 @@ sends all its forwards in one nnsight session (`gna_interp.models.jobs`), chunke
 payload, with the clean prefix captured and used on the server:
 
 1. the clean accuracy, the label check (measured whether or not it is needed), the
-   truncation scan and the layer scan: one request;
-2. the head scan (`ablation_sweep`): one request;
-3. the entry scan: one request;
+   truncation scan and the layer scan, and the first stage of group testing for the wide
+   layers (at most `SPECULATE_LAYERS` of them): one request;
+2. the head scan (`ablation_sweep`; wide layers by `scans.StagedGroupTesting`, the second
+   stage of every layer at once, not one request per adaptive round): one request;
+3. the entry scan, with the first round of the spread groups' search: one request (more
+   only where a spread group of more than `scans.SEARCH_AT_ONCE` heads needs a part);
 4. the pattern scores of the candidates and of every head the joint search may pool (the
    heads of the harmful candidates' layers): one request;
 5. the joint search of both roles: one request, its greedy steps decided on the server
