@@ -11,7 +11,9 @@
    (groups of at most 4: into single heads at once) (*verified*); the heads of a group that costs nothing keep its accuracy (*screened*).
    Finding ``k`` critical heads among ``N`` costs about ``2 k log2(N / k) + 1`` group
    forwards instead of ``N``. A group whose effect neither half explains (a role spread
-   over many heads) is kept, with the heads the effect needs (`SpreadGroup`).
+   over many heads) is kept, with the heads the effect needs (`SpreadGroup`). A remote
+   model gets the same findings in 2 or 3 requests (`StagedGroupTesting`: the tree
+   measured level after level in batches, every layer together).
 4. `entry_scan`: ablate a head only at the final position, then only on the segment
    tokens, then only at the segment ends; a head's output at position ``t`` enters the
    residual stream at ``t`` alone, so this says where its effect comes in.
@@ -130,7 +132,8 @@ class GroupTesting:
             in that cost less than ``min_effect`` (or a spread group's half).
         spread: groups whose effect no half explains (`SpreadGroup`).
         tests: group forwards run (each an evaluation of the task).
-        rounds: rounds of tests (each round's groups are independent: one request remotely).
+        rounds: rounds of tests (each round's groups are independent: one request remotely,
+            where `StagedGroupTesting` batches the rounds further).
     """
 
     singles: dict[Head, float]
