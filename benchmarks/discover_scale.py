@@ -18,7 +18,9 @@ prompts (``gna.toy_task``, ``--prompts``, seed ``--seed``):
     NDIF: every request serialised, local modules hidden, run): requests (round trips)
     and whether the circuit equals the local one (roles, heads, accuracies, needs,
     curves, path patching; pattern scores to 1e-5; not the attribution estimate and the
-    prescreen's method, which a remote run has not: no local backward).
+    prescreen's method, which a remote run has not: no local backward; not the group
+    forwards of wide layers, which a remote run spends differently: staged group testing,
+    `gna_interp.discovery.scans.StagedGroupTesting`, with the adaptive scan's findings).
 ``hand``
     The paper's hand procedure in passes, each evaluation a full forward: truncation scan
     (``L``) + layer scan (``L``) + single-head scan of two layers (``2 x heads``) + the
@@ -216,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                     data.pop("cost")
                     data.pop("attribution")  # a remote run has no local backward
                     data["settings"].pop("prescreen", None)  # so it says its prescreen was forward-only
+                    data["settings"].pop("group_testing", None)  # the staged design's group forwards (same findings)
                 equal = same_circuit(a, b)
                 failed |= not equal
                 row |= {
@@ -224,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                     "remote_passes": remote_circuit.cost["passes"],
                     "remote_seconds": remote_seconds,
                     "remote_equals_local": equal,
+                    "remote_group_tests": remote_circuit.settings.get("group_testing"),
                     "request_bytes": payloads.sent,
                     "session_returned_bytes": payloads.returned,
                 }

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.discovery.scans import group_testing, head_scan, segment_positions
+from gna_interp.discovery.scans import block_size, group_testing, head_scan, segment_positions, staged_group_testing
+from gna_interp.models.jobs import JobList
 from gna_interp.models.tiny import tiny_model, word_tokenizer
 from gna_interp.viz.report import write_report
 
@@ -194,3 +195,65 @@ def test_an_empty_role_is_never_silent(mamba2):
         assert spread.describe() in circuit.summary()
     assert circuit.spread["aggregate"].layer == 1  # the toy's Aggregate head L1H6 reads at the final position
     assert segment_positions(encoded).any()
+
+
+@pytest.mark.parametrize("live", [[17], [3, 64, 100]])
+def test_a_remote_scan_finds_the_live_channels_in_two_requests(live):
+    """``remote="local"``: the staged design (`staged_group_testing`) on a real Mamba-1 whose
+    layer 1 reads only the ``live`` channels, "accuracy" the share of 8 prompts whose final
+    logits stay within 1e-4 of the clean ones, every round's groups in one request
+    (`JobList`): the findings are the adaptive design's (`group_testing`, run locally): the
+    live channels, each measured alone, in 2 requests: the layer halved down to blocks of
+    ``b`` (``2 N / b - 1`` groups), then each costly block's halves and heads (``2 + b``)."""
+    local = _wide_mamba(128, live)
+    remote = gna.load(copy.deepcopy(local.hf_model), tokenizer=local.tokenizer, remote="local")
+    prompts = [" ".join(f"w{(7 * r + 3 * c) % 60 + 4}" for c in range(6)) for r in range(8)]
+    batch = remote.to_batch(prompts)
+    clean = local.logits(prompts)[:, -1]
+
+    def share_unchanged(logits):
+        return float(((logits[:, -1] - clean).abs().amax(-1) <= 1e-4).float().mean())
+
+    def measure(groups):
+        jobs = JobList(remote)
+        for group in groups:
+            jobs.add(batch, remote.compile_plan(batch, [gna.Ablate(group)]), keep=2)
+        return [share_unchanged(out.logits) for out in jobs.run()]
+
+    with gna.cost_meter(remote) as cost:
+        [found] = staged_group_testing(measure, [_heads(128, layer=1)], clean=1.0, min_effect=0.02)
+    adaptive = group_testing(
+        lambda groups: [share_unchanged(local.logits(prompts, [gna.Ablate(g)])) for g in groups], _heads(128, layer=1), 1.0, 0.02
+    )
+    assert found.singles == adaptive.singles and found.screened == adaptive.screened and found.spread == adaptive.spread == []
+    assert set(found.singles) == {gna.Head(1, c) for c in live} and max(found.singles.values()) < 1.0
+    assert cost.requests == found.rounds == 2
+    b = block_size(128)
+    assert b == 8 and found.tests == 2 * 128 // b - 1 + (2 + b) * len(live)
+
+
+def test_the_staged_design_keeps_a_spread_effect_with_the_heads_it_needs():
+    """The spread oracle of `test_an_effect_spread_over_heads_is_kept_with_the_heads_it_needs`
+    (3 of ``(5, 70, 100)`` together cost 0.7; none alone) in the staged design, with a
+    second layer holding one critical head, both layers in the same rounds: the findings
+    equal the adaptive design's layer by layer (the spread group, the heads it needs, the
+    singles, the screened heads' accuracies), in 3 rounds: layer 0's halves cost nothing, so
+    the first round ends its tree and finds the spread layer, whose quarters' complements go
+    with layer 1's second round, and every part below the needed quarters in a third.
+    """
+    spread, critical = {gna.Head(0, i) for i in (5, 70, 100)}, gna.Head(1, 9)
+    calls = []
+
+    def measure(groups):
+        calls.append(len(groups))
+        return [(0.3 if len(spread & set(g)) == 3 else 1.0) - (0.1 if critical in g else 0.0) for g in groups]
+
+    zero, one = staged_group_testing(measure, [_heads(128), _heads(128, layer=1)], clean=1.0, min_effect=0.02)
+    rounds = len(calls)
+    for staged, heads in ((zero, _heads(128)), (one, _heads(128, layer=1))):
+        adaptive = group_testing(measure, heads, clean=1.0, min_effect=0.02)
+        assert (staged.singles, staged.screened, staged.spread) == (adaptive.singles, adaptive.screened, adaptive.spread)
+    [group] = zero.spread
+    assert group.needed == sorted(spread) and group.accuracy == pytest.approx(0.3)
+    assert zero.singles == {} and one.singles == {critical: pytest.approx(0.9)} and one.spread == []
+    assert zero.rounds == 3 and one.rounds == 2 and rounds == 3

@@ -290,7 +290,11 @@ def _discover(
 
     evaluate_bars = None if progress else False  # evaluate's own default for single evaluations, or none
     batched = remote.batched(model)  # a remote model: each stage in one request (`remote`)
-    first = remote.first_scans(model, task, stages, check_labels) if batched else None
+    wide = [layer for layer in scan_layers if model.heads_per_layer[layer] > screen_above] if "heads" in stages else []
+    speculated = []  # a remote run's first stage of group testing, sent with the first scans (`remote.SPECULATE_LAYERS`)
+    if len(wide) <= remote.SPECULATE_LAYERS:
+        speculated = [g for layer in wide for g in scans.stage_one([Head(layer, h) for h in range(model.heads_per_layer[layer])])]
+    first = remote.first_scans(model, task, stages, check_labels, speculated) if batched else None
     clean = first.clean if first is not None else evaluate(model, task, progress=evaluate_bars)
     chance = clean.chance
     notes = []
@@ -337,7 +341,10 @@ def _discover(
         costly = [layer for layer in costly if layer in scan_layers]
         adaptive = [layer for layer in costly if model.heads_per_layer[layer] > screen_above]  # wide: group testing
         narrow = [layer for layer in costly if layer not in adaptive]
-        screened = scans.prescreen(model, task, scan_layers, narrow, prescreen_keep, grouped=adaptive)
+        # A wide layer the layer scan clears is group testing's first group costing nothing:
+        # none of its heads is ranked or ablated (monotone effects, as group testing assumes).
+        cleared = [layer for layer in wide if layer not in costly] if circuit.layer_scan is not None else []
+        screened = scans.prescreen(model, task, scan_layers, narrow, prescreen_keep, grouped=[*adaptive, *cleared])
         only, circuit.settings["prescreen"] = screened.heads, screened.method
         if screened.estimates is not None:
             circuit.attribution = [[head_float(v) for v in row] for row in screened.estimates]
@@ -351,9 +358,9 @@ def _discover(
         clean=clean.accuracy,
         min_effect=thresholds.min_effect,
         progress=progress,
+        known=None if first is None else first.groups,
+        defer_search=batched and "entry" in stages,  # the spread groups' search travels with the entry scan
     )
-    if scan.tests:
-        circuit.settings["group_testing"] = {str(layer): tests for layer, tests in scan.tests.items()}
     circuit.head_scan = [[None if v != v else float(v) for v in row] for row in scan.accuracy.tolist()]
     candidates = _candidates(scan.accuracy, scan.verified, max_candidates)
     evidence = {h: HeadEvidence(h, None, float(scan.accuracy[h.layer, h.head]), bool(scan.verified[h.layer, h.head])) for h in candidates}
@@ -363,8 +370,15 @@ def _discover(
     ]
     if "entry" in stages:
         local = [h for h in harmful if _acts_where_it_writes(model, h)]
-        for head, entry in scans.entry_scan(model, task, encoded, local, progress=progress).items():
+        pending = scan.search.pending if scan.search is not None else []
+        searched: list[float] = []
+        for head, entry in scans.entry_scan(model, task, encoded, local, progress=progress, extra=pending, extra_values=searched).items():
             evidence[head].entry = entry
+        if scan.search is not None and searched:
+            scan.search.finish(searched)
+    scan.record_search()
+    if scan.tests:
+        circuit.settings["group_testing"] = {str(layer): tests for layer, tests in scan.tests.items()}
     ahead = remote.pool_heads(model, harmful, evidence, screen_above) if batched and "joint" in stages else []
     measured = role_scores(model, encoded, [*candidates, *ahead], pattern_prompts) if "roles" in stages and candidates else {}
     if "roles" in stages and candidates:

@@ -5,9 +5,12 @@ sends all its forwards in one nnsight session (`gna_interp.models.jobs`), chunke
 payload, with the clean prefix captured and used on the server:
 
 1. the clean accuracy, the label check (measured whether or not it is needed), the
-   truncation scan and the layer scan: one request;
-2. the head scan (`ablation_sweep`): one request;
-3. the entry scan: one request;
+   truncation scan and the layer scan, and the first stage of group testing for the wide
+   layers (at most `SPECULATE_LAYERS` of them): one request;
+2. the head scan (`ablation_sweep`; wide layers by `scans.StagedGroupTesting`, the second
+   stage of every layer at once, not one request per adaptive round): one request;
+3. the entry scan, with the first round of the spread groups' search: one request (more
+   only where a spread group of more than `scans.SEARCH_AT_ONCE` heads needs a part);
 4. the pattern scores of the candidates and of every head the joint search may pool (the
    heads of the harmful candidates' layers): one request;
 5. the joint search of both roles: one request, its greedy steps decided on the server
@@ -61,10 +64,19 @@ class FirstScans:
     shuffled: float | None
     truncation: list[float] | None
     layer_scan: list[float] | None
+    groups: dict[tuple[Head, ...], float]
+    """Accuracy with each group of ``groups`` ablated (`scans.staged_group_testing`'s first stage)."""
 
 
-def first_scans(model: GnaModel, task: Task, stages: Any, check_labels: bool) -> FirstScans:
-    """Request 1: clean, shuffled labels, truncation and layer scans."""
+SPECULATE_LAYERS = 4
+"""`discover` measures the first stage of group testing with the first scans (request 1) when
+at most this many scanned layers are wide (every wide layer, costly or not); with more, the
+stage waits for the layer scan and tests the costly layers alone, in a request of its own."""
+
+
+def first_scans(model: GnaModel, task: Task, stages: Any, check_labels: bool, groups: Sequence[list[Head]] = ()) -> FirstScans:
+    """Request 1: clean, shuffled labels, truncation and layer scans, and accuracy with
+    each of ``groups`` ablated."""
     runs: list[tuple[Task, list[Intervention]]] = [(task, [])]
     relabelled = None
     if check_labels:
@@ -79,13 +91,16 @@ def first_scans(model: GnaModel, task: Task, stages: Any, check_labels: bool) ->
         runs += [(task, [Truncate(k)]) for k in range(1, n_layers + 1)]
     if "layers" in stages:
         runs += [(task, [SkipLayers([layer])]) for layer in range(n_layers)]
+    first_group = len(runs)
+    runs += [(task, [Ablate(list(group))]) for group in groups]
     evaluations = evaluate_many(model, runs)
     results = [result.accuracy for result in evaluations]
+    measured = {tuple(group): value for group, value in zip(groups, results[first_group:], strict=True)}
     at = 2 if relabelled is not None else 1
     truncation = results[at : at + n_layers] if "truncation" in stages else None
     at += n_layers if "truncation" in stages else 0
     layer_scan = results[at : at + n_layers] if "layers" in stages else None
-    return FirstScans(evaluations[0], results[1] if relabelled is not None else None, truncation, layer_scan)
+    return FirstScans(evaluations[0], results[1] if relabelled is not None else None, truncation, layer_scan, measured)
 
 
 def pool_heads(model: GnaModel, harmful: list[Head], evidence: dict[Head, HeadEvidence], screen_above: int) -> list[Head]:

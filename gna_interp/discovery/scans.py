@@ -11,7 +11,9 @@
    (groups of at most 4: into single heads at once) (*verified*); the heads of a group that costs nothing keep its accuracy (*screened*).
    Finding ``k`` critical heads among ``N`` costs about ``2 k log2(N / k) + 1`` group
    forwards instead of ``N``. A group whose effect neither half explains (a role spread
-   over many heads) is kept, with the heads the effect needs (`SpreadGroup`).
+   over many heads) is kept, with the heads the effect needs (`SpreadGroup`). A remote
+   model gets the same findings in 2 or 3 requests (`StagedGroupTesting`: the tree
+   measured level after level in batches, every layer together).
 4. `entry_scan`: ablate a head only at the final position, then only on the segment
    tokens, then only at the segment ends; a head's output at position ``t`` enters the
    residual stream at ``t`` alone, so this says where its effect comes in.
@@ -19,6 +21,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -129,7 +132,8 @@ class GroupTesting:
             in that cost less than ``min_effect`` (or a spread group's half).
         spread: groups whose effect no half explains (`SpreadGroup`).
         tests: group forwards run (each an evaluation of the task).
-        rounds: rounds of tests (each round's groups are independent: one request remotely).
+        rounds: rounds of tests (each round's groups are independent: one request remotely,
+            where `StagedGroupTesting` batches the rounds further).
     """
 
     singles: dict[Head, float]
@@ -222,6 +226,203 @@ def group_testing(measure: Measure, heads: Sequence[Head], clean: float, min_eff
     return GroupTesting(singles, screened, spread, tests, rounds)
 
 
+def block_size(n_heads: int) -> int:
+    """`staged_group_testing`'s first stage stops halving at groups of this many heads, for
+    a layer of ``n_heads``: the power of two nearest ``sqrt(n_heads / 2)``, at least
+    `SINGLES_AT` (8 for 128, 16 for 512, 64 for 8,192)."""
+    return max(SINGLES_AT, 2 ** round(math.log2(max(1.0, math.sqrt(n_heads / 2)))))
+
+
+def _parts(group: list[Head]) -> list[list[Head]]:
+    """A costly group's parts in `group_testing`: single heads (at most `SINGLES_AT`), else halves."""
+    return [[h] for h in group] if len(group) <= SINGLES_AT else _halves(group)
+
+
+def _tree(group: list[Head], stop: int = 1) -> list[list[Head]]:
+    """``group`` and its parts, recursively, splitting the groups larger than ``stop``."""
+    out = [group]
+    if len(group) > max(stop, 1):
+        for part in _parts(group):
+            out += _tree(part, stop)
+    return out
+
+
+def _halving(group: list[Head]) -> list[list[Head]]:
+    """``group`` and its halves, recursively, down to single heads (a spread group's search)."""
+    return [group, *(sub for half in _halves(group) for sub in _halving(half))] if len(group) > 1 else [group]
+
+
+def stage_one(heads: Sequence[Head]) -> list[list[Head]]:
+    """`staged_group_testing`'s first stage for one layer's ``heads``: the layer and its
+    halves, recursively, down to groups of at most `block_size` heads."""
+    heads = list(heads)
+    return _tree(heads, block_size(len(heads))) if heads else []
+
+
+SEARCH_AT_ONCE = 16
+"""`staged_group_testing` measures the whole search of a spread group of at most this many
+heads in one round (every part's complement, down to single heads)."""
+
+
+class StagedGroupTesting:
+    """`group_testing`'s findings in few rounds, for a remote model, where a round (one
+    request) costs far more than a forward: each layer's bisection tree is measured level
+    after level in batches, and `group_testing`'s rules are applied to the values, so the
+    findings are exactly `group_testing`'s (the same tree, the same decisions), at more
+    forwards (the levels below a group that costs nothing are measured too).
+
+    Rounds, every layer's groups together:
+
+    1. every layer's `stage_one` groups (the layer, halved down to `block_size`; ``known``
+       values are not measured again: a remote `discover` sends this stage with its first
+       scans);
+    2. every group of the tree below each costly block reached by costly groups (halves,
+       then single heads at `SINGLES_AT`): the bisection is then complete;
+    3. the search of the spread groups' needed heads (`group_testing`): every part's
+       complement, down to single heads, for a group of at most `SEARCH_AT_ONCE` heads, the
+       quarters for a larger one, more rounds only where a larger group needs a part.
+       `pending` and `finish` let a caller send this round with other work (a remote
+       `discover`: with the entry scan).
+
+    Attributes:
+        results: one `GroupTesting` per layer (``rounds``: the rounds that measured any of its
+            groups); its spread groups' ``needed`` are filled by `finish`.
+    """
+
+    def __init__(
+        self,
+        measure: Measure,
+        layers: Sequence[Sequence[Head]],
+        clean: float,
+        min_effect: float,
+        known: dict[tuple[Head, ...], float] | None = None,
+    ) -> None:
+        self.measure, self.clean, self.min_effect = measure, clean, min_effect
+        self.memo = dict(known or {})
+        self.layers = [list(heads) for heads in layers]
+        self.counts = [[0, 0] for _ in self.layers]  # per layer: tests, rounds
+        self._run([(i, g) for i, heads in enumerate(self.layers) for g in stage_one(heads)])
+        self.results, frontier = self._walk()
+        self._searches = self._start()  # spread groups found in the first stage: their search's first round with the second stage
+        if frontier:
+            self._run([(i, g) for i, group in frontier for g in _tree(group)[1:]] + self._pending())
+        self.results, _ = self._walk()
+        self._searches = self._start()
+
+    def _start(self) -> list[tuple[int, SpreadGroup, list[list[Head]], bool]]:
+        """Each searched spread group's search from its start: its quarters (every part
+        below them as well, ``deep``, for a group of at most `SEARCH_AT_ONCE` heads)."""
+        return [
+            (i, group, [p for half in _halves(group.heads) for p in _halves(half)], len(group.heads) <= SEARCH_AT_ONCE)
+            for i, found in enumerate(self.results)
+            for group in found.spread
+            if group.searched
+        ]
+
+    def _run(self, groups: list[tuple[int, list[Head]]], values: Sequence[float] | None = None) -> None:
+        """Measure ``groups`` (one round; ``values``: measured by the caller)."""
+        missing = list({tuple(g): None for _, g in groups if tuple(g) not in self.memo})
+        if values is None:
+            values = self.measure([list(g) for g in missing]) if missing else []
+        self.memo.update(zip(missing, values, strict=True))
+        for layer in {i for i, _ in groups}:
+            self.counts[layer][0] += len({tuple(g) for i, g in groups if i == layer})
+            self.counts[layer][1] += 1
+
+    def _costly(self, value: float) -> bool:
+        return self.clean - value >= self.min_effect
+
+    def _walk(self) -> tuple[list[GroupTesting], list[tuple[int, list[Head]]]]:
+        """`group_testing`'s rounds on the measured values: the findings, and the costly
+        groups whose parts are not measured yet."""
+        out, frontier = [], []
+        for i, heads in enumerate(self.layers):
+            found = GroupTesting({}, {}, [], *self.counts[i])
+            level = [heads] if heads else []
+            while level:
+                below = []
+                for group in level:
+                    value = self.memo[tuple(group)]
+                    if not self._costly(value):
+                        found.screened.update((h, value) for h in group)
+                        continue
+                    if len(group) == 1:
+                        found.singles[group[0]] = value
+                        continue
+                    parts = _parts(group)
+                    if any(tuple(p) not in self.memo for p in parts):
+                        frontier.append((i, group))
+                        continue
+                    effects = [self.clean - self.memo[tuple(p)] for p in parts]
+                    if max(effects) < self.min_effect or sum(max(e, 0.0) for e in effects) < 0.5 * (self.clean - value):
+                        found.spread.append(SpreadGroup(group, value, tuple(self.memo[tuple(p)] for p in parts)))
+                    below += parts
+                level = below
+            for item in found.spread:
+                item.searched = self.clean - item.accuracy >= 2 * self.min_effect
+            out.append(found)
+        return out, frontier
+
+    def _pending(self) -> list[tuple[int, list[Head]]]:
+        """``(layer index, group)`` of the searches' next round: each part's complement in its
+        spread group (and every part below it, for a ``deep`` search)."""
+        out = []
+        for i, group, parts, deep in self._searches:
+            for part in parts:
+                for sub in _halving(part) if deep else [part]:
+                    out.append((i, [h for h in group.heads if h not in set(sub)]))
+        return out
+
+    def _advance(self) -> None:
+        """Take the searches as far as the measured values go (`group_testing`'s search:
+        a part whose complement costs less than ``min_effect`` is needed, and halved down to
+        single heads); what is left waits for a round, every part below it then measured."""
+        searches, self._searches = self._searches, []
+        for i, group, parts, _ in searches:
+            split: list[list[Head]] = []
+            queue, at = list(parts), 0
+            while at < len(queue):  # in order: `pending` and the round after it list the same groups
+                current, at = queue[at], at + 1
+                complement = tuple(h for h in group.heads if h not in set(current))
+                if complement not in self.memo:
+                    split.append(current)
+                elif not self._costly(self.memo[complement]):
+                    if len(current) == 1:
+                        group.needed.append(current[0])
+                    else:
+                        queue += _halves(current)
+            if split:
+                self._searches.append((i, group, split, True))
+            else:
+                group.needed.sort()
+
+    @property
+    def pending(self) -> list[list[Head]]:
+        """The groups the search's next round measures (empty: the search is done)."""
+        self._advance()
+        return [list(g) for g in {tuple(g): None for _, g in self._pending() if tuple(g) not in self.memo}]
+
+    def finish(self, values: Sequence[float] | None = None) -> list[GroupTesting]:
+        """Run the search to its end and return `results`; ``values``: the accuracies of
+        `pending`'s groups, measured by the caller."""
+        self._advance()
+        while self._searches:
+            self._run(self._pending(), values)
+            values = None
+            self._advance()
+        for found, (tests, rounds) in zip(self.results, self.counts, strict=True):
+            found.tests, found.rounds = tests, rounds
+        return self.results
+
+
+def staged_group_testing(
+    measure: Measure, layers: Sequence[Sequence[Head]], clean: float, min_effect: float, known: dict[tuple[Head, ...], float] | None = None
+) -> list[GroupTesting]:
+    """`StagedGroupTesting`'s findings (`group_testing`'s, for every layer of ``layers`` at
+    once), its search included: one `GroupTesting` per layer."""
+    return StagedGroupTesting(measure, layers, clean, min_effect, known).finish()
+
+
 def _needed_heads(measure: Measure, group: list[Head], clean: float, min_effect: float) -> tuple[list[Head], tuple[int, int]]:
     """Heads of a spread group its effect needs (`group_testing`), and ``(tests, rounds)``."""
     needed: list[Head] = []
@@ -256,6 +457,16 @@ class HeadScan:
     """Groups of the adaptively scanned layers whose effect no half explains (`group_testing`)."""
     tests: dict[int, int] = field(default_factory=dict)
     """Per adaptively scanned layer, its group forwards."""
+    search: StagedGroupTesting | None = None
+    """A remote scan's spread-group search still to finish (``head_scan(defer_search=True)``):
+    `StagedGroupTesting.finish`, then `record_search`."""
+
+    def record_search(self) -> None:
+        """Finish `search` (measuring what is left) and count its tests."""
+        if self.search is not None:
+            results = self.search.finish()
+            self.tests = {heads[0].layer: found.tests for heads, found in zip(self.search.layers, results, strict=True) if heads}
+            self.search = None
 
 
 PRESCREEN_STEPS = 4
@@ -380,15 +591,21 @@ def head_scan(
     clean: float | None = None,
     min_effect: float = 0.02,
     progress: bool = True,
+    known: dict[tuple[Head, ...], float] | None = None,
+    defer_search: bool = False,
 ) -> HeadScan:
     """Single-head zero-ablation accuracy for every head of ``layers`` (see module docs):
     layers of more than ``screen_above`` heads by adaptive group testing (`group_testing`,
     heads whose single ablation costs at least ``min_effect`` below ``clean``). With
     ``only``, for those heads alone (a `prescreen`), and the layers ``adaptive`` by group
-    testing whatever their width.
+    testing whatever their width. On a remote model (one request per round) every such
+    layer together by `staged_group_testing` (2 or 3 rounds, not one per bisection step).
 
     Args:
         clean: accuracy with nothing ablated (measured if needed and not given).
+        known: group accuracies already measured (`staged_group_testing`'s ``known``).
+        defer_search: on a remote model, leave the spread groups' search to the caller
+            (`HeadScan.search`: its first round can travel with other work).
     """
     accuracy = torch.full((model.n_layers, model.n_heads), float("nan"))
     verified = torch.zeros(model.n_layers, model.n_heads, dtype=torch.bool)
@@ -407,9 +624,15 @@ def head_scan(
     tests: dict[int, int] = {}
     if wide and clean is None:
         clean = _accuracy(model, task)
-    for layer in progress_bar(wide, show=progress, desc="group testing"):
-        heads = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
-        found = group_testing(_group_measure(model, task), heads, float(clean), min_effect)  # type: ignore[arg-type]
+    heads_of = {layer: [Head(layer, h) for h in range(model.heads_per_layer[layer])] for layer in wide}
+    search = None
+    if wide and is_batched_remote(model) and not model.active_interventions:  # few rounds: each is a request
+        search = StagedGroupTesting(_group_measure(model, task), list(heads_of.values()), float(clean), min_effect, known)  # type: ignore[arg-type]
+        results = search.results if defer_search else search.finish()
+    else:
+        layers_shown = progress_bar(wide, show=progress, desc="group testing")
+        results = [group_testing(_group_measure(model, task), heads_of[layer], float(clean), min_effect) for layer in layers_shown]  # type: ignore[arg-type]
+    for layer, found in zip(wide, results, strict=True):
         for values, measured in ((found.screened, False), (found.singles, True)):
             for head, value in values.items():
                 accuracy[head.layer, head.head] = value
@@ -419,7 +642,7 @@ def head_scan(
     for head, value in _single_ablations(model, task, direct, progress).items():
         accuracy[head.layer, head.head] = value
         verified[head.layer, head.head] = True
-    return HeadScan(accuracy, verified, spread, tests)
+    return HeadScan(accuracy, verified, spread, tests, search if defer_search else None)
 
 
 def _group_measure(model: GnaModel, task: Task) -> Measure:
@@ -452,21 +675,35 @@ def segment_positions(encoded: EncodedTask) -> Tensor:
 
 
 def entry_scan(
-    model: GnaModel, task: Task, encoded: EncodedTask, heads: Sequence[Head], *, progress: bool = True
+    model: GnaModel,
+    task: Task,
+    encoded: EncodedTask,
+    heads: Sequence[Head],
+    *,
+    progress: bool = True,
+    extra: Sequence[list[Head]] = (),
+    extra_values: list[float] | None = None,
 ) -> dict[Head, dict[str, float]]:
     """Per head: task accuracy with it ablated only at each prompt's ``final`` position,
     only on its ``segments`` (`segment_positions`), and only at the segment ``ends`` (the
     paper's Gather writes its summary there; a head writing elsewhere in the segments,
     e.g. tagging each word with its label, shows a small ``ends`` effect). Empty when
     candidates span several tokens: their continuation batches are re-padded, so
-    positions move."""
+    positions move. ``extra``: groups ablated at every position, measured in the same
+    request on a remote model (a remote head scan's search), their accuracies appended to
+    ``extra_values`` (nothing measured when the scan measures nothing)."""
     if not encoded.single_token or not heads:
         return {}
     where = {"final": encoded.final, "segments": segment_positions(encoded), "ends": encoded.segment_ends}
     if is_batched_remote(model):  # every evaluation in one request
         runs = [(task, [Ablate([head], positions=positions)]) for head in heads for positions in where.values()]
-        values = iter(result.accuracy for result in evaluate_many(model, runs))
+        results = [result.accuracy for result in evaluate_many(model, [*runs, *((task, [Ablate(g)]) for g in extra)])]
+        if extra_values is not None:
+            extra_values += results[len(runs) :]
+        values = iter(results)
         return {head: {name: next(values) for name in where} for head in heads}
+    if extra_values is not None:
+        extra_values += [_accuracy(model, task, [Ablate(g)]) for g in extra]
     out: dict[Head, dict[str, float]] = {}
     for head in progress_bar(list(heads), show=progress, desc="entry scan"):
         out[head] = {name: _accuracy(model, task, [Ablate([head], positions=positions)]) for name, positions in where.items()}
