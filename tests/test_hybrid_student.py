@@ -522,3 +522,30 @@ def test_distill_at_the_last_position_lowers_that_kl(teacher):
     assert last_kl() < 0.8 * b0
     with pytest.raises(ValueError, match=r"positions='first'.*\('all', 'last'\)"):
         distill(student, teacher, TEXTS, positions="first", show_progress=False)
+
+
+def test_distill_keeps_a_student_that_is_its_teacher_there(teacher):
+    """A student keeping every head (combine="sum", init="attention") is its teacher; a few
+    stage-B steps must leave it there. By default only the new parameters (mixer,
+    attn_map) train: every copied weight stays bit-identical to the teacher's, and the KL
+    stays well below what training every parameter reaches (Adam's first steps move each
+    copied weight by about lr, gradient or not)."""
+    every = [gna.Head(layer, head) for layer in range(teacher.n_layers) for head in range(teacher.n_heads)]
+    kwargs = dict(stages=("B",), steps=5, batch_size=12, lr=3e-3, show_progress=False)
+    student = hybridize(teacher, every, init="attention", combine="sum")
+    start = {name: p.detach().clone() for name, p in student.hf_model.named_parameters()}
+    distill(student, teacher, TEXTS, **kwargs)
+    moved = {name for name, p in student.hf_model.named_parameters() if not torch.equal(p, start[name])}
+    new = {name for name in start if ".mixer." in name or ".attn_map." in name}
+    assert moved and moved <= new, sorted(moved - new)
+    kept_kl = kl_to_teacher(student, teacher)
+    everything = hybridize(teacher, every, init="attention", combine="sum")
+    distill(everything, teacher, TEXTS, train="all", **kwargs)
+    moved_all = {name for name, p in everything.hf_model.named_parameters() if not torch.equal(p, start[name])}
+    assert moved_all - new, "train='all' moves copied weights too"
+    all_kl = kl_to_teacher(everything, teacher)
+    assert kept_kl < 0.35 * all_kl, (kept_kl, all_kl)  # measured: 0.00074 against 0.0043
+    with pytest.raises(ValueError, match=r"train='mixer'.*\('new', 'all'\)"):
+        distill(student, teacher, TEXTS, train="mixer", show_progress=False)
+    with pytest.raises(ValueError, match=r"max_grad_norm=0.*positive float or None"):
+        distill(student, teacher, TEXTS, max_grad_norm=0, show_progress=False)
