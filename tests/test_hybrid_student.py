@@ -196,8 +196,9 @@ def test_the_students_row_is_in_the_table_with_llambas_mixer(teacher):
 
 def test_left_padded_rows_equal_rows_run_alone(teacher, monkeypatch):
     """With a conv bias, padding would reach the SSM state through the conv bias; the
-    library's pad guard and the student's own forward (Llamba's guard on in_proj) keep it out."""
-    import gna_interp.models.hybrid_student as hs
+    library's pad guard and the student's own forward (the mixer's `pad_guard`, given the
+    padding mask) keep it out."""
+    from gna_interp.models.llamba import DiscreteMamba2
 
     student = roughen(hybridize(teacher, KEEP, init="attention"))
     batch = student.to_batch(PADDED)
@@ -205,7 +206,7 @@ def test_left_padded_rows_equal_rows_run_alone(teacher, monkeypatch):
     logits = student.logits(PADDED)
     with torch.no_grad():
         raw = student.hf_model(batch.input_ids, attention_mask=batch.attention_mask).logits
-    monkeypatch.setattr(hs, "discrete_mamba2_pad_guard", lambda output, dims, mask: output)
+    monkeypatch.setattr(DiscreteMamba2, "pad_guard", lambda self, projected, mask: projected)
     with torch.no_grad():
         unguarded = student.hf_model(batch.input_ids, attention_mask=batch.attention_mask).logits
     moved = 0.0
@@ -522,3 +523,65 @@ def test_distill_at_the_last_position_lowers_that_kl(teacher):
     assert last_kl() < 0.8 * b0
     with pytest.raises(ValueError, match=r"positions='first'.*\('all', 'last'\)"):
         distill(student, teacher, TEXTS, positions="first", show_progress=False)
+
+
+def test_distill_keeps_a_student_that_is_its_teacher_there(teacher):
+    """A student keeping every head (combine="sum", init="attention") is its teacher; a few
+    stage-B steps must leave it there. By default only the new parameters (mixer,
+    attn_map) train: every copied weight stays bit-identical to the teacher's, and the KL
+    stays well below what training every parameter reaches (Adam's first steps move each
+    copied weight by about lr, gradient or not)."""
+    every = [gna.Head(layer, head) for layer in range(teacher.n_layers) for head in range(teacher.n_heads)]
+    kwargs = dict(stages=("B",), steps=5, batch_size=12, lr=3e-3, show_progress=False)
+    student = hybridize(teacher, every, init="attention", combine="sum")
+    start = {name: p.detach().clone() for name, p in student.hf_model.named_parameters()}
+    distill(student, teacher, TEXTS, **kwargs)
+    moved = {name for name, p in student.hf_model.named_parameters() if not torch.equal(p, start[name])}
+    new = {name for name in start if ".mixer." in name or ".attn_map." in name}
+    assert moved and moved <= new, sorted(moved - new)
+    kept_kl = kl_to_teacher(student, teacher)
+    everything = hybridize(teacher, every, init="attention", combine="sum")
+    distill(everything, teacher, TEXTS, train="all", **kwargs)
+    moved_all = {name for name, p in everything.hf_model.named_parameters() if not torch.equal(p, start[name])}
+    assert moved_all - new, "train='all' moves copied weights too"
+    all_kl = kl_to_teacher(everything, teacher)
+    assert kept_kl < 0.35 * all_kl, (kept_kl, all_kl)  # measured: 0.00074 against 0.0043
+    with pytest.raises(ValueError, match=r"train='mixer'.*\('new', 'all'\)"):
+        distill(student, teacher, TEXTS, train="mixer", show_progress=False)
+    with pytest.raises(ValueError, match=r"max_grad_norm=0.*positive float or None"):
+        distill(student, teacher, TEXTS, max_grad_norm=0, show_progress=False)
+
+
+def test_the_discrete_mamba2_mixer_takes_the_padding_mask_itself():
+    """`DiscreteMamba2.forward(u, padding_mask=...)`: a left-padded row's real tokens equal
+    the row run alone (random conv bias and D, so padding would leak), with no hook on the
+    mixer; without the mask the padded rows differ."""
+    from gna_interp.models.llamba import DiscreteMamba2
+
+    torch.manual_seed(3)
+    mixer = DiscreteMamba2(16, d_state=4, n_qk_heads=2, n_v_heads=4, expand=2)
+    with torch.no_grad():
+        mixer.conv1d.bias.normal_()
+        mixer.D.normal_()
+    lengths = [7, 4, 2]
+    rows = [torch.randn(1, n, 16) for n in lengths]
+    padded = torch.zeros(len(rows), max(lengths), 16)
+    mask = torch.zeros(len(rows), max(lengths), dtype=torch.long)
+    for i, row in enumerate(rows):
+        padded[i, -row.shape[1] :] = row[0]
+        padded[i, : max(lengths) - row.shape[1]] = torch.randn(max(lengths) - row.shape[1], 16)  # padding: arbitrary values
+        mask[i, -row.shape[1] :] = 1
+    with torch.no_grad():
+        guarded = mixer(padded, padding_mask=mask)["hidden_states"]
+        unguarded = mixer(padded)["hidden_states"]
+        alone = [mixer(row)["hidden_states"][0] for row in rows]
+    moved = 0.0
+    for i, want in enumerate(alone):
+        n = want.shape[0]
+        assert (guarded[i, -n:] - want).abs().max().item() < 1e-5, lengths[i]
+        moved = max(moved, (unguarded[i, -n:] - want).abs().max().item())
+    assert moved > 1e-2, moved
+    full = torch.ones_like(mask)
+    with torch.no_grad():
+        assert torch.equal(mixer(padded, padding_mask=full)["hidden_states"], unguarded)  # nothing padded: unchanged
+    assert not mixer.in_proj._forward_hooks

@@ -12,9 +12,10 @@ beside them, in every layer.
     h = h + mlp(post_attention_layernorm(h))                # the teacher's MLP and norm
 
 A layer that keeps no head adds ``s`` alone. The mixer's input is multiplied by the
-attention mask (padding tokens write only the conv bias into the state, as in Llamba's
-HF-style blocks). Embeddings, MLPs, norms, the final norm and the LM head are copies of
-the teacher's; the teacher is never modified.
+attention mask, and the mixer is given the mask (`DiscreteMamba2.forward`'s
+``padding_mask``: Llamba's pad guard on its ``in_proj`` output), so a left-padded row's real
+tokens get the numbers the row gives alone. Embeddings, MLPs, norms, the final norm and
+the LM head are copies of the teacher's; the teacher is never modified.
 
 **Initialisations of the mixer** (every layer has ``n_heads`` value heads of the teacher's
 ``head_dim``, ``n_heads`` qk heads of ``d_state = head_dim``: one SSM head per teacher head):
@@ -60,7 +61,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, Llam
 
 from ..core.heads import Head
 from .llamba import DiscreteMamba2
-from .registry import HYBRID_STUDENT, HYBRID_STUDENT_MODEL_TYPE, discrete_mamba2_pad_guard, hybrid_student_ssm_dims
+from .registry import HYBRID_STUDENT, HYBRID_STUDENT_MODEL_TYPE
 
 INITS = ("default", "attention")
 COMBINES = ("authors", "sum")
@@ -124,7 +125,6 @@ class HybridStudentLayer(nn.Module):
 
         self.layer_idx = layer_idx
         self.combine_how = str(getattr(config, "combine", "authors"))
-        self.ssm_dims = hybrid_student_ssm_dims(config)
         n_kept = len(config.kept[layer_idx])
         d_model, head_dim = int(config.hidden_size), _head_dim(config)
         n_heads = int(config.num_attention_heads)
@@ -182,18 +182,7 @@ class HybridStudentLayer(nn.Module):
         residual = hidden_states
         normed = self.input_layernorm(hidden_states)
         ssm_in = normed if padding_mask is None else normed * padding_mask[..., None].to(normed.dtype)
-        handle = None
-        if padding_mask is not None and not bool(padding_mask.bool().all()):
-            # Llamba's pad guard on in_proj (idempotent, so the library's own copy may run too).
-            def guard(module: nn.Module, args: Any, output: Tensor) -> Tensor:
-                return discrete_mamba2_pad_guard(output, self.ssm_dims, padding_mask)  # type: ignore[no-any-return]
-
-            handle = self.mixer.in_proj.register_forward_hook(guard)
-        try:
-            ssm = self.mixer(ssm_in)["hidden_states"]
-        finally:
-            if handle is not None:
-                handle.remove()
+        ssm = self.mixer(ssm_in, padding_mask=padding_mask)["hidden_states"]  # the mixer's own pad guard
         attention = None
         if self.self_attn is not None:
             attention = self.self_attn(hidden_states=normed, attention_mask=attention_mask, position_embeddings=position_embeddings)[0]

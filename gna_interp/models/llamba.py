@@ -220,12 +220,28 @@ class DiscreteMamba2(nn.Module):
         xBC, z, A_log = projected.split([self.conv_dim, self.d_inner, self.n_v_heads], dim=-1)
         return xBC, z, A_log
 
-    def ssm_inputs(self, u: Tensor) -> dict[str, Tensor]:
+    def pad_guard(self, projected: Tensor, padding_mask: Tensor) -> Tensor:
+        """Llamba's pad guard (`gna_interp.models.registry.discrete_mamba2_pad_guard`) on
+        this mixer's ``in_proj`` output ``[batch, pos, cols]`` for ``padding_mask [batch,
+        pos]`` (1 on real tokens, left padding): zeroed ``x``, ``B``, ``C`` on padding and
+        the state cleared at each row's first real token. Idempotent."""
+        from ..core.arch import Mamba2Dims
+        from .registry import discrete_mamba2_pad_guard
+
+        dims = Mamba2Dims(heads=self.n_v_heads, head_dim=self.headdim, groups=self.n_qk_heads, state=self.d_state)
+        return discrete_mamba2_pad_guard(projected, dims, padding_mask)  # type: ignore[no-any-return]
+
+    def ssm_inputs(self, u: Tensor, padding_mask: Tensor | None = None) -> dict[str, Tensor]:
         """The scan's inputs for ``u [batch, pos, d_model]``: ``x [batch, pos, head,
         head_dim]``, ``B`` / ``C`` ``[batch, pos, qk head, d_state]``, ``a [batch, pos,
-        head]`` (``softplus(A_log)``) and ``z [batch, pos, d_inner]``."""
+        head]`` (``softplus(A_log)``) and ``z [batch, pos, d_inner]``; with
+        ``padding_mask [batch, pos]`` (1 on real tokens) of a padded batch, after
+        `pad_guard`."""
         n_rows, n_pos, _ = u.shape
-        xBC, z, A_log = self.split_projection(self.in_proj(u))
+        projected = self.in_proj(u)
+        if padding_mask is not None and not bool(padding_mask.bool().all()):
+            projected = self.pad_guard(projected, padding_mask)
+        xBC, z, A_log = self.split_projection(projected)
         xBC = self.act(self.conv1d(xBC.transpose(1, 2))[..., :n_pos].transpose(1, 2))
         x, B, C = xBC.split([self.d_inner, self.n_qk_heads * self.d_state, self.n_qk_heads * self.d_state], dim=-1)
         return {
@@ -236,12 +252,14 @@ class DiscreteMamba2(nn.Module):
             "z": z,
         }
 
-    def forward(self, u: Tensor, inference_params: Any = None, **kwargs: Any) -> dict[str, Tensor]:
-        """``u [batch, pos, d_model]`` -> ``{"hidden_states": [batch, pos, d_model]}``."""
+    def forward(self, u: Tensor, inference_params: Any = None, padding_mask: Tensor | None = None, **kwargs: Any) -> dict[str, Tensor]:
+        """``u [batch, pos, d_model]`` -> ``{"hidden_states": [batch, pos, d_model]}``.
+        ``padding_mask [batch, pos]`` (1 on real tokens; optional): a left-padded row's
+        real tokens get the numbers the row gives alone (`pad_guard`)."""
         if inference_params is not None:
             raise NotImplementedError("the CPU twin runs whole sequences only (inference_params must be None)")
         n_rows, n_pos, _ = u.shape
-        parts = self.ssm_inputs(u)
+        parts = self.ssm_inputs(u, padding_mask)
         x = parts["x"]
         group = self.n_v_heads // self.n_qk_heads
         B, C = (parts[name].repeat_interleave(group, dim=2) for name in ("B", "C"))
