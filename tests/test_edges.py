@@ -419,6 +419,22 @@ def test_exact_upstream_equals_its_hand_twin(models, name, receiver, streams, me
             assert float(result.scores[i, 0, k]) == pytest.approx(expected[sender], abs=1e-4, rel=1e-3), (stream, sender)
 
 
+@pytest.mark.parametrize("method", ["exact_upstream", "exact_receiver"])
+def test_exact_any_on_mamba1_is_the_sum_over_its_streams(tokenizer, method):
+    """Mamba-1's ``x`` holds ``x_read``: ``"any"`` needs the held streams captured as each
+    stream's patch does (it raised KeyError), and equals the per-stream scores summed."""
+    model = gna.load(sensitive_model("mamba"), tokenizer=tokenizer, backend="nnsight")
+    receivers, senders = [H(2, 0), H(2, 5)], [H(layer, h) for layer in (0, 1) for h in range(4)]
+    names = list(model.layer_specs[0].mixers[0].receiver_inputs)
+    assert "x" in names
+    whole = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, receivers=receivers, senders=senders, method=method)
+    every = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, receivers=receivers, senders=senders, receiver_input=names, method=method)
+    assert whole.streams == ("any",) and whole.scores.shape == (len(senders), len(receivers))
+    assert whole.scores.abs().max() > MIN_EFFECT
+    torch.testing.assert_close(whole.scores, every.scores.nansum(-1), atol=1e-6, rtol=1e-5)
+    assert no_hooks_left(model)
+
+
 @pytest.mark.parametrize("name", ["llama-tlens", "mamba2"])
 def test_exact_upstream_leaves_no_residue_when_the_metric_raises(models, name):
     model = models[1][name]

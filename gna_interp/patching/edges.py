@@ -427,7 +427,9 @@ def _exact_upstream(
     """``method="exact_upstream"``: ``score(s -> r, st) = (K_r^T g_ig) . (st_r[D_s] - st_r[clean])``
     on ``r``'s unit of ``st``; ``exact_receiver``: ``g_ig . (out_r(st_r[D_s]) - out_r)`` (see the
     module docs)."""
-    setup, baseline, reference = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions)
+    # The explicit stream names even for "any" (summed at the end): prepare's whole-output mode
+    # does not capture the held streams (Mamba-1's x holds x_read) that each stream's patch needs.
+    setup, baseline, reference = prepare(model, clean, corrupt, sender_list, receivers, metric, list(streams), interventions)
     n = setup.batch.n_rows
     scored: dict[tuple[Head, Head, str], float] = {}
     for position, heads in receiver_positions(model, setup.receivers).items():
