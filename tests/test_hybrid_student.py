@@ -552,6 +552,42 @@ def test_distill_keeps_a_student_that_is_its_teacher_there(teacher):
         distill(student, teacher, TEXTS, max_grad_norm=0, show_progress=False)
 
 
+def test_distill_new_computes_no_gradient_for_frozen_parameters(teacher):
+    """With ``train="new"``, the copied parameters get no gradient during the steps (seen
+    from the callback) and get their own requires_grad flags back after the call, also
+    when it raises."""
+    student = hybridize(teacher, KEEP, init="attention")
+    model = student.hf_model
+    new = {name for name in dict(model.named_parameters()) if ".mixer." in name or ".attn_map." in name}
+    frozen = {name: p for name, p in model.named_parameters() if name not in new}
+    assert new and frozen
+    off = sorted(frozen)[0]
+    frozen[off].requires_grad_(False)  # a flag the caller set: must come back as it was
+    flags = {name: p.requires_grad for name, p in model.named_parameters()}
+    seen = []
+
+    def check(stage, step, loss):
+        seen.append(step)
+        for name, p in frozen.items():
+            assert p.grad is None and not p.requires_grad, name
+        assert all(p.grad is not None for name, p in model.named_parameters() if name in new)
+
+    distill(student, teacher, TEXTS, stages=("B",), steps=2, batch_size=3, callback=check, show_progress=False)
+    assert seen == [0, 1]
+    assert {name: p.requires_grad for name, p in model.named_parameters()} == flags
+    assert all(p.grad is None for p in model.parameters())
+
+    class Stop(Exception):
+        pass
+
+    def stop(stage, step, loss):
+        raise Stop
+
+    with pytest.raises(Stop):
+        distill(student, teacher, TEXTS, stages=("A",), steps=2, batch_size=3, callback=stop, show_progress=False)
+    assert {name: p.requires_grad for name, p in model.named_parameters()} == flags
+
+
 def test_the_discrete_mamba2_mixer_takes_the_padding_mask_itself():
     """`DiscreteMamba2.forward(u, padding_mask=...)`: a left-padded row's real tokens equal
     the row run alone (random conv bias and D, so padding would leak), with no hook on the
@@ -584,4 +620,3 @@ def test_the_discrete_mamba2_mixer_takes_the_padding_mask_itself():
     full = torch.ones_like(mask)
     with torch.no_grad():
         assert torch.equal(mixer(padded, padding_mask=full)["hidden_states"], unguarded)  # nothing padded: unchanged
-    assert not mixer.in_proj._forward_hooks

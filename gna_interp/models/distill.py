@@ -255,8 +255,12 @@ def distill(
     n_layers = int(teacher.n_layers)
     offset = 0
     was_training = model.training
+    trained = {id(p) for p in params}
+    frozen = [(p, p.requires_grad) for p in model.parameters() if id(p) not in trained]
     model.train()
     try:
+        for p, _ in frozen:  # no gradient computed (or accumulated) for what does not train
+            p.requires_grad_(False)
         for stage, total in plan.items():
             optimizer = torch.optim.AdamW(params, lr=lr)
             if saved is not None and saved["stage"] == stage and done[stage] < total:
@@ -286,6 +290,8 @@ def distill(
                     callback(stage, step, float(loss.detach()))
             offset += total
     finally:
+        for p, flag in frozen:
+            p.requires_grad_(flag)
         model.train(was_training)
         model.zero_grad(set_to_none=True)
     return history
