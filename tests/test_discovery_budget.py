@@ -187,3 +187,33 @@ def test_the_wide_deep_mamba1_costs_under_100_passes():
     assert wide.aggregate == [deep_head(h, 3, channels) for h in toy.aggregate] and wide.aggregate
     assert wide.cost["passes"] <= 100 and wide.cost["backwards"] == 0, wide.cost
     assert set(wide.settings["group_testing"]) == {"3", "4"}
+
+
+def test_only_a_block_that_is_its_one_mixer_is_cleared_by_the_layer_scan(monkeypatch):
+    """The layer scan removes a whole block: its verdict clears a wide layer's heads only where
+    the block is its one mixer (Mamba-1, pure Mamba-2). A Llama block (with an MLP) or a
+    FalconH1 block (two mixers and an MLP), cleared by the layer scan, stays ranked by the
+    prescreen (``grouped`` holds no such layer) and its heads are ablated."""
+    from gna_interp.discovery.pipeline import mixer_is_the_block
+    from gna_interp.models.tiny import tiny_model, word_tokenizer
+
+    for family, expected in [("mamba", True), ("mamba2", True), ("llama", False), ("falcon_h1", False)]:
+        model = gna.load(tiny_model(family), tokenizer=word_tokenizer(), backend="nnsight")
+        assert [mixer_is_the_block(model, layer) for layer in range(model.n_layers)] == [expected] * model.n_layers, family
+    model, task = gna.load_toy("llama"), gna.toy_task("llama", 8, seed=3)
+    grouped, real = [], scans.prescreen
+
+    def spy(*args, **kwargs):
+        grouped.append(list(kwargs.get("grouped", ())))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(scans, "layer_scan", lambda model, task, progress=False: [1.0] * model.n_layers)  # clears every layer
+    monkeypatch.setattr(scans, "prescreen", spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        circuit = gna.discover(
+            model, task, stages=("layers", "heads"), screen_above=1, prescreen_above=0, prescreen_keep=2, check_labels=False, progress=False
+        )
+    assert grouped == [[]]
+    assert "no attribution" not in circuit.settings["prescreen"]
+    assert sum(v is not None for row in circuit.head_scan for v in row) == 2  # the prescreen's two heads, ablated

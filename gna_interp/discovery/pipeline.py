@@ -341,9 +341,12 @@ def _discover(
         costly = [layer for layer in costly if layer in scan_layers]
         adaptive = [layer for layer in costly if model.heads_per_layer[layer] > screen_above]  # wide: group testing
         narrow = [layer for layer in costly if layer not in adaptive]
-        # A wide layer the layer scan clears is group testing's first group costing nothing:
-        # none of its heads is ranked or ablated (monotone effects, as group testing assumes).
-        cleared = [layer for layer in wide if layer not in costly] if circuit.layer_scan is not None else []
+        # A wide layer the layer scan clears is group testing's first group costing nothing, where
+        # the layer scan removed its heads alone (its one mixer is the whole block): none of its
+        # heads is ranked or ablated (monotone effects, as group testing assumes). Elsewhere the
+        # scan also removed an MLP or another mixer, and the prescreen ranks its heads.
+        scanned = circuit.layer_scan is not None
+        cleared = [layer for layer in wide if scanned and layer not in costly and mixer_is_the_block(model, layer)]
         screened = scans.prescreen(model, task, scan_layers, narrow, prescreen_keep, grouped=[*adaptive, *cleared])
         only, circuit.settings["prescreen"] = screened.heads, screened.method
         if screened.estimates is not None:
@@ -520,6 +523,19 @@ def _check_labels(
             "by the option's place, not by its label, so its heads may count options rather than gather and aggregate them"
         )
         warnings.warn(circuit.warnings[-1], PositionalAnswerWarning, stacklevel=4)
+
+
+def mixer_is_the_block(model: GnaModel, layer: int) -> bool:
+    """Whether ``layer``'s block is its one token mixer and norms (Mamba-1, Falcon-Mamba,
+    pure Mamba-2): no MLP and no second mixer, so removing the block (the layer scan)
+    removes its heads and nothing else. Every block parameter outside the mixer must be a
+    vector (a norm's weight or bias)."""
+    mixers = model.layer_specs[layer].mixers
+    if len(mixers) != 1:
+        return False
+    block = model.hf_model.get_submodule(model.arch.block_path(layer))
+    inside = {id(p) for p in block.get_submodule(mixers[0].spec.path).parameters()}
+    return all(p.dim() <= 1 for p in block.parameters() if id(p) not in inside)
 
 
 def _acts_where_it_writes(model: GnaModel, head: Head) -> bool:
