@@ -248,6 +248,16 @@ def test_senders_after_a_receiver_have_no_edge(models):
         ({"senders": [H(2, 1)]}, ValueError, r"senders has L2H1, at or after every receiver \(the last sits at layer 2\)"),
         ({"receivers": [H(0, 0)]}, ValueError, r"no head precedes the receivers \['L0H0'\]"),
         ({"method": "atp"}, ValueError, r"method='atp': expected one of \('first_order', 'exact_upstream', 'exact_receiver'\)"),
+        (
+            {"method": "exact_upstream", "max_rows": 8},
+            ValueError,
+            r"max_rows=8 with method='exact_upstream': this method does not chunk.*expected max_rows=None",
+        ),
+        (
+            {"method": "exact_receiver", "memory_budget_mb": 64.0},
+            ValueError,
+            r"memory_budget_mb=64.0 with method='exact_receiver': this method does not chunk.*expected memory_budget_mb=None",
+        ),
     ],
 )
 def test_bad_input(models, kwargs, error, message):

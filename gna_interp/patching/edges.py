@@ -204,7 +204,9 @@ def edge_attribution(
         interventions: applied to every run, on top of active contexts.
         max_rows: rows per stacked forward (one copy of the batch per receiver and
             stream), as in `path_patching_sweep`; default: estimated from ``memory_budget_mb``.
-        memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
+            First order only: the exact methods do not chunk and refuse a value.
+        memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``
+            (first order only, as ``max_rows``).
         method: ``"first_order"`` (the default; with ``steps > 1``, integrated gradients
             with every sender moving together) or ``"exact_upstream"``: each sender's change
             to the receiver's stream taken exactly (path patching's D run, one stacked copy
@@ -251,6 +253,12 @@ def edge_attribution(
         raise ValueError(f"no head precedes the receivers {[str(r) for r in receiver_list]}: there are no edges to score")
 
     if method in ("exact_upstream", "exact_receiver"):
+        for name, value in (("max_rows", max_rows), ("memory_budget_mb", memory_budget_mb)):
+            if value is not None:
+                raise ValueError(
+                    f"{name}={value!r} with method={method!r}: this method does not chunk its stacked forwards "
+                    f"(one copy per sender or receiver stream); expected {name}=None"
+                )
         return _exact_upstream(
             model,
             clean,
