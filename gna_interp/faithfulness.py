@@ -136,7 +136,7 @@ class FaithfulnessCurve:
 def faithfulness_curve(
     model: GnaModel,
     task: Task,
-    ranking: SweepResult | Sequence[Head],
+    ranking: SweepResult | Sequence[Head] | EdgeResult | Sequence[Edge],
     sizes: Sequence[int] | None = None,
     how: str | None = None,
     *,
@@ -150,7 +150,8 @@ def faithfulness_curve(
     Given an edge ranking (an `EdgeResult` or a list of ``(sender, receiver, stream)``)
     this is `edge_faithfulness_curve` (``reference``: its ``corrupt``; ``how`` must be
     left out or ``"resample"``: an edge is ablated by patching the corrupted sender into
-    the receiver's stream).
+    the receiver's stream; ``circuit`` must be left out, and ``batch_size`` left at its
+    default: every prompt runs in one batch).
 
     Args:
         model: any `GnaModel`; every head of ``model.heads`` (attention and SSM) takes part.
@@ -189,7 +190,12 @@ def faithfulness_curve(
                 "receiver's stream; expected how=None or 'resample' (reference= gives the corrupted inputs)"
             )
         if circuit is not None:
-            raise ValueError("circuit= is for head rankings: with an edge ranking, pass sizes= instead")
+            raise ValueError(f"circuit={circuit!r}: circuit= is for head rankings; with an edge ranking, expected circuit=None")
+        if batch_size != 64:
+            raise ValueError(
+                f"batch_size={batch_size!r} with an edge ranking: edge_faithfulness_curve runs every prompt in one batch; "
+                "expected the default batch_size=64"
+            )
         return edge_faithfulness_curve(model, task, ranking, sizes, corrupt=reference, progress=progress)  # type: ignore[arg-type]
     how = "mean" if how is None else how
     if not isinstance(task, Task):
@@ -333,6 +339,7 @@ class EdgeFaithfulnessCurve(FaithfulnessCurve):
 
     @property
     def n_edges(self) -> int:
+        """The number of ranked edges (``len(order)``): the largest size, every edge kept."""
         return len(self.order)
 
     def to_frame(self) -> pd.DataFrame:
@@ -354,6 +361,7 @@ class EdgeFaithfulnessCurve(FaithfulnessCurve):
 
 
 def edge_name(edge: Edge) -> str:
+    """``(sender, receiver, stream)`` -> ``"L0H1->L1H0.k"`` (``stream`` may be ``"any"``)."""
     sender, receiver, stream = edge
     return f"{sender}->{receiver}.{stream}"
 
@@ -378,6 +386,11 @@ def edge_faithfulness_curve(
     `gna_interp.patching.path_chain.edge_set_logits`). Keeping every edge is the clean run;
     keeping none is `path_patching` of every sender into every receiver stream at once;
     keeping all but one edge ``s -> (r, st)`` is `path_patching(s, [r], st)`.
+
+    The edges that can be ablated are the ranked ones: an `EdgeResult` ranks only its own
+    edges (its senders into its receivers' streams; a head it did not score as a sender is
+    never ablated), while a list adds, into each ``(receiver, stream)`` it names, every
+    edge from a head before the receiver (after the listed ones).
 
     Args:
         model: any `GnaModel` (forwards only).

@@ -263,6 +263,17 @@ def test_bad_rankings_are_named(models, task, ranking, kwargs, error, match):
 def test_head_options_with_an_edge_ranking_are_refused(models, task):
     with pytest.raises(ValueError, match=r"how='mean' with an edge ranking: .* expected how=None or 'resample'"):
         gna.faithfulness_curve(models[1]["llama-nnsight"], task, [(H(0, 1), H(1, 3), "q")], how="mean")
+    with pytest.raises(ValueError, match=r"circuit=\[Head\(layer=0, head=2\)\]: circuit= is for head rankings.*expected circuit=None"):
+        gna.faithfulness_curve(models[1]["llama-nnsight"], task, [(H(0, 1), H(1, 3), "q")], circuit=[H(0, 2)])
+    with pytest.raises(ValueError, match=r"batch_size=8 with an edge ranking: .*one batch; expected the default batch_size=64"):
+        gna.faithfulness_curve(models[1]["llama-nnsight"], task, [(H(0, 1), H(1, 3), "q")], batch_size=8)
+
+
+def test_edge_name_spells_an_edge():
+    from gna_interp.faithfulness import edge_name
+
+    assert edge_name((H(0, 1), H(1, 3), "k")) == "L0H1->L1H3.k"
+    assert edge_name((H(2, 0), H(3, 5), "any")) == "L2H0->L3H5.any"
 
 
 def test_receivers_in_two_layers_chain_as_path_patching(models, task):

@@ -199,7 +199,7 @@ def test_integrated_gradients_where_near_linear(tokenizer):
     first = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, receivers=receivers, receiver_input="v")
     one = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, 1, receivers=receivers, receiver_input="v")
     four = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, 4, receivers=receivers, receiver_input="v")
-    assert torch.equal(one.scores, first.scores) and four.meta["steps"] == 4
+    assert torch.equal(one.scores, first.scores) and four.meta["steps"] == 4 and first.meta["method"] == "first_order"
     want = torch.tensor([float(exact.scores[h.layer, h.head]) - exact.baseline for h in four.senders])
     assert want.abs().max() > 1e-4
     assert (four.scores[:, 0] - want).abs().max() < 0.05 * want.abs().max()
@@ -241,8 +241,9 @@ def test_senders_after_a_receiver_have_no_edge(models):
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"steps": 0}, ValueError, r"steps=0: expected an int >= 1"),
-        ({"steps": 2.0}, ValueError, r"steps=2.0: expected an int >= 1"),
+        ({"steps": 0}, ValueError, r"steps=0 with method='first_order': expected an int >= 1 \(1 = first order"),
+        ({"steps": 0, "method": "exact_receiver"}, ValueError, r"steps=0 with method='exact_receiver': expected an int >= 1 \(midpoints"),
+        ({"steps": 2.0}, ValueError, r"steps=2.0 with method='first_order': expected an int >= 1"),
         ({"receivers": ["logits"]}, ValueError, r"receivers includes 'logits'.*'logits' has none"),
         ({"receiver_input": "x"}, ValueError, r"receiver_input='x' is not an input stream of llama heads"),
         ({"senders": [H(2, 1)]}, ValueError, r"senders has L2H1, at or after every receiver \(the last sits at layer 2\)"),

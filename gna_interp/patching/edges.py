@@ -119,7 +119,8 @@ class EdgeResult:
     """Edge scores: sender head -> receiver head (input stream).
 
     Attributes:
-        scores: first-order effects on the metric (score minus the clean metric),
+        scores: estimated effects on the metric (score minus the clean metric; how:
+            ``meta["method"]``),
             ``[sender, receiver]``, or ``[sender, receiver, stream]`` when several streams
             were chosen. NaN where the edge does not exist (the sender does not precede
             the receiver, or the receiver's mixer has no such stream).
@@ -182,8 +183,10 @@ def edge_attribution(
     memory_budget_mb: float | None = None,
     method: str = "first_order",
 ) -> EdgeResult:
-    """First-order estimate of `path_patching` for every edge ``sender -> receiver stream``
-    at once (see the module docs for the exact definition).
+    """Estimate `path_patching` for every edge ``sender -> receiver stream`` at once: to first
+    order (``method="first_order"``, integrated gradients with ``steps > 1``), or with the
+    sender's change to the stream exact (``"exact_upstream"``) and the receiver exact too
+    (``"exact_receiver"``); see the module docs for the definitions.
 
     Args:
         model: a `GnaModel` with local weights (the backward runs here), any backend.
@@ -221,12 +224,19 @@ def edge_attribution(
 
     Returns:
         `EdgeResult`: ``scores`` ``[sender, receiver]`` (one stream, or ``"any"``) or
-        ``[sender, receiver, stream]`` (several), first-order effects on the metric.
+        ``[sender, receiver, stream]`` (several), the effects on the metric as ``method``
+        estimates them (``meta["method"]``: ``"first_order"``, ``"exact_upstream"`` or
+        ``"exact_receiver"``).
     """
     check_metric(metric)
     check_local(model, "edge_attribution")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r}: expected an int >= 1 (1 = first-order edge attribution)")
+        what = (
+            "1 = first order, more = integrated-gradient points"
+            if method == "first_order"
+            else "midpoints of the path downstream of each receiver, 1 = the midpoint"
+        )
+        raise ValueError(f"steps={steps!r} with method={method!r}: expected an int >= 1 ({what})")
     if method not in METHODS:
         raise ValueError(f"method={method!r}: expected one of {METHODS}")
     heads, to_logits = parse_receivers(model, receivers)
@@ -327,7 +337,7 @@ def edge_attribution(
 
     scores = _table(flat, copies, receiver_list, streams, whole, len(sender_list))
     names = (ANY,) if whole else streams
-    meta = {"method": "edge_attribution", "steps": steps, "n_prompts": clean_batch.n_rows, "receiver_input": list(names)}
+    meta = {"method": "first_order", "steps": steps, "n_prompts": clean_batch.n_rows, "receiver_input": list(names)}
     return EdgeResult(scores, sender_list, receiver_list, names, baseline, reference, meta=meta)
 
 
