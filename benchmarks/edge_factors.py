@@ -89,11 +89,11 @@ class Runner:
             return (x,)
 
         attn0, attn1 = layers[0].self_attn, layers[1].self_attn
-        handles.append(attn0.o_proj.register_forward_pre_hook(o0_hook))
-        for name in STREAMS:
-            handles.append(getattr(attn1, f"{name}_proj").register_forward_hook(proj_hook(name)))
-        handles.append(attn1.o_proj.register_forward_pre_hook(o1_hook))
-        try:
+        try:  # registered inside: a failing registration leaves none behind
+            handles.append(attn0.o_proj.register_forward_pre_hook(o0_hook))
+            for name in STREAMS:
+                handles.append(getattr(attn1, f"{name}_proj").register_forward_hook(proj_hook(name)))
+            handles.append(attn1.o_proj.register_forward_pre_hook(o1_hook))
             with torch.set_grad_enabled(grad_out):
                 logits = self.hf(input_ids=self.batch.input_ids, attention_mask=self.batch.attention_mask, use_cache=False).logits
                 value = self.metric(logits).double().mean()
@@ -193,9 +193,9 @@ def _recompute_all(runner: Runner, clean: dict, every: dict, sl: slice) -> torch
 
         return fn
 
-    for name in STREAMS:
-        handles.append(getattr(layers[1].self_attn, f"{name}_proj").register_forward_hook(hook(name)))
-    try:
+    try:  # registered inside: a failing registration leaves none behind
+        for name in STREAMS:
+            handles.append(getattr(layers[1].self_attn, f"{name}_proj").register_forward_hook(hook(name)))
         seen, _, _ = runner.run()
     finally:
         for handle in handles:
