@@ -203,7 +203,7 @@ def faithfulness_curve(
     if how not in ABLATION_KINDS:
         raise ValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
     every = list(model.heads)
-    order = rank_heads(model, ranking)
+    order = rank_heads(model, ranking)  # type: ignore[arg-type]  # an edge ranking returned above
     chosen = check_sizes(sizes, len(every))
     kept_circuit = _circuit(model, circuit)
     if reference is None and how != "zero":

@@ -263,10 +263,10 @@ def edge_attribution(
         raise ValueError(f"no head precedes the receivers {[str(r) for r in receiver_list]}: there are no edges to score")
 
     if method in ("exact_upstream", "exact_receiver"):
-        for name, value in (("max_rows", max_rows), ("memory_budget_mb", memory_budget_mb)):
-            if value is not None:
+        for name, given in (("max_rows", max_rows), ("memory_budget_mb", memory_budget_mb)):
+            if given is not None:
                 raise ValueError(
-                    f"{name}={value!r} with method={method!r}: this method does not chunk its stacked forwards "
+                    f"{name}={given!r} with method={method!r}: this method does not chunk its stacked forwards "
                     f"(one copy per sender or receiver stream); expected {name}=None"
                 )
         return _exact_upstream(
