@@ -112,6 +112,7 @@ def test_a_spread_group_is_searched_only_where_its_effect_can_be_split(effect, s
 
 
 @pytest.mark.slow
+@pytest.mark.budget
 def test_the_mamba1_toy_costs_under_100_passes():
     """The trained 2 x 128 Mamba-1 toy (every channel a head, both layers group-tested), 200
     prompts: both roles found, in at most 100 passes (95.3 measured; 302 on the issue's
@@ -127,6 +128,7 @@ def test_the_mamba1_toy_costs_under_100_passes():
 
 
 @pytest.mark.slow
+@pytest.mark.budget
 def test_the_mamba1_toy_remote_run_takes_at_most_10_requests():
     """``remote="local"`` on the trained 2 x 128 Mamba-1 toy, 200 prompts: the staged group
     testing (`scans.StagedGroupTesting`: its first stage with the first scans, its second
@@ -170,6 +172,7 @@ def test_a_wide_layer_the_layer_scan_clears_is_neither_ranked_nor_ablated():
 
 
 @pytest.mark.slow
+@pytest.mark.budget
 def test_the_wide_deep_mamba1_costs_under_100_passes():
     """The benchmark's wide deep Mamba-1 (the toy at layers 3-4 of 8, 512 channels a layer,
     live filler), 64 prompts: the toy's channels at their placed places (the toy's own
