@@ -7,7 +7,7 @@ LOCK := requirements/lock.txt
 FLOORS_LOCK := requirements/floors.txt
 LATEST_VENV := .venv-latest
 FLOORS_VENV := .venv-floors
-PYTEST := -m pytest -q -p no:cacheprovider
+PYTEST := -m pytest -q -p no:cacheprovider --durations=20
 
 # $(call locked_env,VENV,LOCK): a new virtual environment holding exactly LOCK, and the package
 # (made anew, so that nothing a previous lock installed lingers). pip, not uv, installs: pip
