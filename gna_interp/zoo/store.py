@@ -28,7 +28,8 @@ def toy_card(name: Any) -> dict[str, Any]:
     """The model card of a bundled toy model (seed, steps, time, accuracy, ablation facts).
 
     Args:
-        name: a bundled toy (`toy_names`), or a `GnaModel` loaded from one (`load_toy`).
+        name: a bundled toy (`toy_names`), a trained toy's folder (a `Path`), or a
+            `GnaModel` loaded from either (`load_toy`, `gna.load(folder)`).
     """
     source = toy_source(name, "toy_card")
     if isinstance(source, Path):  # a model loaded from a trained toy's folder
@@ -71,7 +72,9 @@ def toy_source(value: Any, call: str) -> str | Path:
             f"{call}(name={value!r}): this {type(value).__name__} was not loaded from a toy's folder "
             f"(its weights came from {str(folder) or 'memory'!r}, which holds no {CARD}), so it names no toy task: {expected}"
         )
-    raise TypeError(f"{call}(name={value!r}) ({type(value).__name__}): {expected}")
+    text = repr(value)
+    shown = text if len(text) <= 80 else text[:77] + "..."
+    raise TypeError(f"{call}(name={shown}) ({type(value).__name__}): {expected}")
 
 
 def card_of(name: str | Path) -> dict[str, Any]:
