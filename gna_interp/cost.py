@@ -97,7 +97,13 @@ def cost_meter(model: Any) -> Iterator[Cost]:
     everything inside it. The meter is detached on exit, exceptions included."""
     backend = getattr(model, "backend", None)
     if backend is None:
-        raise TypeError(f"cost_meter needs a gna_interp GnaModel, got {type(model).__name__}")
+        hint = (
+            f"; load it first: gna.load_toy({model!r}) or gna.load({model!r})"
+            if isinstance(model, str)
+            else " (gna.load or gna.load_toy returns one)"
+        )
+        shown = repr(model) if len(repr(model)) <= 80 else repr(model)[:77] + "..."
+        raise TypeError(f"cost_meter: model={shown} ({type(model).__name__}): expected a gna_interp GnaModel{hint}")
     meter = Cost(n_layers=int(model.n_layers))
     meters = _meters(backend)
     meters.append(meter)

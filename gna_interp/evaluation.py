@@ -22,6 +22,7 @@ from torch import Tensor
 
 from .core.inputs import Batch, make_batch
 from .core.interventions import Ablate, Intervention, KeepOnly, MaskAttentionRows, Patch, as_interventions
+from .models.handle import check_model
 from .progress import progress_bar
 from .tasks.base import EncodedTask, Task
 
@@ -109,8 +110,8 @@ def evaluate(
             task's padded width, with per-row positions sliced along with the rows.
         progress: a tqdm bar over batches (default: when there are more than 4).
     """
-    if not isinstance(task, Task):
-        raise TypeError(f"expected a gna_interp Task, got {type(task).__name__}")
+    check_model(model, "evaluate")
+    check_task(task, "evaluate")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: expected a positive int")
     interventions = as_interventions(interventions)
@@ -156,6 +157,25 @@ def _rows_of(item: Intervention, start: int, stop: int) -> Intervention:
         positions: Tensor = item.positions  # type: ignore[assignment]
         return replace(item, positions=positions[start:stop])
     return item
+
+
+def check_task(task: object, call: str) -> None:
+    """A clear `TypeError` where ``call``'s ``task`` argument is not a `Task` (e.g. a list
+    of prompts, which has no answers to score, or a toy's name)."""
+    if isinstance(task, Task):
+        return
+    text = repr(task)
+    shown = text if len(text) <= 80 else text[:77] + "..."
+    if isinstance(task, str):
+        hint = f"; a bundled toy's task is gna.toy_task(name) (gna.toy_names() lists them), not its name {task!r}"
+    elif isinstance(task, (list, tuple)):
+        hint = "; prompts alone have no answers to score: model.logits(prompts) gives their logits"
+    else:
+        hint = ""
+    raise TypeError(
+        f"{call}: task={shown} ({type(task).__name__}): expected a gna_interp Task with prompts and answers, "
+        f"e.g. gna.toy_task('llama'), gna.tasks.mmlu(...), gna.tasks.kv_retrieval(...){hint}"
+    )
 
 
 def check_distinct_candidates(task: Task, encoded: EncodedTask) -> None:

@@ -36,7 +36,7 @@ from torch import Tensor
 from .core.compile import heads_of_kind
 from .core.heads import Head
 from .core.interventions import ABLATION_KINDS, KeepOnly
-from .evaluation import Evaluation, evaluate
+from .evaluation import Evaluation, check_task, evaluate
 from .patching.edges import EdgeResult
 from .patching.metrics import Metric, check_metric, logits_read, reads_position, reduce_metric
 from .patching.path_chain import edge_set_logits
@@ -198,8 +198,7 @@ def faithfulness_curve(
             )
         return edge_faithfulness_curve(model, task, ranking, sizes, corrupt=reference, progress=progress)  # type: ignore[arg-type]
     how = "mean" if how is None else how
-    if not isinstance(task, Task):
-        raise TypeError(f"task={task!r}: expected a gna_interp Task")
+    check_task(task, "faithfulness_curve")
     if how not in ABLATION_KINDS:
         raise ValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
     every = list(model.heads)
@@ -417,8 +416,7 @@ def edge_faithfulness_curve(
     and one corrupt forward for the whole curve. Forwards only, charged to any open
     `gna_interp.cost_meter`.
     """
-    if not isinstance(task, Task):
-        raise TypeError(f"task={task!r}: expected a gna_interp Task")
+    check_task(task, "edge_faithfulness_curve")
     if metric is not None:
         check_metric(metric)
     order, universe = rank_edges(model, ranking)

@@ -35,7 +35,7 @@ from .core.heads import Head
 from .core.inputs import UnknownWordsWarning, unk_id
 from .core.interventions import ABLATION_KINDS, HEAD_KINDS, Ablate
 from .cost import cost_meter
-from .evaluation import check_context, check_distinct_candidates, evaluate
+from .evaluation import check_context, check_distinct_candidates, check_task, evaluate
 from .faithfulness import check_sizes, keep_only_summary, rank_heads
 from .patching.metrics import candidate_accuracy
 from .patching.results import SweepResult
@@ -390,8 +390,7 @@ def retention_curve(
         `RetentionCurve`: ``accuracy`` ``[n_sizes]``, ``random`` ``[n_seeds, n_sizes]``,
         ``.to_frame()`` with the random mean and standard deviation.
     """
-    if not isinstance(task, Task):
-        raise TypeError(f"task={task!r}: expected a gna_interp Task")
+    check_task(task, "retention_curve")
     if kind not in HEAD_KINDS:
         raise ValueError(f"kind={kind!r}: expected one of {HEAD_KINDS}")
     if how not in ABLATION_KINDS:

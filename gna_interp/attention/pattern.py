@@ -19,8 +19,9 @@ from torch import Tensor
 
 from ..core.arch import LayerKind
 from ..core.heads import Head
-from ..core.interventions import Intervention
+from ..core.interventions import Intervention, as_interventions
 from ..core.plan import Read, Site
+from ..models.handle import check_model
 from .capture import SSMInputs, recipe_for
 from .implicit import implicit_rows, work_bytes
 from .positions import QueryPositions, query_rows
@@ -46,7 +47,7 @@ def attention_pattern(
     *,
     normalize: Normalize = None,
     kind: HeadKind | None = None,
-    interventions: Sequence[Intervention] = (),
+    interventions: Intervention | Sequence[Intervention] = (),
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> Tensor:
     """Attention patterns of ``heads`` on ``inputs``.
@@ -73,6 +74,7 @@ def attention_pattern(
         ``[batch, head, query, key]`` float32, heads in the order given, ``key`` = every
         position. Zero above the diagonal, on padding keys and on padding queries.
     """
+    check_model(model, "attention_pattern")
     if normalize not in NORMALIZE_OPTIONS:
         raise ValueError(f"normalize={normalize!r}: expected one of {NORMALIZE_OPTIONS}")
     heads = _as_heads(model, heads)
@@ -85,7 +87,7 @@ def attention_pattern(
     for site, index in sorted(located.values()):
         if index not in per_site.setdefault(site, []):
             per_site[site].append(index)
-    computed = _compute(model, batch, per_site, rows, interventions, include_skip)
+    computed = _compute(model, batch, per_site, rows, as_interventions(interventions), include_skip)
     columns = [computed[site][:, per_site[site].index(index)] for site, index in (located[head] for head in heads)]
     return normalize_rows(torch.stack(columns, dim=1), normalize)
 

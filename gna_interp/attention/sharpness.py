@@ -26,7 +26,19 @@ Normalize = Literal["abs", "row"] | None
 NORMALIZE_OPTIONS = (None, "abs", "row")
 
 
-def _distribution(pattern: Tensor) -> Tensor:
+def _check_pattern(pattern: object, call: str) -> None:
+    """A clear `TypeError` for a pattern that is not a tensor (a task, prompts, a list)."""
+    if not isinstance(pattern, Tensor):
+        text = repr(pattern)
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise TypeError(
+            f"{call}: pattern={shown} ({type(pattern).__name__}): expected a tensor [..., key] of attention weights, "
+            "e.g. gna.attention_pattern(model, task, heads, query_positions=[-1])"
+        )
+
+
+def _distribution(pattern: Tensor, call: str = "entropy") -> Tensor:
+    _check_pattern(pattern, call)
     if pattern.dim() < 1 or pattern.shape[-1] == 0:
         raise ValueError(f"expected a pattern [..., key] with at least one key, got shape {tuple(pattern.shape)}")
     weights = pattern.abs().float()
@@ -43,7 +55,7 @@ def entropy(pattern: Tensor) -> Tensor:
 
 def top1_mass(pattern: Tensor) -> Tensor:
     """Largest share of a row's ``|weights|`` on one key: ``[..., key] -> [...]``."""
-    return _distribution(pattern).max(-1).values
+    return _distribution(pattern, "top1_mass").max(-1).values
 
 
 def mass_on(pattern: Tensor, keys: KeyPositions) -> Tensor:
@@ -59,6 +71,7 @@ def mass_on(pattern: Tensor, keys: KeyPositions) -> Tensor:
     Returns:
         ``[batch, head, query]``.
     """
+    _check_pattern(pattern, "mass_on")
     if pattern.dim() != 4:
         raise ValueError(f"mass_on expects a pattern [batch, head, query, key], got shape {tuple(pattern.shape)}")
     n_rows, _, n_query, n_key = pattern.shape

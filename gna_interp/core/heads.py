@@ -41,6 +41,10 @@ class Head:
     @classmethod
     def parse(cls, text: str) -> Head:
         """Parse ``"16.22"``, ``"L16H22"`` or ``"16:22"``."""
+        if not isinstance(text, str):
+            raise TypeError(
+                f"Head.parse(text={text!r}) ({type(text).__name__}): expected a string such as 'L16H22'; Head(layer, head) takes ints"
+            )
         match = _HEAD_PATTERN.match(text)
         if match is None:
             raise ValueError(f"cannot parse head {text!r}: expected 'L.H' such as '16.22' or 'L16H22'")
@@ -48,6 +52,20 @@ class Head:
 
     def __str__(self) -> str:
         return f"L{self.layer}H{self.head}"
+
+
+def typed_head_hint(value: object) -> str:
+    """For a head written as text (``"L1H0"``) or as a pair (``(1, 0)``): how to write it
+    as a `Head` (``": gna.Head.parse('L1H0') builds it"``); ``""`` for anything else."""
+    if isinstance(value, str):
+        try:
+            Head.parse(value)
+        except ValueError:
+            return ""
+        return f": gna.Head.parse({value!r}) builds it"
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(type(x) is int for x in value):
+        return f": gna.Head{tuple(value)!r} builds it"
+    return ""
 
 
 def refuse_string(value: object, what: str) -> None:

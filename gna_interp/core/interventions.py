@@ -32,6 +32,8 @@ def _refuse_single(value: object, what: str, expected: str) -> None:
 
 
 def _as_heads(heads: Head | Iterable[Head], what: str) -> tuple[Head, ...]:
+    """``heads`` (one `Head` or an iterable of them) as a non-empty tuple; anything else
+    raises a `TypeError` naming ``what``, the value and the expected form."""
     refuse_string(heads, what)
     expected = "a gna_interp.Head or a list of them, e.g. [gna.Head(1, 0)]"
     if not isinstance(heads, Head):
@@ -57,6 +59,10 @@ def _as_layers(layers: int | Iterable[int], what: str) -> tuple[object, ...]:
         return (layers,)
     _refuse_single(layers, what, "a layer index (int) or a list of them")
     return tuple(layers)
+
+
+head_tuple = _as_heads
+"""The check behind every ``heads=`` argument (interventions, sweeps, patterns)."""
 
 
 @dataclass(frozen=True)
@@ -245,9 +251,9 @@ class KeepOnly:
             raise ValueError(f"KeepOnly kind={kind!r}: expected one of {HEAD_KINDS}")
         if how not in ABLATION_KINDS:
             raise ValueError(f"KeepOnly how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
+        refuse_string(heads, "KeepOnly heads")  # before the reference check: the typo is the first thing to fix
         if how != "zero" and reference is None:
             raise ValueError(f"KeepOnly how={how!r} needs reference= inputs to take activations from")
-        refuse_string(heads, "KeepOnly heads")
         if not isinstance(heads, Head):
             _refuse_single(heads, "KeepOnly heads", "a gna_interp.Head or a list of them (empty: keep none)")
         listed: tuple[Head, ...] = (heads,) if isinstance(heads, Head) else tuple(heads)

@@ -7,7 +7,7 @@ A `GnaModel` holds one (``model.layout``) and answers the same questions through
 from __future__ import annotations
 
 from .arch import LayerKind, LayerMixer, LayerSpec, check_head_in
-from .heads import Head, Resid, Target
+from .heads import Head, Resid, Target, typed_head_hint
 from .plan import Site, SiteKind
 
 
@@ -72,7 +72,7 @@ class ModelLayout:
 
     def check_head(self, head: Head) -> None:
         if not isinstance(head, Head):
-            raise TypeError(f"expected a gna_interp.Head, got {head!r} ({type(head).__name__})")
+            raise TypeError(f"expected a gna_interp.Head, got {head!r} ({type(head).__name__}){typed_head_hint(head)}")
         self.check_layer(head.layer)
         if head.layer in self.foreign_layers:
             raise ValueError(
@@ -111,7 +111,7 @@ class ModelLayout:
         if isinstance(target, Resid):
             self.check_layer(target.layer, allow_final=True)
             return Site(SiteKind.RESID, target.layer)
-        raise TypeError(f"expected a Head or Resid, got {target!r}")
+        raise TypeError(f"expected a Head or Resid, got {target!r}{typed_head_hint(target)}")
 
     def site_shape(self, site: Site) -> tuple[int, ...]:
         """Per-position shape of a site's activation: ``(head, d_head)`` or ``(d_model,)``."""

@@ -12,7 +12,7 @@ from torch import Tensor
 from ..backends.base import RunOutput
 from ..core.arch import ArchSpec, LayerKind, LayerMixer, LayerSpec
 from ..core.compile import compile_plan
-from ..core.heads import Head, Target
+from ..core.heads import Head, Resid, Target, refuse_string
 from ..core.inputs import Batch, check_token_ids, make_batch
 from ..core.interventions import Ablate, Intervention, as_interventions
 from ..core.layout import ModelLayout
@@ -190,7 +190,7 @@ class GnaModel:
         self,
         inputs: Any,
         interventions: Intervention | Sequence[Intervention] = (),
-        capture: Iterable[Target] = (),
+        capture: Target | Iterable[Target] = (),
         logits_to_keep: int = 0,
     ) -> tuple[Tensor, dict[Target, Tensor]]:
         """Logits ``[batch, pos, vocab]`` and the activations at ``capture``.
@@ -202,8 +202,8 @@ class GnaModel:
         Logits that hold NaN or inf on a real token raise
         `gna_interp.backends.finite.NonFiniteLogitsError`, naming where they began.
         """
+        targets = _capture_list(capture)
         batch = self.to_batch(inputs)
-        targets = list(capture)
         sites = {self.site_of(t) for t in targets}
         plan = self.compile_plan(batch, [*self._ambient, *as_interventions(interventions)])
         out = self.run_plan(batch, plan, capture=sites, logits_to_keep=logits_to_keep)
@@ -284,8 +284,8 @@ class GnaModel:
         ``k`` positions' alone, ``[batch, k, vocab]``, computed there alone (`run`)."""
         return self.run(inputs, interventions, logits_to_keep=logits_to_keep)[0]
 
-    def cache(self, inputs: Any, targets: Iterable[Target], interventions: Sequence[Intervention] = ()) -> dict[Target, Tensor]:
-        return self.run(inputs, interventions, capture=targets)[1]
+    def cache(self, inputs: Any, targets: Target | Iterable[Target], interventions: Sequence[Intervention] = ()) -> dict[Target, Tensor]:
+        return self.run(inputs, interventions, capture=_capture_list(targets, "targets"))[1]
 
     @contextmanager
     def intervening(self, *interventions: Intervention) -> Iterator[GnaModel]:
@@ -322,3 +322,39 @@ class GnaModel:
         else:
             heads = f"heads={self.n_heads}x{self.head_dim}"
         return f"GnaModel({self.name!r}, family={self.arch.family}, backend={self.backend_name}, layers={self.n_layers}, {heads})"
+
+
+def check_model(model: object, call: str) -> None:
+    """A clear `TypeError` where ``call``'s ``model`` argument is not a `GnaModel` (a hub
+    id or toy name given as text, a raw HF model, or a task passed first by mistake)."""
+    if isinstance(model, GnaModel):
+        return
+    kind = type(model).__name__
+    if isinstance(model, str):
+        hint = f"; load it first: gna.load({model!r}) (a hub id or folder) or gna.load_toy({model!r}) (a bundled toy)"
+    elif kind == "Task":
+        hint = f"; the task came first: {call}(model, task, ...) takes the model first"
+    elif isinstance(model, torch.nn.Module):
+        hint = "; wrap a transformers model with gna.load(hf_model, tokenizer=...)"
+    else:
+        hint = " (gna.load or gna.load_toy returns one)"
+    shown = f"<a {kind}>" if isinstance(model, torch.nn.Module) else _short(model)  # a module's repr runs to pages
+    raise TypeError(f"{call}: model={shown} ({kind}): expected a gna_interp GnaModel{hint}")
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _capture_list(capture: Any, what: str = "capture") -> list[Target]:
+    """``capture`` (one `Head` or `Resid`, or an iterable of them) as a list; a string
+    (``"L1H0"``, which would be read letter by letter) or a non-iterable raises, naming
+    the argument ``what``."""
+    if isinstance(capture, (Head, Resid)):
+        return [capture]
+    refuse_string(capture, what)
+    if not isinstance(capture, Iterable):
+        raise TypeError(f"{what}={capture!r} ({type(capture).__name__}): expected a Head or Resid, or a list of them")
+    return list(capture)

@@ -9,22 +9,24 @@ from typing import Any
 from ..core.compile import check_aligned
 from ..core.heads import Head
 from ..core.inputs import Batch
-from ..core.interventions import ABLATION_KINDS
+from ..core.interventions import ABLATION_KINDS, head_tuple
 from ..models.handle import GnaModel
 
 SITE_KINDS = ("heads", "resid")
 DIRECTIONS = ("denoise", "noise")
 
 
-def head_list(model: GnaModel, heads: Sequence[Head] | None) -> list[Head]:
-    """``heads`` as a list (``None``: every head of ``model``); an empty selection raises."""
-    chosen = list(model.heads if heads is None else heads)
-    if not chosen:
+def head_list(model: GnaModel, heads: Head | Sequence[Head] | None) -> list[Head]:
+    """``heads`` as a list (``None``: every head of ``model``; one `Head`: that head); an
+    empty selection, a string (``"L1H0"``) or an item that is not a `Head` raises, naming it."""
+    if heads is None:
+        return list(model.heads)
+    if not isinstance(heads, Head) and isinstance(heads, Sequence) and len(heads) == 0:
         raise ValueError("heads is empty: expected at least one Head (or None for every head)")
-    return chosen
+    return list(head_tuple(heads, "heads"))
 
 
-def check_sites(sites: str, heads: Sequence[Head] | None, verb: str) -> None:
+def check_sites(sites: str, heads: Head | Sequence[Head] | None, verb: str) -> None:
     """``sites`` is ``"heads"`` or ``"resid"``, and ``heads=`` is given only with ``"heads"``."""
     if sites not in SITE_KINDS:
         raise ValueError(f"sites={sites!r}: expected 'heads' or 'resid'")

@@ -25,8 +25,9 @@ from torch import Tensor
 
 from ..core.compile import ablation_values, head_mask, heads_by_site
 from ..core.heads import Head
-from ..core.interventions import Intervention
+from ..core.interventions import Intervention, as_interventions
 from ..core.plan import Edit, Site, SiteKind
+from ..models.handle import check_model
 from .checks import check_ablation, check_sites, head_list, target_and_source
 from .metrics import Metric, check_metric, logits_read, reduce_metric
 from .results import SweepResult
@@ -40,11 +41,11 @@ def ablation_sweep(
     model: GnaModel,
     inputs: Any,
     metric: Metric,
-    heads: Sequence[Head] | None = None,
+    heads: Head | Sequence[Head] | None = None,
     how: str = "zero",
     reference: Any = None,
     *,
-    interventions: Sequence[Intervention] = (),
+    interventions: Intervention | Sequence[Intervention] = (),
     max_rows: int | None = None,
     memory_budget_mb: float | None = None,
     progress: bool = True,
@@ -55,7 +56,7 @@ def ablation_sweep(
         model: a `GnaModel`.
         inputs: prompts or token ids.
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]``.
-        heads: heads to sweep (default: every head).
+        heads: heads to sweep: a list of `Head`, or one `Head` (default: every head).
         how: ``"zero"``, ``"mean"`` or ``"resample"`` (see `gna_interp.Ablate`).
         reference: inputs for ``mean`` / ``resample``.
         interventions: applied to every run, the baseline included (e.g. ``Truncate``).
@@ -68,12 +69,13 @@ def ablation_sweep(
         heads a layer does not have: ``head`` runs to ``model.n_heads``, the most heads
         any layer has) and ``baseline`` the metric with no head ablated.
     """
+    check_model(model, "ablation_sweep")
     check_metric(metric)
     check_ablation(how, reference)
     heads = head_list(model, heads)
     grouped = heads_by_site(model.layout, heads)
     batch = model.to_batch(inputs)
-    base = model.compile_plan(batch, [*model.active_interventions, *interventions])
+    base = model.compile_plan(batch, [*model.active_interventions, *as_interventions(interventions)])
     values = ablation_values(batch, sorted(grouped), how, reference, model.capture_sites)
     variants = []
     for head in heads:
@@ -94,8 +96,8 @@ def patching_sweep(
     by_position: bool = False,
     *,
     direction: Literal["denoise", "noise"] = "denoise",
-    heads: Sequence[Head] | None = None,
-    interventions: Sequence[Intervention] = (),
+    heads: Head | Sequence[Head] | None = None,
+    interventions: Intervention | Sequence[Intervention] = (),
     max_rows: int | None = None,
     memory_budget_mb: float | None = None,
     progress: bool = True,
@@ -111,16 +113,17 @@ def patching_sweep(
         by_position: patch one position at a time.
         direction: ``"denoise"``: run ``corrupt``, patch in ``clean`` values (TransformerLens's
             convention); ``"noise"``: run ``clean``, patch in ``corrupt`` values.
-        heads: heads to sweep (default every head; ``sites="heads"`` only).
+        heads: heads to sweep: a list of `Head`, or one `Head` (default every head; ``sites="heads"`` only).
 
     Returns:
         `SweepResult`: ``scores`` ``[layer, head]``, ``[layer, head, pos]``, ``[layer, pos]`` or
         ``[layer]``; ``baseline`` is the unpatched run, ``reference`` the run on the value source.
     """
+    check_model(model, "patching_sweep")
     check_metric(metric)
     check_sites(sites, heads, "patch")
     target, source = target_and_source(model, clean, corrupt, direction, "patching", " (by_position=True)" if by_position else "")
-    ambient = [*model.active_interventions, *interventions]
+    ambient = [*model.active_interventions, *as_interventions(interventions)]
     base = model.compile_plan(target, ambient)
     source_base = model.compile_plan(source, ambient)
     if sites == "heads":

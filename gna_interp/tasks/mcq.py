@@ -155,6 +155,10 @@ def shuffle_labels(task: Task, seed: int = 0) -> Task:
             from their ``meta`` (other tasks, or examples edited afterwards, e.g. with
             other candidates).
     """
+    if not isinstance(task, Task):
+        text = repr(task)
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise TypeError(f"shuffle_labels: task={shown} ({type(task).__name__}): expected a gna_interp Task, e.g. gna.toy_task('llama')")
     if not is_multiple_choice(task):
         raise ValueError(
             f"task {task.name!r} is not plain multiple choice (prompts as mcq_example builds them): its labels cannot be shuffled"

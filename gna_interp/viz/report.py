@@ -51,6 +51,24 @@ if TYPE_CHECKING:
 ReportLike = tuple["GnACircuit", Any, Any]
 """``(circuit, model or None, task or None)``: patterns are drawn when both are given."""
 
+
+def _check_items(items: object) -> None:
+    """``items`` is a list of ``(circuit, model, task)`` triples; a bare circuit, or a
+    triple of another shape, raises a `TypeError` naming it, before any folder is made."""
+    from ..discovery.circuit import GnACircuit
+
+    expected = "expected a list of (circuit, model, task) tuples, e.g. [(circuit, model, task)] (model and task may be None)"
+    if isinstance(items, GnACircuit):
+        raise TypeError(f"write_report: items is one GnACircuit ({items.model!r}): {expected}")
+    if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
+        raise TypeError(f"write_report: items={items!r} ({type(items).__name__}): {expected}")
+    for index, item in enumerate(items):
+        if not (isinstance(item, (tuple, list)) and len(item) == 3 and isinstance(item[0], GnACircuit)):
+            text = repr(item)
+            shown = text if len(text) <= 80 else text[:77] + "..."
+            raise TypeError(f"write_report: items[{index}]={shown} ({type(item).__name__}): {expected}")
+
+
 _STYLE = """
 body { font-family: sans-serif; max-width: 1320px; margin: 1.5em auto; padding: 0 16px; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.85em; }
@@ -539,6 +557,7 @@ def write_report(
     ``<model>-retention.csv``)."""
     from .views import bundle_script
 
+    _check_items(items)
     folder = Path(directory)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"report directory {str(folder)!r} is an existing file: expected a folder")

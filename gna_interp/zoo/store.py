@@ -24,18 +24,27 @@ def toy_path(name: str) -> Path:
     return folder
 
 
-def toy_card(name: str) -> dict[str, Any]:
-    """The model card of a bundled toy model (seed, steps, time, accuracy, ablation facts)."""
-    return dict(json.loads((toy_path(name) / CARD).read_text()))
+def toy_card(name: Any) -> dict[str, Any]:
+    """The model card of a bundled toy model (seed, steps, time, accuracy, ablation facts).
+
+    Args:
+        name: a bundled toy (`toy_names`), a trained toy's folder (a `Path`), or a
+            `GnaModel` loaded from either (`load_toy`, `gna.load(folder)`).
+    """
+    source = toy_source(name, "toy_card")
+    if isinstance(source, Path):  # a model loaded from a trained toy's folder
+        return card_of(source)
+    return dict(json.loads((toy_path(source) / CARD).read_text()))
 
 
-def toy_task(name: str | Path, n: int = 200, seed: int = 0) -> Any:
+def toy_task(name: Any, n: int = 200, seed: int = 0) -> Any:
     """``n`` fresh prompts of the task a toy model was trained on (`toy_mcq` with its
     card's number of options, words per option, layout, option lengths, label order and
     query place).
 
     Args:
-        name: a bundled toy (`toy_names`) or a folder written by ``gna-interp zoo train``.
+        name: a bundled toy (`toy_names`), a folder written by ``gna-interp zoo train``, or
+            a `GnaModel` loaded from either (``gna.toy_task(gna.load_toy("llama"))``).
 
     Example::
 
@@ -43,7 +52,29 @@ def toy_task(name: str | Path, n: int = 200, seed: int = 0) -> Any:
     """
     from ..tasks.toy import toy_mcq
 
-    return toy_mcq(n, seed=seed, **card_of(name).get("task", {}))
+    return toy_mcq(n, seed=seed, **card_of(toy_source(name, "toy_task")).get("task", {}))
+
+
+def toy_source(value: Any, call: str) -> str | Path:
+    """What names a toy in ``call(name, ...)``: a string or path as given; a model loaded
+    from a toy's folder (its config's ``name_or_path`` holds ``card.json``) as that
+    folder: a bundled toy's name, another folder as a `Path`. Anything else raises a
+    `TypeError` naming the value, its type and what is expected."""
+    if isinstance(value, (str, Path)):
+        return value
+    expected = f"expected a toy name from gna.toy_names() ({', '.join(toy_names())}) or a folder holding {CARD}"
+    config = getattr(getattr(value, "hf_model", None), "config", None)
+    if config is not None:  # a GnaModel: use the folder it was loaded from, when that is a toy's
+        folder = Path(str(getattr(config, "name_or_path", "") or ""))
+        if str(folder) and (folder / CARD).is_file():
+            return folder.name if folder.resolve().parent == ZOO_DIR and folder.name in toy_names() else folder
+        raise TypeError(
+            f"{call}(name={value!r}): this {type(value).__name__} was not loaded from a toy's folder "
+            f"(its weights came from {str(folder) or 'memory'!r}, which holds no {CARD}), so it names no toy task: {expected}"
+        )
+    text = repr(value)
+    shown = text if len(text) <= 80 else text[:77] + "..."
+    raise TypeError(f"{call}(name={shown}) ({type(value).__name__}): {expected}")
 
 
 def card_of(name: str | Path) -> dict[str, Any]:
@@ -69,6 +100,11 @@ def load_toy(name: str, backend: str | None = None, device: Any = None) -> Any:
     """
     from ..models.loading import load
 
+    if not isinstance(name, str):
+        loaded = " (already a loaded model: use it as it is)" if hasattr(name, "hf_model") else ""
+        raise TypeError(
+            f"load_toy(name={name!r}) ({type(name).__name__}){loaded}: expected a toy name from gna.toy_names() ({', '.join(toy_names())})"
+        )
     folder = toy_path(name)
     model = load(str(folder), backend=backend, device=device)
     model.name = f"toy-{name}"
