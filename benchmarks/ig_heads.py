@@ -133,7 +133,8 @@ def curves(gates: Gates, g0: torch.Tensor, per_row: torch.Tensor, points: int = 
     """How far each head's own curve ``m_r(alpha e_h)`` is from linear, per layer: each row's
     curve at ``points + 1`` equally spaced ``alpha`` (one forward per point and head), then
     the share of its total variation that falls in its steepest interval (``1 / points`` for
-    a straight line, 1 for a step), weighted by the variation; and the share of rows whose
+    a straight line, 1 for a step), weighted by the variation, and where along ``alpha`` the
+    steepest intervals lie; and the share of rows whose
     first-order estimate has the sign of the exact effect (rows with ``|effect| > 0.1``)."""
     rows, n = g0.shape
     print(
@@ -142,6 +143,7 @@ def curves(gates: Gates, g0: torch.Tensor, per_row: torch.Tensor, points: int = 
     )
     for layer in sorted(set(gates.layer.tolist())):
         share_num, share_den, agree, total = 0.0, 0.0, 0, 0
+        where_max: list[torch.Tensor] = []  # per interval: the steepest steps that fall in it
         for h in torch.nonzero(gates.layer == layer).flatten().tolist():
             values = []
             for j in range(points + 1):
@@ -151,6 +153,7 @@ def curves(gates: Gates, g0: torch.Tensor, per_row: torch.Tensor, points: int = 
             steps = torch.stack(values, 1).diff(dim=1).abs()  # [rows, points]
             variation = steps.sum(1)
             share_num += float(steps.max(1).values.sum())
+            where_max.append(torch.bincount(steps.argmax(1), weights=steps.max(1).values, minlength=points))
             share_den += float(variation.sum())
             big = per_row[:, h].abs() > 0.1
             agree += int((torch.sign(g0[big, h]) == torch.sign(per_row[big, h])).sum())
@@ -159,6 +162,8 @@ def curves(gates: Gates, g0: torch.Tensor, per_row: torch.Tensor, points: int = 
             f"  layer {layer}: steepest-interval share {share_num / share_den:.3f}; "
             f"first-order sign right on {agree}/{total} (row, head) pairs"
         )
+        where = torch.stack(where_max).sum(0)
+        print(f"    where the steepest interval lies (weighted by its step, alpha = 0 -> 1): {(where / where.sum()).numpy().round(2)}")
 
 
 def edge_nodes(model, clean, corrupt, metric, heads, first, score, rows) -> None:
