@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from gna_interp.zoo.store import toy_path
 
@@ -125,3 +126,26 @@ def test_mamba2_chunk_size_benchmark_gives_equal_tables(tmp_path):
     assert figures["max_abs_score"] > 1e-3
     assert all(row["max_diff"] <= 1e-4 for row in figures["rows"]), figures["rows"]
     assert figures["rows"][1]["limit"] == 4.0  # 7 tokens: padded to 64 x 64 against 32 x 32
+
+
+def test_ig_heads_gates_reproduce_the_sweep():
+    """`benchmarks/ig_heads.py` builds every estimate from per-row, per-head gates: moving one
+    head's gate to 1 on every row must be `patching_sweep`'s effect of that head, and its
+    gradient at 0 the first-order attribution."""
+    import gna_interp as gna
+
+    bench = runpy.run_path(str(ROOT / "benchmarks" / "ig_heads.py"))
+    _, model, clean, corrupt, metric = bench["toy_case"]("falcon_h1", 4, 0)
+    gates = bench["Gates"](model, clean, corrupt, metric)
+    heads, n = gates.heads, len(gates.heads)
+    exact = gna.patching_sweep(model, clean, corrupt, metric, progress=False).effects()
+    first = gna.attribution_patching(model, clean, corrupt, metric).effects()
+    m0, g0 = gates(torch.zeros(gates.rows, n))
+    for column in (0, 5, n - 1):  # an attention head, an SSM head of layer 0, the last SSM head
+        head = heads[column]
+        moved = torch.zeros(gates.rows, n)
+        moved[:, column] = 1.0
+        effect = float((gates(moved, grad=False)[0] - m0).mean())
+        assert abs(effect - float(exact[head.layer, head.head])) < 1e-4, (head, effect)
+        assert abs(float(g0[:, column].mean()) - float(first[head.layer, head.head])) < 1e-4, head
+    assert float(exact.abs().max()) > 0.1
