@@ -43,7 +43,7 @@ from ..cost import cost_meter
 from ..evaluation import evaluate, evaluate_many
 from ..models.jobs import is_batched_remote
 from ..patching.metrics import logit_diff, reduce_metric
-from ..patching.paths import path_patching
+from ..patching.paths import ANY, check_senders, path_patching, path_scores, prepare
 from ..progress import progress_bar
 from ..tasks.base import Task
 from ..tasks.mcq import shuffle_labels
@@ -664,7 +664,9 @@ def _gather_to_aggregate(
     """Path patching of the edge: the Gather heads switched to a corrupted prompt (another
     correct option), their change allowed to reach the output only through the Aggregate
     heads of later layers. Metric: logit of the clean answer minus the corrupted one.
-    ``logits``: the clean and corrupt final logits, if already measured."""
+    ``logits``: the clean and corrupt final logits, if already measured (a remote run: in the
+    confirmation's request); else the clean and corrupt metric are those of path patching's own
+    clean and corrupt runs (`patching.paths.prepare`: the same numbers, two forwards fewer)."""
     if not circuit.gather or not circuit.aggregate:
         return None
     last_gather = max(model.head_position(h) for h in circuit.gather)
@@ -682,13 +684,12 @@ def _gather_to_aggregate(
     right = clean_enc.candidate_ids[rows, clean_enc.correct]
     wrong = corrupt_enc.candidate_ids[rows, corrupt_enc.correct]
     metric = logit_diff(right, wrong)
-    if logits is None:  # the metric reads the final position: logits there alone
-        clean_logits, corrupt_logits = model.logits(task, logits_to_keep=1), model.logits(corrupt, logits_to_keep=1)
+    if logits is None:  # path patching's own clean and corrupt runs give the clean and corrupt metric
+        setup, clean_value, corrupt_value = prepare(model, task, corrupt, check_senders(model, circuit.gather), receivers, metric, ANY, [])
+        path = path_scores(setup, [list(circuit.gather)])[0]
     else:
-        clean_logits, corrupt_logits = logits
-    clean_value = reduce_metric(metric(clean_logits))
-    corrupt_value = reduce_metric(metric(corrupt_logits))
-    path = path_patching(model, task, corrupt, circuit.gather, receivers, metric)
+        clean_value, corrupt_value = reduce_metric(metric(logits[0])), reduce_metric(metric(logits[1]))
+        path = path_patching(model, task, corrupt, circuit.gather, receivers, metric)
     span = clean_value - corrupt_value
     return {
         "clean": clean_value,
