@@ -148,3 +148,29 @@ def test_a_deferred_spread_search_finds_what_the_scan_would():
     assert sorted(h for g in eager.spread for h in g.needed) == sorted(spread | pair)
     assert deferred.tests + searched == eager.tests
     assert (deferred.singles, deferred.screened) == (eager.singles, eager.screened)
+
+
+@pytest.mark.parametrize("name", ["llama", "mamba2"])
+def test_the_edge_check_takes_its_clean_and_corrupt_metric_from_path_patching(name):
+    """`discover`'s Gather -> Aggregate check: its clean and corrupt metric (the candidate
+    logit difference) equal those of separate final-position logits of the clean and the
+    corrupted task, its path-patched value equals `path_patching`'s, and it runs exactly the
+    forwards of `path_patching` alone (two fewer than separate logits and path patching)."""
+    from gna_interp.discovery.pipeline import _gather_to_aggregate
+    from gna_interp.patching.metrics import logit_diff, reduce_metric
+
+    model, task = gna.load_toy(name), gna.toy_task(name, 40, seed=4242)
+    circuit = _discover(model, task, stages=("heads", "entry", "roles"))
+    assert circuit.gather and circuit.aggregate
+    corrupt = task.corrupted()
+    clean_enc, corrupt_enc = task.encode(), corrupt.encode()
+    rows = torch.arange(len(task))
+    metric = logit_diff(clean_enc.candidate_ids[rows, clean_enc.correct], corrupt_enc.candidate_ids[rows, corrupt_enc.correct])
+    with gna.cost_meter(model) as edge:
+        found = _gather_to_aggregate(model, task, circuit)
+    with gna.cost_meter(model) as alone:
+        path = gna.patching.path_patching(model, task, corrupt, circuit.gather, circuit.aggregate, metric)
+    assert found is not None and found["gather->aggregate"] == path
+    assert found["clean"] == reduce_metric(metric(model.logits(task, logits_to_keep=1)))
+    assert found["corrupt"] == reduce_metric(metric(model.logits(corrupt, logits_to_keep=1)))
+    assert edge.forwards == alone.forwards
