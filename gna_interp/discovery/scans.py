@@ -11,12 +11,16 @@
    (groups of at most 4: into single heads at once) (*verified*); the heads of a group that costs nothing keep its accuracy (*screened*).
    Finding ``k`` critical heads among ``N`` costs about ``2 k log2(N / k) + 1`` group
    forwards instead of ``N``. A group whose effect neither half explains (a role spread
-   over many heads) is kept, with the heads the effect needs (`SpreadGroup`). A remote
+   over many heads) is kept, with the heads the effect needs (`SpreadGroup`; ``discover``
+   searches those only for the groups its spread report shows). A remote
    model gets the same findings in 2 or 3 requests (`StagedGroupTesting`: the tree
    measured level after level in batches, every layer together).
 4. `entry_scan`: ablate a head only at the final position, then only on the segment
    tokens, then only at the segment ends; a head's output at position ``t`` enters the
    residual stream at ``t`` alone, so this says where its effect comes in.
+
+Within an `accuracy_memo` (``discover`` opens one per call) an evaluation already made is
+answered from the memo (`accuracy`), not run again.
 """
 
 from __future__ import annotations
