@@ -129,10 +129,11 @@ def test_an_out_projection_bias_keeps_the_layer_scan_apart():
 
 
 def test_a_deferred_spread_search_finds_what_the_scan_would():
-    """The spread oracle (3 of heads 5, 70, 100 together cost 0.7, none alone) with a
-    second spread group of effect 0.3 (heads 20, 21 together): scanned with ``search=False``
-    the groups are kept unsearched; `search_needed` on each then names exactly the heads the
-    eager scan names, and the tests of scan and searches add up to the eager scan's."""
+    """Heads 5, 70, 100 together cost 0.7 (none alone), heads 20, 21 together 0.3: two
+    spread groups (the layer, redundant, and L0H20-L0H23, which needs the pair). Scanned
+    with ``search=False`` they are kept unsearched; `search_needed` on each then names exactly
+    the heads the eager scan names (those a brute force over the group finds), and the tests
+    of scan and searches add up to the eager scan's."""
     spread, pair = {gna.Head(0, i) for i in (5, 70, 100)}, {gna.Head(0, 20), gna.Head(0, 21)}
 
     def measure(groups):
@@ -145,7 +146,10 @@ def test_a_deferred_spread_search_finds_what_the_scan_would():
     assert all(group.needed == [] for group in deferred.spread) and deferred.tests < eager.tests
     searched = sum(search_needed(measure, group, 1.0, 0.02) for group in deferred.spread)
     assert [g.needed for g in deferred.spread] == [g.needed for g in eager.spread]
-    assert sorted(h for g in eager.spread for h in g.needed) == sorted(spread | pair)
+    for group in eager.spread:  # brute force: a head is needed if, the rest of the group ablated, the effect goes
+        brute = [h for h in group.heads if 1.0 - measure([[x for x in group.heads if x != h]])[0] < 0.02]
+        assert group.needed == brute
+    assert [h for g in eager.spread for h in g.needed] == sorted(pair)  # the whole layer's effect is redundant
     assert deferred.tests + searched == eager.tests
     assert (deferred.singles, deferred.screened) == (eager.singles, eager.screened)
 
