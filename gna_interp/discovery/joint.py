@@ -10,7 +10,6 @@ import torch
 
 from ..core.heads import Head
 from ..core.interventions import Ablate
-from ..evaluation import evaluate
 from ..tasks.base import EncodedTask, Task
 from . import scans
 from .circuit import GnACircuit, HeadEvidence, RoleNeed
@@ -101,7 +100,7 @@ class JointSearch:
         )
         if not chosen:
             return None
-        accuracy = evaluate(self.model, self.task, [Ablate(chosen)], progress=False).accuracy
+        accuracy = scans.accuracy(self.model, self.task, [Ablate(chosen)])
         return self.accept(circuit, role, chosen, curve, accuracy, threshold)
 
     def accept(

@@ -41,8 +41,9 @@ from ..core.heads import Head
 from ..core.interventions import Ablate, Intervention
 from ..cost import cost_meter
 from ..evaluation import evaluate, evaluate_many
+from ..models.jobs import is_batched_remote
 from ..patching.metrics import logit_diff, reduce_metric
-from ..patching.paths import path_patching
+from ..patching.paths import ANY, check_senders, path_patching, path_scores, prepare
 from ..progress import progress_bar
 from ..tasks.base import Task
 from ..tasks.mcq import shuffle_labels
@@ -145,7 +146,7 @@ def discover(
         "prescreen_above": prescreen_above,
         "prescreen_keep": 2 * max_candidates if prescreen_keep is None else prescreen_keep,
     }
-    with model.prefix_cache(), cost_meter(model) as cost:
+    with model.prefix_cache(), scans.accuracy_memo(model), cost_meter(model) as cost:
         started = time.perf_counter()
         circuit = _discover(model, task, progress=progress, **options)
     circuit.cost = {**cost.to_dict(len(task)), "seconds": time.perf_counter() - started}
@@ -251,7 +252,7 @@ def _stability(model: GnaModel, sampled: tuple[list[Task], int | None], options:
     started = time.perf_counter()
     sets = []
     for sample in progress_bar(tasks, show=progress, desc="stability"):
-        with model.prefix_cache():
+        with model.prefix_cache(), scans.accuracy_memo(model):
             circuit = _discover(model, sample, progress=False, **chosen)
         sets.append({role: list(getattr(circuit, role)) for role in ROLES})
     shape = (model.n_layers, max(model.heads_per_layer))
@@ -347,6 +348,10 @@ def _discover(
         # scan also removed an MLP or another mixer, and the prescreen ranks its heads.
         scanned = circuit.layer_scan is not None
         cleared = [layer for layer in wide if scanned and layer not in costly and mixer_is_the_block(model, layer)]
+        for layer in adaptive if scanned and not batched else ():  # group testing's first group, measured by the layer scan
+            if ablating_every_head_skips(model, layer):
+                every = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
+                scans.remember(model, task, [Ablate(every)], circuit.layer_scan[layer])  # type: ignore[index]
         screened = scans.prescreen(model, task, scan_layers, narrow, prescreen_keep, grouped=[*adaptive, *cleared])
         only, circuit.settings["prescreen"] = screened.heads, screened.method
         if screened.estimates is not None:
@@ -363,6 +368,7 @@ def _discover(
         progress=progress,
         known=None if first is None else first.groups,
         defer_search=batched and "entry" in stages,  # the spread groups' search travels with the entry scan
+        search_spread=batched,  # locally, only the groups the spread report shows are searched (`_spread`)
     )
     circuit.head_scan = [[None if v != v else float(v) for v in row] for row in scan.accuracy.tolist()]
     candidates = _candidates(scan.accuracy, scan.verified, max_candidates)
@@ -477,7 +483,10 @@ def _spread(
         return
     if premeasured is None or values is None:
         premeasured = _spread_runs(model, task, encoded, circuit, open_roles)
-        values = [result.accuracy for result in evaluate_many(model, premeasured[1])]
+        if is_batched_remote(model):  # one request
+            values = [result.accuracy for result in evaluate_many(model, premeasured[1])]
+        else:
+            values = [scans.accuracy(model, run_task, interventions) for run_task, interventions in premeasured[1]]
     by_key = dict(zip(premeasured[0], values, strict=True))
     where = {"aggregate": ("final", encoded.final), "gather": ("ends", encoded.segment_ends)}
     for role in open_roles:
@@ -492,12 +501,15 @@ def _spread(
             chosen: list[Head] = []
             for h in ranked[:max_heads]:
                 chosen.append(Head(entry, h))
-                curve.append((chosen[-1], evaluate(model, task, [Ablate(chosen, positions=positions)], progress=False).accuracy))
+                curve.append((chosen[-1], scans.accuracy(model, task, [Ablate(chosen, positions=positions)])))
                 if curve[-1][1] <= threshold:
                     break
-            everywhere = evaluate(model, task, [Ablate(chosen)], progress=False).accuracy
+            everywhere = scans.accuracy(model, task, [Ablate(chosen)])
             best = RoleNeed(chosen, everywhere, everywhere <= threshold, curve, name)
         groups = [g for g in scan.spread if entry is not None and g.heads[0].layer == entry]
+        scan.search_spread(groups)  # a local scan searches the needed heads of the groups shown, and only those
+        if scan.tests:
+            circuit.settings["group_testing"] = {str(layer): tests for layer, tests in scan.tests.items()}
         circuit.spread[role] = SpreadRole(role, name, measured, entry, best, max_heads, groups)
 
 
@@ -536,6 +548,18 @@ def mixer_is_the_block(model: GnaModel, layer: int) -> bool:
     block = model.hf_model.get_submodule(model.arch.block_path(layer))
     inside = {id(p) for p in block.get_submodule(mixers[0].spec.path).parameters()}
     return all(p.dim() <= 1 for p in block.parameters() if id(p) not in inside)
+
+
+def ablating_every_head_skips(model: GnaModel, layer: int) -> bool:
+    """Whether ablating every head of ``layer`` (zero) is the same forward as skipping the
+    layer (`SkipLayers`, the layer scan): its block is its one mixer (`mixer_is_the_block`)
+    and the mixer's out-projection has no bias, so zero head outputs write exactly zero and
+    the block passes its residual through."""
+    if not mixer_is_the_block(model, layer):
+        return False
+    mixer = model.layer_specs[layer].mixers[0]
+    out_proj = model.hf_model.get_submodule(mixer.out_proj_path)
+    return getattr(out_proj, "bias", None) is None
 
 
 def _acts_where_it_writes(model: GnaModel, head: Head) -> bool:
@@ -615,7 +639,7 @@ def _confirm(
         elif logits is not None:
             circuit.accuracy[name] = measured[name]
         else:
-            circuit.accuracy[name] = evaluate(model, task, [Ablate(heads)], progress=evaluate_bars).accuracy
+            circuit.accuracy[name] = scans.accuracy(model, task, [Ablate(heads)], progress=evaluate_bars)
     for role, heads in fallback.items():
         curve: list[tuple[Head, float]] = []
         if logits is not None:  # the cumulative sets were all measured: stop where the sequential search stops
@@ -640,7 +664,9 @@ def _gather_to_aggregate(
     """Path patching of the edge: the Gather heads switched to a corrupted prompt (another
     correct option), their change allowed to reach the output only through the Aggregate
     heads of later layers. Metric: logit of the clean answer minus the corrupted one.
-    ``logits``: the clean and corrupt final logits, if already measured."""
+    ``logits``: the clean and corrupt final logits, if already measured (a remote run: in the
+    confirmation's request); else the clean and corrupt metric are those of path patching's own
+    clean and corrupt runs (`patching.paths.prepare`: the same numbers, two forwards fewer)."""
     if not circuit.gather or not circuit.aggregate:
         return None
     last_gather = max(model.head_position(h) for h in circuit.gather)
@@ -658,13 +684,12 @@ def _gather_to_aggregate(
     right = clean_enc.candidate_ids[rows, clean_enc.correct]
     wrong = corrupt_enc.candidate_ids[rows, corrupt_enc.correct]
     metric = logit_diff(right, wrong)
-    if logits is None:  # the metric reads the final position: logits there alone
-        clean_logits, corrupt_logits = model.logits(task, logits_to_keep=1), model.logits(corrupt, logits_to_keep=1)
+    if logits is None:  # path patching's own clean and corrupt runs give the clean and corrupt metric
+        setup, clean_value, corrupt_value = prepare(model, task, corrupt, check_senders(model, circuit.gather), receivers, metric, ANY, [])
+        path = path_scores(setup, [list(circuit.gather)])[0]
     else:
-        clean_logits, corrupt_logits = logits
-    clean_value = reduce_metric(metric(clean_logits))
-    corrupt_value = reduce_metric(metric(corrupt_logits))
-    path = path_patching(model, task, corrupt, circuit.gather, receivers, metric)
+        clean_value, corrupt_value = reduce_metric(metric(logits[0])), reduce_metric(metric(logits[1]))
+        path = path_patching(model, task, corrupt, circuit.gather, receivers, metric)
     span = clean_value - corrupt_value
     return {
         "clean": clean_value,

@@ -11,18 +11,24 @@
    (groups of at most 4: into single heads at once) (*verified*); the heads of a group that costs nothing keep its accuracy (*screened*).
    Finding ``k`` critical heads among ``N`` costs about ``2 k log2(N / k) + 1`` group
    forwards instead of ``N``. A group whose effect neither half explains (a role spread
-   over many heads) is kept, with the heads the effect needs (`SpreadGroup`). A remote
+   over many heads) is kept, with the heads the effect needs (`SpreadGroup`; ``discover``
+   searches those only for the groups its spread report shows). A remote
    model gets the same findings in 2 or 3 requests (`StagedGroupTesting`: the tree
    measured level after level in batches, every layer together).
 4. `entry_scan`: ablate a head only at the final position, then only on the segment
    tokens, then only at the segment ends; a head's output at position ``t`` enters the
    residual stream at ``t`` alone, so this says where its effect comes in.
+
+Within an `accuracy_memo` (``discover`` opens one per call) an evaluation already made is
+answered from the memo (`accuracy`), not run again.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -43,9 +49,108 @@ if TYPE_CHECKING:
     from ..tasks.base import EncodedTask, Task
 
 
-def _accuracy(model: GnaModel, task: Task, interventions: Sequence[Intervention] = ()) -> float:
-    """`evaluate`'s accuracy without its per-batch bar (the scans draw their own)."""
-    return evaluate(model, task, interventions, progress=False).accuracy
+class AccuracyMemo:
+    """Task accuracies already measured on one model (`accuracy_memo`), keyed by everything
+    that changes the forward: the task (by identity: the memo holds it, so its id is not
+    reused), each intervention (`memo_key`) and the model's own active interventions.
+
+    Attributes:
+        model: the model the accuracies were measured on.
+        values: ``key -> accuracy``.
+        hits: evaluations answered from the memo (forwards not run again).
+    """
+
+    def __init__(self, model: GnaModel) -> None:
+        self.model = model
+        self.values: dict[tuple, float] = {}
+        self.tasks: dict[int, Task] = {}
+        self.hits = 0
+
+
+_MEMO: ContextVar[AccuracyMemo | None] = ContextVar("gna_accuracy_memo", default=None)
+
+
+@contextmanager
+def accuracy_memo(model: GnaModel) -> Iterator[AccuracyMemo]:
+    """Within the block, an evaluation of ``model`` by the scans (`accuracy`) that repeats one
+    already made (the same task, interventions and ambient interventions) returns the
+    accuracy measured then, without a forward: the same forward would give the same number.
+    ``discover`` opens one per call: a set the joint search or the confirmation measures
+    again (a group of the head scan, a head the entry scan ablated at the same positions)
+    is paid once. Interventions `memo_key` cannot key (a patch, a mean or resample
+    ablation, an attention mask) are always run."""
+    token = _MEMO.set(AccuracyMemo(model))
+    try:
+        yield _MEMO.get()  # type: ignore[misc]
+    finally:
+        _MEMO.reset(token)
+
+
+def _positions_key(positions: object) -> object:
+    if positions is None or isinstance(positions, int):
+        return positions
+    if isinstance(positions, Tensor):
+        return (str(positions.dtype), tuple(positions.shape), positions.detach().cpu().numpy().tobytes())
+    if isinstance(positions, Sequence) and all(isinstance(p, int) and not isinstance(p, bool) for p in positions):
+        return ("ints", tuple(positions))
+    raise TypeError(f"positions={positions!r}: not a kind the memo keys")
+
+
+def memo_key(interventions: Sequence[Intervention]) -> tuple | None:
+    """A hashable key for ``interventions``, equal exactly when they run the same forward:
+    a zero `Ablate` by its set of heads (the order does not change a zero ablation) and its
+    positions (a tensor by dtype, shape and bytes), `SkipLayers` and `Truncate` as they are.
+    ``None`` for anything else (not memoised)."""
+    parts: list[object] = []
+    for item in interventions:
+        if isinstance(item, Ablate) and item.how == "zero" and item.reference is None:
+            try:
+                where = _positions_key(item.positions)
+            except TypeError:
+                return None
+            parts.append(("ablate", tuple(sorted(set(item.heads))), where))
+        elif isinstance(item, (SkipLayers, Truncate)):
+            parts.append(item)
+        else:
+            return None
+    return tuple(parts)
+
+
+def accuracy(model: GnaModel, task: Task, interventions: Sequence[Intervention] = (), *, progress: bool | None = False) -> float:
+    """`evaluate`'s accuracy (``progress``: its per-batch bar; the scans draw their own), from
+    the open `accuracy_memo` where the same evaluation was made before."""
+    memo = _MEMO.get()
+    key = None
+    if memo is not None and memo.model is model:
+        ambient, own = memo_key(model.active_interventions), memo_key(interventions)
+        key = None if ambient is None or own is None else (id(task), ambient, own)
+    if key is not None and key in memo.values:  # type: ignore[union-attr]
+        memo.hits += 1  # type: ignore[union-attr]
+        return memo.values[key]  # type: ignore[union-attr]
+    value = evaluate(model, task, interventions, progress=progress).accuracy
+    if key is not None:
+        memo.tasks[id(task)] = task  # type: ignore[union-attr]
+        memo.values[key] = value  # type: ignore[union-attr]
+    return value
+
+
+def remember(model: GnaModel, task: Task, interventions: Sequence[Intervention], value: float) -> bool:
+    """Record ``value`` as the accuracy of ``interventions`` in the open `accuracy_memo` (a
+    measurement known to give exactly what they would: ``discover`` records the layer scan's
+    value of a layer as its every head ablated, where the two are the same forward). Returns
+    whether it was recorded (no memo open for ``model``, or interventions it cannot key: no)."""
+    memo = _MEMO.get()
+    if memo is None or memo.model is not model:
+        return False
+    ambient, own = memo_key(model.active_interventions), memo_key(interventions)
+    if ambient is None or own is None:
+        return False
+    memo.tasks[id(task)] = task
+    memo.values[(id(task), ambient, own)] = value
+    return True
+
+
+_accuracy = accuracy
 
 
 def truncation_scan(model: GnaModel, task: Task, *, progress: bool = True) -> list[float]:
@@ -150,7 +255,7 @@ Measure = Callable[[list[list[Head]]], list[float]]
 """Task accuracy with each group of heads ablated (all of a group's heads together)."""
 
 
-def group_testing(measure: Measure, heads: Sequence[Head], clean: float, min_effect: float) -> GroupTesting:
+def group_testing(measure: Measure, heads: Sequence[Head], clean: float, min_effect: float, search: bool = True) -> GroupTesting:
     """Adaptive group testing for the heads whose single ablation costs at least
     ``min_effect`` accuracy below ``clean``.
 
@@ -183,6 +288,9 @@ def group_testing(measure: Measure, heads: Sequence[Head], clean: float, min_eff
         heads: the heads to search (usually one layer's).
         clean: accuracy with nothing ablated.
         min_effect: the smallest drop in accuracy that counts.
+        search: search the spread groups' needed heads here; ``False``: leave it to the
+            caller (`search_needed`, e.g. only for the groups a report shows), ``needed``
+            empty until then.
 
     Returns:
         `GroupTesting`.
@@ -220,10 +328,20 @@ def group_testing(measure: Measure, heads: Sequence[Head], clean: float, min_eff
         pending, parents = split, next_parents
     for item in spread:
         item.searched = clean - item.accuracy >= 2 * min_effect
-        if item.searched:
+        if item.searched and search:
             item.needed, extra = _needed_heads(measure, item.heads, clean, min_effect)
             tests, rounds = tests + extra[0], rounds + extra[1]
     return GroupTesting(singles, screened, spread, tests, rounds)
+
+
+def search_needed(measure: Measure, group: SpreadGroup, clean: float, min_effect: float) -> int:
+    """Fill ``group.needed`` by `group_testing`'s search (for a group found with
+    ``search=False``; nothing for one whose effect is below twice ``min_effect``, which
+    `group_testing` does not search either). Returns the tests it ran."""
+    if not group.searched:
+        return 0
+    group.needed, (tests, _) = _needed_heads(measure, group.heads, clean, min_effect)
+    return tests
 
 
 def block_size(n_heads: int) -> int:
@@ -460,6 +578,23 @@ class HeadScan:
     search: StagedGroupTesting | None = None
     """A remote scan's spread-group search still to finish (``head_scan(defer_search=True)``):
     `StagedGroupTesting.finish`, then `record_search`."""
+    unsearched: list[SpreadGroup] = field(default_factory=list)
+    """A local scan's spread groups whose needed heads are not searched yet
+    (``head_scan(search_spread=False)``): `search_spread`."""
+    measure: Measure | None = None
+    """What measured the groups (for `search_spread`)."""
+    clean: float | None = None
+    min_effect: float = 0.02
+
+    def search_spread(self, groups: Sequence[SpreadGroup]) -> None:
+        """Search the needed heads of those of ``groups`` left unsearched (`search_needed`),
+        adding their tests to `tests`; the others are left as they are."""
+        for group in groups:
+            if not any(group is item for item in self.unsearched) or self.measure is None or self.clean is None:
+                continue
+            layer = group.heads[0].layer
+            self.tests[layer] = self.tests.get(layer, 0) + search_needed(self.measure, group, self.clean, self.min_effect)
+            self.unsearched = [item for item in self.unsearched if item is not group]
 
     def record_search(self) -> None:
         """Finish `search` (measuring what is left) and count its tests."""
@@ -593,6 +728,7 @@ def head_scan(
     progress: bool = True,
     known: dict[tuple[Head, ...], float] | None = None,
     defer_search: bool = False,
+    search_spread: bool = True,
 ) -> HeadScan:
     """Single-head zero-ablation accuracy for every head of ``layers`` (see module docs):
     layers of more than ``screen_above`` heads by adaptive group testing (`group_testing`,
@@ -606,6 +742,9 @@ def head_scan(
         known: group accuracies already measured (`staged_group_testing`'s ``known``).
         defer_search: on a remote model, leave the spread groups' search to the caller
             (`HeadScan.search`: its first round can travel with other work).
+        search_spread: locally, search the spread groups' needed heads in the scan;
+            ``False``: only when asked (`HeadScan.search_spread`: ``discover`` searches
+            those of the groups its spread report shows). A remote scan searches them all.
     """
     accuracy = torch.full((model.n_layers, model.n_heads), float("nan"))
     verified = torch.zeros(model.n_layers, model.n_heads, dtype=torch.bool)
@@ -631,7 +770,8 @@ def head_scan(
         results = search.results if defer_search else search.finish()
     else:
         layers_shown = progress_bar(wide, show=progress, desc="group testing")
-        results = [group_testing(_group_measure(model, task), heads_of[layer], float(clean), min_effect) for layer in layers_shown]  # type: ignore[arg-type]
+        measure = _group_measure(model, task)
+        results = [group_testing(measure, heads_of[layer], float(clean), min_effect, search_spread) for layer in layers_shown]  # type: ignore[arg-type]
     for layer, found in zip(wide, results, strict=True):
         for values, measured in ((found.screened, False), (found.singles, True)):
             for head, value in values.items():
@@ -642,7 +782,11 @@ def head_scan(
     for head, value in _single_ablations(model, task, direct, progress).items():
         accuracy[head.layer, head.head] = value
         verified[head.layer, head.head] = True
-    return HeadScan(accuracy, verified, spread, tests, search if defer_search else None)
+    scan = HeadScan(accuracy, verified, spread, tests, search if defer_search else None)
+    if search is None and not search_spread:
+        scan.unsearched = [group for group in spread if group.searched]
+        scan.measure, scan.clean, scan.min_effect = measure, float(clean) if clean is not None else None, min_effect
+    return scan
 
 
 def _group_measure(model: GnaModel, task: Task) -> Measure:
@@ -782,7 +926,7 @@ def collapsing_set(
     accuracy = clean
     for head in list(ordered)[:max_heads]:
         chosen.append(head)
-        accuracy = evaluate(model, task, [Ablate(chosen)], progress=evaluate_progress).accuracy
+        accuracy = _accuracy(model, task, [Ablate(chosen)], progress=evaluate_progress)
         if curve is not None:
             curve.append((head, accuracy))
         if accuracy <= threshold:
