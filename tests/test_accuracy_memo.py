@@ -15,7 +15,7 @@ import torch
 import gna_interp as gna
 from gna_interp.core.interventions import SkipLayers, Truncate
 from gna_interp.discovery import scans
-from gna_interp.discovery.pipeline import ablating_every_head_skips
+from gna_interp.discovery.pipeline import ablating_every_head_skips, mixer_is_the_block
 from gna_interp.discovery.scans import group_testing, search_needed
 from gna_interp.models.tiny import tiny_model, word_tokenizer
 
@@ -60,6 +60,38 @@ def test_a_memoised_discovery_equals_one_without_the_memo_at_fewer_forwards(mamb
     assert memo.hits >= 3
     assert plain.cost["forwards"] - memoised.cost["forwards"] == memo.hits, (plain.cost, memoised.cost, memo.hits)
     assert memoised.cost["passes"] < plain.cost["passes"]
+
+
+def test_the_layer_scans_value_answers_group_testings_first_group_in_discover(mamba2, monkeypatch):
+    """End to end: with the prescreen on (``prescreen_above=8``) and both layers group-tested,
+    the layer scan's value stands in for every head ablated in each costly layer. The circuit
+    equals, field by field but the cost, a run where that value is not recorded, and the
+    forwards saved are exactly the layers it was recorded for (60 prompts: one batch)."""
+    model, task = mamba2
+    options = {"prescreen_above": 8, "screen_above": 4, "max_heads_per_role": 2}
+    recorded, original = [], scans.remember
+
+    def spied(of, on, interventions, value):
+        done = original(of, on, interventions, value)
+        recorded.append(done)
+        return done
+
+    monkeypatch.setattr(scans, "remember", spied)
+    shortcut = _discover(model, task, **options)
+    monkeypatch.setattr(scans, "remember", lambda *args: False)
+    plain = _discover(model, task, **options)
+    assert recorded and all(recorded), recorded
+    first, second = shortcut.to_dict(), plain.to_dict()
+    assert [k for k in first if first[k] != second[k]] == ["cost"]
+    assert plain.cost["forwards"] - shortcut.cost["forwards"] == len(recorded), (plain.cost, shortcut.cost, recorded)
+
+
+def test_a_bool_position_is_not_keyed_as_position_one():
+    """``True == 1`` in Python: the memo must not answer ``positions=True`` from ``positions=1``."""
+    heads = [gna.Head(0, 0)]
+    assert scans.memo_key([gna.Ablate(heads, positions=1)]) is not None
+    with pytest.raises(TypeError, match="positions=True"):
+        scans._positions_key(True)
 
 
 def test_the_memo_keys_everything_that_changes_the_forward(mamba2):
@@ -126,6 +158,19 @@ def test_an_out_projection_bias_keeps_the_layer_scan_apart():
     prompts = ["w4 w5 w6 w7", "w8 w9 w10 w11"]
     every = [gna.Head(0, h) for h in range(model.heads_per_layer[0])]
     assert not torch.equal(model.logits(prompts, [gna.Ablate(every)]), model.logits(prompts, [SkipLayers([0])]))
+
+
+def test_a_registered_architecture_that_is_not_declared_pre_norm_is_not_taken_as_one():
+    """A post-norm block (``norm(x + mixer(x))``) passes the one-mixer, no-bias test, yet
+    every head zeroed gives ``norm(x)`` where a skip gives ``x``. A row that does not declare
+    ``pre_norm_residual`` is therefore neither cleared by the layer scan nor answered by it;
+    the same model with the built-in row is."""
+    import dataclasses
+
+    model = gna.load(tiny_model("mamba", seed=3), tokenizer=word_tokenizer())
+    assert model.arch.pre_norm_residual and mixer_is_the_block(model, 0) and ablating_every_head_skips(model, 0)
+    model.arch = dataclasses.replace(model.arch, pre_norm_residual=False)
+    assert not mixer_is_the_block(model, 0) and not ablating_every_head_skips(model, 0)
 
 
 def test_a_deferred_spread_search_finds_what_the_scan_would():

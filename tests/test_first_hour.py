@@ -70,6 +70,26 @@ def test_toy_functions_name_what_they_were_given(llama_tlens, toy):
     assert untouched(toy) and untouched(llama_tlens)
 
 
+def test_toy_functions_take_any_path_like():
+    """A toy's folder as a `Path` or any `os.PathLike` is read as that folder (as `load` reads it)."""
+    import os
+
+    from gna_interp.zoo.store import toy_path
+
+    class Where(os.PathLike):
+        def __init__(self, path):
+            self.path = path
+
+        def __fspath__(self):
+            return str(self.path)
+
+    folder = toy_path("llama")
+    assert gna.toy_card(Where(folder)) == gna.toy_card("llama")
+    assert gna.toy_task(Where(folder), 4, seed=1).prompts == gna.toy_task("llama", 4, seed=1).prompts
+    model = gna.load_toy(folder)
+    assert torch.equal(model.logits(gna.toy_task("llama", 2).prompts), gna.load_toy("llama").logits(gna.toy_task("llama", 2).prompts))
+
+
 # ----- heads, targets and interventions: the forms a new user writes ------------------------
 
 

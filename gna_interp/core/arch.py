@@ -473,6 +473,12 @@ class ArchSpec:
             it with ``input_ids`` alone. Then a left-padded batch runs only if every
             mixer has a `MixerSpec.pad_guard` (padding provably leaves the real tokens'
             numbers unchanged); otherwise it is refused with an error naming the fix.
+        pre_norm_residual: every block computes ``x + sum(mixers(norm(x)))`` (plus its MLP),
+            with nothing after the mixers' out-projections but the residual add. Discovery
+            then treats skipping a one-mixer block (the layer scan) as removing its heads and
+            nothing else, and reuses that value (`gna_interp.discovery.pipeline.mixer_is_the_block`).
+            Every built-in row sets it; a registered row is taken as not pre-norm unless it says
+            so (a post-norm block, or a norm with a bias after the mixer, breaks that equality).
     """
 
     family: str
@@ -487,6 +493,7 @@ class ArchSpec:
     n_layers_field: str = "num_hidden_layers"
     d_model_field: str = "hidden_size"
     takes_mask: bool = True
+    pre_norm_residual: bool = False
 
     def __post_init__(self) -> None:
         if self.default_backend not in ("tlens", "nnsight") or (self.default_backend == "tlens" and not self.tlens):

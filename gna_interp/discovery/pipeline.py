@@ -541,9 +541,10 @@ def mixer_is_the_block(model: GnaModel, layer: int) -> bool:
     """Whether ``layer``'s block is its one token mixer and norms (Mamba-1, Falcon-Mamba,
     pure Mamba-2): no MLP and no second mixer, so removing the block (the layer scan)
     removes its heads and nothing else. Every block parameter outside the mixer must be a
-    vector (a norm's weight or bias)."""
+    vector (a norm's weight or bias), and the architecture must be pre-norm
+    (`ArchSpec.pre_norm_residual`: nothing but the residual add after the mixer)."""
     mixers = model.layer_specs[layer].mixers
-    if len(mixers) != 1:
+    if len(mixers) != 1 or not model.arch.pre_norm_residual:
         return False
     block = model.hf_model.get_submodule(model.arch.block_path(layer))
     inside = {id(p) for p in block.get_submodule(mixers[0].spec.path).parameters()}

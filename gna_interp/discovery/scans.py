@@ -78,7 +78,10 @@ def accuracy_memo(model: GnaModel) -> Iterator[AccuracyMemo]:
     ``discover`` opens one per call: a set the joint search or the confirmation measures
     again (a group of the head scan, a head the entry scan ablated at the same positions)
     is paid once. Interventions `memo_key` cannot key (a patch, a mean or resample
-    ablation, an attention mask) are always run."""
+    ablation, an attention mask) are always run.
+
+    Inside the block the model (its weights, swapped blocks) and the task's contents must not
+    change: tasks are keyed by identity, and a value is reused without looking at either."""
     token = _MEMO.set(AccuracyMemo(model))
     try:
         yield _MEMO.get()  # type: ignore[misc]
@@ -87,6 +90,8 @@ def accuracy_memo(model: GnaModel) -> Iterator[AccuracyMemo]:
 
 
 def _positions_key(positions: object) -> object:
+    if isinstance(positions, bool):  # True == 1: never key it as a position
+        raise TypeError(f"positions={positions!r}: not a kind the memo keys")
     if positions is None or isinstance(positions, int):
         return positions
     if isinstance(positions, Tensor):

@@ -349,6 +349,7 @@ def _llamba(family: str, trunk: str, block_output: int | str) -> ArchSpec:
         n_layers_field="n_layer",
         d_model_field="d_model",
         takes_mask=False,
+        pre_norm_residual=True,
     )
 
 
@@ -402,20 +403,43 @@ HYBRID_STUDENT = ArchSpec(
     "model.norm",
     hybrid_student_mixers,
     tlens=False,
+    pre_norm_residual=True,
 )
 
 
 def _llama_like(family: str) -> ArchSpec:
     mixers = uniform(attention())
-    return ArchSpec(family, (family,), LayerKind.ATTENTION, "model.layers", "model.norm", mixers, tlens=True, default_backend="tlens")
+    return ArchSpec(
+        family,
+        (family,),
+        LayerKind.ATTENTION,
+        "model.layers",
+        "model.norm",
+        mixers,
+        tlens=True,
+        default_backend="tlens",
+        pre_norm_residual=True,
+    )
 
 
 def _mamba_like(family: str, mixer: MixerSpec) -> ArchSpec:
-    return ArchSpec(family, (family,), LayerKind.SSM, "backbone.layers", "backbone.norm_f", uniform(mixer), tlens=True)
+    return ArchSpec(
+        family, (family,), LayerKind.SSM, "backbone.layers", "backbone.norm_f", uniform(mixer), tlens=True, pre_norm_residual=True
+    )
 
 
 def _hybrid(family: str, final_norm: str, mixers: MixerTable, block_output: int = 0) -> ArchSpec:
-    return ArchSpec(family, (family,), LayerKind.HYBRID, "model.layers", final_norm, mixers, tlens=True, block_output=block_output)
+    return ArchSpec(
+        family,
+        (family,),
+        LayerKind.HYBRID,
+        "model.layers",
+        final_norm,
+        mixers,
+        tlens=True,
+        block_output=block_output,
+        pre_norm_residual=True,
+    )
 
 
 # Qwen3-Next: q_proj outputs each head's query and its output gate side by side, so only

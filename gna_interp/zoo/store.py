@@ -5,6 +5,7 @@ readable) and ``README.md`` (the model card)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,8 @@ def toy_source(value: Any, call: str) -> str | Path:
     `TypeError` naming the value, its type and what is expected."""
     if isinstance(value, (str, Path)):
         return value
+    if isinstance(value, os.PathLike):
+        return Path(os.fspath(value))
     expected = f"expected a toy name from gna.toy_names() ({', '.join(toy_names())}) or a folder holding {CARD}"
     config = getattr(getattr(value, "hf_model", None), "config", None)
     if config is not None:  # a GnaModel: use the folder it was loaded from, when that is a toy's
@@ -100,6 +103,8 @@ def load_toy(name: str, backend: str | None = None, device: Any = None) -> Any:
     """
     from ..models.loading import load
 
+    if isinstance(name, os.PathLike):  # a toy's folder given as a path, as `load` takes it
+        name = str(os.fspath(name))
     if not isinstance(name, str):
         loaded = " (already a loaded model: use it as it is)" if hasattr(name, "hf_model") else ""
         raise TypeError(
