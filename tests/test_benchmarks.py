@@ -48,6 +48,7 @@ def test_attribution_benchmark_compares_real_effects(tmp_path):
     assert math.isfinite(figures["path_demo"]["by_stream"]["any"])
 
 
+@pytest.mark.slow  # 10-17 s: run by `make test-slow` (CI), not `make test`
 def test_implicit_attention_benchmark_agrees_with_its_loop(tmp_path):
     figures = run_benchmark(
         "implicit_attention", "--seq-len", "48", "--prompts", "1", "--repeats", "1", "--loop-keys", "4", out=tmp_path / "implicit.json"
@@ -58,6 +59,7 @@ def test_implicit_attention_benchmark_agrees_with_its_loop(tmp_path):
         assert result["rows_max_diff"] <= 1e-5 and result["loop_max_diff"] <= 1e-5, result
 
 
+@pytest.mark.slow  # 10-17 s: run by `make test-slow` (CI), not `make test`
 def test_ablation_sweep_benchmark_matches_its_hook_loop(tmp_path):
     figures = run_benchmark(
         "ablation_sweep",
@@ -116,6 +118,7 @@ def test_bridge_overhead_benchmark_variants_equal_hf(tmp_path, monkeypatch):
     assert all(seconds > 0 for seconds in figures["seconds"].values())
 
 
+@pytest.mark.slow  # 10-17 s: run by `make test-slow` (CI), not `make test`
 def test_mamba2_chunk_size_benchmark_gives_equal_tables(tmp_path):
     """Every chunk size's head table equals chunk 32's (the figures the performance page
     quotes compare the same numbers), and the table is not all zeros."""
@@ -128,6 +131,7 @@ def test_mamba2_chunk_size_benchmark_gives_equal_tables(tmp_path):
     assert figures["rows"][1]["limit"] == 4.0  # 7 tokens: padded to 64 x 64 against 32 x 32
 
 
+@pytest.mark.slow  # 10-17 s: run by `make test-slow` (CI), not `make test`
 def test_ig_heads_gates_reproduce_the_sweep():
     """`benchmarks/ig_heads.py` builds every estimate from per-row, per-head gates: moving one
     head's gate to 1 on every row must be `patching_sweep`'s effect of that head, and its
