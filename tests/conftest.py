@@ -5,9 +5,12 @@ with the library."""
 from __future__ import annotations
 
 import copy
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -146,14 +149,59 @@ DEMO_TEST_PROMPTS = 48
 quarter of the work."""
 
 
+class _DemoInBackground:
+    """`gna-interp demo` started once, in a fresh interpreter, as soon as collection knows a
+    selected test needs it (`pytest_collection_modifyitems`). The suite runs on one thread
+    (above), so the demo's minutes run on the second core beside the other tests instead of
+    before the first test that reads its output."""
+
+    process: subprocess.Popen | None = None
+    folder: Path | None = None
+    command: tuple[str, ...] = ()
+
+    @classmethod
+    def start(cls) -> None:
+        if cls.process is not None:
+            return
+        cls.folder = Path(tempfile.mkdtemp(prefix="gna_demo_"))
+        report = cls.folder / "gna-report"
+        cls.command = (sys.executable, "-m", "gna_interp.cli", "demo", "--out", str(report), "--quiet", "--n", str(DEMO_TEST_PROMPTS))
+        with open(cls.folder / "stdout", "w") as out, open(cls.folder / "stderr", "w") as err:
+            cls.process = subprocess.Popen(list(cls.command), stdout=out, stderr=err, text=True)
+
+    @classmethod
+    def result(cls) -> tuple[subprocess.CompletedProcess, Path]:
+        cls.start()
+        assert cls.process is not None and cls.folder is not None
+        code = cls.process.wait()
+        stdout, stderr = (cls.folder / "stdout").read_text(), (cls.folder / "stderr").read_text()
+        return subprocess.CompletedProcess(list(cls.command), code, stdout, stderr), cls.folder / "gna-report"
+
+    @classmethod
+    def stop(cls) -> None:
+        if cls.process is not None and cls.process.poll() is None:
+            cls.process.kill()
+            cls.process.wait()
+        if cls.folder is not None:
+            shutil.rmtree(cls.folder, ignore_errors=True)
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k have deselected
+def pytest_collection_modifyitems(session, config, items) -> None:
+    if any("demo_run" in getattr(item, "fixturenames", ()) for item in items):
+        _DemoInBackground.start()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    _DemoInBackground.stop()
+
+
 @pytest.fixture(scope="session")
-def demo_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, object]:
+def demo_run() -> tuple[subprocess.CompletedProcess, object]:
     """`gna-interp demo` run once per session through the console entry point, in a fresh
-    interpreter (no time limit): its completed process and its report folder, for every test
-    that needs the demo's output or report."""
-    report = tmp_path_factory.mktemp("demo") / "gna-report"
-    command = [sys.executable, "-m", "gna_interp.cli", "demo", "--out", str(report), "--quiet", "--n", str(DEMO_TEST_PROMPTS)]
-    result = subprocess.run(command, capture_output=True, text=True)
+    interpreter started at collection (no time limit): its completed process and its
+    report folder, for every test that needs the demo's output or report."""
+    result, report = _DemoInBackground.result()
     assert result.returncode == 0, result.stderr[-3000:]
     return result, report
 
