@@ -121,14 +121,21 @@ def memo_key(interventions: Sequence[Intervention]) -> tuple | None:
     return tuple(parts)
 
 
+def _memo_entry(memo: AccuracyMemo | None, model: GnaModel, task: Task, interventions: Sequence[Intervention]) -> tuple | None:
+    """The open memo's key for evaluating ``interventions`` on ``task`` (the task's identity, the
+    ambient and the given interventions' `memo_key`); ``None`` where no memo of ``model`` is open
+    or either cannot be keyed."""
+    if memo is None or memo.model is not model:
+        return None
+    ambient, own = memo_key(model.active_interventions), memo_key(interventions)
+    return None if ambient is None or own is None else (id(task), ambient, own)
+
+
 def accuracy(model: GnaModel, task: Task, interventions: Sequence[Intervention] = (), *, progress: bool | None = False) -> float:
     """`evaluate`'s accuracy (``progress``: its per-batch bar; the scans draw their own), from
     the open `accuracy_memo` where the same evaluation was made before."""
     memo = _MEMO.get()
-    key = None
-    if memo is not None and memo.model is model:
-        ambient, own = memo_key(model.active_interventions), memo_key(interventions)
-        key = None if ambient is None or own is None else (id(task), ambient, own)
+    key = _memo_entry(memo, model, task, interventions)
     if key is not None and key in memo.values:  # type: ignore[union-attr]
         memo.hits += 1  # type: ignore[union-attr]
         return memo.values[key]  # type: ignore[union-attr]
@@ -145,13 +152,11 @@ def remember(model: GnaModel, task: Task, interventions: Sequence[Intervention],
     value of a layer as its every head ablated, where the two are the same forward). Returns
     whether it was recorded (no memo open for ``model``, or interventions it cannot key: no)."""
     memo = _MEMO.get()
-    if memo is None or memo.model is not model:
+    key = _memo_entry(memo, model, task, interventions)
+    if key is None:
         return False
-    ambient, own = memo_key(model.active_interventions), memo_key(interventions)
-    if ambient is None or own is None:
-        return False
-    memo.tasks[id(task)] = task
-    memo.values[(id(task), ambient, own)] = value
+    memo.tasks[id(task)] = task  # type: ignore[union-attr]
+    memo.values[key] = value  # type: ignore[union-attr]
     return True
 
 
