@@ -34,9 +34,8 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/gna-interp demo
 
-# `make test` leaves out the checks marked slow (pyproject.toml); `make test-slow` runs them,
-# CI runs both, and test-latest / test-floors run everything but the Mamba-1 budget checks
-# (marked budget: discovery's pass counts, minutes each, run once on the lock).
+# `make test` leaves out the checks marked slow (pyproject.toml); `make test-slow` runs them.
+# CI runs both on the lock, once; test-latest / test-floors run the fast suite (`make test`'s set).
 test: setup
 	$(PY) $(PYTEST) -m "not slow"
 
@@ -53,12 +52,12 @@ test-latest:
 	$(LATEST_VENV)/bin/python -m pip install -q -c $(BOOTSTRAP) -e ".[viz,dev]"
 	$(LATEST_VENV)/bin/python -m pip check
 	$(LATEST_VENV)/bin/python tools/lock_drift.py $(LOCK)
-	$(LATEST_VENV)/bin/python $(PYTEST) -m "not budget"
+	$(LATEST_VENV)/bin/python $(PYTEST) -m "not slow"
 
 # The oldest releases the ranges allow (requirements/floors.in), locked like the main set.
 test-floors: $(FLOORS_VENV)/.installed
 	$(FLOORS_VENV)/bin/python tools/lock_drift.py $(LOCK)
-	$(FLOORS_VENV)/bin/python $(PYTEST) -m "not budget"
+	$(FLOORS_VENV)/bin/python $(PYTEST) -m "not slow"
 
 # Refresh both locks: uv resolves (the newest releases in range, or the floors), for Python 3.11
 # on this machine's CPU torch (its wheel lies in /opt/wheels). Then: make test test-floors.
