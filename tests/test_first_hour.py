@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.discovery import GnACircuit
+from gna_interp.discovery import GnaCircuit
 from gna_interp.zoo.store import toy_path
 
 from .conftest import CLEAN, CORRUPT, no_hooks_left
@@ -229,12 +229,12 @@ def test_sharpness_metrics_name_a_pattern_that_is_not_a_tensor(task):
 
 
 def test_write_report_names_a_bare_circuit_before_making_the_folder(tmp_path):
-    circuit = GnACircuit(model="toy-x", family="llama", task="t", n_prompts=1, gather=[], aggregate=[], heads=[], accuracy={}, needs={})
+    circuit = GnaCircuit(model="toy-x", family="llama", task="t", n_prompts=1, gather=[], aggregate=[], heads=[], accuracy={}, needs={})
     out = tmp_path / "report"
     expected = r"expected a list of \(circuit, model, task\) tuples, e.g. \[\(circuit, model, task\)\]"
-    with pytest.raises(TypeError, match=rf"write_report: items is one GnACircuit \('toy-x'\): {expected}"):
+    with pytest.raises(TypeError, match=rf"write_report: items is one GnaCircuit \('toy-x'\): {expected}"):
         gna.write_report(circuit, out)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=rf"write_report: items\[1\]=GnACircuit\(.*\.\.\. \(GnACircuit\): {expected}"):
+    with pytest.raises(TypeError, match=rf"write_report: items\[1\]=GnaCircuit\(.*\.\.\. \(GnaCircuit\): {expected}"):
         gna.write_report([(circuit, None, None), circuit], out)  # type: ignore[list-item]
     with pytest.raises(TypeError, match=rf"write_report: items='report' \(str\): {expected}"):
         gna.write_report("report", out)  # type: ignore[arg-type]
