@@ -22,5 +22,5 @@ edges = gna.edge_attribution(model, task, corrupt, metric, receivers=[aggregate]
 print(edges.to_frame().sort_values("effect", key=abs, ascending=False).head(6).to_string(index=False))
 
 # How much of the task the top-n edges carry alone.
-curve = gna.faithfulness_curve(model, task, edges, reference=corrupt)
+curve = gna.faithfulness_curve(model, task, edges, corrupt=corrupt)
 print(curve.to_frame()[["size", "accuracy", "of_clean", "added"]].to_string(index=False))

@@ -135,9 +135,9 @@ def test_one_intervention_needs_no_list_in_sweeps_and_patterns(llama_tlens):
     assert sweep.baseline == pytest.approx(float(metric(llama_tlens.logits(CLEAN, [truncate])).mean()), abs=1e-5)
     patch = gna.patching_sweep(llama_tlens, CLEAN, CORRUPT, metric, heads=[gna.Head(0, 1)], interventions=truncate, progress=False)
     assert patch.baseline == pytest.approx(float(metric(llama_tlens.logits(CORRUPT, [truncate])).mean()), abs=1e-5)
-    single = gna.attention_pattern(llama_tlens, CLEAN, gna.Head(1, 2), [-1], interventions=gna.Ablate([gna.Head(0, 0)]))
-    listed = gna.attention_pattern(llama_tlens, CLEAN, gna.Head(1, 2), [-1], interventions=[gna.Ablate([gna.Head(0, 0)])])
-    plain = gna.attention_pattern(llama_tlens, CLEAN, gna.Head(1, 2), [-1])
+    single = gna.attention_pattern(llama_tlens, CLEAN, gna.Head(1, 2), query_positions=[-1], interventions=gna.Ablate([gna.Head(0, 0)]))
+    listed = gna.attention_pattern(llama_tlens, CLEAN, gna.Head(1, 2), query_positions=[-1], interventions=[gna.Ablate([gna.Head(0, 0)])])
+    plain = gna.attention_pattern(llama_tlens, CLEAN, gna.Head(1, 2), query_positions=[-1])
     assert torch.equal(single, listed) and not torch.allclose(single, plain)  # applied, not dropped
     assert untouched(llama_tlens)
 
@@ -164,7 +164,7 @@ def test_capture_takes_one_target_and_names_a_string(llama_tlens):
 def test_head_parse_and_keep_only_name_the_slip():
     with pytest.raises(TypeError, match=r"Head.parse\(text=5\) \(int\): expected a string such as 'L16H22'; Head\(layer, head\) takes"):
         gna.Head.parse(5)  # type: ignore[arg-type]
-    # the typo is reported before the missing reference= of KeepOnly's default how="mean"
+    # the typo is reported first, before anything else about the call
     with pytest.raises(TypeError, match=r"KeepOnly heads is the string 'L1H0': expected gna_interp.Head values"):
         gna.KeepOnly("L1H0")  # type: ignore[arg-type]
 

@@ -690,7 +690,7 @@ def _gather_to_aggregate(
         path = path_scores(setup, [list(circuit.gather)])[0]
     else:
         clean_value, corrupt_value = reduce_metric(metric(logits[0])), reduce_metric(metric(logits[1]))
-        path = path_patching(model, task, corrupt, circuit.gather, receivers, metric)
+        path = path_patching(model, task, corrupt, metric, senders=circuit.gather, receivers=receivers)
     span = clean_value - corrupt_value
     return {
         "clean": clean_value,

@@ -306,7 +306,7 @@ def circuit_faithfulness(
     if not heads:
         return None
     ranking = circuit_ranking(circuit, model)
-    return faithfulness_curve(model, task, ranking, sizes, how, circuit=heads, progress=progress)
+    return faithfulness_curve(model, task, ranking, sizes=sizes, how=how, circuit=heads, progress=progress)
 
 
 _HOW = {
