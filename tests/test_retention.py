@@ -162,6 +162,25 @@ def test_keep_only_every_head_is_clean_and_none_is_every_head_ablated(toy_llamas
     assert no_hooks_left(model)
 
 
+@pytest.mark.parametrize("backend", ["tlens", "nnsight"])
+def test_keep_only_defaults_take_the_mean_over_the_inputs_it_runs_on(toy_llamas, llama_task, backend):
+    """``KeepOnly(heads)`` as it stands: how="mean" over the inputs of the forward it runs
+    in, the same as `Ablate` of the other heads with those very inputs as ``corrupt``
+    (and not the mean over other inputs)."""
+    model = toy_llamas[backend]
+    kept = [gna.Head(1, 0), gna.Head(0, 3)]
+    others = [head for head in model.layout.heads if head not in kept]  # attention: every head of the toy Llama
+    half = llama_task[: N_PROMPTS // 2]
+    got = logits(model, half, [gna.KeepOnly(kept)])
+    assert torch.equal(got, logits(model, half, [gna.Ablate(others, how="mean", corrupt=half)]))
+    whole_mean = logits(model, half, [gna.Ablate(others, how="mean", corrupt=llama_task)])
+    assert not torch.allclose(got, whole_mean, atol=1e-4), "the mean over other inputs: the comparison could not fail"
+    assert not torch.allclose(got, logits(model, half), atol=1e-3)
+    with pytest.raises(ValueError, match=r"KeepOnly how='resample' needs corrupt="):
+        gna.KeepOnly(kept, how="resample")
+    assert no_hooks_left(model)
+
+
 def test_keep_only_leaves_other_kinds_alone():
     hybrid = gna.load_toy("falcon_h1")
     task = gna.toy_task("falcon_h1", 8, seed=SEED)
