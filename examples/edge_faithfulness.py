@@ -8,12 +8,11 @@ and "Faithfulness curves over edges"). Runs on the bundled toy in about a minute
 from __future__ import annotations
 
 import gna_interp as gna
-from gna_interp.patching.metrics import candidate_logit_diff
 
 model, task = gna.load_toy("llama"), gna.toy_task("llama", 48, seed=0)
 corrupt = task.corrupted(seed=0)
 encoded = task.encode()
-metric = candidate_logit_diff(encoded.candidate_ids, encoded.correct)  # scalar, read at the final position
+metric = gna.candidate_logit_diff(encoded.candidate_ids, encoded.correct)  # scalar, read at the final position
 aggregate = gna.Head(1, 0)
 
 # Every layer-0 head -> the Aggregate head's q, k and v, scored at once (Spearman 0.93
