@@ -133,7 +133,7 @@ if __name__ == "__main__":
     metric = gna.logit_diff(correct=5, incorrect=6)
     sweep = gna.ablation_sweep(model, clean, metric, progress=False)
     print("ablation: largest effects", [(str(h), round(s, 4)) for h, s in sweep.top(3)])
-    path = gna.path_patching(model, clean, corrupt, [gna.Head(0, 1)], [gna.Head(2, 0)], metric, receiver_input="k")
+    path = gna.path_patching(model, clean, corrupt, metric, senders=[gna.Head(0, 1)], receivers=[gna.Head(2, 0)], receiver_input="k")
     print(f"path patching L0H1 -> L2H0 (k): {path:+.4f}")
     pattern = gna.attention_pattern(model, clean, [gna.Head(1, 2)], query_positions=[-1])
     print("attention of L1H2 at the last position:", [round(v, 3) for v in pattern[0, 0, 0].tolist()])

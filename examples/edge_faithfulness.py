@@ -8,12 +8,11 @@ and "Faithfulness curves over edges"). Runs on the bundled toy in about a minute
 from __future__ import annotations
 
 import gna_interp as gna
-from gna_interp.patching.metrics import candidate_logit_diff
 
 model, task = gna.load_toy("llama"), gna.toy_task("llama", 48, seed=0)
 corrupt = task.corrupted(seed=0)
 encoded = task.encode()
-metric = candidate_logit_diff(encoded.candidate_ids, encoded.correct)  # scalar, read at the final position
+metric = gna.candidate_logit_diff(encoded.candidate_ids, encoded.correct)  # scalar, read at the final position
 aggregate = gna.Head(1, 0)
 
 # Every layer-0 head -> the Aggregate head's q, k and v, scored at once (Spearman 0.93
@@ -22,5 +21,5 @@ edges = gna.edge_attribution(model, task, corrupt, metric, receivers=[aggregate]
 print(edges.to_frame().sort_values("effect", key=abs, ascending=False).head(6).to_string(index=False))
 
 # How much of the task the top-n edges carry alone.
-curve = gna.faithfulness_curve(model, task, edges, reference=corrupt)
+curve = gna.faithfulness_curve(model, task, edges, corrupt=corrupt)
 print(curve.to_frame()[["size", "accuracy", "of_clean", "added"]].to_string(index=False))

@@ -14,7 +14,6 @@ import os
 import warnings
 
 import gna_interp as gna
-from gna_interp.patching.metrics import candidate_logit_diff
 from gna_interp.viz.faithfulness import faithfulness_figure
 
 N = int(os.environ.get("GNA_EXAMPLE_N", "200"))
@@ -27,8 +26,8 @@ for name in ("llama", "mamba2", "falcon_h1"):
         circuit = gna.discover(model, task, progress=False)
     heads = [*circuit.gather, *circuit.aggregate]
     encoded = task.encode(task.tokenizer_for(model.tokenizer))
-    metric = candidate_logit_diff(encoded.candidate_ids, encoded.correct)
-    sweep = gna.ablation_sweep(model, task, metric, how="mean", reference=task, progress=False)
+    metric = gna.candidate_logit_diff(encoded.candidate_ids, encoded.correct)
+    sweep = gna.ablation_sweep(model, task, metric, how="mean", corrupt=task, progress=False)
     for how in ("mean", "resample"):
         curve = gna.faithfulness_curve(model, task, sweep, how=how, circuit=heads, progress=False)
         point = curve.circuit_point

@@ -21,7 +21,6 @@ import time
 import torch
 
 import gna_interp as gna
-from gna_interp.patching.metrics import candidate_logit_diff
 
 torch.set_num_threads(1)
 gna.set_progress(False)
@@ -32,8 +31,8 @@ TOY = "llama_4x8"
 teacher, task = gna.load_toy(TOY), gna.toy_task(TOY, N, seed=2026)
 train = gna.toy_task(TOY, 4000, seed=1).prompts  # other prompts than the evaluation's
 encoded = task.encode(task.tokenizer_for(teacher.tokenizer))
-metric = candidate_logit_diff(encoded.candidate_ids, encoded.correct)
-sweep = gna.ablation_sweep(teacher, task, metric, how="mean", reference=task, progress=False)
+metric = gna.candidate_logit_diff(encoded.candidate_ids, encoded.correct)
+sweep = gna.ablation_sweep(teacher, task, metric, how="mean", corrupt=task, progress=False)
 drops = sweep.baseline - sweep.scores  # [layer, head]: how much ablating the head costs
 order = [gna.Head(int(i) // drops.shape[1], int(i) % drops.shape[1]) for i in torch.argsort(drops.flatten(), descending=True)]
 print("ranking (drop of the logit difference):", ", ".join(f"{h} {float(drops[h.layer, h.head]):+.2f}" for h in order))

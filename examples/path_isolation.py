@@ -33,7 +33,9 @@ span = clean - float(metric(model.logits(corrupt)).mean())
 
 def share(receivers, receiver_input="any"):
     """Fraction of the clean - corrupt difference that the path carries."""
-    return (clean - gna.path_patching(model, task, corrupt, senders, receivers, metric, receiver_input)) / span
+    return (
+        clean - gna.path_patching(model, task, corrupt, metric, senders=senders, receivers=receivers, receiver_input=receiver_input)
+    ) / span
 
 
 # %%

@@ -21,7 +21,7 @@ clean = ["w5 w6 w7 w8", "w9 w10 w11 w12", "w13 w14 w15 w16"]
 corrupt = ["w5 w30 w7 w8", "w9 w10 w31 w12", "w40 w14 w15 w41"]
 head = gna.Head(1, 2)
 logits = llama.logits(clean, interventions=[gna.Ablate([head], how="zero")])
-with llama.ablated([head], how="mean", reference=corrupt):
+with llama.ablated([head], how="mean", corrupt=corrupt):
     mean_ablated = llama.logits(clean)
 print("logits", tuple(logits.shape), "change from mean-ablating", head, f"{(mean_ablated - llama.logits(clean)).abs().max():.4f}")
 

@@ -27,7 +27,7 @@ print("layer kinds:", [kind.value for kind in model.layer_kinds])
 # %% The paper's experiment: zero the final query row of every attention call.
 clean = gna.evaluate(model, task)
 masked = gna.evaluate(model, task, [gna.MaskAttentionRows(-1)])
-kept = gna.evaluate(model, task, [gna.keep_attention_rows(-1)])
+kept = gna.evaluate(model, task, [gna.MaskAttentionRows(-1, keep=True)])
 print(f"clean {clean.accuracy:.3f}  final row masked {masked.accuracy:.3f}  only the final row kept {kept.accuracy:.3f}")
 
 # %% Discovery over attention and SSM heads in one list; each found head's kind.

@@ -298,8 +298,8 @@ def ablate_command(args: argparse.Namespace) -> int:
 
     model = load_model(args.model, args.backend, args.remote)
     before = evaluate(model, task)
-    reference = task if args.how == "mean" else None
-    after = evaluate(model, task, [Ablate(heads, how=args.how, reference=reference)])
+    corrupt = task if args.how == "mean" else None
+    after = evaluate(model, task, [Ablate(heads, how=args.how, corrupt=corrupt)])
     names = ", ".join(map(str, heads))
     print(f"{model.name} on {task.name} ({len(task)} prompts, chance {before.chance:.3f})")
     print(f"accuracy clean {before.accuracy:.3f} -> {after.accuracy:.3f} with {names} {args.how}-ablated")

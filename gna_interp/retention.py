@@ -35,8 +35,9 @@ from .core.heads import Head
 from .core.inputs import UnknownWordsWarning, unk_id
 from .core.interventions import ABLATION_KINDS, HEAD_KINDS, Ablate
 from .cost import cost_meter
+from .curve import check_sizes
 from .evaluation import check_context, check_distinct_candidates, check_task, evaluate
-from .faithfulness import check_sizes, keep_only_summary, rank_heads
+from .faithfulness import keep_only_summary, rank_heads
 from .patching.metrics import candidate_accuracy
 from .patching.results import SweepResult
 from .patching.sweeps import ablation_sweep
@@ -257,19 +258,19 @@ def _ablated_accuracy(
     encoded = task.encode(task.tokenizer_for(model.tokenizer))
     check_distinct_candidates(task, encoded)
     check_context(model, encoded)
-    reference = None if how == "zero" else task if how == "mean" else task.corrupted()
+    corrupt = None if how == "zero" else task if how == "mean" else task.corrupted()
     table = torch.full((model.n_layers, model.n_heads), math.nan, dtype=torch.float64)
     if encoded.single_token:  # one stacked sweep; a row's score is 0 or 1, so counts are exact
         metric = candidate_accuracy(encoded.candidate_ids, encoded.correct)
         chunking = dict(max_rows=max_rows, memory_budget_mb=memory_budget_mb, progress=progress)
-        sweep = ablation_sweep(model, task, metric, heads=heads, how=how, reference=reference, **chunking)  # type: ignore[arg-type]
+        sweep = ablation_sweep(model, task, metric, heads=heads, how=how, corrupt=corrupt, **chunking)  # type: ignore[arg-type]
         rows = len(task)
         for head in heads:
             table[head.layer, head.head] = round(float(sweep.scores[head.layer, head.head]) * rows) / rows
         return round(sweep.baseline * rows) / rows, table
     clean = evaluate(model, task, batch_size=batch_size, progress=False).accuracy
     for head in progress_bar(heads, show=progress, desc=f"ranking ({how})"):
-        ablation = Ablate([head], how=how, reference=reference)
+        ablation = Ablate([head], how=how, corrupt=corrupt)
         table[head.layer, head.head] = evaluate(model, task, [ablation], batch_size=batch_size, progress=False).accuracy
     return clean, table
 
@@ -356,12 +357,12 @@ def retention_curve(
     model: GnaModel,
     task: Task,
     ranking: RetrievalRanking | SweepResult | Sequence[Head],
-    sizes: Sequence[int] | None = None,
     *,
+    sizes: Sequence[int] | None = None,
     seeds: int | Sequence[int] = 5,
     kind: str = "attention",
     how: str = "mean",
-    reference: Any = None,
+    corrupt: Any = None,
     batch_size: int = 64,
     progress: bool = True,
 ) -> RetentionCurve:
@@ -380,9 +381,9 @@ def retention_curve(
         seeds: the random orders: a count (seeds ``0..count-1``) or a list of seeds.
         kind: ``"attention"`` (default: the paper's student keeps attention heads and
             replaces the rest), ``"ssm"`` or ``"all"``.
-        how: ``"mean"`` (default; over ``reference``, the task's prompts by default),
-            ``"zero"`` or ``"resample"`` (``reference`` default ``task.corrupted()``).
-        reference: see `Ablate`.
+        how: ``"mean"`` (default; over ``corrupt``, the task's prompts by default),
+            ``"zero"`` or ``"resample"`` (``corrupt`` default ``task.corrupted()``).
+        corrupt: see `Ablate`.
         batch_size: prompts per forward (`evaluate`).
         progress: a bar over the evaluations.
 
@@ -406,8 +407,8 @@ def retention_curve(
         permutation = list(heads)
         random.Random(seed).shuffle(permutation)
         shuffled.append(permutation)
-    if reference is None and how != "zero":
-        reference = task if how == "mean" else task.corrupted()
+    if corrupt is None and how != "zero":
+        corrupt = task if how == "mean" else task.corrupted()
     inner = [n for n in chosen if 0 < n < len(heads)]
     with cost_meter(model) as cost, model.source_cache():
         bar = progress_bar(total=2 + len(inner) * (1 + len(seed_list)), show=progress, desc=f"retention ({kind}, {how})")
@@ -415,7 +416,7 @@ def retention_curve(
 
             def accuracy(kept: Sequence[Head]) -> float:
                 bar.update(1)
-                return keep_only_summary(model, task, kept, kind, how, reference, batch_size)["accuracy"]
+                return keep_only_summary(model, task, kept, kind, how, corrupt, batch_size)["accuracy"]
 
             ends = {0: accuracy([]), len(heads): accuracy(heads)}  # the same for every order
             ranked = [ends[n] if n in ends else accuracy(order[:n]) for n in chosen]

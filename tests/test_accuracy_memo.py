@@ -105,7 +105,7 @@ def test_the_memo_keys_everything_that_changes_the_forward(mamba2):
     assert scans.memo_key([gna.Ablate(heads)]) == scans.memo_key([gna.Ablate(heads[::-1])])
     assert scans.memo_key([gna.Ablate(heads, positions=encoded.final)]) != scans.memo_key([gna.Ablate(heads)])
     assert scans.memo_key([SkipLayers([1])]) != scans.memo_key([Truncate(1)])
-    assert scans.memo_key([gna.Ablate(heads, how="mean", reference=task.prompts[:2])]) is None
+    assert scans.memo_key([gna.Ablate(heads, how="mean", corrupt=task.prompts[:2])]) is None
     with scans.accuracy_memo(model) as memo:
         with gna.cost_meter(model) as first:
             value = scans.accuracy(model, task, [gna.Ablate(heads)])
@@ -120,7 +120,7 @@ def test_the_memo_keys_everything_that_changes_the_forward(mamba2):
             with model.ablated([gna.Head(1, 6)]):
                 ambient = scans.accuracy(model, task, [gna.Ablate(heads)])
                 reference = gna.evaluate(model, task, [gna.Ablate(heads)]).accuracy
-            mean = gna.Ablate(heads, how="mean", reference=task.prompts)
+            mean = gna.Ablate(heads, how="mean", corrupt=task.prompts)
             scans.accuracy(model, task, [mean])
             scans.accuracy(model, task, [mean])
         assert memo.hits == 1 and distinct.forwards >= 6
@@ -218,7 +218,7 @@ def test_the_edge_check_takes_its_clean_and_corrupt_metric_from_path_patching(na
     with gna.cost_meter(model) as edge:
         found = _gather_to_aggregate(model, task, circuit)
     with gna.cost_meter(model) as alone:
-        path = gna.patching.path_patching(model, task, corrupt, circuit.gather, circuit.aggregate, metric)
+        path = gna.patching.path_patching(model, task, corrupt, metric, senders=circuit.gather, receivers=circuit.aggregate)
     assert found is not None and found["gather->aggregate"] == path
     assert found["clean"] == reduce_metric(metric(model.logits(task, logits_to_keep=1)))
     assert found["corrupt"] == reduce_metric(metric(model.logits(corrupt, logits_to_keep=1)))

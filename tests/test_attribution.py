@@ -186,3 +186,33 @@ def test_raising_metric_leaves_no_residue(plain, name):
     assert torch.equal(model.logits(CLEAN), before)
     assert all(p.grad is None for p in model.hf_model.parameters())
     assert no_hooks_left(model)
+
+
+def _batch_logsumexp(logits: torch.Tensor) -> torch.Tensor:
+    """A scalar that mixes the rows (not a mean of per-row values): chunking must still be exact."""
+    return logits[:, -1, 5:9].float().logsumexp(-1).logsumexp(0)
+
+
+@pytest.mark.parametrize("name", ["llama-tlens", "mamba2"])
+def test_chunked_rows_equal_the_whole_batch(plain, name):
+    """max_rows splits the rows of each forward-and-backward; the scores are the whole
+    batch's (1e-6), for a per-row metric and one that mixes the rows, with integrated
+    gradients, by position, and under a per-row (resample) intervention."""
+    model = plain[name][1]
+    per_row = gna.logit_diff(torch.tensor([5, 9, 13]), torch.tensor([6, 10, 14]))
+    resample = gna.Ablate([gna.Head(0, 1)], how="resample", corrupt=CORRUPT)
+    cases = [
+        dict(metric=METRIC),
+        dict(metric=per_row, steps=3, rule="midpoint"),
+        dict(metric=_batch_logsumexp, steps=2, by_position=True),
+        dict(metric=METRIC, direction="noise", interventions=[resample]),
+    ]
+    for case in cases:
+        metric = case.pop("metric")
+        whole = gna.attribution_patching(model, CLEAN, CORRUPT, metric, progress=False, **case)
+        assert whole.effects().abs().nan_to_num().max() > 1e-3, "no effect: the comparison could not fail"
+        for rows in (1, 2):
+            chunked = gna.attribution_patching(model, CLEAN, CORRUPT, metric, max_rows=rows, progress=False, **case)
+            assert abs(chunked.baseline - whole.baseline) < 1e-6 and abs(chunked.reference - whole.reference) < 1e-6
+            assert torch.allclose(chunked.scores, whole.scores, atol=1e-6, rtol=0, equal_nan=True), (case, rows)
+    assert no_hooks_left(model)

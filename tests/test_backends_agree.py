@@ -13,12 +13,12 @@ from .conftest import CLEAN, CORRUPT, PROMPTS, TOL, assert_close_on_tokens, real
 INTERVENTIONS = {
     "plain": [],
     "zero": [gna.Ablate([gna.Head(0, 2), gna.Head(2, 1)])],
-    "mean": [gna.Ablate([gna.Head(1, 5)], how="mean", reference=PROMPTS)],
+    "mean": [gna.Ablate([gna.Head(1, 5)], how="mean", corrupt=PROMPTS)],
     "patch-head": [gna.Patch([gna.Head(1, 2)], source=CORRUPT, positions=[-1])],
     "patch-resid": [gna.Patch([gna.Resid(2)], source=CORRUPT, positions=2)],
     "skip": [gna.SkipLayers([1])],
     "truncate": [gna.Truncate(2)],
-    "resample": [gna.Ablate([gna.Head(2, 0)], how="resample", reference=CORRUPT)],
+    "resample": [gna.Ablate([gna.Head(2, 0)], how="resample", corrupt=CORRUPT)],
 }
 
 
@@ -42,7 +42,7 @@ def test_padded_batch_agrees(llama_models):
 def test_ablation_sweeps_agree(llama_models, how):
     metric = gna.logit_diff(5, 6)
     reference = None if how == "zero" else CORRUPT
-    results = {name: gna.ablation_sweep(m, CLEAN, metric, how=how, reference=reference, progress=False) for name, m in llama_models.items()}
+    results = {name: gna.ablation_sweep(m, CLEAN, metric, how=how, corrupt=reference, progress=False) for name, m in llama_models.items()}
     assert torch.allclose(results["tlens"].scores, results["nnsight"].scores, atol=TOL)
     assert abs(results["tlens"].baseline - results["nnsight"].baseline) < TOL
     assert results["tlens"].scores.isfinite().all()
@@ -61,8 +61,8 @@ def test_patching_sweeps_agree(llama_models, sites, by_position):
 
 def test_ablated_context_equals_intervention(llama_models):
     for model in llama_models.values():
-        expected = model.logits(CLEAN, [gna.Ablate([gna.Head(2, 3)], how="mean", reference=PROMPTS)])
-        with model.ablated([gna.Head(2, 3)], how="mean", reference=PROMPTS):
+        expected = model.logits(CLEAN, [gna.Ablate([gna.Head(2, 3)], how="mean", corrupt=PROMPTS)])
+        with model.ablated([gna.Head(2, 3)], how="mean", corrupt=PROMPTS):
             inside = model.logits(CLEAN)
         assert torch.allclose(inside, expected, atol=TOL)
         assert not model.active_interventions

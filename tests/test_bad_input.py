@@ -84,8 +84,8 @@ def test_unknown_ablation_kind(llama_tlens, how):
         pass
 
 
-def test_mean_without_reference():
-    with pytest.raises(ValueError, match=r"how='mean' needs reference="):
+def test_mean_without_corrupt():
+    with pytest.raises(ValueError, match=r"how='mean' needs corrupt="):
         gna.Ablate([gna.Head(0, 0)], how="mean")
 
 

@@ -17,7 +17,7 @@ import torch
 import gna_interp as gna
 from gna_interp.discovery import (
     SEARCH_STAGES,
-    GnACircuit,
+    GnaCircuit,
     HeadEvidence,
     RoleNeed,
     RoleScores,
@@ -71,7 +71,7 @@ def test_the_pattern_needs_its_scores_clearly_above_chance():
         pattern_shortfall("vibes", LLAMA_L1H0, t, 4)
 
 
-def falcon_like() -> GnACircuit:
+def falcon_like() -> GnaCircuit:
     """A circuit with FalconH1's cases from the demo (clean 0.990): L1H2 an Aggregate head
     outright; L1H1 and L1H9 in the Aggregate set with no effect alone (0.990), L1H9's pattern
     not showing it either; L0H0 a Gather head outright; L0H9 in the Gather set with a gather
@@ -86,7 +86,7 @@ def falcon_like() -> GnACircuit:
         HeadEvidence(H("L1H9"), "aggregate", 0.990, True, scores(aggregate_mass=0.430, selectivity=0.360, lift=0.749)),
     ]
     heads[3].joint = heads[6].joint = True
-    return GnACircuit(
+    return GnaCircuit(
         model="toy-falcon_h1",
         family="falcon_h1",
         task="toy_mcq",
@@ -132,14 +132,14 @@ def test_a_head_without_its_own_evidence_is_a_member_of_the_set():
     assert frame.loc["L0H9", "standing"] == "member of the Gather set; pattern: not shown (gather ratio 0.000 < 1.5)"
     assert frame.loc["L1H2", "standing"] == "Aggregate" and frame.isna().loc["L0H3", "standing"]
     # the standing is read from the evidence: it survives the JSON, and stricter thresholds recorded there apply
-    assert GnACircuit.from_json(circuit.to_json()) == circuit
+    assert GnaCircuit.from_json(circuit.to_json()) == circuit
     strict = falcon_like()
     strict.settings["thresholds"] = RoleThresholds(lift=2.0).to_dict()
     assert strict.outright("aggregate") == [] and "lift 1.852 < 2" in strict.standing(H("L1H2")).describe(detail=True)
     # a circuit written before n_segments and the margin were recorded: chance from the accuracy table, default margin
     old = json.loads(circuit.to_json())
     del old["n_segments"], old["stability"], old["settings"]["thresholds"]["selectivity_margin"]
-    loaded = GnACircuit.from_json(json.dumps(old))
+    loaded = GnaCircuit.from_json(json.dumps(old))
     assert loaded.n_segments is None and loaded.thresholds == RoleThresholds()
     assert [loaded.standing(h) for h in loaded.aggregate] == [circuit.standing(h) for h in circuit.aggregate]
 
@@ -206,7 +206,7 @@ def test_the_demo_printout_says_where_and_how_sure(demo_run):
     assert "-gather, -aggr, -both: accuracy with every head of the set(s) ablated at every position" in out
     assert "evidence: a head has its role outright when its ablation alone lowers accuracy by at least 0.02" in out
     for file in sorted(report.glob("*.json")):
-        circuit = GnACircuit.from_json(file)
+        circuit = GnaCircuit.from_json(file)
         for role, need in circuit.needs.items():
             line = f"{circuit.model}: {role} needs {len(need.heads)} head(s): {need.accuracy:.3f} with them ablated at every position"
             assert line in out, line
@@ -280,7 +280,7 @@ def test_discover_records_its_stability_and_the_report_shows_it(llama_samples, t
     found = circuit.stability
     assert found is not None and found.sets == sets and found.sampling == "bootstrap" and found.seed == 0
     assert found.shape == (model.n_layers, model.n_heads) and found.seconds > 0
-    assert GnACircuit.from_json(circuit.to_json()) == circuit
+    assert GnaCircuit.from_json(circuit.to_json()) == circuit
     assert "stability over 2 bootstrap samples of 40 prompts:" in circuit.summary()
     page = html.unescape(write_report([(circuit, model, task)], tmp_path).read_text())
     table = re.search(r'<div data-role="stability">(.*?)</table>', page, re.S).group(1)

@@ -47,7 +47,7 @@ def test_demo_report_has_each_circuits_faithfulness(demo_run):
     circuit = json.loads((report / "toy-llama.json").read_text())
     model, task = gna.load_toy("llama"), gna.toy_task("llama", DEMO_TEST_PROMPTS, seed=DEMO_SEED)
     kept = {gna.Head.parse(h) for h in [*circuit["gather"], *circuit["aggregate"]]}
-    alone = gna.evaluate(model, task, [gna.Ablate([h for h in model.heads if h not in kept], how="mean", reference=task)]).accuracy
+    alone = gna.evaluate(model, task, [gna.Ablate([h for h in model.heads if h not in kept], how="mean", corrupt=task)]).accuracy
     clean = gna.evaluate(model, task).accuracy
     _, n, printed_alone, share, printed_clean = printed[0]
     assert (int(n), printed_alone, printed_clean, f"{share}%") == (len(kept), f"{alone:.3f}", f"{clean:.3f}", f"{alone / clean:.0%}")

@@ -122,7 +122,7 @@ def test_a_started_forward_that_raises_restores_every_block(llama_tlens):
 # name -> (interventions, blocks evaluated after the priming forward, with L layers and 3 prompts)
 INTERVENTIONS = {
     "zero late head, at the last position": ([gna.Ablate([gna.Head(2, 1)], positions=-1)], lambda L: 3 * (L - 2)),
-    "mean head": ([gna.Ablate([gna.Head(1, 2)], how="mean", reference=PROMPTS)], lambda L: 4 * L + 3 * (L - 1)),  # + the reference
+    "mean head": ([gna.Ablate([gna.Head(1, 2)], how="mean", corrupt=PROMPTS)], lambda L: 4 * L + 3 * (L - 1)),  # + the reference
     "skip": ([gna.SkipLayers([1])], lambda L: 3 * (L - 2)),  # block 1 passes the stream through: start at 2
     "truncate": ([gna.Truncate(1)], lambda L: 0),  # no block runs: final norm and unembedding only
     "patch resid": ([gna.Patch(gna.Resid(2), source=CORRUPT[:1])], lambda L: 1 * L + 3 * (L - 2)),  # + the source

@@ -77,7 +77,7 @@ def test_sweeps_path_patching_patterns_and_attribution(handles, backend):
         _agree(run(cpu), run(gpu), f"{family} {backend} {name}")
     heads = _heads(cpu)
     sender = next(h for h in cpu.heads if cpu.head_position(h) < cpu.head_position(heads[-1]))
-    path = [gna.path_patching(m, CLEAN, CORRUPT, [sender], [heads[-1]], metric) for m in (cpu, gpu)]
+    path = [gna.path_patching(m, CLEAN, CORRUPT, metric, senders=[sender], receivers=[heads[-1]]) for m in (cpu, gpu)]
     assert abs(path[0] - path[1]) < TOL, path
     _agree(gna.attention_pattern(cpu, CLEAN, heads), gna.attention_pattern(gpu, CLEAN, heads), f"{family} {backend} patterns")
 

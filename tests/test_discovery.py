@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.discovery import GnACircuit, NoRetrievalWarning, PositionalAnswerWarning, discover
+from gna_interp.discovery import GnaCircuit, NoRetrievalWarning, PositionalAnswerWarning, discover
 
 from .toy_circuits import TASK_SEED, TOYS, discovered
 
@@ -179,9 +179,9 @@ def test_the_label_check_is_measured_independently(found):
 
 def test_json_round_trip(found, tmp_path):
     circuit = found[2]
-    assert GnACircuit.from_json(circuit.to_json()) == circuit
+    assert GnaCircuit.from_json(circuit.to_json()) == circuit
     circuit.to_json(tmp_path / "c.json")
-    assert GnACircuit.from_json(tmp_path / "c.json") == circuit
+    assert GnaCircuit.from_json(tmp_path / "c.json") == circuit
     frame = circuit.to_frame()
     assert set(frame["head"]) == {str(e.head) for e in circuit.heads}
 
@@ -242,7 +242,7 @@ def test_old_json_without_new_fields_loads(found):
             item.pop(key)
         if item["scores"] is not None:
             item["scores"].pop("gather_ratio")
-    circuit = GnACircuit.from_json(json.dumps(data))
+    circuit = GnaCircuit.from_json(json.dumps(data))
     assert all(item.scores is None or item.scores.gather_ratio != item.scores.gather_ratio for item in circuit.heads)
 
 

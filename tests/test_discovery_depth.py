@@ -76,7 +76,7 @@ def test_the_cost_is_recorded_and_prefix_reuse_pays(toy_and_deep):
         assert cost["passes"] == pytest.approx(cost["block_rows"] / (N_PROMPTS * n_layers))
         assert cost["rows"] >= cost["forwards"] > 0 and cost["seconds"] > 0
         assert f"{cost['forwards']} forwards" in circuit.summary()
-        assert gna.GnACircuit.from_json(circuit.to_json()) == circuit
+        assert gna.GnaCircuit.from_json(circuit.to_json()) == circuit
     assert deep.cost["backwards"] > 0 and toy.cost["backwards"] == 0  # the prescreen ran only on the deep model
     assert deep.cost["passes"] < toy.cost["passes"]
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.faithfulness import EdgeFaithfulnessCurve, rank_edges
+from gna_interp.edge_faithfulness import EdgeFaithfulnessCurve, rank_edges
 from gna_interp.tasks.base import Example
 from gna_interp.viz.faithfulness import faithfulness_figure
 
@@ -75,7 +75,12 @@ def test_ends_and_single_edge_against_the_twin(models, task, name):
     edges = universe(model, receivers, streams)
     clean_metric = float(METRIC(model.logits(CLEAN)).mean())
     # Kept last (the point before the end ablates it alone): an edge with a visible effect.
-    last = max(edges[::3], key=lambda e: abs(gna.path_patching(model, CLEAN, CORRUPT, [e[0]], [e[1]], METRIC, e[2]) - clean_metric))
+    last = max(
+        edges[::3],
+        key=lambda e: abs(
+            gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=[e[0]], receivers=[e[1]], receiver_input=e[2]) - clean_metric
+        ),
+    )
     order = [e for e in edges if e != last] + [last]
     curve = gna.edge_faithfulness_curve(model, task, order, sizes=[len(order) - 1], corrupt=CORRUPT, metric=METRIC, progress=False)
     assert isinstance(curve, EdgeFaithfulnessCurve)
@@ -96,7 +101,9 @@ def test_ends_and_single_edge_against_the_twin(models, task, name):
     single = path_twin.path_patch(hf, clean_b, corrupt_b, [s], [r], [st], METRIC)
     assert abs(single - clean_metric) > MIN_EFFECT, f"{last}: no effect, the test could not fail"
     assert curve.metric[1].item() == pytest.approx(single, abs=TOL)
-    assert curve.metric[1].item() == pytest.approx(gna.path_patching(model, CLEAN, CORRUPT, [s], [r], METRIC, st), abs=TOL)
+    assert curve.metric[1].item() == pytest.approx(
+        gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=[s], receivers=[r], receiver_input=st), abs=TOL
+    )
 
 
 def test_mixed_sender_sets_equal_separate_path_patching_where_additive(models, task):
@@ -188,7 +195,7 @@ def test_an_edge_result_ranks_by_effect_and_faithfulness_curve_takes_it(models, 
     effects = [abs(float(result.scores[result.senders.index(s), 0, result.streams.index(st)])) for s, _, st in order]
     assert effects == sorted(effects, reverse=True) and len(order) == 2 * 6 == len(atoms)
     via_sibling = gna.edge_faithfulness_curve(model, task, result, sizes=[2], corrupt=CORRUPT, progress=False)
-    via_curve = gna.faithfulness_curve(model, task, result, sizes=[2], reference=CORRUPT, progress=False)
+    via_curve = gna.faithfulness_curve(model, task, result, sizes=[2], corrupt=CORRUPT, progress=False)
     assert via_curve.order == via_sibling.order == order
     assert torch.equal(via_curve.margin, via_sibling.margin)
     labels = faithfulness_figure(via_curve).axes[0]
@@ -270,7 +277,7 @@ def test_head_options_with_an_edge_ranking_are_refused(models, task):
 
 
 def test_edge_name_spells_an_edge():
-    from gna_interp.faithfulness import edge_name
+    from gna_interp.edge_faithfulness import edge_name
 
     assert edge_name((H(0, 1), H(1, 3), "k")) == "L0H1->L1H3.k"
     assert edge_name((H(2, 0), H(3, 5), "any")) == "L2H0->L3H5.any"

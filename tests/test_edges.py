@@ -180,7 +180,9 @@ def test_close_to_path_patching_where_near_linear(tokenizer):
     estimate, exact = [], []
     for j, receiver in enumerate(receivers):
         for k, stream in enumerate(result.streams):
-            sweep = gna.path_patching_sweep(model, CLEAN, CORRUPT, [receiver], METRIC, stream, senders=result.senders, progress=False)
+            sweep = gna.path_patching_sweep(
+                model, CLEAN, CORRUPT, METRIC, receivers=[receiver], receiver_input=stream, senders=result.senders, progress=False
+            )
             for i, sender in enumerate(result.senders):
                 estimate.append(float(result.scores[i, j, k]))
                 exact.append(float(sweep.scores[sender.layer, sender.head]) - sweep.baseline)
@@ -195,10 +197,10 @@ def test_integrated_gradients_where_near_linear(tokenizer):
     close to path patching, and the points move the scores (the interpolation is applied)."""
     model = near_linear_llama(tokenizer)
     receivers = [H(2, 1)]
-    exact = gna.path_patching_sweep(model, CLEAN, CORRUPT, receivers, METRIC, "v", progress=False)
+    exact = gna.path_patching_sweep(model, CLEAN, CORRUPT, METRIC, receivers=receivers, receiver_input="v", progress=False)
     first = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, receivers=receivers, receiver_input="v")
-    one = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, 1, receivers=receivers, receiver_input="v")
-    four = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, 4, receivers=receivers, receiver_input="v")
+    one = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, steps=1, receivers=receivers, receiver_input="v")
+    four = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, steps=4, receivers=receivers, receiver_input="v")
     assert torch.equal(one.scores, first.scores) and four.meta["steps"] == 4 and first.meta["method"] == "first_order"
     want = torch.tensor([float(exact.scores[h.layer, h.head]) - exact.baseline for h in four.senders])
     assert want.abs().max() > 1e-4
@@ -460,7 +462,7 @@ def test_exact_upstream_leaves_no_residue_when_the_metric_raises(models, name):
 
     receiver = H(1, 2)
     with pytest.raises(RuntimeError, match="metric failed"):
-        gna.edge_attribution(model, CLEAN, CORRUPT, metric, 2, receivers=[receiver], method="exact_upstream")
+        gna.edge_attribution(model, CLEAN, CORRUPT, metric, steps=2, receivers=[receiver], method="exact_upstream")
     assert calls["n"] == 3
     assert torch.equal(model.logits(CLEAN), before)
     assert no_hooks_left(model) and all(p.grad is None for p in model.hf_model.parameters())
@@ -474,7 +476,7 @@ def test_exact_upstream_cost_meter(models):
     senders = [h for h in model.heads if h.layer == 0]
     with gna.cost_meter(model) as cost:
         gna.edge_attribution(
-            model, CLEAN, CORRUPT, METRIC, 3, receivers=[H(1, 3)], senders=senders, receiver_input=["q", "k"], method="exact_upstream"
+            model, CLEAN, CORRUPT, METRIC, steps=3, receivers=[H(1, 3)], senders=senders, receiver_input=["q", "k"], method="exact_upstream"
         )
     n, pairs = len(CLEAN), 2
     assert cost.forwards == 2 + 1 + 2 * 2 + 3 + 1
@@ -489,7 +491,7 @@ def test_exact_receiver_cost_meter(models):
     senders = [h for h in model.heads if h.layer == 0]
     with gna.cost_meter(model) as cost:
         gna.edge_attribution(
-            model, CLEAN, CORRUPT, METRIC, 3, receivers=[H(1, 3)], senders=senders, receiver_input=["q", "k"], method="exact_receiver"
+            model, CLEAN, CORRUPT, METRIC, steps=3, receivers=[H(1, 3)], senders=senders, receiver_input=["q", "k"], method="exact_receiver"
         )
     n, pairs = len(CLEAN), 2
     assert cost.forwards == 2 + 1 + 2 * 2 + 3 + 2

@@ -38,7 +38,7 @@ def by_hand(model, task, kept, how):
     if not others:
         return gna.evaluate(model, task, progress=False)
     reference = task if how == "mean" else task.corrupted() if how == "resample" else None
-    return gna.evaluate(model, task, [gna.Ablate(others, how=how, reference=reference)], progress=False)
+    return gna.evaluate(model, task, [gna.Ablate(others, how=how, corrupt=reference)], progress=False)
 
 
 def check_point(curve: FaithfulnessCurve, index: int, expected: gna.Evaluation) -> None:
@@ -197,8 +197,8 @@ def test_source_cache_gives_the_same_numbers_and_is_dropped(toy_llamas, llama_ta
     from the first capture: the logits equal the uncached run's exactly; the cache is gone
     after the block, also when the block raises."""
     model = toy_llamas[backend]
-    ablations = [gna.Ablate([gna.Head(0, 1), gna.Head(1, 0)], how="mean", reference=llama_task)]
-    ablations.append(gna.Ablate([gna.Head(0, 0)], how="resample", reference=llama_task.corrupted()))
+    ablations = [gna.Ablate([gna.Head(0, 1), gna.Head(1, 0)], how="mean", corrupt=llama_task)]
+    ablations.append(gna.Ablate([gna.Head(0, 0)], how="resample", corrupt=llama_task.corrupted()))
     plain = [model.logits(llama_task.prompts, [item]) for item in ablations]
     with gna.cost_meter(model) as cost, model.source_cache():
         cached = [model.logits(llama_task.prompts, [item]) for item in ablations for _ in range(2)]
@@ -246,7 +246,7 @@ def test_the_llama_toys_circuit_alone_carries_its_task(toy_llamas):
         circuit = gna.discover(model, task, progress=False)
     heads = [*circuit.gather, *circuit.aggregate]
     assert circuit.aggregate and circuit.gather
-    sweep = gna.ablation_sweep(model, task, _margin(model, task), how="mean", reference=task, progress=False)
+    sweep = gna.ablation_sweep(model, task, _margin(model, task), how="mean", corrupt=task, progress=False)
     curve = gna.faithfulness_curve(model, task, sweep, circuit=heads, progress=False)
     assert curve.circuit_point is not None
     assert curve.of_clean(curve.circuit_point["accuracy"]) >= 0.9, curve.to_frame()

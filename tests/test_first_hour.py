@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.discovery import GnACircuit
+from gna_interp.discovery import GnaCircuit
 from gna_interp.zoo.store import toy_path
 
 from .conftest import CLEAN, CORRUPT, no_hooks_left
@@ -135,9 +135,9 @@ def test_one_intervention_needs_no_list_in_sweeps_and_patterns(llama_tlens):
     assert sweep.baseline == pytest.approx(float(metric(llama_tlens.logits(CLEAN, [truncate])).mean()), abs=1e-5)
     patch = gna.patching_sweep(llama_tlens, CLEAN, CORRUPT, metric, heads=[gna.Head(0, 1)], interventions=truncate, progress=False)
     assert patch.baseline == pytest.approx(float(metric(llama_tlens.logits(CORRUPT, [truncate])).mean()), abs=1e-5)
-    single = gna.attention_pattern(llama_tlens, CLEAN, gna.Head(1, 2), [-1], interventions=gna.Ablate([gna.Head(0, 0)]))
-    listed = gna.attention_pattern(llama_tlens, CLEAN, gna.Head(1, 2), [-1], interventions=[gna.Ablate([gna.Head(0, 0)])])
-    plain = gna.attention_pattern(llama_tlens, CLEAN, gna.Head(1, 2), [-1])
+    single = gna.attention_pattern(llama_tlens, CLEAN, gna.Head(1, 2), query_positions=[-1], interventions=gna.Ablate([gna.Head(0, 0)]))
+    listed = gna.attention_pattern(llama_tlens, CLEAN, gna.Head(1, 2), query_positions=[-1], interventions=[gna.Ablate([gna.Head(0, 0)])])
+    plain = gna.attention_pattern(llama_tlens, CLEAN, gna.Head(1, 2), query_positions=[-1])
     assert torch.equal(single, listed) and not torch.allclose(single, plain)  # applied, not dropped
     assert untouched(llama_tlens)
 
@@ -164,7 +164,7 @@ def test_capture_takes_one_target_and_names_a_string(llama_tlens):
 def test_head_parse_and_keep_only_name_the_slip():
     with pytest.raises(TypeError, match=r"Head.parse\(text=5\) \(int\): expected a string such as 'L16H22'; Head\(layer, head\) takes"):
         gna.Head.parse(5)  # type: ignore[arg-type]
-    # the typo is reported before the missing reference= of KeepOnly's default how="mean"
+    # the typo is reported first, before anything else about the call
     with pytest.raises(TypeError, match=r"KeepOnly heads is the string 'L1H0': expected gna_interp.Head values"):
         gna.KeepOnly("L1H0")  # type: ignore[arg-type]
 
@@ -229,12 +229,12 @@ def test_sharpness_metrics_name_a_pattern_that_is_not_a_tensor(task):
 
 
 def test_write_report_names_a_bare_circuit_before_making_the_folder(tmp_path):
-    circuit = GnACircuit(model="toy-x", family="llama", task="t", n_prompts=1, gather=[], aggregate=[], heads=[], accuracy={}, needs={})
+    circuit = GnaCircuit(model="toy-x", family="llama", task="t", n_prompts=1, gather=[], aggregate=[], heads=[], accuracy={}, needs={})
     out = tmp_path / "report"
     expected = r"expected a list of \(circuit, model, task\) tuples, e.g. \[\(circuit, model, task\)\]"
-    with pytest.raises(TypeError, match=rf"write_report: items is one GnACircuit \('toy-x'\): {expected}"):
+    with pytest.raises(TypeError, match=rf"write_report: items is one GnaCircuit \('toy-x'\): {expected}"):
         gna.write_report(circuit, out)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=rf"write_report: items\[1\]=GnACircuit\(.*\.\.\. \(GnACircuit\): {expected}"):
+    with pytest.raises(TypeError, match=rf"write_report: items\[1\]=GnaCircuit\(.*\.\.\. \(GnaCircuit\): {expected}"):
         gna.write_report([(circuit, None, None), circuit], out)  # type: ignore[list-item]
     with pytest.raises(TypeError, match=rf"write_report: items='report' \(str\): {expected}"):
         gna.write_report("report", out)  # type: ignore[arg-type]

@@ -201,8 +201,8 @@ def test_a_metric_name_is_refused_before_any_work(llama_tlens):
     calls = [
         lambda m: gna.ablation_sweep(llama_tlens, CLEAN, m),
         lambda m: gna.patching_sweep(llama_tlens, CLEAN, CORRUPT, m),
-        lambda m: gna.path_patching(llama_tlens, CLEAN, CORRUPT, [gna.Head(0, 0)], "logits", m),
-        lambda m: gna.path_patching_sweep(llama_tlens, CLEAN, CORRUPT, "logits", m),
+        lambda m: gna.path_patching(llama_tlens, CLEAN, CORRUPT, m, senders=[gna.Head(0, 0)], receivers="logits"),
+        lambda m: gna.path_patching_sweep(llama_tlens, CLEAN, CORRUPT, m, receivers="logits"),
         lambda m: gna.attribution_patching(llama_tlens, CLEAN, CORRUPT, m),
     ]
     for call in calls:

@@ -149,7 +149,7 @@ def test_a_role_wider_than_the_search_is_reported(mamba2, tmp_path):
     assert ("aggregate" in circuit.spread) == (not circuit.needs["aggregate"].reached_chance)
     text = "spread beyond the search: no set of up to 2 heads reaches chance"
     assert text in circuit.summary() and "enters at layer 0, at the segment ends" in circuit.summary()
-    assert gna.GnACircuit.from_json(circuit.to_json()) == circuit
+    assert gna.GnaCircuit.from_json(circuit.to_json()) == circuit
     page = write_report([(circuit, None, None)], tmp_path).read_text()
     assert 'data-role="spread"' in page and text in page
 

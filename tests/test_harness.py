@@ -222,7 +222,7 @@ def test_remote_local_simulation(llama_hf, llama_models, tokenizer):
     "interventions,message",
     [
         ([gna.Patch([gna.Head(0, 0)], source="w5 w6")], "pairs each prompt"),
-        ([gna.Ablate([gna.Head(0, 0)], how="resample", reference="w5 w6")], "pairs each prompt"),
+        ([gna.Ablate([gna.Head(0, 0)], how="resample", corrupt="w5 w6")], "pairs each prompt"),
         ([gna.MaskAttentionRows(2)], "positions must count from the end"),
         ([gna.Ablate([gna.Head(0, 0)], positions=torch.tensor([1]))], "positions must count from the end"),
     ],

@@ -351,7 +351,7 @@ def test_path_patching_into_a_student_ssm_head_equals_raw_hooks(teacher, sender,
         return logits[:, -1, 5] - logits[:, -1, 9]
 
     clean, corrupt = student.to_batch(CLEAN).input_ids, student.to_batch(CORRUPT).input_ids
-    got = gna.path_patching(student, CLEAN, CORRUPT, [sender], [receiver], metric, receiver_input=stream)
+    got = gna.path_patching(student, CLEAN, CORRUPT, metric, senders=[sender], receivers=[receiver], receiver_input=stream)
     expected = float(metric(raw_path_patch(student.hf_model, clean, corrupt, sender, receiver, stream)).mean())
     base = float(metric(student.logits(CLEAN)).mean())
     assert abs(expected - base) > 1e-5, f"{stream}: no effect, the test could not fail"

@@ -41,7 +41,7 @@ def test_both_kinds_are_found_and_recorded(found):
         assert item.kind == model.head_kind(item.head).value
     assert {circuit.evidence(h).kind for h in circuit.aggregate} == {"attention", "ssm"}, circuit.summary()
     assert gna.evaluate(model, task, [gna.Ablate(circuit.needs["gather"].heads)]).accuracy <= 0.35
-    assert gna.GnACircuit.from_json(circuit.to_json()) == circuit
+    assert gna.GnaCircuit.from_json(circuit.to_json()) == circuit
     assert "(attention)" in circuit.summary() and "(ssm)" in circuit.summary()
 
 

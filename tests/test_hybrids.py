@@ -222,7 +222,7 @@ def test_patch_and_mean_ablation_equal_raw_hooks(pair):
     assert (patched - hf_logits(hf, clean))[:, -1].abs().max() > 1e-4, "the patch matters: the test could not fail"
     assert_close(model.logits(CLEAN, [gna.Patch(heads, source=CORRUPT, positions=-1)]), patched, clean.attention_mask.bool())
     mean = run_with(means, last_only=False)
-    assert_close(model.logits(CLEAN, [gna.Ablate(heads, how="mean", reference=PROMPTS)]), mean, clean.attention_mask.bool())
+    assert_close(model.logits(CLEAN, [gna.Ablate(heads, how="mean", corrupt=PROMPTS)]), mean, clean.attention_mask.bool())
 
 
 # ----- patterns -------------------------------------------------------------------------------
@@ -456,8 +456,8 @@ def test_zamba2_layouts_agree(tokenizer):
         return logits[:, -1, 5] - logits[:, -1, 7]
 
     for receivers, stream in (([H(3, 1)], "q"), ([H(3, 2), H(3, 5)], "any"), ([H(3, 0), "logits"], "v")):
-        a = gna.path_patching(per_layer, CLEAN, CORRUPT, [H(1, 2)], receivers, metric, receiver_input=stream)
-        b = gna.path_patching(shared, CLEAN, CORRUPT, [H(1, 2)], receivers, metric, receiver_input=stream)
+        a = gna.path_patching(per_layer, CLEAN, CORRUPT, metric, senders=[H(1, 2)], receivers=receivers, receiver_input=stream)
+        b = gna.path_patching(shared, CLEAN, CORRUPT, metric, senders=[H(1, 2)], receivers=receivers, receiver_input=stream)
         assert abs(a - b) < 1e-5, (receivers, a, b)
 
 
@@ -468,12 +468,12 @@ def test_zamba2_mamba_heads_receive_from_the_shared_attention_of_their_layer(tok
         return logits[:, -1, 5]
 
     clean = float(metric(model.logits(CLEAN)).mean())
-    through = gna.path_patching(model, CLEAN, CORRUPT, [H(1, 2)], [H(1, 5)], metric)
+    through = gna.path_patching(model, CLEAN, CORRUPT, metric, senders=[H(1, 2)], receivers=[H(1, 5)])
     assert abs(through - clean) > 1e-4, "L1H2 reaches the output through L1H5 (same layer, later stage)"
     with pytest.raises(ValueError, match=r"sender L1H5 is in layer 1, at or after every receiver \(the last is layer 1 \(stage 1"):
-        gna.path_patching(model, CLEAN, CORRUPT, [H(1, 5)], [H(1, 2), H(1, 6)], metric)
+        gna.path_patching(model, CLEAN, CORRUPT, metric, senders=[H(1, 5)], receivers=[H(1, 2), H(1, 6)])
     with pytest.raises(ValueError, match=r"sender L1H2 is in layer 1, at or after every receiver \(the last is layer 1\)"):
-        gna.path_patching(model, CLEAN, CORRUPT, [H(1, 2)], [H(1, 1)], metric)
+        gna.path_patching(model, CLEAN, CORRUPT, metric, senders=[H(1, 2)], receivers=[H(1, 1)])
 
 
 def test_heads_without_streams_receive_whole(tokenizer):
@@ -484,14 +484,14 @@ def test_heads_without_streams_receive_whole(tokenizer):
     the output gate)."""
     zamba = gna.load(tiny_model("zamba2", use_shared_attention_adapter=True, adapter_rank=4), tokenizer=tokenizer)
     with pytest.raises(ValueError, match=r"receiver L3H1 is an attention head whose input streams are none"):
-        gna.path_patching(zamba, CLEAN, CORRUPT, [H(0, 0)], [H(3, 1)], lambda x: x[:, -1, 5], receiver_input="x")
+        gna.path_patching(zamba, CLEAN, CORRUPT, lambda x: x[:, -1, 5], senders=[H(0, 0)], receivers=[H(3, 1)], receiver_input="x")
     qwen = gna.load(tiny_model("qwen3_next"), tokenizer=tokenizer)
     with pytest.raises(ValueError, match=r"receiver L2H1 is an SSM head whose input streams are none"):
-        gna.path_patching(qwen, CLEAN, CORRUPT, [H(0, 0)], [H(2, 1)], lambda x: x[:, -1, 5], receiver_input="k")
+        gna.path_patching(qwen, CLEAN, CORRUPT, lambda x: x[:, -1, 5], senders=[H(0, 0)], receivers=[H(2, 1)], receiver_input="k")
     with pytest.raises(ValueError, match=r"receiver_input='q' is not an input stream of qwen3_next heads \(ssm, attention\)"):
-        gna.path_patching(qwen, CLEAN, CORRUPT, [H(0, 0)], [H(1, 1)], lambda x: x[:, -1, 5], receiver_input="q")
+        gna.path_patching(qwen, CLEAN, CORRUPT, lambda x: x[:, -1, 5], senders=[H(0, 0)], receivers=[H(1, 1)], receiver_input="q")
     clean = float(qwen.logits(CLEAN)[:, -1, 5].mean())
-    through_k = gna.path_patching(qwen, CLEAN, CORRUPT, [H(0, 0)], [H(1, 1)], lambda x: x[:, -1, 5], receiver_input="k")
+    through_k = gna.path_patching(qwen, CLEAN, CORRUPT, lambda x: x[:, -1, 5], senders=[H(0, 0)], receivers=[H(1, 1)], receiver_input="k")
     assert abs(through_k - clean) > 1e-5, "the change reaches the output through L1H1's keys"
 
 
@@ -589,7 +589,7 @@ def test_path_patching_through_every_later_head_is_activation_patching(family, t
         later = [h for h in model.heads if h.layer > sender.layer]
         if family == "zamba2" and model.heads_per_layer[sender.layer] == 8 and sender.head < 4:
             later += [H(sender.layer, h) for h in range(4, 8)]  # the layer's Mamba-2 reads the shared attention's output
-        got = gna.path_patching(model, CLEAN, CORRUPT, [sender], [*later, "logits"], metric)
+        got = gna.path_patching(model, CLEAN, CORRUPT, metric, senders=[sender], receivers=[*later, "logits"])
         expected = float(metric(model.logits(CLEAN, [gna.Patch([sender], source=CORRUPT)])).mean())
         clean = float(metric(model.logits(CLEAN)).mean())
         assert abs(expected - clean) > 1e-4, f"{sender} has no effect: the test could not fail"
@@ -604,12 +604,12 @@ def test_path_patching_streams_per_receiver_kind(tokenizer):
     def metric(logits):
         return logits[:, -1, 5]
 
-    both = gna.path_patching(model, CLEAN, CORRUPT, [H(0, 1)], [H(1, 2), H(1, 6)], metric, receiver_input=["q", "x"])
-    q = gna.path_patching(model, CLEAN, CORRUPT, [H(0, 1)], [H(1, 2)], metric, receiver_input="q")
-    x = gna.path_patching(model, CLEAN, CORRUPT, [H(0, 1)], [H(1, 6)], metric, receiver_input="x")
+    both = gna.path_patching(model, CLEAN, CORRUPT, metric, senders=[H(0, 1)], receivers=[H(1, 2), H(1, 6)], receiver_input=["q", "x"])
+    q = gna.path_patching(model, CLEAN, CORRUPT, metric, senders=[H(0, 1)], receivers=[H(1, 2)], receiver_input="q")
+    x = gna.path_patching(model, CLEAN, CORRUPT, metric, senders=[H(0, 1)], receivers=[H(1, 6)], receiver_input="x")
     assert both != pytest.approx(q, abs=1e-6) and both != pytest.approx(x, abs=1e-6)
     with pytest.raises(ValueError, match=r"receiver L1H6 is an SSM head whose input streams are \('gate', 'x', 'B', 'C', 'dt'\)"):
-        gna.path_patching(model, CLEAN, CORRUPT, [H(0, 1)], [H(1, 2), H(1, 6)], metric, receiver_input="q")
+        gna.path_patching(model, CLEAN, CORRUPT, metric, senders=[H(0, 1)], receivers=[H(1, 2), H(1, 6)], receiver_input="q")
 
 
 @pytest.mark.parametrize("family", ["falcon_h1", "zamba2"])

@@ -192,7 +192,7 @@ def test_path_patching_streams_equal_raw_hook_twin(pair, stream):
         return logits[:, -1, 5] - logits[:, -1, 9]
 
     clean, corrupt = model.to_batch(CLEAN).input_ids, model.to_batch(CORRUPT).input_ids
-    got = gna.path_patching(model, CLEAN, CORRUPT, [sender], [receiver], metric, receiver_input=stream)
+    got = gna.path_patching(model, CLEAN, CORRUPT, metric, senders=[sender], receivers=[receiver], receiver_input=stream)
     expected = float(metric(raw_path_patch(raw, clean, corrupt, sender, receiver, stream)).mean())
     base = float(metric(model.logits(CLEAN)).mean())
     assert abs(expected - base) > 1e-5, f"{stream}: no effect, the test could not fail"

@@ -107,8 +107,10 @@ def test_sweeps_and_patching_give_the_same_numbers(family_models, backend):
         a, b = run(declared), run(undeclared)
         torch.testing.assert_close(a.scores, b.scores, atol=TOL, rtol=0, equal_nan=True)
         assert a.baseline == pytest.approx(b.baseline, abs=TOL)
-    value = gna.path_patching(model, CLEAN, CORRUPT, [gna.Head(0, 0)], [gna.Head(1, 1)], declared)
-    assert value == pytest.approx(gna.path_patching(model, CLEAN, CORRUPT, [gna.Head(0, 0)], [gna.Head(1, 1)], undeclared), abs=TOL)
+    value = gna.path_patching(model, CLEAN, CORRUPT, declared, senders=[gna.Head(0, 0)], receivers=[gna.Head(1, 1)])
+    assert value == pytest.approx(
+        gna.path_patching(model, CLEAN, CORRUPT, undeclared, senders=[gna.Head(0, 0)], receivers=[gna.Head(1, 1)]), abs=TOL
+    )
     n_pos = model.to_batch(CLEAN).n_pos
     assert seen == {"declared": {1}, "undeclared": {n_pos}}
     assert no_hooks_left(model)

@@ -158,7 +158,7 @@ def test_a_metric_returning_no_number_is_named(llama_tlens, returned):
     with pytest.raises(TypeError, match=expected):
         gna.patching_sweep(llama_tlens, CLEAN, CORRUPT, my_metric, heads=heads, progress=False)
     with pytest.raises(TypeError, match=expected):
-        gna.path_patching(llama_tlens, CLEAN, CORRUPT, heads, gna.patching.LOGITS, my_metric)
+        gna.path_patching(llama_tlens, CLEAN, CORRUPT, my_metric, senders=heads, receivers=gna.patching.LOGITS)
     with pytest.raises(TypeError, match=expected):
         gna.attribution_patching(llama_tlens, CLEAN, CORRUPT, my_metric)
     with pytest.raises(TypeError, match=rf"metric .*my_metric returned {shown}: attribution patching needs a metric that returns a tensor"):

@@ -142,7 +142,7 @@ def test_matches_raw_hook_twin(models, name, stream):
     assert len(cases) >= 2
     for senders, receivers in cases:
         expected = path_twin.path_patch(hf, clean_b, corrupt_b, senders, receivers, stream if stream == "any" else [stream], METRIC)
-        actual = gna.path_patching(model, CLEAN, CORRUPT, senders, receivers, METRIC, receiver_input=stream)
+        actual = gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=senders, receivers=receivers, receiver_input=stream)
         assert abs(expected - clean_metric) > MIN_EFFECT, f"{senders} -> {receivers} via {stream}: no effect, the test could not fail"
         assert abs(actual - expected) < TOL, (senders, receivers, stream, actual, expected)
 
@@ -155,9 +155,15 @@ def test_any_is_every_stream(models, name):
     model = models[1][name]
     clean_metric = float(METRIC(model.logits(CLEAN)).mean())
     for senders, receivers in CASES[key_of(name)][1:]:
-        whole = gna.path_patching(model, CLEAN, CORRUPT, senders, receivers, METRIC, "any")
+        whole = gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=senders, receivers=receivers, receiver_input="any")
         assert abs(whole - clean_metric) > MIN_EFFECT
-        assert abs(gna.path_patching(model, CLEAN, CORRUPT, senders, receivers, METRIC, INPUTS[key_of(name)]) - whole) < TOL
+        assert (
+            abs(
+                gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=senders, receivers=receivers, receiver_input=INPUTS[key_of(name)])
+                - whole
+            )
+            < TOL
+        )
 
 
 # (senders, receiver heads, streams): receivers next to a sibling that reads the same shared
@@ -190,7 +196,7 @@ def test_siblings_keep_their_clean_outputs(models, name):
         with contextlib.ExitStack() as stack:
             for spy in spies.values():
                 stack.enter_context(spy)
-            gna.path_patching(model, CLEAN, CORRUPT, senders, receivers, METRIC, stream)
+            gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=senders, receivers=receivers, receiver_input=stream)
         for i, (mixer, indices) in by_mixer.items():
             calls = spies[i].inputs
             assert len(calls) == 4, len(calls)  # clean, corrupt, D, final
@@ -240,7 +246,10 @@ def test_without_shared_units_the_earlier_definition_is_unchanged(tokenizer, fam
         effects = []
         for senders, receivers in cases:
             earlier = path_twin.path_patch(hf, clean_b, corrupt_b, senders, receivers, chosen, METRIC, whole_unit=True)
-            assert abs(gna.path_patching(model, CLEAN, CORRUPT, senders, receivers, METRIC, stream) - earlier) < TOL, stream
+            assert (
+                abs(gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=senders, receivers=receivers, receiver_input=stream) - earlier)
+                < TOL
+            ), stream
             effects.append(abs(earlier - clean_metric))
         assert max(effects) > MIN_EFFECT, stream
 
@@ -262,7 +271,7 @@ def test_shared_streams_no_longer_leak(models, name):
     clean_b, corrupt_b = model.to_batch(CLEAN), model.to_batch(CORRUPT)
     streams = list(model.receiver_inputs(H(1, 0)))
     for senders, receivers in ISSUE_PATHS[name]:
-        isolated = gna.path_patching(model, CLEAN, CORRUPT, senders, receivers, METRIC)
+        isolated = gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=senders, receivers=receivers)
         assert abs(isolated - path_twin.path_patch(hf, clean_b, corrupt_b, senders, receivers, "any", METRIC)) < TOL
         earlier = path_twin.path_patch(hf, clean_b, corrupt_b, senders, receivers, streams, METRIC, whole_unit=True)
         assert abs(isolated - earlier) > MIN_EFFECT, (senders, receivers, isolated, earlier)
@@ -274,7 +283,7 @@ def test_logits_receiver_matches_twin(models):
         hf = hfs[key_of(name)]
         senders = [H(1, 0), H(1, 2)]
         expected = path_twin.path_patch(hf, model.to_batch(CLEAN), model.to_batch(CORRUPT), senders, ["logits"], [], METRIC)
-        actual = gna.path_patching(model, CLEAN, CORRUPT, senders, "logits", METRIC)
+        actual = gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=senders, receivers="logits")
         assert abs(expected - float(METRIC(model.logits(CLEAN)).mean())) > MIN_EFFECT
         assert abs(actual - expected) < TOL, (name, actual, expected)
 
@@ -284,7 +293,8 @@ def test_backends_agree_on_llama(models):
     for senders, receivers in CASES["llama"]:
         for stream in [*INPUTS["llama"], "any"]:
             values = [
-                gna.path_patching(loaded[n], CLEAN, CORRUPT, senders, receivers, METRIC, stream) for n in ("llama-tlens", "llama-nnsight")
+                gna.path_patching(loaded[n], CLEAN, CORRUPT, METRIC, senders=senders, receivers=receivers, receiver_input=stream)
+                for n in ("llama-tlens", "llama-nnsight")
             ]
             assert abs(values[0] - values[1]) < TOL
 
@@ -297,24 +307,26 @@ def test_every_downstream_head_plus_logits_is_activation_patching(models, name):
         receivers = [h for h in model.heads if h.layer > sender.layer] + ["logits"]
         expected = float(METRIC(model.logits(CLEAN, [gna.Patch([sender], source=CORRUPT)])).mean())
         assert abs(expected - clean_metric) > MIN_EFFECT
-        assert abs(gna.path_patching(model, CLEAN, CORRUPT, [sender], receivers, METRIC) - expected) < TOL
+        assert abs(gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=[sender], receivers=receivers) - expected) < TOL
     # In the last layer only the direct path is left.
     last = H(model.n_layers - 1, 0)
     expected = float(METRIC(model.logits(CLEAN, [gna.Patch([last], source=CORRUPT)])).mean())
-    assert abs(gna.path_patching(model, CLEAN, CORRUPT, [last], "logits", METRIC) - expected) < TOL
+    assert abs(gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=[last], receivers="logits") - expected) < TOL
 
 
 @pytest.mark.parametrize("name", ["llama-nnsight", "mamba2"])
 def test_sweep_equals_single_calls(models, name):
     model = models[1][name]
     receivers = [H(2, 1), H(2, 2)]
-    sweep = gna.path_patching_sweep(model, CLEAN, CORRUPT, receivers, METRIC, "any", max_rows=2 * len(CLEAN), progress=False)
+    sweep = gna.path_patching_sweep(
+        model, CLEAN, CORRUPT, METRIC, receivers=receivers, receiver_input="any", max_rows=2 * len(CLEAN), progress=False
+    )
     assert sweep.scores.shape == (3, model.n_heads) and sweep.kind == "path_patching"
     assert sweep.scores[2].isnan().all() and sweep.scores[:2].isfinite().all()
     assert abs(sweep.baseline - float(METRIC(model.logits(CLEAN)).mean())) < TOL
     assert abs(sweep.reference - float(METRIC(model.logits(CORRUPT)).mean())) < TOL
     for sender in [H(0, 0), H(0, 3), H(1, 2)]:
-        single = gna.path_patching(model, CLEAN, CORRUPT, [sender], receivers, METRIC)
+        single = gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=[sender], receivers=receivers)
         assert abs(float(sweep.scores[sender.layer, sender.head]) - single) < TOL
     assert sweep.effects()[:2].abs().max() > MIN_EFFECT
     assert len(sweep.to_frame()) == 2 * model.n_heads
@@ -328,9 +340,12 @@ def test_ambient_interventions_apply_to_every_run(models):
         path_twin.mixer(hf, 1).o_proj.weight[:, 5 * 8 : 6 * 8] = 0
     expected = path_twin.path_patch(hf, model.to_batch(CLEAN), model.to_batch(CORRUPT), [H(0, 2)], [H(2, 0)], ["v"], METRIC)
     with model.ablated([H(1, 5)]):
-        actual = gna.path_patching(model, CLEAN, CORRUPT, [H(0, 2)], [H(2, 0)], METRIC, "v")
+        actual = gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=[H(0, 2)], receivers=[H(2, 0)], receiver_input="v")
     assert abs(actual - expected) < TOL
-    assert abs(actual - gna.path_patching(model, CLEAN, CORRUPT, [H(0, 2)], [H(2, 0)], METRIC, "v")) > MIN_EFFECT / 10
+    assert (
+        abs(actual - gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=[H(0, 2)], receivers=[H(2, 0)], receiver_input="v"))
+        > MIN_EFFECT / 10
+    )
 
 
 # ----- bad input ---------------------------------------------------------------------------
@@ -360,9 +375,9 @@ def test_bad_input(models, name, kwargs, message):
 
 def test_bad_receiver_type(models):
     with pytest.raises(TypeError, match=r"receivers must be gna_interp.Head values or 'logits', got 3"):
-        gna.path_patching(models[1]["mamba2"], CLEAN, CORRUPT, [H(0, 0)], [3], METRIC)
+        gna.path_patching(models[1]["mamba2"], CLEAN, CORRUPT, METRIC, senders=[H(0, 0)], receivers=[3])
     with pytest.raises(ValueError, match=r"sender L2H1 is in layer 2"):
-        gna.path_patching_sweep(models[1]["mamba2"], CLEAN, CORRUPT, [H(2, 0)], METRIC, senders=[H(2, 1)], progress=False)
+        gna.path_patching_sweep(models[1]["mamba2"], CLEAN, CORRUPT, METRIC, receivers=[H(2, 0)], senders=[H(2, 1)], progress=False)
 
 
 @pytest.mark.parametrize("name", ["llama-tlens", "llama-nnsight", "mamba2", "mamba"])
@@ -378,7 +393,7 @@ def test_raising_metric_leaves_no_residue(models, name):
         return logits[:, -1, 5]
 
     with pytest.raises(RuntimeError, match="metric failed"):
-        gna.path_patching_sweep(model, CLEAN, CORRUPT, [H(2, 0), "logits"], metric, max_rows=len(CLEAN), progress=False)
+        gna.path_patching_sweep(model, CLEAN, CORRUPT, metric, receivers=[H(2, 0), "logits"], max_rows=len(CLEAN), progress=False)
     assert calls["n"] == 3
     assert torch.equal(model.logits(CLEAN), before)
     if model.backend_name == "tlens":
@@ -396,8 +411,10 @@ def test_runs_under_remote_simulation(models, tokenizer, family):
     local = loaded["llama-nnsight" if family == "llama" else family]
     senders, receivers = CASES[family][-1]
     stream = "k" if family == "llama" else ["x", "B"]  # shared streams; SSM module inputs and outputs
-    expected = gna.path_patching(local, CLEAN, CORRUPT, senders, receivers, METRIC, stream)
-    assert abs(gna.path_patching(remote, CLEAN, CORRUPT, senders, receivers, METRIC, stream) - expected) < TOL
+    expected = gna.path_patching(local, CLEAN, CORRUPT, METRIC, senders=senders, receivers=receivers, receiver_input=stream)
+    assert (
+        abs(gna.path_patching(remote, CLEAN, CORRUPT, METRIC, senders=senders, receivers=receivers, receiver_input=stream) - expected) < TOL
+    )
 
 
 def test_pre_norm_site_only_where_a_group_norm_runs(models, tokenizer):
@@ -424,6 +441,6 @@ def test_a_shared_unit_for_everyone_is_every_head_that_reads_it(models, name, st
     model, hf = loaded[name], hfs[key_of(name)]
     senders = CASES[key_of(name)][0][0]
     earlier = path_twin.path_patch(hf, model.to_batch(CLEAN), model.to_batch(CORRUPT), senders, unit[:1], [stream], METRIC, whole_unit=True)
-    alone = gna.path_patching(model, CLEAN, CORRUPT, senders, unit[:1], METRIC, stream)
-    assert abs(gna.path_patching(model, CLEAN, CORRUPT, senders, unit, METRIC, stream) - earlier) < TOL
+    alone = gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=senders, receivers=unit[:1], receiver_input=stream)
+    assert abs(gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=senders, receivers=unit, receiver_input=stream) - earlier) < TOL
     assert abs(alone - earlier) > MIN_EFFECT

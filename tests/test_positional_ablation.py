@@ -59,7 +59,7 @@ def test_per_row_mask_and_mean_ablation(pair):
         x[:, :, 1] = torch.where(mask[..., None], mean, x[:, :, 1])
         return x
 
-    got = model.logits(PROMPTS, [gna.Ablate([head], how="mean", reference=reference, positions=mask)])
+    got = model.logits(PROMPTS, [gna.Ablate([head], how="mean", corrupt=reference, positions=mask)])
     expected = raw_logits(hf, batch, {0: replace})
     assert_close_on_tokens(got, expected, real_positions(model, PROMPTS))
 

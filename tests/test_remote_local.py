@@ -16,8 +16,8 @@ from .conftest import CLEAN, CORRUPT, PROMPTS, TOL
 INTERVENTIONS = {
     "plain": [],
     "zero": [gna.Ablate([gna.Head(0, 1), gna.Head(1, 0)])],
-    "mean": [gna.Ablate([gna.Head(1, 2)], how="mean", reference=PROMPTS)],
-    "resample": [gna.Ablate([gna.Head(0, 3)], how="resample", reference=CORRUPT)],
+    "mean": [gna.Ablate([gna.Head(1, 2)], how="mean", corrupt=PROMPTS)],
+    "resample": [gna.Ablate([gna.Head(0, 3)], how="resample", corrupt=CORRUPT)],
     "patch-head": [gna.Patch(gna.Head(1, 1), source=CORRUPT, positions=[-1, -2])],
     "patch-resid": [gna.Patch([gna.Resid(1), gna.Resid(2)], source=CORRUPT, positions=1)],
     "skip": [gna.SkipLayers(0)],

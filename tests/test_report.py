@@ -79,9 +79,9 @@ def test_faithfulness_section_equals_an_independent_evaluate(report, items):
         kept = set(circuit.gather) | set(circuit.aggregate)
         others = [head for head in model.heads if head not in kept]
         assert kept and others
-        alone = gna.evaluate(model, task, [gna.Ablate(others, how="mean", reference=task)]).accuracy
+        alone = gna.evaluate(model, task, [gna.Ablate(others, how="mean", corrupt=task)]).accuracy
         clean = gna.evaluate(model, task).accuracy
-        floor = gna.evaluate(model, task, [gna.Ablate(list(model.heads), how="mean", reference=task)]).accuracy
+        floor = gna.evaluate(model, task, [gna.Ablate(list(model.heads), how="mean", corrupt=task)]).accuracy
         attributes = dict(re.findall(r'data-(circuit|clean|ablated)="([^"]+)"', section))
         assert float(attributes["circuit"]) == pytest.approx(alone, abs=1e-9)
         assert float(attributes["clean"]) == pytest.approx(clean, abs=1e-9)
@@ -146,7 +146,7 @@ def test_retention_section_shows_the_keep_only_curve(items, tmp_path):
     section = re.search(r'<div data-role="retention".*?</figure>', page, re.S).group(0)
     kept = ranking.order[:2]
     others = [h for h in model.heads if h not in kept]
-    by_hand = gna.evaluate(model, task, [gna.Ablate(others, how="mean", reference=task)], progress=False).accuracy
+    by_hand = gna.evaluate(model, task, [gna.Ablate(others, how="mean", corrupt=task)], progress=False).accuracy
     assert curve.accuracy[1].item() == by_hand
     cells = re.findall(r'<td class="num">([^<]*)</td>', section)
     assert f"{by_hand:.3f}" in cells and f"{curve.random_mean[1].item():.3f}" in cells

@@ -36,7 +36,7 @@ def llama_task():
 
 def ablated_alone(model, task, head, how="zero"):
     reference = None if how == "zero" else task
-    return gna.evaluate(model, task, [gna.Ablate([head], how=how, reference=reference)], progress=False).accuracy
+    return gna.evaluate(model, task, [gna.Ablate([head], how=how, corrupt=reference)], progress=False).accuracy
 
 
 @pytest.mark.parametrize("backend", ["tlens", "nnsight"])
@@ -66,7 +66,7 @@ def test_ranking_matches_an_ablation_sweep_of_candidate_accuracy(toy_llamas, lla
     ranking = gna.retrieval_ranking(model, llama_task, how="mean", progress=False)
     encoded = llama_task.encode(llama_task.tokenizer_for(model.tokenizer))
     metric = gna.candidate_accuracy(encoded.candidate_ids, encoded.correct)
-    sweep = gna.ablation_sweep(model, llama_task, metric, how="mean", reference=llama_task, progress=False)
+    sweep = gna.ablation_sweep(model, llama_task, metric, how="mean", corrupt=llama_task, progress=False)
     assert torch.allclose(ranking.accuracy.float(), sweep.scores, atol=1e-6)
     assert ranking.as_sweep().baseline == pytest.approx(sweep.baseline, abs=1e-6)
     head = ranking.order[0]
@@ -151,14 +151,33 @@ def test_keep_only_every_head_is_clean_and_none_is_every_head_ablated(toy_llamas
     reference = None if how == "zero" else llama_task
     heads = list(model.heads)
     clean = logits(model, llama_task)
-    assert torch.equal(logits(model, llama_task, [gna.KeepOnly(heads, kind="all", how=how, reference=reference)]), clean)
-    none = logits(model, llama_task, [gna.KeepOnly([], how=how, reference=reference)])
-    assert torch.equal(none, logits(model, llama_task, [gna.Ablate(heads, how=how, reference=reference)]))
+    assert torch.equal(logits(model, llama_task, [gna.KeepOnly(heads, kind="all", how=how, corrupt=reference)]), clean)
+    none = logits(model, llama_task, [gna.KeepOnly([], how=how, corrupt=reference)])
+    assert torch.equal(none, logits(model, llama_task, [gna.Ablate(heads, how=how, corrupt=reference)]))
     assert not torch.allclose(none, clean, atol=1e-3)
     kept = [gna.Head(1, 0), gna.Head(0, 3)]
     others = [head for head in heads if head not in kept]
-    some = logits(model, llama_task, [gna.KeepOnly(kept, how=how, reference=reference)])
-    assert torch.equal(some, logits(model, llama_task, [gna.Ablate(others, how=how, reference=reference)]))
+    some = logits(model, llama_task, [gna.KeepOnly(kept, how=how, corrupt=reference)])
+    assert torch.equal(some, logits(model, llama_task, [gna.Ablate(others, how=how, corrupt=reference)]))
+    assert no_hooks_left(model)
+
+
+@pytest.mark.parametrize("backend", ["tlens", "nnsight"])
+def test_keep_only_defaults_take_the_mean_over_the_inputs_it_runs_on(toy_llamas, llama_task, backend):
+    """``KeepOnly(heads)`` as it stands: how="mean" over the inputs of the forward it runs
+    in, the same as `Ablate` of the other heads with those very inputs as ``corrupt``
+    (and not the mean over other inputs)."""
+    model = toy_llamas[backend]
+    kept = [gna.Head(1, 0), gna.Head(0, 3)]
+    others = [head for head in model.layout.heads if head not in kept]  # attention: every head of the toy Llama
+    half = llama_task[: N_PROMPTS // 2]
+    got = logits(model, half, [gna.KeepOnly(kept)])
+    assert torch.equal(got, logits(model, half, [gna.Ablate(others, how="mean", corrupt=half)]))
+    whole_mean = logits(model, half, [gna.Ablate(others, how="mean", corrupt=llama_task)])
+    assert not torch.allclose(got, whole_mean, atol=1e-4), "the mean over other inputs: the comparison could not fail"
+    assert not torch.allclose(got, logits(model, half), atol=1e-3)
+    with pytest.raises(ValueError, match=r"KeepOnly how='resample' needs corrupt="):
+        gna.KeepOnly(kept, how="resample")
     assert no_hooks_left(model)
 
 
@@ -181,8 +200,8 @@ def test_keep_only_leaves_other_kinds_alone():
     "kwargs,error,match",
     [
         (dict(heads=[], kind="mlp"), ValueError, r"KeepOnly kind='mlp': expected one of \('attention', 'ssm', 'all'\)"),
-        (dict(heads=[], how="mean"), ValueError, r"KeepOnly how='mean' needs reference="),
-        (dict(heads=[], how="median", reference="x"), ValueError, r"how='median' is not an ablation kind"),
+        (dict(heads=[], how="resample"), ValueError, r"KeepOnly how='resample' needs corrupt="),
+        (dict(heads=[], how="median", corrupt="x"), ValueError, r"how='median' is not an ablation kind"),
         (dict(heads=[gna.Head(0, 1), gna.Head(0, 1)], how="zero"), ValueError, r"KeepOnly heads repeat \['L0H1'\]"),
         (dict(heads=[(0, 1)], how="zero"), TypeError, r"KeepOnly heads must contain gna_interp.Head values, got \(0, 1\)"),
         (dict(heads="L0H1", how="zero"), TypeError, r"KeepOnly heads"),
@@ -196,7 +215,7 @@ def test_keep_only_bad_arguments_are_named(kwargs, error, match):
 def by_hand(model, task, kept, kind="attention"):
     every = [h for h in model.heads if kind == "all" or model.layout.head_kind(h).value == kind]
     others = [h for h in every if h not in set(kept)]
-    interventions = [gna.Ablate(others, how="mean", reference=task)] if others else []
+    interventions = [gna.Ablate(others, how="mean", corrupt=task)] if others else []
     return gna.evaluate(model, task, interventions, progress=False).accuracy
 
 
@@ -321,8 +340,8 @@ def test_resample_keep_only_pairs_rows_and_lm_eval_refuses_it(toy_llamas, llama_
     corrupted = llama_task.corrupted()
     kept = [gna.Head(0, 3), gna.Head(1, 0), gna.Head(0, 0)]
     others = [h for h in model.heads if h not in kept]
-    keep = gna.KeepOnly(kept, how="resample", reference=corrupted)
-    expected = gna.evaluate(model, llama_task, [gna.Ablate(others, how="resample", reference=corrupted)], batch_size=5, progress=False)
+    keep = gna.KeepOnly(kept, how="resample", corrupt=corrupted)
+    expected = gna.evaluate(model, llama_task, [gna.Ablate(others, how="resample", corrupt=corrupted)], batch_size=5, progress=False)
     assert torch.equal(gna.evaluate(model, llama_task, [keep], batch_size=5, progress=False).scores, expected.scores)
     curve = gna.retention_curve(model, llama_task, kept, sizes=[3], seeds=1, how="resample", progress=False)
     assert curve.accuracy[1].item() == expected.accuracy

@@ -121,7 +121,7 @@ def test_chosen_layers_and_heads(llama_models, reference_llama, backend):
 def test_keep_only_the_final_row(llama_models, reference_llama, backend):
     model = llama_models[backend]
     batch = model.to_batch(PROMPTS)
-    got = model.logits(PROMPTS, [gna.keep_attention_rows(-1)])
+    got = model.logits(PROMPTS, [gna.MaskAttentionRows(-1, keep=True)])
     expected = reference_logits(reference_llama, batch, lambda layer, h, q: ~rows([-1], q))
     # Padding rows are zeroed too, so compare every real token.
     assert_close_on_tokens(got, expected, real_positions(model, PROMPTS))

@@ -136,7 +136,7 @@ def test_patching_and_sweeps(trio):
 
     subset = one_of_each_mixer(tl) + [h for h in tl.heads if h.head == 0]
     sweeps = [
-        lambda m: gna.ablation_sweep(m, CLEAN, metric, how="mean", reference=PROMPTS, heads=subset, progress=False),
+        lambda m: gna.ablation_sweep(m, CLEAN, metric, how="mean", corrupt=PROMPTS, heads=subset, progress=False),
         lambda m: gna.patching_sweep(m, CLEAN, CORRUPT, metric, heads=subset, progress=False),
     ]
     for sweep in sweeps:
@@ -166,7 +166,11 @@ def test_patterns_equal_hf_and_nnsight(trio):
     family, hf, tl, ns = trio
     batch = tl.to_batch(PROMPTS)
     rows = [-1, 2]  # query-row mode on both backends; every row is checked against HF below
-    assert close(gna.attention_pattern(tl, PROMPTS, tl.heads, rows), gna.attention_pattern(ns, PROMPTS, ns.heads, rows), 1e-6)
+    assert close(
+        gna.attention_pattern(tl, PROMPTS, tl.heads, query_positions=rows),
+        gna.attention_pattern(ns, PROMPTS, ns.heads, query_positions=rows),
+        1e-6,
+    )
     attention = [spec for spec in tl.layer_specs if any(m.kind is gna.LayerKind.ATTENTION for m in spec.mixers)]
     for spec, expected in zip(attention, eager_attention(hf, batch), strict=True):
         mixer = next(m for m in spec.mixers if m.kind is gna.LayerKind.ATTENTION)
@@ -198,7 +202,7 @@ def test_path_patching(trio):
     later = [h for h in tl.heads if tl.head_position(h) > tl.head_position(sender) and tl.receiver_inputs(h)]
     clean_metric = float(metric(tl.logits(CLEAN)).mean())
     if family != "qwen3_next":  # its gated DeltaNet heads have no streams: not every path can be opened
-        got = gna.path_patching(tl, CLEAN, CORRUPT, [sender], [*later, "logits"], metric)
+        got = gna.path_patching(tl, CLEAN, CORRUPT, metric, senders=[sender], receivers=[*later, "logits"])
         expected = float(metric(tl.logits(CLEAN, [gna.Patch([sender], source=CORRUPT)])).mean())
         assert abs(expected - clean_metric) > 1e-5, f"{sender} has no effect: the test could not fail"
         assert got == pytest.approx(expected, abs=EXACT)
@@ -206,9 +210,11 @@ def test_path_patching(trio):
     if family == "mamba":  # a channel is a head: three channels of 64 carry too little of an isolated path
         receivers = [h for h in later if h.layer == receivers[0].layer]
     streams = sorted({tl.receiver_inputs(h)[-1] for h in receivers})
-    got = gna.path_patching(tl, CLEAN, CORRUPT, [sender], receivers, metric, receiver_input=streams)
+    got = gna.path_patching(tl, CLEAN, CORRUPT, metric, senders=[sender], receivers=receivers, receiver_input=streams)
     assert abs(got - clean_metric) > 1e-6, f"{sender} -> {receivers} via {streams}: no effect, the test could not fail"
-    assert got == pytest.approx(gna.path_patching(ns, CLEAN, CORRUPT, [sender], receivers, metric, receiver_input=streams), abs=EXACT)
+    assert got == pytest.approx(
+        gna.path_patching(ns, CLEAN, CORRUPT, metric, senders=[sender], receivers=receivers, receiver_input=streams), abs=EXACT
+    )
     if family in ("mamba", "mamba2"):
         twin = path_twin.path_patch(hf, tl.to_batch(CLEAN), tl.to_batch(CORRUPT), [sender], receivers, streams, metric)
         assert got == pytest.approx(twin, abs=EXACT)
@@ -316,7 +322,7 @@ def test_failures_leave_no_residue_on_the_bridge(family, tokenizer):
     with pytest.raises(Boom):
         gna.ablation_sweep(model, CLEAN, exploding, heads=heads, max_rows=len(CLEAN), progress=False)
     with pytest.raises(Boom):
-        gna.path_patching(model, CLEAN, CORRUPT, [heads[0]], [*heads[1:], "logits"], exploding)
+        gna.path_patching(model, CLEAN, CORRUPT, exploding, senders=[heads[0]], receivers=[*heads[1:], "logits"])
     with pytest.raises(Boom), model.ablated(heads):
         gna.attention_pattern(model, CLEAN, heads)
         raise Boom("user code failed inside the context")
@@ -340,7 +346,7 @@ def test_bad_input_on_the_bridge(tokenizer):
     with pytest.raises(ValueError, match=r"head L1H4 out of range: layer 1 of .* has heads 0..3"):
         model.logits(CLEAN, [gna.Ablate([H(1, 4)])])
     with pytest.raises(ValueError, match=r"receiver_input='q' is not an input stream of mamba2 heads \(ssm\): expected 'any' or one of"):
-        gna.path_patching(model, CLEAN, CORRUPT, [H(0, 0)], [H(1, 1)], metric, receiver_input="q")
+        gna.path_patching(model, CLEAN, CORRUPT, metric, senders=[H(0, 0)], receivers=[H(1, 1)], receiver_input="q")
     with pytest.raises(ValueError, match="remote execution runs through nnsight"):
         gna.load(tiny_model("mamba2"), tokenizer=tokenizer, backend="tlens", remote="local")
     assert torch_hooks(model.hf_model) == hooks, "nothing is left behind by the raises"

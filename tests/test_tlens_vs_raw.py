@@ -45,7 +45,7 @@ def test_mean_ablation_matches_raw_hook(llama_hf, llama_tlens):
             return h
 
         expected = raw_logits(llama_hf, batch, {head.layer: to_mean})
-        actual = llama_tlens.logits(PROMPTS, [gna.Ablate([head], how="mean", reference=reference)])
+        actual = llama_tlens.logits(PROMPTS, [gna.Ablate([head], how="mean", corrupt=reference)])
         assert_close_on_tokens(actual, expected, real_positions(llama_tlens, PROMPTS))
 
 
@@ -60,7 +60,7 @@ def test_resample_ablation_matches_raw_hook(llama_hf, llama_tlens):
         return h
 
     expected = raw_logits(llama_hf, batch, {1: resample})
-    actual = llama_tlens.logits(CLEAN, [gna.Ablate(heads, how="resample", reference=CORRUPT)])
+    actual = llama_tlens.logits(CLEAN, [gna.Ablate(heads, how="resample", corrupt=CORRUPT)])
     assert_close_on_tokens(actual, expected, real_positions(llama_tlens, CLEAN))
 
 

@@ -123,11 +123,11 @@ def test_path_patching_through_every_later_head_is_activation_patching(loaded):
 
     sender = H(0, 1)
     later = [h for h in model.heads if h.layer > 0]
-    got = gna.path_patching(model, CLEAN, CORRUPT, [sender], [*later, "logits"], metric)
+    got = gna.path_patching(model, CLEAN, CORRUPT, metric, senders=[sender], receivers=[*later, "logits"])
     expected = float(metric(model.logits(CLEAN, [gna.Patch([sender], source=CORRUPT)])).mean())
     assert abs(expected - float(metric(model.logits(CLEAN)).mean())) > 1e-4, "the sender must matter"
     assert got == pytest.approx(expected, abs=1e-5)
-    only_k = gna.path_patching(model, CLEAN, CORRUPT, [sender], [H(1, 0)], metric, receiver_input="k")
+    only_k = gna.path_patching(model, CLEAN, CORRUPT, metric, senders=[sender], receivers=[H(1, 0)], receiver_input="k")
     assert only_k != pytest.approx(got, abs=1e-6)
 
 

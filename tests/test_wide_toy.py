@@ -73,7 +73,7 @@ def test_filler_channels_are_live_and_small(toy_folder):
     heads = [*filler_in_toy_layer, gna.Head(0, 0), gna.Head(LAYERS - 1, 7), deep_head("L0H0", AT, channels)]
     encoded = task.encode(task.tokenizer_for(wide.tokenizer))
     metric = candidate_logit_diff(encoded.candidate_ids, encoded.correct)
-    scores = gna.patching.attribution.ablation_attribution(wide, task.prompts, metric, heads).scores
+    scores = gna.patching.attribution.ablation_attribution(wide, task.prompts, metric, heads=heads).scores
     filler = torch.stack([scores[h.layer, h.head] for h in heads[:-1]])
     assert torch.isfinite(filler).all() and (filler != 0).all(), filler
 

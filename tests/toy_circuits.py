@@ -7,14 +7,14 @@ import warnings
 from functools import cache
 
 import gna_interp as gna
-from gna_interp.discovery import GnACircuit, PositionalAnswerWarning, discover
+from gna_interp.discovery import GnaCircuit, PositionalAnswerWarning, discover
 
 TASK_SEED = 4242  # fresh prompts: neither training nor the cards used them
 TOYS = tuple(name for name in ("llama", "mamba2") if name in gna.toy_names())
 
 
 @cache
-def discovered(name: str) -> tuple[gna.GnaModel, gna.tasks.Task, GnACircuit, tuple[warnings.WarningMessage, ...]]:
+def discovered(name: str) -> tuple[gna.GnaModel, gna.tasks.Task, GnaCircuit, tuple[warnings.WarningMessage, ...]]:
     """``(model, task, circuit, PositionalAnswerWarnings raised)`` for toy ``name`` on 200
     fresh prompts of its task, with `discover`'s defaults. Callers must not change them."""
     model = gna.load_toy(name)

@@ -29,7 +29,6 @@ _EXPORTS: dict[str, str] = {
     "Stream": "arch",
     "Target": "heads",
     "Truncate": "interventions",
-    "keep_attention_rows": "interventions",
     "uniform": "arch",
 }
 

@@ -35,8 +35,9 @@ def compile_plan(layout: ModelLayout, batch: Batch, interventions: Sequence[Inte
             _compile_ablate(layout, batch, item, plan, sources)
         elif isinstance(item, KeepOnly):
             others = ablated_by_keep_only(layout, item)
-            if others:
-                _compile_ablate(layout, batch, Ablate(others, how=item.how, reference=item.reference), plan, sources)
+            if others:  # mean over the run's own inputs unless told otherwise (KeepOnly's default)
+                corrupt = batch if item.corrupt is None else item.corrupt
+                _compile_ablate(layout, batch, Ablate(others, how=item.how, corrupt=corrupt), plan, sources)
         elif isinstance(item, Patch):
             _compile_patch(layout, batch, item, plan, sources)
         elif isinstance(item, SkipLayers):
@@ -112,21 +113,21 @@ def check_aligned(batch: Batch, other: Batch, what: str) -> None:
         raise ValueError(f"{what} has {other.n_rows} rows but the inputs have {batch.n_rows}: expected {batch.n_rows} or 1")
 
 
-def ablation_values(batch: Batch, sites: Sequence[Site], how: str, reference: Any, sources: Sources) -> dict[Site, Tensor]:
+def ablation_values(batch: Batch, sites: Sequence[Site], how: str, corrupt: Any, sources: Sources) -> dict[Site, Tensor]:
     """Per head site, the replacement for its heads: ``[]`` zero, ``[1, 1, head, d_head]``
-    mean, or ``[batch | 1, pos, head, d_head]`` resample (``reference``'s activations, from ``sources``)."""
+    mean, or ``[batch | 1, pos, head, d_head]`` resample (``corrupt``'s activations, from ``sources``)."""
     if how == "zero":
         return {site: torch.zeros(()) for site in sites}
-    ref_batch, acts = sources(reference, set(sites))
+    ref_batch, acts = sources(corrupt, set(sites))
     if how == "mean":
         return {site: token_mean(acts[site], ref_batch.attention_mask)[None, None] for site in sites}
-    check_aligned(batch, ref_batch, "resample reference")
+    check_aligned(batch, ref_batch, "resample corrupt")
     return {site: acts[site] for site in sites}
 
 
 def _compile_ablate(layout: ModelLayout, batch: Batch, item: Ablate, plan: Plan, sources: Sources) -> None:
     grouped = heads_by_site(layout, item.heads)
-    values = ablation_values(batch, sorted(grouped), item.how, item.reference, sources)
+    values = ablation_values(batch, sorted(grouped), item.how, item.corrupt, sources)
     rows = None if item.positions is None else position_mask(item.positions, batch)[:, :, None, None]
     for site, indices in grouped.items():
         mask = head_mask(layout, site, indices) if rows is None else rows & head_mask(layout, site, indices)

@@ -32,6 +32,10 @@ class Batch:
     def repeat(self, copies: int) -> Batch:
         return Batch(self.input_ids.repeat(copies, 1), self.attention_mask.repeat(copies, 1))
 
+    def rows(self, index: slice) -> Batch:
+        """The rows ``index`` of this batch (the same positions)."""
+        return Batch(self.input_ids[index], self.attention_mask[index])
+
     def to(self, device: torch.device | str | None) -> Batch:
         if device is None:
             return self

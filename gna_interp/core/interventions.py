@@ -72,10 +72,10 @@ class Ablate:
     Args:
         heads: heads to ablate.
         how: ``"zero"`` (the paper's method), ``"mean"`` (the head's output averaged
-            over every non-padding token of ``reference``) or ``"resample"`` (the
-            head's output on ``reference`` at the same positions; ``reference`` must
+            over every non-padding token of ``corrupt``) or ``"resample"`` (the
+            head's output on ``corrupt`` at the same positions; ``corrupt`` must
             tokenize to the same ``[batch, pos]`` as the inputs, or to one row).
-        reference: inputs for ``mean`` / ``resample``; activations are taken from a
+        corrupt: inputs for ``mean`` / ``resample``; activations are taken from a
             forward with no interventions.
         positions: where to ablate (see `Positions`); ``None``, every position. A head's
             output at position ``t`` feeds only the residual stream at ``t``, so this
@@ -85,23 +85,26 @@ class Ablate:
 
     heads: tuple[Head, ...]
     how: AblationKind = "zero"
-    reference: Any = None
+    corrupt: Any = None
     positions: Positions = None
 
-    def __init__(self, heads: Head | Iterable[Head], how: str = "zero", reference: Any = None, positions: Positions = None) -> None:
+    def __init__(self, heads: Head | Iterable[Head], *, how: str = "zero", corrupt: Any = None, positions: Positions = None) -> None:
         if how not in ABLATION_KINDS:
             raise ValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
-        if how != "zero" and reference is None:
-            raise ValueError(f"how={how!r} needs reference= inputs to take activations from")
+        if how != "zero" and corrupt is None:
+            raise ValueError(f"how={how!r} needs corrupt= inputs to take activations from")
         object.__setattr__(self, "heads", _as_heads(heads, "Ablate heads"))
         object.__setattr__(self, "how", how)
-        object.__setattr__(self, "reference", reference)
+        object.__setattr__(self, "corrupt", corrupt)
         object.__setattr__(self, "positions", positions)
 
 
 @dataclass(frozen=True)
 class Patch:
     """Replace activations at ``targets`` with their values on ``source``.
+
+    ``source`` keeps its name (every other public function says ``corrupt``): a patch's
+    source is the clean run when denoising, the corrupted one when noising.
 
     Args:
         targets: heads and/or residual-stream sites.
@@ -178,7 +181,7 @@ class MaskAttentionRows:
         heads: only these attention heads (default: every attention head of ``layers``).
             Give ``layers`` or ``heads``, not both.
         keep: ``True`` inverts the rows: keep only ``positions`` and zero every other
-            query row (`keep_attention_rows`).
+            query row.
     """
 
     positions: Positions = -1
@@ -212,14 +215,6 @@ class MaskAttentionRows:
         object.__setattr__(self, "keep", keep)
 
 
-def keep_attention_rows(
-    positions: Positions = -1, layers: int | Iterable[int] | None = None, heads: Head | Iterable[Head] | None = None
-) -> MaskAttentionRows:
-    """The opposite of `MaskAttentionRows`: keep only ``positions`` and zero every other
-    query row of the chosen attention layers / heads."""
-    return MaskAttentionRows(positions, layers=layers, heads=heads, keep=True)
-
-
 HEAD_KINDS: tuple[str, ...] = ("attention", "ssm", "all")
 
 
@@ -236,24 +231,27 @@ class KeepOnly:
         heads: heads to keep (may be empty: ablate every head of ``kind``); each must be
             of ``kind`` (checked against the model when applied).
         kind: ``"attention"``, ``"ssm"`` or ``"all"`` (attention and SSM heads alike).
-        how: how the others are ablated: ``"zero"``, ``"mean"`` or ``"resample"``, with
-            ``reference`` as in `Ablate`.
-        reference: inputs for ``mean`` / ``resample``.
+        how: how the others are ablated: ``"mean"`` (default), ``"zero"`` or ``"resample"``,
+            with ``corrupt`` as in `Ablate`.
+        corrupt: inputs for ``mean`` / ``resample``. With ``how="mean"`` and ``corrupt=None``
+            the mean is taken over the inputs of the forward it runs in (a plain forward
+            over them, with no interventions), so ``KeepOnly(heads)`` works as it stands;
+            ``"resample"`` needs ``corrupt``.
     """
 
     heads: tuple[Head, ...]
     kind: str = "attention"
     how: AblationKind = "mean"
-    reference: Any = None
+    corrupt: Any = None
 
-    def __init__(self, heads: Head | Iterable[Head], kind: str = "attention", how: str = "mean", reference: Any = None) -> None:
+    def __init__(self, heads: Head | Iterable[Head], *, kind: str = "attention", how: str = "mean", corrupt: Any = None) -> None:
         if kind not in HEAD_KINDS:
             raise ValueError(f"KeepOnly kind={kind!r}: expected one of {HEAD_KINDS}")
         if how not in ABLATION_KINDS:
             raise ValueError(f"KeepOnly how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
-        refuse_string(heads, "KeepOnly heads")  # before the reference check: the typo is the first thing to fix
-        if how != "zero" and reference is None:
-            raise ValueError(f"KeepOnly how={how!r} needs reference= inputs to take activations from")
+        refuse_string(heads, "KeepOnly heads")  # before the corrupt check: the typo is the first thing to fix
+        if how == "resample" and corrupt is None:
+            raise ValueError("KeepOnly how='resample' needs corrupt= inputs to take activations from (same length as the inputs)")
         if not isinstance(heads, Head):
             _refuse_single(heads, "KeepOnly heads", "a gna_interp.Head or a list of them (empty: keep none)")
         listed: tuple[Head, ...] = (heads,) if isinstance(heads, Head) else tuple(heads)
@@ -264,7 +262,7 @@ class KeepOnly:
         object.__setattr__(self, "heads", kept)
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "how", how)
-        object.__setattr__(self, "reference", reference)
+        object.__setattr__(self, "corrupt", corrupt)
 
 
 Intervention = Ablate | KeepOnly | Patch | SkipLayers | Truncate | MaskAttentionRows

@@ -175,6 +175,24 @@ class Plan:
             )
         return tiled
 
+    def rows(self, n_rows: int, index: slice) -> Plan:
+        """This plan for the rows ``index`` of its ``n_rows``-row batch (per-row tensors
+        sliced, broadcast ones kept)."""
+
+        def cut(tensor: Tensor) -> Tensor:
+            return tensor[index] if tensor.dim() > 0 and tensor.shape[0] == n_rows and n_rows > 1 else tensor
+
+        part = Plan()
+        for site, edits in self.edits.items():
+            part.edits[site] = [Edit(cut(edit.mask), cut(edit.value)) for edit in edits]
+        part.skips = {layer: cut(rows) for layer, rows in self.skips.items()}
+        if self.start is not None:
+            layer, resid = self.start
+            if isinstance(resid, Ref):
+                raise ValueError("a plan that starts from another job's residual (a Ref) cannot be cut into rows")
+            part.start = (layer, cut(resid))
+        return part
+
     @property
     def start_layer(self) -> int:
         """The first block this plan's forward evaluates (0 without a `start`)."""

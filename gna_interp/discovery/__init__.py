@@ -1,6 +1,6 @@
 """G&A discovery: find, label and confirm the Gather and Aggregate heads of a model."""
 
-from .circuit import GnACircuit, HeadEvidence, RoleNeed, Stability, Standing
+from .circuit import GnaCircuit, HeadEvidence, RoleNeed, Stability, Standing
 from .picture import RolePicture, role_picture
 from .pipeline import SEARCH_STAGES, STAGES, NoRetrievalWarning, PositionalAnswerWarning, discover, prompt_samples, stability
 from .roles import RoleScores, RoleThresholds
@@ -8,7 +8,7 @@ from .roles import RoleScores, RoleThresholds
 __all__ = [
     "SEARCH_STAGES",
     "STAGES",
-    "GnACircuit",
+    "GnaCircuit",
     "HeadEvidence",
     "NoRetrievalWarning",
     "PositionalAnswerWarning",

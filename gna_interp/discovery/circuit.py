@@ -1,4 +1,4 @@
-"""`GnACircuit`: what discovery found, with its evidence; JSON round-trips exactly."""
+"""`GnaCircuit`: what discovery found, with its evidence; JSON round-trips exactly."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class HeadEvidence:
     a Gather head's segment-end rows favour their own segment (``gather_ratio >= 1.5``);
     an Aggregate head's final row reads the options and prefers the correct one (``lift
     >= 1.5``, ``selectivity`` at least 0.05 above ``1 / n_options``). Thresholds:
-    `RoleThresholds`, recorded in ``GnACircuit.settings``."""
+    `RoleThresholds`, recorded in ``GnaCircuit.settings``."""
     joint: bool = False
     """Given its role by the joint search: little harm alone, needed with the others (a
     backup head)."""
@@ -195,7 +195,7 @@ class SpreadRole:
 
 @dataclass(frozen=True)
 class Standing:
-    """What the evidence supports for one head of a role's set (`GnACircuit.standing`).
+    """What the evidence supports for one head of a role's set (`GnaCircuit.standing`).
 
     Attributes:
         role: ``"gather"`` or ``"aggregate"``: the set the head belongs to.
@@ -315,7 +315,7 @@ class Stability:
 
 
 @dataclass
-class GnACircuit:
+class GnaCircuit:
     """The Gather and Aggregate heads of a model on a task, with the evidence.
 
     Attributes:
@@ -489,7 +489,7 @@ class GnACircuit:
         return text
 
     @classmethod
-    def from_json(cls, text_or_path: str | Path) -> GnACircuit:
+    def from_json(cls, text_or_path: str | Path) -> GnaCircuit:
         text = str(text_or_path)
         if not text.lstrip().startswith("{"):
             text = Path(text).read_text()
@@ -540,7 +540,7 @@ class GnACircuit:
         return "\n".join(parts)
 
 
-def describe_stability(circuit: GnACircuit) -> list[str]:
+def describe_stability(circuit: GnaCircuit) -> list[str]:
     """Lines: per role, the set sizes over the samples and how often each head of the
     circuit's set (and any other head chosen) was chosen."""
     stability = circuit.stability

@@ -12,7 +12,7 @@ from ..core.heads import Head
 from ..core.interventions import Ablate
 from ..tasks.base import EncodedTask, Task
 from . import scans
-from .circuit import GnACircuit, HeadEvidence, RoleNeed
+from .circuit import GnaCircuit, HeadEvidence, RoleNeed
 from .roles import RoleScores, RoleThresholds, pattern_agrees, role_scores
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ class JointSearch:
         self.scored: dict[Head, RoleScores] = {}
         """Pattern scores measured ahead (a remote run measures every head it may need in one request)."""
 
-    def pool(self, circuit: GnACircuit, role: str, bounded: bool = True) -> list[Head]:
+    def pool(self, circuit: GnaCircuit, role: str, bounded: bool = True) -> list[Head]:
         """The role's pool (module docs); ``bounded=False``: a Gather pool without the bound
         of the last Aggregate position (a remote search applies it on the server)."""
         members: list[Head] = getattr(circuit, role)
@@ -80,7 +80,7 @@ class JointSearch:
         last_aggregate = max((position(h) for h in circuit.aggregate), default=(self.model.n_layers, 0))
         return [h for h in pool if h in members or position(h) < last_aggregate or not bounded]
 
-    def run(self, circuit: GnACircuit, role: str, threshold: float, max_heads: int) -> RoleNeed | None:
+    def run(self, circuit: GnaCircuit, role: str, threshold: float, max_heads: int) -> RoleNeed | None:
         """The role's joint set (``None`` if no head lowers accuracy at the role's positions:
         confirmation then falls back to the most harmful heads of the role)."""
         positions = self.encoded.final if role == "aggregate" else scans.segment_positions(self.encoded)
@@ -104,7 +104,7 @@ class JointSearch:
         return self.accept(circuit, role, chosen, curve, accuracy, threshold)
 
     def accept(
-        self, circuit: GnACircuit, role: str, chosen: list[Head], curve: list[tuple[Head, float]], accuracy: float, threshold: float
+        self, circuit: GnaCircuit, role: str, chosen: list[Head], curve: list[tuple[Head, float]], accuracy: float, threshold: float
     ) -> RoleNeed:
         """Give the chosen heads the role (``joint=True`` for those it adds) and return the need."""
         members: list[Head] = getattr(circuit, role)

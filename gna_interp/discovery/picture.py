@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from ..models.handle import GnaModel
     from ..tasks.base import Task
-    from .circuit import GnACircuit
+    from .circuit import GnaCircuit
 
 
 @dataclass
@@ -174,7 +174,7 @@ def choose_prompt(masses: RoleMasses, answered: Tensor, n_aggregate: int) -> int
     return int(candidates[total.argmin()])
 
 
-def role_picture(circuit: GnACircuit, model: GnaModel, task: Task, n_prompts: int | None = None) -> RolePicture:
+def role_picture(circuit: GnaCircuit, model: GnaModel, task: Task, n_prompts: int | None = None) -> RolePicture:
     """The averaged patterns of the circuit's Aggregate and Gather heads on ``task``'s
     first ``n_prompts`` prompts (default: the circuit's ``pattern_prompts``, 64), and the
     prompt to show (`choose_prompt`)."""

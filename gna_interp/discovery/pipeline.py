@@ -48,7 +48,7 @@ from ..progress import progress_bar
 from ..tasks.base import Task
 from ..tasks.mcq import shuffle_labels
 from . import remote, scans
-from .circuit import ROLES, GnACircuit, HeadEvidence, RoleNeed, SpreadRole, Stability
+from .circuit import ROLES, GnaCircuit, HeadEvidence, RoleNeed, SpreadRole, Stability
 from .joint import JointSearch, head_float
 from .roles import RoleThresholds, entry_shares, label, pattern_agrees, role_scores
 
@@ -90,7 +90,7 @@ def discover(
     prescreen_keep: int | None = None,
     progress: bool = True,
     stability: int | Sequence[Task] | None = None,
-) -> GnACircuit:
+) -> GnaCircuit:
     """Find the G&A heads of ``model`` on ``task``.
 
     Args:
@@ -127,7 +127,7 @@ def discover(
             2), or the sample tasks themselves. ``None`` (default): not measured.
 
     Returns:
-        a `GnACircuit`; its ``cost`` holds what discovery ran (`gna_interp.cost`): forwards,
+        a `GnaCircuit`; its ``cost`` holds what discovery ran (`gna_interp.cost`): forwards,
         rows, block evaluations, passes over the task, remote requests, seconds. Forwards
         over a batch seen before start from its cached clean prefix (`GnaModel.prefix_cache`).
     """
@@ -276,7 +276,7 @@ def _discover(
     prescreen_above: int,
     prescreen_keep: int,
     progress: bool,
-) -> GnACircuit:
+) -> GnaCircuit:
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise ValueError(f"unknown stages {unknown}: expected a subset of {STAGES}")
@@ -302,7 +302,7 @@ def _discover(
     if clean.accuracy < chance + chance_margin:
         notes.append(f"clean accuracy {clean.accuracy:.3f} is near chance ({chance:.3f}): there is no retrieval to explain")
         warnings.warn(notes[-1], NoRetrievalWarning, stacklevel=3)
-    circuit = GnACircuit(
+    circuit = GnaCircuit(
         model=model.name,
         family=model.arch.family,
         task=task.name,
@@ -431,12 +431,12 @@ def _discover(
 SpreadRuns = tuple[list[tuple[str, int]], list[tuple[Task, list[Intervention]]]]
 
 
-def _open_roles(circuit: GnACircuit) -> list[str]:
+def _open_roles(circuit: GnaCircuit) -> list[str]:
     """Roles without a set found to reach chance (so far)."""
     return [role for role in ROLES if role not in circuit.needs or not circuit.needs[role].reached_chance]
 
 
-def _spread_runs(model: GnaModel, task: Task, encoded: EncodedTask, circuit: GnACircuit, roles: Sequence[str]) -> SpreadRuns:
+def _spread_runs(model: GnaModel, task: Task, encoded: EncodedTask, circuit: GnaCircuit, roles: Sequence[str]) -> SpreadRuns:
     """The spread check's measurements: for each role and each costly layer (layer scan;
     every scanned layer without it), the layer's heads ablated only at the role's positions
     (Aggregate: the final position; Gather: the segment ends). Returns the ``(role, layer)``
@@ -458,14 +458,14 @@ def _spread(
     model: GnaModel,
     task: Task,
     encoded: EncodedTask,
-    circuit: GnACircuit,
+    circuit: GnaCircuit,
     scan: scans.HeadScan,
     threshold: float,
     max_heads: int,
     premeasured: SpreadRuns | None = None,
     values: Sequence[float] | None = None,
 ) -> None:
-    """`GnACircuit.spread`: for each role without a set of up to ``max_heads`` heads that
+    """`GnaCircuit.spread`: for each role without a set of up to ``max_heads`` heads that
     reaches chance (an empty role included), where it enters and the best set found.
 
     Where: every head of each costly layer (layer scan; every scanned layer without it)
@@ -519,7 +519,7 @@ def _nan_last(value: torch.Tensor) -> float:
 
 
 def _check_labels(
-    model: GnaModel, task: Task, circuit: GnACircuit, threshold: float, evaluate_bars: bool | None, measured: float | None = None
+    model: GnaModel, task: Task, circuit: GnaCircuit, threshold: float, evaluate_bars: bool | None, measured: float | None = None
 ) -> None:
     """Accuracy with the labels shuffled (skipped for tasks that are not multiple choice);
     ``measured``: already measured (a remote run measures it with the first scans)."""
@@ -604,7 +604,7 @@ def _gather_before_aggregate(evidence: dict[Head, HeadEvidence], position: Calla
 def _confirm(
     model: GnaModel,
     task: Task,
-    circuit: GnACircuit,
+    circuit: GnaCircuit,
     threshold: float,
     max_heads: int,
     evaluate_bars: bool | None,
@@ -660,7 +660,7 @@ def _confirm(
 
 
 def _gather_to_aggregate(
-    model: GnaModel, task: Task, circuit: GnACircuit, logits: list[torch.Tensor] | None = None
+    model: GnaModel, task: Task, circuit: GnaCircuit, logits: list[torch.Tensor] | None = None
 ) -> dict[str, float] | None:
     """Path patching of the edge: the Gather heads switched to a corrupted prompt (another
     correct option), their change allowed to reach the output only through the Aggregate
@@ -690,7 +690,7 @@ def _gather_to_aggregate(
         path = path_scores(setup, [list(circuit.gather)])[0]
     else:
         clean_value, corrupt_value = reduce_metric(metric(logits[0])), reduce_metric(metric(logits[1]))
-        path = path_patching(model, task, corrupt, circuit.gather, receivers, metric)
+        path = path_patching(model, task, corrupt, metric, senders=circuit.gather, receivers=receivers)
     span = clean_value - corrupt_value
     return {
         "clean": clean_value,

@@ -41,7 +41,7 @@ from ..core.plan import Plan, Site, SiteKind
 from ..evaluation import Evaluation, _single_token_chunks, evaluate_many, evaluate_with_logits
 from ..models.jobs import is_batched_remote
 from ..tasks.mcq import shuffle_labels
-from .circuit import GnACircuit, HeadEvidence, RoleNeed
+from .circuit import GnaCircuit, HeadEvidence, RoleNeed
 from .joint import JointSearch
 from .scans import segment_positions
 
@@ -112,7 +112,7 @@ def pool_heads(model: GnaModel, harmful: list[Head], evidence: dict[Head, HeadEv
     return [h for h in heads if h not in evidence and model.heads_per_layer[h.layer] <= screen_above]
 
 
-def joint_search(search: JointSearch, circuit: GnACircuit, threshold: float, max_heads: int) -> dict[str, RoleNeed]:
+def joint_search(search: JointSearch, circuit: GnaCircuit, threshold: float, max_heads: int) -> dict[str, RoleNeed]:
     """Request 5: `scans.joint_set` for both roles on the server (`greedy_joint`)."""
     model, encoded = search.model, search.encoded
     roles = [role for role in ("aggregate", "gather") if getattr(circuit, role)]

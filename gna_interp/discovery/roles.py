@@ -85,7 +85,7 @@ class RoleThresholds:
 
     A head of a role whose single ablation costs less than ``min_effect`` (a backup head
     the joint search added), or whose pattern does not show the role, is a member of the
-    role's set, not a head of that role outright (`GnACircuit.standing`)."""
+    role's set, not a head of that role outright (`GnaCircuit.standing`)."""
 
     min_effect: float = 0.02
     entry_share: float = 0.5

@@ -108,7 +108,7 @@ def memo_key(interventions: Sequence[Intervention]) -> tuple | None:
     ``None`` for anything else (not memoised)."""
     parts: list[object] = []
     for item in interventions:
-        if isinstance(item, Ablate) and item.how == "zero" and item.reference is None:
+        if isinstance(item, Ablate) and item.how == "zero" and item.corrupt is None:
             try:
                 where = _positions_key(item.positions)
             except TypeError:

@@ -219,7 +219,7 @@ class GnaModel:
     def compile_plan(self, batch: Batch, interventions: Sequence[Intervention]) -> Plan:
         """The `Plan` of tensor edits that ``interventions`` make on ``batch``
         (`gna_interp.core.compile`); the activations they need from other inputs (means,
-        resample references, patch sources) come from `capture_sites`."""
+        resample inputs, patch sources) come from `capture_sites`."""
         return compile_plan(self.layout, batch, interventions, self.capture_sites)
 
     def capture_sites(self, inputs: Any, sites: Collection[Site]) -> tuple[Batch, dict[Site, Tensor]]:
@@ -242,8 +242,8 @@ class GnaModel:
     @contextmanager
     def source_cache(self) -> Iterator[None]:
         """Inside the block, the activations that mean / resample ablations and patches take
-        from their ``reference`` / ``source`` inputs are captured once per inputs object (by
-        identity) and site, and reused: many evaluations against one reference (a
+        from their ``corrupt`` / ``source`` inputs are captured once per inputs object (by
+        identity) and site, and reused: many evaluations against one input set (a
         faithfulness curve) run its forward once instead of once per call and chunk. The
         same numbers; the cache holds what one call over every site would, and is dropped
         on exit (nested blocks share the outer one)."""
@@ -303,9 +303,10 @@ class GnaModel:
             del self._ambient[depth:]
 
     @contextmanager
-    def ablated(self, heads: Head | Iterable[Head], how: str = "zero", reference: Any = None) -> Iterator[GnaModel]:
-        """``with model.ablated([Head(16, 22)]):`` every call inside runs with those heads ablated."""
-        ablation = Ablate(heads, how=how, reference=reference)
+    def ablated(self, heads: Head | Iterable[Head], *, how: str = "zero", corrupt: Any = None) -> Iterator[GnaModel]:
+        """``with model.ablated([Head(16, 22)]):`` every call inside runs with those heads
+        ablated (``how`` and ``corrupt`` as in `Ablate`)."""
+        ablation = Ablate(heads, how=how, corrupt=corrupt)
         for head in ablation.heads:
             self.check_head(head)
         with self.intervening(ablation):

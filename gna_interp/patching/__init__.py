@@ -2,10 +2,10 @@
 variant runner they share."""
 
 from .attribution import ablation_attribution, attribution_patching
-from .edges import EdgeResult, edge_attribution
-from .metrics import candidate_accuracy, candidate_logprob, logit_diff, reads_position, target_logprob
+from .edges import edge_attribution
+from .metrics import candidate_accuracy, candidate_logit_diff, candidate_logprob, logit_diff, reads_position, target_logprob
 from .paths import LOGITS, path_patching, path_patching_sweep
-from .results import SweepResult
+from .results import EdgeResult, SweepResult
 from .sweeps import ablation_sweep, patching_sweep
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "ablation_sweep",
     "attribution_patching",
     "candidate_accuracy",
+    "candidate_logit_diff",
     "candidate_logprob",
     "edge_attribution",
     "logit_diff",

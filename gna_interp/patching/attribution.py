@@ -47,9 +47,11 @@ from ..core.heads import Head
 from ..core.interventions import Intervention
 from ..core.plan import Edit, Plan, Site, SiteKind
 from ..cost import charge
+from ..progress import progress_bar
 from .checks import check_local, check_sites, head_list, target_and_source
 from .metrics import Metric, check_metric, logits_read, metric_name, reduce_metric
 from .results import SweepResult
+from .variants import rows_per_forward
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
@@ -64,14 +66,17 @@ def attribution_patching(
     clean: Any,
     corrupt: Any,
     metric: Metric,
+    *,
     sites: Literal["heads", "resid"] = "heads",
     by_position: bool = False,
-    *,
     direction: Literal["denoise", "noise"] = "denoise",
     heads: Sequence[Head] | None = None,
     interventions: Sequence[Intervention] = (),
     steps: int = 1,
     rule: Literal["left", "midpoint"] = "left",
+    max_rows: int | None = None,
+    memory_budget_mb: float | None = None,
+    progress: bool = True,
 ) -> SweepResult:
     """First-order (``steps=1``) or integrated-gradients estimate of `patching_sweep` for
     every head (or residual site).
@@ -93,6 +98,12 @@ def attribution_patching(
             only above 1 (every layer's residual stream on one path would patch the
             whole input at once).
         rule: ``"left"`` (``alpha = j / steps``) or ``"midpoint"`` (``(j + 1/2) / steps``).
+        max_rows: rows per forward-and-backward (default: estimated from ``memory_budget_mb``).
+            A batch of more rows runs in chunks, with the same result: each chunk's
+            gradient is taken with the other rows' logits held (one more forward, without
+            gradients, per point and chunk).
+        memory_budget_mb: the memory a forward may use, to estimate ``max_rows``.
+        progress: show a progress bar (over points and chunks).
 
     Returns:
         `SweepResult` of kind ``"attribution"``: ``scores`` = baseline + estimated effect,
@@ -115,7 +126,9 @@ def attribution_patching(
     ambient = [*model.active_interventions, *interventions]
     source_out = model.backend.run(source, model.compile_plan(source, ambient), capture=set(site_list), logits_to_keep=logits_read(metric))
     reference = reduce_metric(metric(source_out.logits), metric, source.n_rows)
-    effects, baseline = integrated_effects(model, target, ambient, {site: source_out.acts[site] for site in site_list}, metric, steps, rule)
+    targets = {site: source_out.acts[site] for site in site_list}
+    rows = rows_per_forward(model, target.n_pos, max_rows, memory_budget_mb)
+    effects, baseline = integrated_effects(model, target, ambient, targets, metric, steps, rule, max_rows=rows, progress=progress)
     if not by_position:
         effects = {site: effect.sum(0) for site, effect in effects.items()}
     result = _result(model, sites, chosen, effects, baseline, reference, target.n_pos, by_position, direction)
@@ -125,10 +138,10 @@ def attribution_patching(
 
 def ablation_attribution(
     model: GnaModel,
-    inputs: Any,
+    clean: Any,
     metric: Metric,
-    heads: Sequence[Head] | None = None,
     *,
+    heads: Sequence[Head] | None = None,
     interventions: Sequence[Intervention] = (),
     steps: int = 1,
     rule: Literal["left", "midpoint"] = "left",
@@ -145,7 +158,7 @@ def ablation_attribution(
 
     Args:
         model: a `GnaModel` with local weights.
-        inputs: prompts or token ids.
+        clean: the inputs measured (prompts, token ids or a task).
         metric: logits -> scalar or ``[batch]`` tensor, differentiable (``candidate_logprob``,
             ``logit_diff``; not ``candidate_accuracy``). Averaged over the rows.
         heads: heads to score (default every head).
@@ -160,7 +173,7 @@ def ablation_attribution(
     check_local(model, "ablation_attribution")
     check_steps(steps, rule)
     chosen = head_list(model, heads)
-    batch = model.to_batch(inputs)
+    batch = model.to_batch(clean)
     site_list = sorted(heads_by_site(model.layout, chosen))
     ambient = [*model.active_interventions, *interventions]
     effects, total = integrated_effects(model, batch, ambient, {site: torch.zeros(()) for site in site_list}, metric, steps, rule)
@@ -195,6 +208,8 @@ def integrated_effects(
     *,
     points: Sequence[int] | None = None,
     baseline: float | None = None,
+    max_rows: int | None = None,
+    progress: bool = False,
 ) -> tuple[dict[Site, Tensor], float]:
     """Integrated gradients of ``metric`` on ``batch`` along the gate path that moves every
     site of ``targets`` towards its target value at once (module docs).
@@ -209,6 +224,11 @@ def integrated_effects(
             that a caller can stop after the first points (the parts add up to the whole).
         baseline: the metric of the ungated run, if known (else measured: at ``alpha = 0``
             when ``points`` holds it under ``"left"``, else by a plain forward).
+        max_rows: rows per forward-and-backward (default: the whole batch at once); a
+            larger batch runs in row chunks, each chunk's backward taken through the
+            metric of the whole batch with the other rows' logits held (exact: a row's
+            logits depend on that row alone).
+        progress: show a bar over the points (and chunks).
 
     Returns:
         site -> ``[pos, head]`` (head sites) or ``[pos]`` (residual) effects, float32 on
@@ -217,27 +237,59 @@ def integrated_effects(
     """
     base = model.compile_plan(batch, ambient)
     points = range(steps) if points is None else points
+    n = batch.n_rows
+    per_chunk = n if max_rows is None else max(1, max_rows)
+    cuts = [slice(a, min(a + per_chunk, n)) for a in range(0, n, per_chunk)]
+    keep = logits_read(metric)
     if baseline is None and (rule == "midpoint" or 0 not in points):
-        baseline = reduce_metric(metric(model.backend.run(batch, base, logits_to_keep=logits_read(metric)).logits), metric, batch.n_rows)
+        if len(cuts) == 1:
+            logits = model.backend.run(batch, base, logits_to_keep=keep).logits
+        else:
+            logits = torch.cat([model.backend.run(batch.rows(c), base.rows(n, c), logits_to_keep=keep).logits for c in cuts])
+        baseline = reduce_metric(metric(logits), metric, n)
     sites = sorted(targets)
     effects = {site: torch.zeros(_gate_shape(model, site, batch.n_pos)[1:-1]) for site in sites}
     offset = 0.5 if rule == "midpoint" else 0.0
-    for j in points:
-        alpha = (j + offset) / steps
-        gates = {site: torch.full(_gate_shape(model, site, batch.n_pos), alpha, requires_grad=True) for site in sites}
-        plan = Plan(start=base.start)
-        plan.extend(base)
+
+    def gated(c: slice, alpha: float, grad: bool) -> tuple[Tensor, dict[Site, Tensor]]:
+        """Chunk ``c``'s logits at ``alpha`` and its gates (leaves when ``grad``)."""
+        gates = {site: torch.full(_gate_shape(model, site, batch.n_pos), alpha, requires_grad=grad) for site in sites}
+        whole = len(cuts) == 1
+        if whole:
+            plan = Plan(start=base.start)
+            plan.extend(base)
+        else:
+            plan = base.rows(n, c)
         for site in sites:
-            plan.add(site, Edit(gates[site], targets[site]))
-        out = model.backend.run(batch, plan, grad=True, logits_to_keep=logits_read(metric))
-        value = _scalar(metric(out.logits), metric)
-        if j == 0 and baseline is None:
-            baseline = float(value.detach())  # alpha = 0: the gates change nothing
-        grads = _gradients(value, [gates[site] for site in sites])
-        charge(model.backend, backwards=1, backward_block_rows=batch.n_rows * (model.n_layers - plan.start_layer))
-        for site, grad in zip(sites, grads, strict=True):
-            effects[site] += grad.detach()[0, ..., 0].float().cpu() / steps
-        del out, value  # free this point's graph before the next forward: one graph at a time
+            target = targets[site]
+            if not whole and target.dim() > 0 and target.shape[0] == n:
+                target = target[c]
+            plan.add(site, Edit(gates[site], target))
+        out = model.backend.run(batch if whole else batch.rows(c), plan, grad=grad, logits_to_keep=keep)
+        return out.logits, gates
+
+    with progress_bar(total=len(points) * len(cuts), show=progress, desc="attribution") as bar:
+        for j in points:
+            alpha = (j + offset) / steps
+            held: Tensor | None = None
+            if len(cuts) > 1:  # every row's logits at alpha, held while one chunk's backward runs
+                with torch.no_grad():
+                    held = torch.cat([gated(c, alpha, False)[0] for c in cuts])
+                if j == 0 and baseline is None:
+                    baseline = float(_scalar(metric(held), metric, need_grad=False))
+            for c in cuts:
+                logits, gates = gated(c, alpha, True)
+                if held is not None:
+                    logits = torch.cat([held[: c.start], logits, held[c.stop :]])
+                value = _scalar(metric(logits), metric)
+                if j == 0 and baseline is None:
+                    baseline = float(value.detach())  # alpha = 0: the gates change nothing
+                grads = _gradients(value, [gates[site] for site in sites])
+                charge(model.backend, backwards=1, backward_block_rows=(c.stop - c.start) * (model.n_layers - base.start_layer))
+                for site, grad in zip(sites, grads, strict=True):
+                    effects[site] += grad.detach()[0, ..., 0].float().cpu() / steps
+                del logits, value  # free this chunk's graph before the next forward: one graph at a time
+                bar.update(1)
     assert baseline is not None
     return effects, float(baseline)
 
@@ -249,7 +301,7 @@ def _gate_shape(model: GnaModel, site: Site, n_pos: int) -> tuple[int, ...]:
     return (1, n_pos, model.layout.site_shape(site)[0], 1)
 
 
-def _scalar(value: Tensor | float, metric: Metric) -> Tensor:
+def _scalar(value: Tensor | float, metric: Metric, need_grad: bool = True) -> Tensor:
     """The metric's value averaged to a scalar tensor that gradients flow from."""
     name = metric_name(metric)
     if not isinstance(value, Tensor):
@@ -259,7 +311,7 @@ def _scalar(value: Tensor | float, metric: Metric) -> Tensor:
         )
     if value.numel() == 0:
         raise ValueError(f"metric {name} returned an empty tensor: expected a scalar, or one value per row")
-    if not value.requires_grad:
+    if need_grad and not value.requires_grad:
         raise ValueError(
             f"metric {name}'s value does not depend differentiably on the logits (e.g. an argmax or a comparison): "
             "attribution patching needs a differentiable metric such as logit_diff or target_logprob"

@@ -34,11 +34,11 @@ def check_sites(sites: str, heads: Head | Sequence[Head] | None, verb: str) -> N
         raise ValueError(f"heads= selects heads to {verb}; it has no meaning with sites='resid'")
 
 
-def check_ablation(how: str, reference: Any) -> None:
+def check_ablation(how: str, corrupt: Any) -> None:
     if how not in ABLATION_KINDS:
         raise ValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
-    if how != "zero" and reference is None:
-        raise ValueError(f"how={how!r} needs reference= inputs to take activations from")
+    if how != "zero" and corrupt is None:
+        raise ValueError(f"how={how!r} needs corrupt= inputs to take activations from")
 
 
 def check_local(model: GnaModel, what: str) -> None:

@@ -54,45 +54,15 @@ times the above. All senders move together, so this is the EAP-IG approximation:
 not integrate each edge's own path-patching curve, and the sum over senders need not
 match the sum of their separate path-patching effects (measured in docs/patching.md).
 
-**Exact upstream** (``method="exact_upstream"``). On the trained toys first-order scores go
-wrong downstream of the receiver and upstream of it, not in the receiver's own nonlinearity
-(docs/patching.md, "Where the first-order error sits"). This method scores
-
-    ``score(s -> r, stream) = (K_r^T g_ig) . (stream_r[D_s] - stream_r[clean])``
-
-on ``r``'s unit of ``stream``, where
-
-- ``stream_r[D_s]`` is ``r``'s stream in path patching's D run with ``s`` alone corrupt (every
-  other head frozen, MLPs and norms recomputed): the sender's change upstream, exactly. One
-  stacked forward, one copy per sender (plus one with every sender and one with none), gives
-  it for every receiver at a position at once;
-- ``K_r`` is the receiver linear at the clean run (its other streams, held streams and the
-  other heads' inputs to a group norm clean, as in the first-order score);
-- ``g_ig`` is the metric's gradient at ``r``'s output averaged over ``steps`` midpoints
-  ``(i + 1/2) / steps`` of the straight path from ``r``'s clean output to its output with
-  ``stream`` taken from the every-sender D run (``r``'s output recomputed as path patching
-  recomputes it): integrated gradients downstream, one path per receiver stream.
-
-Cost: the stacked D forward (``senders + 2`` copies, per receiver position), a D and a
-recompute forward per stream name for the paths' ends, ``steps`` stacked forwards and
-backwards with one copy per ``(receiver, stream)``, and one more for ``K_r^T``. It is exact
-where the path is linear downstream of the receiver stream's change; measured against path
-patching on the toys in docs/patching.md.
-
-``method="exact_receiver"`` replaces ``K_r`` by the receiver itself:
-``score = g_ig . (out_r(stream_r[D_s]) - out_r)``, ``r``'s output recomputed with its unit of
-``stream`` from ``D_s`` and its other inputs clean (as path patching recomputes it), one
-stacked forward per stream name with one copy per ``(sender, receiver)``; no ``K_r^T``
-backward.
+**Exact upstream** (``method="exact_upstream"``) and **exact receiver**
+(``method="exact_receiver"``): `gna_interp.patching.edges_exact`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import torch
 from torch import Tensor
 
@@ -101,11 +71,14 @@ from ..core.heads import Head
 from ..core.interventions import Intervention
 from ..core.plan import Edit, Plan, Site, SiteKind
 from ..cost import charge
+from ..progress import progress_bar
 from .attribution import _gradients, _scalar
 from .checks import check_local, clean_corrupt_batches
+from .edges_exact import _exact_upstream, _unit
 from .metrics import Metric, check_metric, logits_read, reduce_metric
-from .path_chain import _Chunk, _EdgeSets, _stack, held_sites, norm_inputs, receiver_positions, receiver_streams, unit_mask
-from .paths import ANY, Receivers, check_senders, parse_receivers, parse_streams, prepare
+from .path_chain import held_sites, norm_inputs, receiver_streams
+from .paths import ANY, Receivers, check_senders, parse_receivers, parse_streams
+from .results import EdgeResult, _table
 from .variants import rows_per_forward
 
 if TYPE_CHECKING:
@@ -114,74 +87,21 @@ if TYPE_CHECKING:
 METHODS = ("first_order", "exact_upstream", "exact_receiver")
 
 
-@dataclass
-class EdgeResult:
-    """Edge scores: sender head -> receiver head (input stream).
-
-    Attributes:
-        scores: estimated effects on the metric (score minus the clean metric; how:
-            ``meta["method"]``),
-            ``[sender, receiver]``, or ``[sender, receiver, stream]`` when several streams
-            were chosen. NaN where the edge does not exist (the sender does not precede
-            the receiver, or the receiver's mixer has no such stream).
-        senders: the heads of the ``sender`` axis.
-        receivers: the heads of the ``receiver`` axis.
-        streams: the names of the ``stream`` axis (one name, or ``("any",)``, when there is
-            no stream axis).
-        baseline: the clean metric.
-        reference: the corrupt metric.
-        meta: how it was computed (``method``, ``steps``, ``n_prompts``).
-    """
-
-    scores: Tensor
-    senders: list[Head]
-    receivers: list[Head]
-    streams: tuple[str, ...]
-    baseline: float
-    reference: float
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def dims(self) -> tuple[str, ...]:
-        return ("sender", "receiver", "stream") if self.scores.dim() == 3 else ("sender", "receiver")
-
-    def to_frame(self) -> pd.DataFrame:
-        """Long format: one row per edge, columns ``sender``, ``receiver`` (``"L0H1"``),
-        ``stream``, ``score`` (clean metric + effect) and ``effect``; edges that do not
-        exist are left out."""
-        table = self.scores if self.scores.dim() == 3 else self.scores[..., None]
-        rows = []
-        for i, sender in enumerate(self.senders):
-            for j, receiver in enumerate(self.receivers):
-                for k, stream in enumerate(self.streams):
-                    value = float(table[i, j, k])
-                    if value == value:  # NaN: no such edge
-                        names = {"sender": str(sender), "receiver": str(receiver), "stream": stream}
-                        rows.append({**names, "score": self.baseline + value, "effect": value})
-        return pd.DataFrame(rows, columns=["sender", "receiver", "stream", "score", "effect"])
-
-    def top(self, k: int = 10) -> list[tuple[Head, Head, str, float]]:
-        """The ``k`` edges of largest magnitude: ``(sender, receiver, stream, effect)``."""
-        frame = self.to_frame()
-        frame = frame.reindex(frame["effect"].abs().sort_values(ascending=False).index)[:k]
-        by_name = {str(h): h for h in [*self.senders, *self.receivers]}
-        return [(by_name[r.sender], by_name[r.receiver], r.stream, float(r.effect)) for r in frame.itertuples()]
-
-
 def edge_attribution(
     model: GnaModel,
     clean: Any,
     corrupt: Any,
     metric: Metric,
-    steps: int = 1,
     *,
     receivers: Receivers,
     senders: Sequence[Head] | None = None,
+    steps: int = 1,
+    method: str = "first_order",
     receiver_input: str | Sequence[str] = ANY,
     interventions: Sequence[Intervention] = (),
     max_rows: int | None = None,
     memory_budget_mb: float | None = None,
-    method: str = "first_order",
+    progress: bool = True,
 ) -> EdgeResult:
     """Estimate `path_patching` for every edge ``sender -> receiver stream`` at once: to first
     order (``method="first_order"``, integrated gradients with ``steps > 1``), or with the
@@ -221,6 +141,8 @@ def edge_attribution(
             output recomputed exactly under each sender's stream change instead of ``K_r``
             (AtP*'s idea): ``steps`` backwards, and per stream name one more stacked
             forward of one copy per sender and receiver.
+        progress: show a progress bar (over the points and chunks; the exact methods: over
+            the receiver positions).
 
     Returns:
         `EdgeResult`: ``scores`` ``[sender, receiver]`` (one stream, or ``"any"``) or
@@ -283,6 +205,7 @@ def edge_attribution(
             whole,
             interventions,
             exact_receiver=method == "exact_receiver",
+            progress=progress,
         )
     clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "edge attribution")
     ambient = [*model.active_interventions, *interventions]
@@ -308,28 +231,31 @@ def edge_attribution(
     flat = torch.zeros((len(sender_list), len(copies)))  # sender -> one score per copy, summed over the points
     clean_acts: dict[Site, Tensor] = {}
     baseline = float("nan")
-    for step in range(steps):  # left Riemann sum: alpha = 0 (the clean run), 1 / steps, ...
-        alpha = step / steps
-        plan = Plan()
-        plan.extend(base)
-        for site in sorted(sender_sites) if step else []:  # the senders' outputs, interpolated
-            mask = head_mask(model.layout, site, [model.head_site(h)[1] for h in sender_list if model.head_site(h)[0] == site])
-            plan.add(site, Edit(mask, clean_acts[site] + alpha * (corrupt_out.acts[site] - clean_acts[site])))
-        point = model.backend.run(clean_batch, plan, capture=capture, grad=True, logits_to_keep=keep)
-        value = _scalar(metric(point.logits), metric)
-        grads = dict(zip(receiver_order, _gradients(value, [point.acts[s] for s in receiver_order]), strict=True))
-        charge(model.backend, backwards=1, backward_block_rows=clean_batch.n_rows * model.n_layers)
-        acts = {site: act.detach() for site, act in point.acts.items()}
-        if step == 0:
-            clean_acts, baseline = acts, float(value.detach())
-        for offset in range(0, len(copies), per_chunk):
-            chunk = copies[offset : offset + per_chunk]
-            sender_grads = _chunk_gradients(model, clean_batch, base, chunk, acts, grads, first, frozen_sites)
-            for i, head in enumerate(sender_list):
-                site, index = model.head_site(head)
-                delta = (corrupt_out.acts[site][:, :, index] - clean_acts[site][:, :, index]).float()  # [batch | 1, pos, d_head]
-                grad = sender_grads[site][:, :, :, index].float()  # [copy, batch, pos, d_head]
-                flat[i, offset : offset + len(chunk)] += (delta.expand_as(grad[0]) * grad).sum((1, 2, 3)).cpu() / steps
+    n_chunks = -(-len(copies) // per_chunk)
+    with progress_bar(total=steps * n_chunks, show=progress, desc="edge attribution") as bar:
+        for step in range(steps):  # left Riemann sum: alpha = 0 (the clean run), 1 / steps, ...
+            alpha = step / steps
+            plan = Plan()
+            plan.extend(base)
+            for site in sorted(sender_sites) if step else []:  # the senders' outputs, interpolated
+                mask = head_mask(model.layout, site, [model.head_site(h)[1] for h in sender_list if model.head_site(h)[0] == site])
+                plan.add(site, Edit(mask, clean_acts[site] + alpha * (corrupt_out.acts[site] - clean_acts[site])))
+            point = model.backend.run(clean_batch, plan, capture=capture, grad=True, logits_to_keep=keep)
+            value = _scalar(metric(point.logits), metric)
+            grads = dict(zip(receiver_order, _gradients(value, [point.acts[s] for s in receiver_order]), strict=True))
+            charge(model.backend, backwards=1, backward_block_rows=clean_batch.n_rows * model.n_layers)
+            acts = {site: act.detach() for site, act in point.acts.items()}
+            if step == 0:
+                clean_acts, baseline = acts, float(value.detach())
+            for offset in range(0, len(copies), per_chunk):
+                chunk = copies[offset : offset + per_chunk]
+                sender_grads = _chunk_gradients(model, clean_batch, base, chunk, acts, grads, first, frozen_sites)
+                for i, head in enumerate(sender_list):
+                    site, index = model.head_site(head)
+                    delta = (corrupt_out.acts[site][:, :, index] - clean_acts[site][:, :, index]).float()  # [batch | 1, pos, d_head]
+                    grad = sender_grads[site][:, :, :, index].float()  # [copy, batch, pos, d_head]
+                    flat[i, offset : offset + len(chunk)] += (delta.expand_as(grad[0]) * grad).sum((1, 2, 3)).cpu() / steps
+                bar.update(1)
     for i, head in enumerate(sender_list):
         for j, (receiver, _) in enumerate(copies):
             if model.head_position(head) >= model.head_position(receiver):
@@ -402,222 +328,3 @@ def _chunk_gradients(
         pulled = [torch.zeros_like(leaves[site]) for site in order]
     charge(model.backend, backwards=1, backward_block_rows=n_rows * n_copies * (model.n_layers - first))
     return {site: grad.reshape(n_copies, n_rows, *grad.shape[1:]) for site, grad in zip(order, pulled, strict=True)}
-
-
-def _unit(model: GnaModel, site: Site, index: int) -> Tensor:
-    """``[1, 1, unit, 1]`` bool: the unit of stream ``site`` that feeds head ``index``."""
-    mixer = model.mixer(site)
-    _, units, _ = mixer.stream(site.stream).layout(mixer.dims)
-    mask = torch.zeros(1, 1, units, 1, dtype=torch.bool)
-    mask[0, 0, index * units // mixer.n_heads, 0] = True
-    return mask
-
-
-def _table(
-    flat: Tensor, copies: Sequence[tuple[Head, str]], receivers: list[Head], streams: Sequence[str], whole: bool, n_senders: int
-) -> Tensor:
-    """``[sender, copy]`` -> ``[sender, receiver]`` (``"any"``: summed over streams; one
-    stream) or ``[sender, receiver, stream]``."""
-    table = torch.full((n_senders, len(receivers), len(streams)), float("nan"))
-    for c, (receiver, name) in enumerate(copies):
-        table[:, receivers.index(receiver), streams.index(name)] = flat[:, c]
-    if whole:
-        summed = table.nan_to_num(0.0).sum(-1)
-        return torch.where(table.isnan().all(-1), float("nan"), summed)
-    return table[..., 0] if len(streams) == 1 else table
-
-
-def _exact_upstream(
-    model: GnaModel,
-    clean: Any,
-    corrupt: Any,
-    metric: Metric,
-    steps: int,
-    receivers: Receivers,
-    receiver_list: list[Head],
-    sender_list: list[Head],
-    receiver_input: str | Sequence[str],
-    streams: tuple[str, ...],
-    whole: bool,
-    interventions: Sequence[Intervention],
-    exact_receiver: bool = False,
-) -> EdgeResult:
-    """``method="exact_upstream"``: ``score(s -> r, st) = (K_r^T g_ig) . (st_r[D_s] - st_r[clean])``
-    on ``r``'s unit of ``st``; ``exact_receiver``: ``g_ig . (out_r(st_r[D_s]) - out_r)`` (see the
-    module docs)."""
-    # The explicit stream names even for "any" (summed at the end): prepare's whole-output mode
-    # does not capture the held streams (Mamba-1's x holds x_read) that each stream's patch needs.
-    setup, baseline, reference = prepare(model, clean, corrupt, sender_list, receivers, metric, list(streams), interventions)
-    n = setup.batch.n_rows
-    scored: dict[tuple[Head, Head, str], float] = {}
-    for position, heads in receiver_positions(model, setup.receivers).items():
-        layer = position[0]
-        here = [Head(layer, h) for h in heads]
-        pairs = [(r, st) for r in here for st in streams if st in model.mixer_of(r)[0].receiver_inputs]
-        live = [s for s in sender_list if model.head_position(s) < position]
-        if not pairs or not live:
-            continue
-        site_of = {(r, st): Site(SiteKind.STREAM, layer, st, model.mixer_of(r)[0].index) for r, st in pairs}
-        # Exact upstream: D with each sender alone (every other head frozen), every sender, none.
-        chunk = _Chunk(setup, [[s] for s in live] + [live, []])
-        _, d_acts = chunk.d_run(position, set(site_of.values()))
-
-        def copy_of(site: Site, c: int) -> Tensor:
-            return d_acts[site][c * n : (c + 1) * n]  # noqa: B023 (used within the iteration)
-
-        none = len(live) + 1
-        before = dict(setup.clean)
-        ends: dict[tuple[Head, str], Tensor] = {}
-        for st in streams:  # the paths' ends: r's output with st from the every-sender D run
-            group = {pair: live for pair in pairs if pair[1] == st}
-            if group:
-                edits = _EdgeSets(setup, group).receiver_patches(layer, position, [r.head for r, _ in group], before, [])
-                ends.update({pair: edit.value for pair, (_, edit) in zip(group, edits, strict=True)})
-        if exact_receiver:
-            g_ig = _integrated_pullback(model, setup, pairs, ends, site_of, None, steps, layer)
-            for st in streams:
-                here_st = [r for r, name in pairs if name == st]
-                if here_st:
-                    outs = _receiver_outputs(model, setup, live, here_st, st, site_of, d_acts, layer)
-                    for (s, r), out in outs.items():
-                        site, index = model.head_site(r)
-                        change = (out - setup.clean[site][:, :, index]).float()
-                        scored[(s, r, st)] = float((g_ig[(r, st)].float() * change).sum().cpu())
-            continue
-        u = _integrated_pullback(model, setup, pairs, ends, site_of, {p: copy_of(site_of[p], none) for p in pairs}, steps, layer)
-        for (r, st), grad in u.items():
-            site, index = site_of[(r, st)], model.head_site(r)[1]
-            unit = index * model.mixer(site).stream(st).layout(model.mixer(site).dims)[1] // model.mixer(site).n_heads
-            for c, s in enumerate(live):
-                change = (copy_of(site, c) - copy_of(site, none))[:, :, unit].float()
-                scored[(s, r, st)] = float((grad[:, :, unit].float() * change).sum().cpu())
-    copies = [(r, name) for r in receiver_list for name in model.mixer_of(r)[0].receiver_inputs if name in streams]
-    flat = torch.full((len(sender_list), len(copies)), float("nan"))
-    for i, s in enumerate(sender_list):
-        for j, (r, st) in enumerate(copies):
-            if model.head_position(s) < model.head_position(r):
-                flat[i, j] = scored.get((s, r, st), 0.0)
-    scores = _table(flat, copies, receiver_list, streams, whole, len(sender_list))
-    names = (ANY,) if whole else streams
-    meta = {
-        "method": "exact_receiver" if exact_receiver else "exact_upstream",
-        "steps": steps,
-        "n_prompts": n,
-        "receiver_input": list(names),
-    }
-    return EdgeResult(scores, sender_list, receiver_list, names, baseline, reference, meta=meta)
-
-
-def _integrated_pullback(
-    model: GnaModel,
-    setup: Any,
-    pairs: list[tuple[Head, str]],
-    ends: dict[tuple[Head, str], Tensor],
-    site_of: dict[tuple[Head, str], Site],
-    clean_streams: dict[tuple[Head, str], Tensor] | None,
-    steps: int,
-    layer: int,
-) -> dict[tuple[Head, str], Tensor]:
-    """``K_r^T g_ig`` per ``(r, st)``: ``[batch, pos, unit, d]`` at the stream site, where
-    ``g_ig`` averages the metric's gradient at ``r``'s output over the midpoints from its clean
-    output to ``ends[(r, st)]``. Stacked: one copy of the batch per pair. With
-    ``clean_streams=None``: ``g_ig`` itself, ``[batch, pos, d_head]`` at ``r``'s output."""
-    n, k = setup.batch.n_rows, len(pairs)
-    head_of = {r: model.head_site(r) for r, _ in pairs}
-    sites = sorted({site for site, _ in head_of.values()})
-    metric = setup.metric
-
-    def rows_of(c: int) -> Tensor:
-        mask = torch.zeros(k, dtype=torch.bool)
-        mask[c] = True
-        return mask.repeat_interleave(n)[:, None, None, None]
-
-    def plan() -> Plan:
-        p = Plan()
-        p.extend(setup.base.tiled(n, k))
-        if layer > 0:
-            p.start = (layer, _stack(setup.clean[Site(SiteKind.RESID, layer)], n, k))
-        return p
-
-    def rows(tensor: Tensor, c: int) -> Tensor:
-        return tensor[c * n : (c + 1) * n]
-
-    g_ig: dict[tuple[Head, str], Tensor] = {}
-    for i in range(steps):
-        alpha = (i + 0.5) / steps
-        p = plan()
-        for c, pair in enumerate(pairs):
-            site, index = head_of[pair[0]]
-            out0 = setup.clean[site]
-            p.add(site, Edit(rows_of(c) & head_mask(model.layout, site, [index]), _stack(out0 + alpha * (ends[pair] - out0), n, k)))
-        out = model.backend.run(setup.batch.repeat(k), p, capture=set(sites), grad=True, logits_to_keep=logits_read(metric))
-        total = sum(_scalar(metric(part), metric) for part in out.logits.split(n))
-        grads = dict(zip(sites, _gradients(total, [out.acts[site] for site in sites]), strict=True))  # type: ignore[arg-type]
-        charge(model.backend, backwards=1, backward_block_rows=n * k * (model.n_layers - layer))
-        for c, pair in enumerate(pairs):
-            site, index = head_of[pair[0]]
-            g = rows(grads[site], c)[:, :, index].detach() / steps
-            g_ig[pair] = g if pair not in g_ig else g_ig[pair] + g
-    if clean_streams is None:
-        return g_ig
-    # K_r^T g_ig: r's copy of the stream is a leaf at its clean value; r's other inputs clean.
-    p = plan()
-    leaves: dict[tuple[Head, str], Tensor] = {}
-    for c, pair in enumerate(pairs):
-        r, _ = pair
-        site, (head_site, index) = site_of[pair], head_of[r]
-        leaves[pair] = _stack(clean_streams[pair], n, k).requires_grad_(True)
-        p.add(site, Edit(rows_of(c) & unit_mask(model, site, [index]), leaves[pair]))
-        for held, idx in held_sites(model, {site: [index]}).items():
-            p.add(held, Edit(rows_of(c) & unit_mask(model, held, idx), _stack(setup.clean[held], n, k)))
-        for norm in norm_inputs(model, {head_site: [index]}):
-            others = ~(head_mask(model.layout, norm, [index]) if norm.kind is SiteKind.PRE_NORM else _unit(model, norm, index))
-            p.add(norm, Edit(rows_of(c) & others, _stack(setup.clean[norm], n, k)))
-    out = model.backend.run(setup.batch.repeat(k), p, capture=set(sites), grad=True, logits_to_keep=1)  # logits unread
-    total = torch.zeros(())
-    for c, pair in enumerate(pairs):
-        site, index = head_of[pair[0]]
-        total = total + (rows(out.acts[site], c)[:, :, index].float() * g_ig[pair].float()).sum().cpu()
-    pulled = _gradients(total, [leaves[pair] for pair in pairs])
-    charge(model.backend, backwards=1, backward_block_rows=n * k)
-    return {pair: rows(grad, c) for c, (pair, grad) in enumerate(zip(pairs, pulled, strict=True))}
-
-
-def _receiver_outputs(
-    model: GnaModel,
-    setup: Any,
-    senders: list[Head],
-    receivers: list[Head],
-    stream: str,
-    site_of: dict[tuple[Head, str], Site],
-    d_acts: dict[Site, Tensor],
-    layer: int,
-) -> dict[tuple[Head, Head], Tensor]:
-    """Each receiver's output ``[batch, pos, d_head]`` recomputed with its unit of ``stream``
-    from the D run of each sender alone (copy ``c`` of ``d_acts`` for ``senders[c]``), its
-    other inputs clean (held streams, the other heads' inputs to a group norm): one stacked
-    forward, one copy per ``(sender, receiver)``."""
-    n = setup.batch.n_rows
-    combos = [(c, r) for c in range(len(senders)) for r in receivers]
-    k = len(combos)
-    plan = Plan()
-    plan.extend(setup.base.tiled(n, k))
-    if layer > 0:
-        plan.start = (layer, _stack(setup.clean[Site(SiteKind.RESID, layer)], n, k))
-    rows = torch.eye(k, dtype=torch.bool).repeat_interleave(n, 1)  # [copy, rows]
-    for j, (c, r) in enumerate(combos):
-        site, (head_site, index) = site_of[(r, stream)], model.head_site(r)
-        mask = rows[j][:, None, None, None]
-        plan.add(site, Edit(mask & unit_mask(model, site, [index]), _stack(d_acts[site][c * n : (c + 1) * n], n, k)))
-        for held, idx in held_sites(model, {site: [index]}).items():
-            plan.add(held, Edit(mask & unit_mask(model, held, idx), _stack(setup.clean[held], n, k)))
-        for norm in norm_inputs(model, {head_site: [index]}):
-            others = ~(head_mask(model.layout, norm, [index]) if norm.kind is SiteKind.PRE_NORM else _unit(model, norm, index))
-            plan.add(norm, Edit(mask & others, _stack(setup.clean[norm], n, k)))
-    capture = {model.head_site(r)[0] for r in receivers}
-    out = model.backend.run(setup.batch.repeat(k), plan, capture=capture, logits_to_keep=1)  # logits unread
-    result = {}
-    for j, (c, r) in enumerate(combos):
-        site, index = model.head_site(r)
-        result[(senders[c], r)] = out.acts[site][j * n : (j + 1) * n, :, index]
-    return result

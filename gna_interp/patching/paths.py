@@ -82,11 +82,11 @@ def path_patching(
     model: GnaModel,
     clean: Any,
     corrupt: Any,
+    metric: Metric,
+    *,
     senders: Sequence[Head] | Head,
     receivers: Receivers,
-    metric: Metric,
     receiver_input: str | Sequence[str] = "any",
-    *,
     interventions: Sequence[Intervention] = (),
 ) -> float:
     """The metric of ``clean`` when ``senders`` change to their ``corrupt`` outputs and that
@@ -96,13 +96,13 @@ def path_patching(
         model: a `GnaModel` (any backend, any architecture).
         clean: inputs of the clean run.
         corrupt: inputs of the corrupted run: the same token length as ``clean`` (and rows, or one row).
+        metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` (averaged).
         senders: heads whose output changes from clean to corrupt.
         receivers: heads, ``"logits"`` (the direct path to the output), or a list mixing
             both. Every sender must sit before the last receiver: in an earlier layer,
             or earlier in the same block where a later mixer reads an earlier one's
             output (`GnaModel.head_position`; a Zamba2 hybrid layer's Mamba-2 heads read
             its shared-attention heads). ``"logits"`` counts as after the last block.
-        metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` (averaged).
         receiver_input: what carries the change into the receiver heads: ``"any"``
             (their whole output, as in D), or one name or a list of names of input
             streams from each receiver's mixer (``model.receiver_inputs(head)``;
@@ -122,11 +122,11 @@ def path_patching_sweep(
     model: GnaModel,
     clean: Any,
     corrupt: Any,
-    receivers: Receivers,
     metric: Metric,
-    receiver_input: str | Sequence[str] = "any",
     *,
+    receivers: Receivers,
     senders: Sequence[Head] | None = None,
+    receiver_input: str | Sequence[str] = "any",
     interventions: Sequence[Intervention] = (),
     max_rows: int | None = None,
     memory_budget_mb: float | None = None,

@@ -1,8 +1,9 @@
-"""Sweep results: a tensor of scores with named axes, and a DataFrame view."""
+"""Sweep and edge results: a tensor of scores with named axes, and a DataFrame view."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,3 +76,71 @@ class SweepResult:
         order = torch.argsort(magnitude, descending=True)[: min(k, int((magnitude >= 0).sum()))]
         n_heads = self.scores.shape[1]
         return [(Head(int(i) // n_heads, int(i) % n_heads), float(effects.flatten()[i])) for i in order]
+
+
+@dataclass
+class EdgeResult:
+    """Edge scores: sender head -> receiver head (input stream).
+
+    Attributes:
+        scores: estimated effects on the metric (score minus the clean metric; how:
+            ``meta["method"]``),
+            ``[sender, receiver]``, or ``[sender, receiver, stream]`` when several streams
+            were chosen. NaN where the edge does not exist (the sender does not precede
+            the receiver, or the receiver's mixer has no such stream).
+        senders: the heads of the ``sender`` axis.
+        receivers: the heads of the ``receiver`` axis.
+        streams: the names of the ``stream`` axis (one name, or ``("any",)``, when there is
+            no stream axis).
+        baseline: the clean metric.
+        reference: the corrupt metric.
+        meta: how it was computed (``method``, ``steps``, ``n_prompts``).
+    """
+
+    scores: Tensor
+    senders: list[Head]
+    receivers: list[Head]
+    streams: tuple[str, ...]
+    baseline: float
+    reference: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return ("sender", "receiver", "stream") if self.scores.dim() == 3 else ("sender", "receiver")
+
+    def to_frame(self) -> pd.DataFrame:
+        """Long format: one row per edge, columns ``sender``, ``receiver`` (``"L0H1"``),
+        ``stream``, ``score`` (clean metric + effect) and ``effect``; edges that do not
+        exist are left out."""
+        table = self.scores if self.scores.dim() == 3 else self.scores[..., None]
+        rows = []
+        for i, sender in enumerate(self.senders):
+            for j, receiver in enumerate(self.receivers):
+                for k, stream in enumerate(self.streams):
+                    value = float(table[i, j, k])
+                    if value == value:  # NaN: no such edge
+                        names = {"sender": str(sender), "receiver": str(receiver), "stream": stream}
+                        rows.append({**names, "score": self.baseline + value, "effect": value})
+        return pd.DataFrame(rows, columns=["sender", "receiver", "stream", "score", "effect"])
+
+    def top(self, k: int = 10) -> list[tuple[Head, Head, str, float]]:
+        """The ``k`` edges of largest magnitude: ``(sender, receiver, stream, effect)``."""
+        frame = self.to_frame()
+        frame = frame.reindex(frame["effect"].abs().sort_values(ascending=False).index)[:k]
+        by_name = {str(h): h for h in [*self.senders, *self.receivers]}
+        return [(by_name[r.sender], by_name[r.receiver], r.stream, float(r.effect)) for r in frame.itertuples()]
+
+
+def _table(
+    flat: Tensor, copies: Sequence[tuple[Head, str]], receivers: list[Head], streams: Sequence[str], whole: bool, n_senders: int
+) -> Tensor:
+    """``[sender, copy]`` -> ``[sender, receiver]`` (``"any"``: summed over streams; one
+    stream) or ``[sender, receiver, stream]``."""
+    table = torch.full((n_senders, len(receivers), len(streams)), float("nan"))
+    for c, (receiver, name) in enumerate(copies):
+        table[:, receivers.index(receiver), streams.index(name)] = flat[:, c]
+    if whole:
+        summed = table.nan_to_num(0.0).sum(-1)
+        return torch.where(table.isnan().all(-1), float("nan"), summed)
+    return table[..., 0] if len(streams) == 1 else table

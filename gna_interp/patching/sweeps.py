@@ -8,7 +8,7 @@ alone restores the clean behaviour. With ``direction="noise"`` the model runs on
 ``clean`` and each site gets its ``corrupt`` value: a drop means the site is needed.
 
 **Ablation** replaces a head's output with zero (the paper's method), its mean over
-a reference set, or its value on resampled reference inputs.
+the ``corrupt`` inputs, or its value on them (resampled).
 
 Every variant is one copy of the batch in a stacked forward (see
 `gna_interp.patching.variants`), so a sweep costs ``n_variants / k`` forwards for
@@ -39,12 +39,12 @@ if TYPE_CHECKING:
 
 def ablation_sweep(
     model: GnaModel,
-    inputs: Any,
+    clean: Any,
     metric: Metric,
+    *,
     heads: Head | Sequence[Head] | None = None,
     how: str = "zero",
-    reference: Any = None,
-    *,
+    corrupt: Any = None,
     interventions: Intervention | Sequence[Intervention] = (),
     max_rows: int | None = None,
     memory_budget_mb: float | None = None,
@@ -54,11 +54,11 @@ def ablation_sweep(
 
     Args:
         model: a `GnaModel`.
-        inputs: prompts or token ids.
+        clean: the inputs measured (prompts, token ids or a task).
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]``.
         heads: heads to sweep: a list of `Head`, or one `Head` (default: every head).
         how: ``"zero"``, ``"mean"`` or ``"resample"`` (see `gna_interp.Ablate`).
-        reference: inputs for ``mean`` / ``resample``.
+        corrupt: inputs for ``mean`` / ``resample``.
         interventions: applied to every run, the baseline included (e.g. ``Truncate``).
         max_rows: rows per stacked forward (default: estimated from ``memory_budget_mb``).
         memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
@@ -71,12 +71,12 @@ def ablation_sweep(
     """
     check_model(model, "ablation_sweep")
     check_metric(metric)
-    check_ablation(how, reference)
+    check_ablation(how, corrupt)
     heads = head_list(model, heads)
     grouped = heads_by_site(model.layout, heads)
-    batch = model.to_batch(inputs)
+    batch = model.to_batch(clean)
     base = model.compile_plan(batch, [*model.active_interventions, *as_interventions(interventions)])
-    values = ablation_values(batch, sorted(grouped), how, reference, model.capture_sites)
+    values = ablation_values(batch, sorted(grouped), how, corrupt, model.capture_sites)
     variants = []
     for head in heads:
         site, index = model.head_site(head)
@@ -92,9 +92,9 @@ def patching_sweep(
     clean: Any,
     corrupt: Any,
     metric: Metric,
+    *,
     sites: Literal["heads", "resid"] = "heads",
     by_position: bool = False,
-    *,
     direction: Literal["denoise", "noise"] = "denoise",
     heads: Head | Sequence[Head] | None = None,
     interventions: Intervention | Sequence[Intervention] = (),
@@ -114,6 +114,10 @@ def patching_sweep(
         direction: ``"denoise"``: run ``corrupt``, patch in ``clean`` values (TransformerLens's
             convention); ``"noise"``: run ``clean``, patch in ``corrupt`` values.
         heads: heads to sweep: a list of `Head`, or one `Head` (default every head; ``sites="heads"`` only).
+        interventions: applied to every run (e.g. ``Truncate``), on top of active contexts.
+        max_rows: rows per stacked forward (default: estimated from ``memory_budget_mb``).
+        memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
+        progress: show a progress bar.
 
     Returns:
         `SweepResult`: ``scores`` ``[layer, head]``, ``[layer, head, pos]``, ``[layer, pos]`` or

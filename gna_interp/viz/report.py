@@ -1,4 +1,4 @@
-"""The offline HTML report of one or more `GnACircuit`s.
+"""The offline HTML report of one or more `GnaCircuit`s.
 
 ``index.html`` is one self-contained page: figures are inline SVG (their text is text:
 the heads a figure names can be searched), and the circuitsvis bundle is inlined once
@@ -14,7 +14,7 @@ layout fits a 1,400 px window: wide tables scroll inside their own box.
 
 The page claims no more than the evidence: a head has its role outright only with an
 effect alone and a pattern clearly above chance, by thresholds the page states
-(`GnACircuit.standing`, `GnACircuit.evidence_rule`); other heads of a role's set are
+(`GnaCircuit.standing`, `GnaCircuit.evidence_rule`); other heads of a role's set are
 "members of the set", with what they lack. Every accuracy says where its heads were
 ablated, path-patching figures carry their share of the clean - corrupt gap, and the
 circuit's stability over prompt samples is shown when it was measured.
@@ -43,27 +43,27 @@ from . import figures
 
 if TYPE_CHECKING:
     from ..core.heads import Head
-    from ..discovery.circuit import GnACircuit
+    from ..discovery.circuit import GnaCircuit
     from ..discovery.picture import RolePicture
     from ..faithfulness import FaithfulnessCurve
     from ..retention import RetentionCurve
 
-ReportLike = tuple["GnACircuit", Any, Any]
+ReportLike = tuple["GnaCircuit", Any, Any]
 """``(circuit, model or None, task or None)``: patterns are drawn when both are given."""
 
 
 def _check_items(items: object) -> None:
     """``items`` is a list of ``(circuit, model, task)`` triples; a bare circuit, or a
     triple of another shape, raises a `TypeError` naming it, before any folder is made."""
-    from ..discovery.circuit import GnACircuit
+    from ..discovery.circuit import GnaCircuit
 
     expected = "expected a list of (circuit, model, task) tuples, e.g. [(circuit, model, task)] (model and task may be None)"
-    if isinstance(items, GnACircuit):
-        raise TypeError(f"write_report: items is one GnACircuit ({items.model!r}): {expected}")
+    if isinstance(items, GnaCircuit):
+        raise TypeError(f"write_report: items is one GnaCircuit ({items.model!r}): {expected}")
     if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
         raise TypeError(f"write_report: items={items!r} ({type(items).__name__}): {expected}")
     for index, item in enumerate(items):
-        if not (isinstance(item, (tuple, list)) and len(item) == 3 and isinstance(item[0], GnACircuit)):
+        if not (isinstance(item, (tuple, list)) and len(item) == 3 and isinstance(item[0], GnaCircuit)):
             text = repr(item)
             shown = text if len(text) <= 80 else text[:77] + "..."
             raise TypeError(f"write_report: items[{index}]={shown} ({type(item).__name__}): {expected}")
@@ -117,7 +117,7 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def contrast_rows(circuits: list[GnACircuit]) -> list[dict[str, Any]]:
+def contrast_rows(circuits: list[GnaCircuit]) -> list[dict[str, Any]]:
     """Per model and role: the role's set, the heads with the role outright, heads needed to
     collapse accuracy, and the sharpness of the role's rows."""
     rows = []
@@ -149,7 +149,7 @@ def contrast_rows(circuits: list[GnACircuit]) -> list[dict[str, Any]]:
     return rows
 
 
-def _curves(circuit: GnACircuit, model: Any, task: Any) -> None:
+def _curves(circuit: GnaCircuit, model: Any, task: Any) -> None:
     """Fill each `RoleNeed.curve` the circuit lacks, when the model and task are given."""
     from ..discovery.picture import need_curve
 
@@ -159,7 +159,7 @@ def _curves(circuit: GnACircuit, model: Any, task: Any) -> None:
             need.curve_positions = "all"
 
 
-def _short(circuit: GnACircuit, head: Any) -> str:
+def _short(circuit: GnaCircuit, head: Any) -> str:
     """A head's label in a figure: ``L1H0``, or in a hybrid ``L1H0 attn`` / ``L1H5 ssm``."""
     return circuit.named([head]).replace(" (attention)", " attn").replace(" (ssm)", " ssm")
 
@@ -167,10 +167,10 @@ def _short(circuit: GnACircuit, head: Any) -> str:
 _ROLE_AT = {(role, positions): f"{role} ({where})" for role in ROLES for positions, where in POSITIONS.items()}
 
 
-def examined_rows(circuit: GnACircuit) -> list[dict[str, Any]]:
+def examined_rows(circuit: GnaCircuit) -> list[dict[str, Any]]:
     """The examined-heads table: what a reader needs per head (the full evidence is in the
     JSON). A head of a role's set has the role outright only with an effect alone and a
-    pattern that shows it; otherwise it is a member of the set (`GnACircuit.standing`)."""
+    pattern that shows it; otherwise it is a member of the set (`GnaCircuit.standing`)."""
     clean = circuit.accuracy["clean"]
     rows = []
     for item in circuit.heads:
@@ -196,7 +196,7 @@ def _pattern(standing: Standing | None) -> str:
     return "yes" if not standing.shortfall else "no: " + ", ".join(standing.shortfall)
 
 
-def _conditions(circuit: GnACircuit) -> list[dict[str, Any]]:
+def _conditions(circuit: GnaCircuit) -> list[dict[str, Any]]:
     """The accuracy table, each row with what was ablated and where."""
 
     def heads(n: int) -> str:
@@ -233,7 +233,7 @@ def _path_rows(path: dict[str, float]) -> list[dict[str, Any]]:
     return [{"run": run, "logit difference": value, "share of the clean → corrupt gap": share(value)} for run, value in runs]
 
 
-def _stability_html(circuit: GnACircuit) -> str:
+def _stability_html(circuit: GnaCircuit) -> str:
     """How often each head was chosen on other prompt samples (when measured)."""
     stability = circuit.stability
     if stability is None:
@@ -262,12 +262,12 @@ def _stability_html(circuit: GnACircuit) -> str:
     return f'<div data-role="stability">{caption}{_table(rows)}</div>'
 
 
-def circuit_heads(circuit: GnACircuit) -> list[Head]:
+def circuit_heads(circuit: GnaCircuit) -> list[Head]:
     """The circuit's heads: its Gather set, then the Aggregate heads not in it."""
     return list(dict.fromkeys([*circuit.gather, *circuit.aggregate]))
 
 
-def circuit_ranking(circuit: GnACircuit, model: Any) -> list[Head]:
+def circuit_ranking(circuit: GnaCircuit, model: Any) -> list[Head]:
     """The heads discovery measured, largest accuracy drop first: each head's single
     zero-ablation accuracy from the head scan (``circuit.head_scan``), or, for a head the
     scan lacks, the accuracy it was ablated alone at in the examined-heads evidence. Heads
@@ -277,7 +277,7 @@ def circuit_ranking(circuit: GnACircuit, model: Any) -> list[Head]:
     return sorted(drop, key=lambda head: -drop[head])  # stable: ties keep model.heads order
 
 
-def _drops(circuit: GnACircuit, heads: Any) -> dict[Any, float]:
+def _drops(circuit: GnaCircuit, heads: Any) -> dict[Any, float]:
     """Clean accuracy minus each measured head's single-ablation accuracy (`circuit_ranking`)."""
     clean = circuit.accuracy["clean"]
     alone = {item.head: item.ablated_accuracy for item in circuit.heads if item.ablated_accuracy is not None}
@@ -292,7 +292,7 @@ def _drops(circuit: GnACircuit, heads: Any) -> dict[Any, float]:
 
 
 def circuit_faithfulness(
-    circuit: GnACircuit, model: Any, task: Any, *, sizes: Any = None, how: str = "mean", progress: bool = False
+    circuit: GnaCircuit, model: Any, task: Any, *, sizes: Any = None, how: str = "mean", progress: bool = False
 ) -> FaithfulnessCurve | None:
     """How much of ``task`` the circuit's heads carry alone (`gna.faithfulness_curve`):
     the top-n heads of `circuit_ranking` kept at each of ``sizes`` (default: every n up to
@@ -306,7 +306,7 @@ def circuit_faithfulness(
     if not heads:
         return None
     ranking = circuit_ranking(circuit, model)
-    return faithfulness_curve(model, task, ranking, sizes, how, circuit=heads, progress=progress)
+    return faithfulness_curve(model, task, ranking, sizes=sizes, how=how, circuit=heads, progress=progress)
 
 
 _HOW = {
@@ -316,7 +316,7 @@ _HOW = {
 }
 
 
-def _faithfulness_html(circuit: GnACircuit, curve: FaithfulnessCurve, folder: Path, slug: str) -> str:
+def _faithfulness_html(circuit: GnaCircuit, curve: FaithfulnessCurve, folder: Path, slug: str) -> str:
     """The circuit kept alone against clean and every head ablated, and the curve."""
     from .faithfulness import faithfulness_svg
 
@@ -404,7 +404,7 @@ def _entry(clean: float, ablated: float | None, entry: dict[str, float] | None) 
     return f"final position ({final:.0%})" if final >= segments else f"segments ({segments:.0%})"
 
 
-def _needs_svg(circuit: GnACircuit) -> str | None:
+def _needs_svg(circuit: GnaCircuit) -> str | None:
     curves = [
         (_ROLE_AT[role, need.curve_positions], [_short(circuit, h) for h, _ in need.curve], [a for _, a in need.curve], need.reached_chance)
         for role, need in sorted(circuit.needs.items())
@@ -420,7 +420,7 @@ def _figure(svg: str, caption: str, **data: str) -> str:
     return f"<figure{attributes}>{svg}<figcaption>{caption}</figcaption></figure>"
 
 
-def _picture_html(circuit: GnACircuit, picture: RolePicture, model: Any, task: Any) -> str:
+def _picture_html(circuit: GnaCircuit, picture: RolePicture, model: Any, task: Any) -> str:
     """The averaged figure beside the circuitsvis view of the chosen prompt."""
     from .views import attention_view
 
@@ -465,7 +465,7 @@ def _picture_html(circuit: GnACircuit, picture: RolePicture, model: Any, task: A
 
 
 def _section(
-    circuit: GnACircuit,
+    circuit: GnaCircuit,
     model: Any,
     task: Any,
     folder: Path,
@@ -587,7 +587,7 @@ def write_report(
     return index
 
 
-def _check_faithfulness(faithfulness: Any, circuits: list[GnACircuit]) -> dict[str, FaithfulnessCurve]:
+def _check_faithfulness(faithfulness: Any, circuits: list[GnaCircuit]) -> dict[str, FaithfulnessCurve]:
     """``write_report``'s ``faithfulness``: model names of ``circuits`` to curves of their heads."""
     from ..faithfulness import FaithfulnessCurve
 
@@ -611,7 +611,7 @@ def _check_faithfulness(faithfulness: Any, circuits: list[GnACircuit]) -> dict[s
     return dict(faithfulness)
 
 
-def _check_retention(retention: Any, circuits: list[GnACircuit]) -> dict[str, RetentionCurve]:
+def _check_retention(retention: Any, circuits: list[GnaCircuit]) -> dict[str, RetentionCurve]:
     """``write_report``'s ``retention``: model names of ``circuits`` to keep-only curves."""
     from ..retention import RetentionCurve
 

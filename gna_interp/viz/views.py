@@ -34,7 +34,7 @@ from ..core.inputs import Batch
 from .heatmap import Panel, render_png
 
 if TYPE_CHECKING:
-    from ..discovery.circuit import GnACircuit
+    from ..discovery.circuit import GnaCircuit
     from ..models.handle import GnaModel
 
 
@@ -193,7 +193,7 @@ def heatmap_png(
     return attention_view(model, inputs, head, row, normalize=normalize, include_skip=include_skip).png(path)
 
 
-def circuit_view(circuit: GnACircuit, model: GnaModel, inputs: Any, row: int = 0) -> AttentionView:
+def circuit_view(circuit: GnaCircuit, model: GnaModel, inputs: Any, row: int = 0) -> AttentionView:
     """The circuitsvis view (offline) of a circuit's Gather and Aggregate heads on prompt ``row``."""
     heads = [*circuit.gather, *circuit.aggregate]
     if not heads:

@@ -1,0 +1,246 @@
+"""`edge_faithfulness_curve`: `faithfulness_curve` over edges (sender -> receiver stream):
+keep the top-n edges of a ranking, ablate every other edge into the receivers by patching
+its corrupted sender into the receiver's stream, and evaluate the task."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from .core.heads import Head
+from .curve import FaithfulnessCurve, check_sizes, summary
+from .evaluation import Evaluation, check_task
+from .patching.metrics import Metric, check_metric, logits_read, reads_position, reduce_metric
+from .patching.path_chain import edge_set_logits
+from .patching.paths import prepare
+from .patching.results import EdgeResult
+from .progress import progress_bar
+from .tasks.base import Task
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .models.handle import GnaModel
+
+Edge = tuple[Head, Head, str]
+"""``(sender, receiver, stream)``; the stream ``"any"`` stands for every input stream of
+the receiver's mixer."""
+
+
+@dataclass
+class EdgeFaithfulnessCurve(FaithfulnessCurve):
+    """`FaithfulnessCurve` over edges: ``order`` holds ``(sender, receiver, stream)`` edges,
+    best first, and ``sizes`` counts edges kept. ``ablated`` is every edge of ``order``
+    ablated (path patching of them all); ``metric`` ``[n_sizes]`` is the ``metric=``
+    argument's value at each point (None when not given); ``clean_metric`` its clean value."""
+
+    metric: Tensor | None = None
+    clean_metric: float | None = None
+    unit: ClassVar[str] = "edge"
+
+    @property
+    def n_edges(self) -> int:
+        """The number of ranked edges (``len(order)``): the largest size, every edge kept."""
+        return len(self.order)
+
+    def to_frame(self) -> pd.DataFrame:
+        """As `FaithfulnessCurve.to_frame` (``added`` names edges ``"L0H1->L1H0.k"``), with a
+        ``metric`` column when ``metric=`` was given."""
+        frame = super().to_frame()
+        sizes = self.sizes.tolist()
+        edges: list[Edge] = self.order  # type: ignore[assignment]
+        frame["added"] = [", ".join(edge_name(e) for e in edges[(sizes[i - 1] if i else 0) : n]) for i, n in enumerate(sizes)]
+        if self.metric is not None:
+            frame["metric"] = self.metric.tolist()
+        return frame
+
+    def __repr__(self) -> str:
+        return (
+            f"EdgeFaithfulnessCurve({len(self.sizes)} sizes of {self.n_edges} edges, clean {self.clean['accuracy']:.3f}, "
+            f"all ablated {self.ablated['accuracy']:.3f})"
+        )
+
+
+def edge_name(edge: Edge) -> str:
+    """``(sender, receiver, stream)`` -> ``"L0H1->L1H0.k"`` (``stream`` may be ``"any"``)."""
+    sender, receiver, stream = edge
+    return f"{sender}->{receiver}.{stream}"
+
+
+def edge_faithfulness_curve(
+    model: GnaModel,
+    task: Task,
+    ranking: EdgeResult | Sequence[Edge],
+    *,
+    sizes: Sequence[int] | None = None,
+    corrupt: Any = None,
+    metric: Metric | None = None,
+    progress: bool = True,
+) -> EdgeFaithfulnessCurve:
+    """Keep the top-n edges of ``ranking``; every other edge into the receivers is ablated by
+    patching its corrupted sender into the receiver's stream; evaluate ``task``.
+
+    At each size, for every receiver ``r`` and stream ``st``, ``S(r, st)`` is the set of
+    ablated edges' senders; the run scored is `path_patching`'s, with ``r``'s ``st`` taken
+    from the D run of the senders ``S(r, st)`` (every other head frozen, MLPs and norms
+    recomputed) and only the receivers' outputs changed (details:
+    `gna_interp.patching.path_chain.edge_set_logits`). Keeping every edge is the clean run;
+    keeping none is `path_patching` of every sender into every receiver stream at once;
+    keeping all but one edge ``s -> (r, st)`` is `path_patching(s, [r], st)`.
+
+    The edges that can be ablated are the ranked ones: an `EdgeResult` ranks only its own
+    edges (its senders into its receivers' streams; a head it did not score as a sender is
+    never ablated), while a list adds, into each ``(receiver, stream)`` it names, every
+    edge from a head before the receiver (after the listed ones).
+
+    Args:
+        model: any `GnaModel` (forwards only).
+        task: a `Task` with single-token candidates; every prompt in one batch.
+        ranking: an `EdgeResult` (`gna.edge_attribution`): its edges (NaN entries are not
+            edges) ordered by ``|effect|``, largest first, ties in table order; or a list
+            of ``(sender, receiver, stream)``, best first (``stream`` a name from
+            ``model.receiver_inputs(receiver)`` or ``"any"``: every stream of it). A list
+            may leave edges out: every edge from a head before the receiver into a
+            ``(receiver, stream)`` the list names follows, in ``model.heads`` order.
+        sizes: edges kept, each in ``0..len(order)``; default as in `faithfulness_curve`.
+        corrupt: the inputs the ablated senders' values come from: the same token length
+            as the task's prompts (default ``task.corrupted()``).
+        metric: optional logits ``[batch, pos, vocab]`` -> scalar or ``[batch]``, reported
+            at each point (e.g. the metric the ranking was computed with).
+        progress: a bar over the sizes.
+
+    Returns:
+        `EdgeFaithfulnessCurve`; ``.to_frame()`` for a table.
+
+    Cost per size: a forward of the clean batch stacked once per distinct sender set
+    (D), one stacked once per receiver (its recomputed output), and the scored forward,
+    per receiver position (more than one position adds one forward each); plus one clean
+    and one corrupt forward for the whole curve. Forwards only, charged to any open
+    `gna_interp.cost_meter`.
+    """
+    check_task(task, "edge_faithfulness_curve")
+    if metric is not None:
+        check_metric(metric)
+    order, universe = rank_edges(model, ranking)
+    chosen = check_sizes(sizes, len(order), "edges")
+    encoded = task.encode(task.tokenizer_for(model.tokenizer))
+    if not encoded.single_token:
+        raise ValueError("task has candidates of several tokens: edge_faithfulness_curve scores single-token candidates only")
+    corrupt = task.corrupted() if corrupt is None else corrupt
+    receivers = list(dict.fromkeys(receiver for _, receiver, _ in universe))
+    streams = list(dict.fromkeys(stream for _, _, stream in universe))
+    senders = sorted({sender for sender, _, _ in universe})
+
+    def final_logit(logits: Tensor) -> Tensor:  # prepare's clean and corrupt runs need a metric; unread
+        return logits[:, -1, 0]
+
+    probe = metric if metric is not None else reads_position(final_logit)
+    setup, _, _ = prepare(model, task, corrupt, senders, receivers, probe, streams, ())
+    keep = 1 if metric is None else logits_read(metric)  # 0: every position (an undeclared metric)
+
+    points: dict[int, dict[str, float]] = {}
+    for n in progress_bar(chosen, show=progress, desc="edge faithfulness"):
+        kept = {edge for item in order[:n] for edge in _atoms(model, item)}
+        ablated: dict[tuple[Head, str], list[Head]] = {}
+        for sender, receiver, stream in universe:
+            if (sender, receiver, stream) not in kept:
+                ablated.setdefault((receiver, stream), []).append(sender)
+        logits = edge_set_logits(setup, ablated, keep)
+        scores = logits[:, -1].float().log_softmax(-1).cpu().gather(1, encoded.candidate_ids)
+        evaluation = Evaluation(scores=scores, correct=encoded.correct.clone())
+        point = summary(evaluation)
+        if metric is not None:
+            point["metric"] = reduce_metric(metric(logits), metric, encoded.batch.n_rows)
+        points[n] = point
+
+    def column(name: str) -> Tensor:
+        return torch.tensor([points[n][name] for n in chosen], dtype=torch.float64)
+
+    return EdgeFaithfulnessCurve(
+        sizes=torch.tensor(chosen, dtype=torch.long),
+        accuracy=column("accuracy"),
+        margin=column("margin"),
+        logprob=column("logprob"),
+        order=order,  # type: ignore[arg-type]
+        clean=points[len(order)],
+        ablated=points[0],
+        how="resample",
+        chance=1.0 / len(task.examples[0].candidates),
+        n_prompts=len(task),
+        metric=column("metric") if metric is not None else None,
+        clean_metric=points[len(order)]["metric"] if metric is not None else None,
+    )
+
+
+def is_edge_ranking(ranking: Any) -> bool:
+    """An `EdgeResult`, or a list whose first item looks like ``(sender, receiver, stream)``."""
+    if isinstance(ranking, EdgeResult):
+        return True
+    if isinstance(ranking, (str, bytes)) or not isinstance(ranking, Sequence) or not ranking:
+        return False
+    first = ranking[0]
+    return isinstance(first, tuple) and len(first) == 3 and isinstance(first[0], Head)
+
+
+def _atoms(model: GnaModel, edge: Edge) -> list[Edge]:
+    """``edge`` with ``"any"`` spelled out as every stream of the receiver's mixer."""
+    sender, receiver, stream = edge
+    if stream == "any":
+        return [(sender, receiver, name) for name in model.receiver_inputs(receiver)]
+    return [edge]
+
+
+def rank_edges(model: GnaModel, ranking: EdgeResult | Sequence[Edge]) -> tuple[list[Edge], list[Edge]]:
+    """The ranked edges (best first; each counts as one at every size) and every atomic
+    edge ``(sender, receiver, stream)`` they and the unlisted ones stand for."""
+    if isinstance(ranking, EdgeResult):
+        table = ranking.scores if ranking.scores.dim() == 3 else ranking.scores[..., None]
+        listed: list[tuple[float, int, Edge]] = []
+        for i, sender in enumerate(ranking.senders):
+            for j, receiver in enumerate(ranking.receivers):
+                for k, stream in enumerate(ranking.streams):
+                    value = float(table[i, j, k])
+                    if value == value:
+                        listed.append((-abs(value), len(listed), (sender, receiver, stream)))
+        order = [edge for _, _, edge in sorted(listed)]
+    else:
+        if isinstance(ranking, (str, bytes)) or not isinstance(ranking, Sequence):
+            raise TypeError(f"ranking={ranking!r}: expected an EdgeResult or a list of (sender, receiver, stream), best first")
+        order = [_check_edge(model, index, item) for index, item in enumerate(ranking)]
+        pairs = list(dict.fromkeys((receiver, stream) for _, receiver, stream in order))
+        seen = set(order)
+        for receiver, stream in pairs:
+            for sender in model.heads:
+                edge = (sender, receiver, stream)
+                if model.head_position(sender) < model.head_position(receiver) and edge not in seen:
+                    order.append(edge)
+                    seen.add(edge)
+    if not order:
+        raise ValueError("ranking has no edges: expected at least one (sender, receiver, stream)")
+    universe = list(dict.fromkeys(atom for edge in order for atom in _atoms(model, edge)))
+    if len(universe) != sum(len(_atoms(model, edge)) for edge in order):
+        raise ValueError("ranking names an edge twice (an 'any' edge overlaps one of its streams): expected each edge once")
+    return order, universe
+
+
+def _check_edge(model: GnaModel, index: int, item: Any) -> Edge:
+    shape_ok = isinstance(item, tuple) and len(item) == 3
+    if not (shape_ok and isinstance(item[0], Head) and isinstance(item[1], Head) and isinstance(item[2], str)):
+        raise TypeError(f"ranking[{index}] is {item!r}: expected (sender Head, receiver Head, stream name)")
+    sender, receiver, stream = item
+    model.check_head(sender)
+    model.check_head(receiver)
+    if stream != "any" and stream not in model.receiver_inputs(receiver):
+        raise ValueError(
+            f"ranking[{index}] has stream {stream!r}: receiver {receiver} has the input streams "
+            f"{list(model.receiver_inputs(receiver))} (or 'any')"
+        )
+    if model.head_position(sender) >= model.head_position(receiver):
+        raise ValueError(
+            f"ranking[{index}] is {edge_name(item)}: sender {sender} does not precede receiver {receiver}, so there is no such edge"
+        )
+    return (sender, receiver, stream)
