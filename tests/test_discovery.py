@@ -24,7 +24,7 @@ def found(request):
     return model, task, circuit
 
 
-# Acceptance lines the bundled toy models do not meet, as measured (see docs/discovery.md).
+# Acceptance lines the bundled toy models do not meet, as measured (see docs/records/discovery.md).
 # Strict: the test fails once the gap closes, so this list must then be updated.
 KNOWN_GAPS: dict[tuple[str, str], str] = {}
 PATTERN_GAPS: dict[tuple[str, str], str] = {  # since the pattern must clear its thresholds (issue 32), on seed 4242
@@ -297,7 +297,7 @@ def test_roles_keep_the_order_of_head_positions(case, expected):
     assert all(evidence[gna.Head.parse(name)].role in (None, role) for name, (role, _) in case.items())
 
 
-PREDECESSOR_GAPS = {  # what docs/discovery.md says the bundled toys' predecessors miss
+PREDECESSOR_GAPS = {  # what docs/records/discovery.md says the bundled toys' predecessors miss
     "llama_4heads": ("aggregate", "L1H3"),  # closed by pruning (`llama`)
     "mamba2_8heads": ("aggregate", "L1H6"),  # closed by pruning (`mamba2_query_first`)
     "mamba2_query_first": ("gather", "L0H0"),  # closed by the query-last task (`mamba2`)

@@ -46,7 +46,7 @@ def test_both_kinds_are_found_and_recorded(found):
 
 
 def test_which_kind_aggregates(found):
-    """As measured (docs/hybrids.md): at the final position of the last layer, the SSM
+    """As measured (docs/records/hybrids.md): at the final position of the last layer, the SSM
     heads together matter more than the attention heads together, and masking the final
     attention row everywhere (the paper's Zamba2 experiment) does not collapse accuracy."""
     model, task, _ = found

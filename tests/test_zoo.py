@@ -207,7 +207,7 @@ def test_docs_quote_the_cards():
 
     from gna_interp.zoo.store import zoo_table_markdown
 
-    docs = (Path(__file__).resolve().parent.parent / "docs" / "tasks.md").read_text()
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "toys.md").read_text()
     assert zoo_table_markdown() in docs
 
 
