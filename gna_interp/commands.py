@@ -403,10 +403,11 @@ def ablate_command(args: argparse.Namespace) -> int:
     from .core.interventions import Ablate
     from .evaluation import evaluate
 
-    reference = {"zero": None, "mean": task, "resample": corrupted_task(task, args.seed)}[args.how]
+    # mean: over the task's own tokens; resample: each head's output on the corrupted prompts
+    corrupt = task if args.how == "mean" else corrupted_task(task, args.seed) if args.how == "resample" else None
     model = load_model_of(args)
     before = evaluate(model, task)
-    after = evaluate(model, task, [Ablate(heads, how=args.how, reference=reference)])
+    after = evaluate(model, task, [Ablate(heads, how=args.how, reference=corrupt)])  # the api branch renames it corrupt=
     names = ", ".join(map(str, heads))
     print(f"{model.name} on {task.name} ({len(task)} prompts, chance {before.chance:.3f})")
     print(f"accuracy clean {before.accuracy:.3f} -> {after.accuracy:.3f} with {names} {args.how}-ablated")
