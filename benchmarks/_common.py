@@ -62,6 +62,23 @@ def best_of(fn: Callable[[], Any], repeats: int, *, warmup: bool = True) -> tupl
     return best, result
 
 
+def best_of_each(
+    calls: dict[str, Callable[[], Any]], repeats: int, *, alternate: bool = False, warmup: bool = True
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Interleaved best-of-N: each round times every call once (so every call sees the
+    same machine load), ``alternate`` reversing the order every other round; after one
+    untimed warm-up round. Returns the best seconds and the last result of each call."""
+    results = {name: call() for name, call in calls.items()} if warmup else {}
+    best = dict.fromkeys(calls, float("inf"))
+    for repeat in range(max(repeats, 1)):
+        order = list(reversed(calls)) if alternate and repeat % 2 else list(calls)
+        for name in order:
+            start = time.perf_counter()
+            results[name] = calls[name]()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best, results
+
+
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     """Spearman rank correlation of two tensors (flattened; continuous values: no ties to
     average), in float64; NaN when either is constant (nothing to rank)."""

@@ -43,12 +43,11 @@ import copy
 import importlib.metadata
 import os
 import platform
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from _common import parser, set_threads, word_pairs, write_json
+from _common import best_of_each, parser, set_threads, word_pairs, write_json
 
 import gna_interp as gna
 
@@ -97,19 +96,6 @@ def operations(model: Any, clean: Any, corrupt: Any, metric: Callable) -> dict[s
     }
 
 
-def best_times(calls: dict[str, Callable[[], Any]], repeats: int) -> tuple[dict[str, float], dict[str, Any]]:
-    """Best time per backend after one warm-up each, the backends alternating who goes first."""
-    results = {name: call() for name, call in calls.items()}  # warm-up
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for repeat in range(repeats):
-        order = list(calls) if repeat % 2 == 0 else list(reversed(calls))
-        for name in order:
-            start = time.perf_counter()
-            results[name] = calls[name]()
-            times[name].append(time.perf_counter() - start)
-    return {name: min(values) for name, values in times.items()}, results
-
-
 def difference(a: Any, b: Any) -> float:
     if isinstance(a, float):
         return abs(a - b)
@@ -124,7 +110,7 @@ def measure(label: str, models: dict[str, Any], clean: Any, corrupt: Any, metric
     calls = {backend: operations(model, clean, corrupt, metric) for backend, model in models.items()}
     rows = []
     for op in OPERATIONS:
-        seconds, results = best_times({backend: calls[backend][op] for backend in models}, repeats)
+        seconds, results = best_of_each({backend: calls[backend][op] for backend in models}, repeats, alternate=True)
         rows.append(
             {
                 "model": label,

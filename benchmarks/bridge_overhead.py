@@ -30,12 +30,11 @@ from __future__ import annotations
 import copy
 import random
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from _common import parser, set_threads, write_json
+from _common import best_of_each, parser, set_threads, write_json
 
 import gna_interp as gna
 
@@ -124,12 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     reference = hf_forward()
     real = batch.attention_mask.bool()  # the bridge's own attention differs at padded positions
     differences = {name: float((fn()[real] - reference[real]).abs().max()) for name, fn in variants.items()}  # also the warm-up
-    best = dict.fromkeys(variants, float("inf"))
-    for _ in range(args.repeats):
-        for name, fn in variants.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
+    best, _ = best_of_each(variants, args.repeats, warmup=False)  # warmed up by the differences above
 
     model_line = f"tiny random llama: {args.layers} layers x {HEADS} heads ({KV_HEADS} kv) of {HEAD_DIM}"
     print(

@@ -186,6 +186,9 @@ def test_common_best_of_and_json(common, tmp_path):
     calls = []
     best, result = common["best_of"](lambda: calls.append(1) or len(calls), 3)
     assert calls == [1] * 4 and result == 4 and 0 <= best < 1  # one warm-up, three timed
+    order = []
+    best, results = common["best_of_each"]({"a": lambda: order.append("a") or 1, "b": lambda: order.append("b") or 2}, 2, alternate=True)
+    assert order == ["a", "b", "a", "b", "b", "a"] and results == {"a": 1, "b": 2} and set(best) == {"a", "b"}
     common["write_json"](tmp_path / "f.json", {"x": [1.5, None]})
     assert json.loads((tmp_path / "f.json").read_text()) == {"x": [1.5, None]}
     args = common["parser"]("Title.\n\nMore.", threads=1, repeats=2).parse_args(["--json", str(tmp_path / "g.json")])
