@@ -44,7 +44,6 @@ import argparse
 import copy
 import gc
 import importlib.metadata
-import json
 import platform
 import random
 import resource
@@ -55,8 +54,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _common import parser, set_threads, write_json
 
 import gna_interp as gna
+
+# Private: gna_interp.models.tiny builds random untrained models of any shape (the library has no public builder).
 from gna_interp.models.tiny import tiny_model, word_tokenizer
 
 VOCAB_SIZE = 64
@@ -162,33 +164,29 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[Any, list[float], PeakRs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=64, help="number of prompts")
-    parser.add_argument("--prompt-len", type=int, default=24, help="longest prompt, in tokens (<bos> included)")
-    parser.add_argument("--layers", type=int, default=4, help="decoder layers")
-    parser.add_argument("--heads", type=int, default=8, help="query heads per layer")
-    parser.add_argument("--kv-heads", type=int, default=2, help="key/value heads per layer (must divide --heads)")
-    parser.add_argument("--head-dim", type=int, default=8, help="hidden size = heads * head-dim; MLP width = 2 * hidden size")
-    parser.add_argument("--max-rows", type=int, default=None, help="rows per stacked forward; None: gna's memory-budget estimate")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per phase, after one warm-up; the best is reported")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads; None: torch's own choice")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the model weights and the prompts")
-    parser.add_argument("--device", default="cpu", help="where the model runs (e.g. cuda); peak RSS then counts host memory only")
-    parser.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed |score difference| before exiting with 1")
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures to this JSON file")
-    args = parser.parse_args(argv)
+    arguments = parser(__doc__, threads=None, repeats=3)
+    arguments.add_argument("--prompts", type=int, default=64, help="number of prompts")
+    arguments.add_argument("--prompt-len", type=int, default=24, help="longest prompt, in tokens (<bos> included)")
+    arguments.add_argument("--layers", type=int, default=4, help="decoder layers")
+    arguments.add_argument("--heads", type=int, default=8, help="query heads per layer")
+    arguments.add_argument("--kv-heads", type=int, default=2, help="key/value heads per layer (must divide --heads)")
+    arguments.add_argument("--head-dim", type=int, default=8, help="hidden size = heads * head-dim; MLP width = 2 * hidden size")
+    arguments.add_argument("--max-rows", type=int, default=None, help="rows per stacked forward; None: gna's memory-budget estimate")
+    arguments.add_argument("--seed", type=int, default=0, help="seed of the model weights and the prompts")
+    arguments.add_argument("--device", default="cpu", help="where the model runs (e.g. cuda); peak RSS then counts host memory only")
+    arguments.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed |score difference| before exiting with 1")
+    args = arguments.parse_args(argv)
     for name in ("prompts", "prompt_len", "layers", "heads", "kv_heads", "head_dim", "repeats"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+            arguments.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.heads % args.kv_heads:
-        parser.error(f"--kv-heads {args.kv_heads} must divide --heads {args.heads}")
+        arguments.error(f"--kv-heads {args.kv_heads} must divide --heads {args.heads}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     hidden = args.heads * args.head_dim
     hf_model = tiny_model(
         "llama",
@@ -312,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             "ok": not failed,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        write_json(args.json, figures, indent=2)
         print(f"figures written to {args.json}")
     return 1 if failed else 0
 

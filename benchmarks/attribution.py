@@ -59,42 +59,22 @@ Run: ``python benchmarks/attribution.py [--prompts 32] [--repeats 3] [--threads 
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
-import json
 import os
 import platform
-import random
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from _common import best_of, parser, set_threads, spearman, toy_case, word_pairs, write_json
 
 import gna_interp as gna
+
+# Private: gna_interp.models.tiny builds random untrained models of any shape (the library has no public builder).
 from gna_interp.models.tiny import tiny_model, word_tokenizer
 
 TOP_K = (5, 10)
-
-
-def best_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    result = fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return min(times), result
-
-
-def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Rank correlation of two flat tensors (continuous values: no ties to average); NaN
-    when either is constant (e.g. no head changes the metric: nothing to rank)."""
-    if bool((a == a[0]).all()) or bool((b == b[0]).all()):
-        return float("nan")
-    ranks = [x.argsort().argsort().double() for x in (a, b)]
-    ra, rb = (r - r.mean() for r in ranks)
-    return float((ra * rb).sum() / (ra.norm() * rb.norm()))
 
 
 def top_k_overlap(attribution: torch.Tensor, exact: torch.Tensor, k: int) -> float:
@@ -106,28 +86,6 @@ def top_k_overlap(attribution: torch.Tensor, exact: torch.Tensor, k: int) -> flo
     mine = set(attribution.abs().topk(k).indices.tolist())
     true = set(exact.abs().topk(k).indices.tolist())
     return len(mine & true) / k
-
-
-def toy_case(name: str, n: int, seed: int, backend: str | None = None) -> tuple[str, Any, Any, Any, Callable]:
-    """A bundled toy model on fresh prompts of its own task; corrupt = the options rotated
-    (``task.corrupted()``); metric = logit of the correct letter minus the corrupt prompt's."""
-    task = gna.toy_task(name, n, seed=seed)
-    corrupt = task.corrupted(seed=seed)
-    encoded, corrupt_encoded = task.encode(), corrupt.encode()
-    rows = torch.arange(n)
-    right = encoded.candidate_ids[rows, encoded.correct]
-    wrong = corrupt_encoded.candidate_ids[rows, corrupt_encoded.correct]
-    label = f"toy-{name} (trained{', ' + backend if backend else ''})"
-    return label, gna.load_toy(name, **({"backend": backend} if backend else {})), task, corrupt, gna.logit_diff(right, wrong)
-
-
-def word_pairs(n: int, length: int, seed: int) -> tuple[list[str], list[str]]:
-    """Random-word prompts (``length`` words) and copies with every third word replaced."""
-    rng = random.Random(seed)
-    words = [f"w{i}" for i in range(7, 64)]
-    clean = [[rng.choice(words) for _ in range(length)] for _ in range(n)]
-    corrupt = [[rng.choice(words) if i % 3 == 1 else w for i, w in enumerate(row)] for row in clean]
-    return [" ".join(row) for row in clean], [" ".join(row) for row in corrupt]
 
 
 def random_models(n: int, seed: int) -> list[tuple[str, Any, Any, Any, Callable]]:
@@ -223,7 +181,7 @@ def measure(
         "ablation": lambda: gna.ablation_sweep(model, clean, metric, progress=False),
     }
     for estimate, sweep in sweeps.items():
-        patch_s, _ = best_time(sweep, repeats)
+        patch_s, _ = best_of(sweep, repeats)
         exact, exact_passes, _ = metered(model, sweep, n)
         for method, steps, rule in methods:
 
@@ -232,7 +190,7 @@ def measure(
                     return gna.attribution_patching(model, clean, corrupt, metric, steps=steps, rule=rule)
                 return gna.patching.ablation_attribution(model, clean, metric, steps=steps, rule=rule)
 
-            attr_s, _ = best_time(run, repeats)
+            attr_s, _ = best_of(run, repeats)
             result, passes, saved_mb = metered(model, run, n)
             row = {"model": name, "backend": model.backend_name, "estimate": estimate, "method": method, "steps": steps, "rule": rule}
             row.update(compare(result.effects(), exact.effects()))
@@ -248,15 +206,15 @@ def path_demo(model: Any, clean: Any, corrupt: Any, metric: Callable) -> dict[st
     last = model.n_layers - 1
     receiver = gna.Head(last, int(exact.effects()[last].abs().argmax()))
     start = time.perf_counter()
-    sweep = gna.path_patching_sweep(model, clean, corrupt, [receiver], metric, progress=False)
+    sweep = gna.path_patching_sweep(model, clean, corrupt, metric, receivers=[receiver], progress=False)
     seconds = time.perf_counter() - start
     normalized = sweep.normalized()
     sender = sweep.top(1)[0][0]
     span = sweep.reference - sweep.baseline
-    streams = {
-        name: (gna.path_patching(model, clean, corrupt, [sender], [receiver], metric, name) - sweep.baseline) / span
-        for name in (*model.receiver_inputs(receiver), "any")
-    }
+    streams = {}
+    for name in (*model.receiver_inputs(receiver), "any"):
+        value = gna.path_patching(model, clean, corrupt, metric, senders=[sender], receivers=[receiver], receiver_input=name)
+        streams[name] = (value - sweep.baseline) / span
     return {
         "receiver": str(receiver),
         "sweep_s": seconds,
@@ -268,19 +226,16 @@ def path_demo(model: Any, clean: Any, corrupt: Any, metric: Callable) -> dict[st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default=None)
+    arguments = parser(__doc__, threads=1, repeats=3)
+    arguments.add_argument("--prompts", type=int, default=32)
+    arguments.add_argument("--seed", type=int, default=0)
     names = [method for method, _, _ in METHODS]
-    parser.add_argument(
+    arguments.add_argument(
         "--methods", nargs="+", default=names, choices=names, metavar="METHOD", help=f"of {', '.join(names)} (default: all)"
     )
-    args = parser.parse_args()
+    args = arguments.parse_args()
     methods = tuple(m for m in METHODS if m[0] in args.methods)
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     loads = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(
         f"torch {torch.__version__}, gna_interp {gna.__version__}, transformers {importlib.metadata.version('transformers')}, "
@@ -310,10 +265,8 @@ def main() -> None:
     )
     print("  senders, normalized: " + ", ".join(f"{h} {v:.3f}" for h, v in demo["senders"].items()))
     print(f"  {demo['best_sender']} -> {demo['receiver']} by stream: " + ", ".join(f"{k} {v:.3f}" for k, v in demo["by_stream"].items()))
-    if args.json:
-        settings = {"prompts": args.prompts, "repeats": args.repeats, "threads": args.threads, "seed": args.seed, "load_average": loads}
-        with open(args.json, "w") as handle:
-            json.dump({"settings": settings, "torch": torch.__version__, "rows": rows, "path_demo": demo}, handle, indent=1)
+    settings = {"prompts": args.prompts, "repeats": args.repeats, "threads": args.threads, "seed": args.seed, "load_average": loads}
+    write_json(args.json, {"settings": settings, "torch": torch.__version__, "rows": rows, "path_demo": demo})
 
 
 if __name__ == "__main__":

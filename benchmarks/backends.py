@@ -39,20 +39,19 @@ Run: ``python benchmarks/backends.py [--prompts 16] [--repeats 3] [--threads 1] 
 
 from __future__ import annotations
 
-import argparse
 import copy
 import importlib.metadata
-import json
 import os
 import platform
-import random
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from _common import best_of_each, parser, set_threads, word_pairs, write_json
 
 import gna_interp as gna
+
+# Private: gna_interp.models.tiny builds random untrained models of any shape (the library has no public builder).
 from gna_interp.models.tiny import HYBRIDS, tiny_model, word_tokenizer
 
 TOYS = ("mamba2", "falcon_h1")
@@ -60,15 +59,6 @@ RANDOM = ("mamba", "falcon_mamba", "mamba2", *HYBRIDS)
 WIDE = {"mamba2-wide": ("mamba2", dict(hidden_size=512, num_heads=16, head_dim=64, num_hidden_layers=4, state_size=64, chunk_size=16))}
 """Larger random models, where compute rather than per-call overhead dominates."""
 OPERATIONS = ("forward", "ablation", "patching", "patterns", "path", "attribution")
-
-
-def word_pairs(n: int, length: int, seed: int) -> tuple[list[str], list[str]]:
-    """Random-word prompts and copies with every third word replaced."""
-    rng = random.Random(seed)
-    words = [f"w{i}" for i in range(7, 64)]
-    clean = [[rng.choice(words) for _ in range(length)] for _ in range(n)]
-    corrupt = [[rng.choice(words) if i % 3 == 1 else w for i, w in enumerate(row)] for row in clean]
-    return [" ".join(row) for row in clean], [" ".join(row) for row in corrupt]
 
 
 def toy_case(name: str, n: int, seed: int) -> tuple[dict[str, Any], Any, Any, Callable]:
@@ -101,22 +91,9 @@ def operations(model: Any, clean: Any, corrupt: Any, metric: Callable) -> dict[s
         "ablation": lambda: gna.ablation_sweep(model, clean, metric, progress=False).scores,
         "patching": lambda: gna.patching_sweep(model, clean, corrupt, metric, progress=False).scores,
         "patterns": lambda: gna.attention_pattern(model, clean, model.heads, query_positions=[-1]),
-        "path": lambda: gna.path_patching(model, clean, corrupt, [sender], [*receivers, "logits"], metric),
+        "path": lambda: gna.path_patching(model, clean, corrupt, metric, senders=[sender], receivers=[*receivers, "logits"]),
         "attribution": lambda: gna.attribution_patching(model, clean, corrupt, metric).scores,
     }
-
-
-def best_times(calls: dict[str, Callable[[], Any]], repeats: int) -> tuple[dict[str, float], dict[str, Any]]:
-    """Best time per backend after one warm-up each, the backends alternating who goes first."""
-    results = {name: call() for name, call in calls.items()}  # warm-up
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for repeat in range(repeats):
-        order = list(calls) if repeat % 2 == 0 else list(reversed(calls))
-        for name in order:
-            start = time.perf_counter()
-            results[name] = calls[name]()
-            times[name].append(time.perf_counter() - start)
-    return {name: min(values) for name, values in times.items()}, results
 
 
 def difference(a: Any, b: Any) -> float:
@@ -133,7 +110,7 @@ def measure(label: str, models: dict[str, Any], clean: Any, corrupt: Any, metric
     calls = {backend: operations(model, clean, corrupt, metric) for backend, model in models.items()}
     rows = []
     for op in OPERATIONS:
-        seconds, results = best_times({backend: calls[backend][op] for backend in models}, repeats)
+        seconds, results = best_of_each({backend: calls[backend][op] for backend in models}, repeats, alternate=True)
         rows.append(
             {
                 "model": label,
@@ -164,15 +141,12 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--models", nargs="*", default=None, help="toy-<name> or a tiny family name (default: all)")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    arguments = parser(__doc__, threads=1, repeats=3)
+    arguments.add_argument("--prompts", type=int, default=16)
+    arguments.add_argument("--seed", type=int, default=0)
+    arguments.add_argument("--models", nargs="*", default=None, help="toy-<name> or a tiny family name (default: all)")
+    args = arguments.parse_args()
+    set_threads(args.threads)
     loads = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers", "transformer-lens", "nnsight")}
     print(f"{versions}, {platform.processor() or platform.machine()}, {args.threads} thread(s), load average {loads[0]:.2f}")
@@ -180,7 +154,7 @@ def main() -> None:
     chosen = cases if args.models is None else [c for c in cases if c in args.models]
     unknown = sorted(set(args.models or ()) - set(cases))
     if unknown:
-        parser.error(f"unknown models {unknown}: expected some of {cases}")
+        arguments.error(f"unknown models {unknown}: expected some of {cases}")
     print(f"{'model':26s} {'operation':12s} {'nnsight s':>9s} {'tlens s':>9s} {'tlens/nnsight':>9s} {'max |diff|':>10s}")
     rows: list[dict[str, Any]] = []
     for case in chosen:
@@ -196,8 +170,7 @@ def main() -> None:
     for op, values in figures["summary"].items():
         print(f"  {op:12s} {values['geomean']:.2f}x ({values['min']:.2f} - {values['max']:.2f})")
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(figures, handle, indent=1)
+        write_json(args.json, figures)
 
 
 if __name__ == "__main__":

@@ -27,18 +27,18 @@ Run: ``python benchmarks/bridge_overhead.py [--layers 32] [--repeats 15] [--thre
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import random
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from _common import best_of_each, parser, set_threads, write_json
 
 import gna_interp as gna
+
+# Private: gna_interp.models.tiny builds random untrained models of any shape (the library has no public builder).
 from gna_interp.models.tiny import tiny_model, word_tokenizer
 
 VOCAB_SIZE = 64
@@ -62,18 +62,14 @@ def make_prompts(n: int, length: int, seed: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--prompt-len", type=int, default=24)
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tolerance", type=float, default=1e-5)
-    parser.add_argument("--json", metavar="PATH")
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    arguments = parser(__doc__, threads=None, repeats=15)
+    arguments.add_argument("--layers", type=int, default=32)
+    arguments.add_argument("--prompts", type=int, default=64)
+    arguments.add_argument("--prompt-len", type=int, default=24)
+    arguments.add_argument("--seed", type=int, default=0)
+    arguments.add_argument("--tolerance", type=float, default=1e-5)
+    args = arguments.parse_args(argv)
+    set_threads(args.threads)
 
     hidden = HEADS * HEAD_DIM
     hf = tiny_model(
@@ -127,12 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     reference = hf_forward()
     real = batch.attention_mask.bool()  # the bridge's own attention differs at padded positions
     differences = {name: float((fn()[real] - reference[real]).abs().max()) for name, fn in variants.items()}  # also the warm-up
-    best = dict.fromkeys(variants, float("inf"))
-    for _ in range(args.repeats):
-        for name, fn in variants.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
+    best, _ = best_of_each(variants, args.repeats, warmup=False)  # warmed up by the differences above
 
     model_line = f"tiny random llama: {args.layers} layers x {HEADS} heads ({KV_HEADS} kv) of {HEAD_DIM}"
     print(
@@ -146,9 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     print("limit: 1.00x (the same arithmetic as hf)")
     failed = [name for name, diff in differences.items() if diff > args.tolerance]
     if args.json:
-        with open(args.json, "w") as handle:
-            over_hf = {name: seconds / best["hf"] for name, seconds in best.items()}
-            json.dump({"seconds": best, "over_hf": over_hf, "max_abs_diff": differences}, handle, indent=2)
+        over_hf = {name: seconds / best["hf"] for name, seconds in best.items()}
+        write_json(args.json, {"seconds": best, "over_hf": over_hf, "max_abs_diff": differences}, indent=2)
     if failed:
         print(f"FAIL: {failed} differ from hf by more than {args.tolerance}")
         return 1

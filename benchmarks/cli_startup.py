@@ -17,13 +17,13 @@ are wall-clock times of this machine as it is (load from other jobs shows up in 
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+
+from _common import parser, write_json
 
 CASES: dict[str, tuple[list[str], dict[str, str]]] = {
     "python -c pass (floor)": (["-c", "pass"], {}),
@@ -48,10 +48,9 @@ def seconds(args: list[str], env: dict[str, str], expect: str | None) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", help="write the figures here")
-    args = parser.parse_args()
+    arguments = parser(__doc__, threads=False)
+    arguments.add_argument("--repeats", type=int, default=5, help="fresh interpreters per case; the median is reported")
+    args = arguments.parse_args()
     times: dict[str, list[float]] = {name: [] for name in CASES}
     for _ in range(args.repeats):  # interleaved: every case sees the same load
         for name, (command, env) in CASES.items():
@@ -62,9 +61,7 @@ def main() -> None:
     print(f"median of {args.repeats}, fresh interpreter each")
     for name, value in medians.items():
         print(f"{name:32s} {value:7.2f} s   {value / floor:6.1f} x the bare interpreter   {value / torch_import:5.2f} x import torch")
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"repeats": args.repeats, "median_seconds": medians}, out, indent=1)
+    write_json(args.json, {"repeats": args.repeats, "median_seconds": medians})
 
 
 if __name__ == "__main__":

@@ -7,18 +7,19 @@ Target: at most 2 minutes on 2 CPU cores. Prints the time of each run and the me
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from _common import parser
+
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
+    arguments = parser(__doc__, threads=False, json_file=False)
+    arguments.add_argument("--runs", type=int, default=3)
+    args = arguments.parse_args()
     times = []
     for run in range(args.runs):
         with tempfile.TemporaryDirectory() as folder:

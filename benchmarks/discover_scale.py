@@ -44,7 +44,6 @@ Run: ``python benchmarks/discover_scale.py [--layers 2 8 32] [--families llama m
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import sys
@@ -53,10 +52,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
+from _common import parser, set_threads, spearman, write_json
 
 import gna_interp as gna
-from gna_interp.patching.metrics import candidate_logit_diff
+
+# Private, on purpose: gna_interp.zoo.deep builds the deep copies of a toy this benchmark
+# scales (no public builder), and `Payloads` wraps NNsightBackend's request and session
+# methods to count the bytes a remote run sends and receives.
 from gna_interp.zoo.deep import deep_head, deep_toy, placed_channels
 
 
@@ -67,6 +69,7 @@ class Payloads:
     def __init__(self) -> None:
         from nnsight.schema.request import RequestModel
 
+        # Private: NNsightBackend's methods, wrapped to count bytes (see the note at the imports).
         from gna_interp.backends.nnsight import NNsightBackend
 
         self.sent: list[int] = []
@@ -97,6 +100,7 @@ class Payloads:
     def close(self) -> None:
         from nnsight.schema.request import RequestModel
 
+        # Private: NNsightBackend's methods, wrapped to count bytes (see the note at the imports).
         from gna_interp.backends.nnsight import NNsightBackend
 
         RequestModel.serialize = staticmethod(self.originals[0])  # type: ignore[method-assign]
@@ -110,7 +114,7 @@ def tensor_bytes(out: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def discover(model: gna.GnaModel, task: Any) -> tuple[gna.GnACircuit, float]:
+def discover(model: gna.GnaModel, task: Any) -> tuple[gna.GnaCircuit, float]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a toy that answers by place warns; the circuit keeps the note
         start = time.perf_counter()
@@ -133,12 +137,6 @@ def same_circuit(a: dict, b: dict, path: str = "") -> bool:
     return bool(a == b)
 
 
-def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    ra, rb = a.argsort().argsort().float(), b.argsort().argsort().float()
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    return float((ra * rb).sum() / (ra.norm() * rb.norm()))
-
-
 def load_toy(name: str) -> gna.GnaModel:
     """A bundled toy by name, or a trained toy's folder."""
     return gna.load_toy(name) if name in gna.toy_names() else gna.load(name)
@@ -147,7 +145,7 @@ def load_toy(name: str) -> gna.GnaModel:
 def prescreen_agreement(family: str, prompts: int, seed: int) -> dict[str, Any]:
     model, task = load_toy(family), gna.toy_task(family, prompts, seed=seed)
     encoded = task.encode()
-    metric = candidate_logit_diff(encoded.candidate_ids, encoded.correct)
+    metric = gna.candidate_logit_diff(encoded.candidate_ids, encoded.correct)
     estimate = gna.patching.ablation_attribution(model, task, metric)
     exact = gna.ablation_sweep(model, task, metric, progress=False)
     a, b = (estimate.scores - estimate.baseline).flatten(), (exact.scores - exact.baseline).flatten()
@@ -156,17 +154,15 @@ def prescreen_agreement(family: str, prompts: int, seed: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, nargs="+", default=[2, 8, 32])
-    parser.add_argument("--families", nargs="+", default=["llama", "mamba2"], help="bundled toys or trained toys' folders")
-    parser.add_argument("--width", type=int, default=None, help="Mamba-1 toys only: channels per layer (deep_toy's width)")
-    parser.add_argument("--prompts", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=4242)
-    parser.add_argument("--no-remote", action="store_true", help="skip the remote='local' runs")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    arguments = parser(__doc__, threads=1)
+    arguments.add_argument("--layers", type=int, nargs="+", default=[2, 8, 32])
+    arguments.add_argument("--families", nargs="+", default=["llama", "mamba2"], help="bundled toys or trained toys' folders")
+    arguments.add_argument("--width", type=int, default=None, help="Mamba-1 toys only: channels per layer (deep_toy's width)")
+    arguments.add_argument("--prompts", type=int, default=200)
+    arguments.add_argument("--seed", type=int, default=4242)
+    arguments.add_argument("--no-remote", action="store_true", help="skip the remote='local' runs")
+    args = arguments.parse_args(argv)
+    set_threads(args.threads)
     rows, failed = [], False
     for family in args.families:
         task = gna.toy_task(family, args.prompts, seed=args.seed)
@@ -261,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json is not None:
         figures = {"rows": rows, "prescreen": agreement, "prompts": args.prompts, "seed": args.seed, "ok": not failed}
-        args.json.write_text(json.dumps(figures, indent=1) + "\n")
+        write_json(args.json, figures)
     print("FAIL" if failed else "OK: every depth found the toy's heads" + ("" if args.no_remote else ", remote runs equal local runs"))
     return 1 if failed else 0
 

@@ -17,36 +17,27 @@ clean accuracy, with every other edge into the receivers patched from the corrup
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
+from _common import parser, set_threads, spearman, write_json
 
 import gna_interp as gna
-from gna_interp.patching.metrics import candidate_logit_diff
 
 TOYS = ("llama", "mamba2", "falcon_h1")
-
-
-def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    ra, rb = (x.argsort().argsort().double() for x in (a, b))
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    return float((ra * rb).sum() / (ra.norm() * rb.norm()))
 
 
 def measure(name: str, prompts: int, seed: int, curve: bool = False, method: str = "first_order", steps: int = 1) -> dict[str, Any]:
     model, task = gna.load_toy(name), gna.toy_task(name, prompts, seed=seed)
     corrupt = task.corrupted(seed=seed)
     encoded = task.encode()
-    metric = candidate_logit_diff(encoded.candidate_ids, encoded.correct)
+    metric = gna.candidate_logit_diff(encoded.candidate_ids, encoded.correct)
     card = gna.toy_card(name)
     receivers = [gna.Head(1, int(h.split("H")[1])) for h in card["ablation"]["smallest_sets"]["1"]["heads"]]
     started = time.perf_counter()
     streams = _all_streams(model, receivers)
-    edges = gna.edge_attribution(model, task, corrupt, metric, steps, receivers=receivers, receiver_input=streams, method=method)
+    edges = gna.edge_attribution(model, task, corrupt, metric, steps=steps, receivers=receivers, receiver_input=streams, method=method)
     edge_seconds = time.perf_counter() - started
     estimate, exact, edge_list = [], [], []
     started = time.perf_counter()
@@ -54,7 +45,9 @@ def measure(name: str, prompts: int, seed: int, curve: bool = False, method: str
         for k, stream in enumerate(edges.streams):
             if stream not in model.receiver_inputs(receiver):
                 continue
-            sweep = gna.path_patching_sweep(model, task, corrupt, [receiver], metric, stream, senders=edges.senders, progress=False)
+            sweep = gna.path_patching_sweep(
+                model, task, corrupt, metric, receivers=[receiver], senders=edges.senders, receiver_input=stream, progress=False
+            )
             for i, sender in enumerate(edges.senders):
                 estimate.append(float(edges.scores[i, j, k]))
                 edge_list.append((sender, receiver, stream))
@@ -97,17 +90,15 @@ def _all_streams(model: Any, receivers: list[Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--toys", nargs="+", default=list(TOYS), choices=TOYS)
-    parser.add_argument("--prompts", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=4242)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--method", default="first_order", choices=["first_order", "exact_upstream", "exact_receiver"])
-    parser.add_argument("--steps", type=int, default=1, help="edge_attribution's steps")
-    parser.add_argument("--curve", action="store_true", help="also each ranking's edge faithfulness curve")
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    arguments = parser(__doc__, threads=1)
+    arguments.add_argument("--toys", nargs="+", default=list(TOYS), choices=TOYS)
+    arguments.add_argument("--prompts", type=int, default=200)
+    arguments.add_argument("--seed", type=int, default=4242)
+    arguments.add_argument("--method", default="first_order", choices=["first_order", "exact_upstream", "exact_receiver"])
+    arguments.add_argument("--steps", type=int, default=1, help="edge_attribution's steps")
+    arguments.add_argument("--curve", action="store_true", help="also each ranking's edge faithfulness curve")
+    args = arguments.parse_args(argv)
+    set_threads(args.threads)
     rows = [measure(name, args.prompts, args.seed, args.curve, args.method, args.steps) for name in args.toys]
     how = f"edge attribution (method={args.method!r}, steps={args.steps})"
     print(f"{args.prompts} prompts (toy_task seed {args.seed}), {how} vs path patching, candidate logit difference")
@@ -123,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['toy']:10} edge faithfulness by {label:13}: clean acc {c['clean']:.3f}, no edge kept {c['none_kept']:.3f}, "
                 f"90% of clean with the top {c['edges_for_90pct']} of {c['n_edges']} edges ({c['seconds']:.1f} s)"
             )
-    if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    write_json(args.json, rows)
     return 0
 
 

@@ -30,22 +30,14 @@ Jacobian-vector products are central differences in float64 (step 1e-4 of a unit
 
 from __future__ import annotations
 
-import argparse
-
 import torch
+from _common import parser, set_threads, spearman
 
 import gna_interp as gna
-from gna_interp.patching.metrics import candidate_logit_diff
 
 STREAMS = ("q", "k", "v")
 EPS = 1e-4
 STEPS = 8  # midpoints of the downstream integrated gradient
-
-
-def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    ra, rb = (x.argsort().argsort().double() for x in (a, b))
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    return float((ra * rb).sum() / (ra.norm() * rb.norm()))
 
 
 class Runner:
@@ -110,7 +102,7 @@ def measure(prompts: int, seed: int, receiver: int) -> dict:
     task = gna.toy_task("llama", prompts, seed=seed)
     corrupt = task.corrupted(seed=seed)
     encoded = task.encode()
-    base = candidate_logit_diff(encoded.candidate_ids, encoded.correct)
+    base = gna.candidate_logit_diff(encoded.candidate_ids, encoded.correct)
     batch, corrupt_batch = model.to_batch(task), model.to_batch(corrupt)
     d = hf.config.head_dim
     run_clean = Runner(hf, batch, base, receiver)
@@ -204,12 +196,12 @@ def _recompute_all(runner: Runner, clean: dict, every: dict, sl: slice) -> torch
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=48)
-    parser.add_argument("--seed", type=int, default=4242)
-    parser.add_argument("--receiver", type=int, default=0, help="layer-1 head")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    arguments = parser(__doc__, threads=1, json_file=False)
+    arguments.add_argument("--prompts", type=int, default=48)
+    arguments.add_argument("--seed", type=int, default=4242)
+    arguments.add_argument("--receiver", type=int, default=0, help="layer-1 head")
+    args = arguments.parse_args(argv)
+    set_threads(args.threads)
     rows = measure(args.prompts, args.seed, args.receiver)
     names = list(next(iter(rows.values())))
     print(f"Llama toy, receiver L1H{args.receiver}, {args.prompts} prompts (seed {args.seed}), candidate logit difference")

@@ -23,17 +23,15 @@ a KV-retrieval column would compare chance with chance and is not scored.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import time
 from pathlib import Path
 
-import torch
+from _common import parser, set_threads
 
 import gna_interp as gna
 
-torch.set_num_threads(1)
 gna.set_progress(False)
 TOY = "llama_4x8"
 CONTEXT = 4096  # tokens, for the cache sizes
@@ -69,15 +67,16 @@ def cache_bytes(config: object, kept: list[list[int]] | None) -> tuple[int, int]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("student", choices=sorted(STUDENTS))
-    parser.add_argument("--steps-a", type=int, default=150)
-    parser.add_argument("--steps-b", type=int, default=400)
-    parser.add_argument("--init", default="attention", choices=("attention", "default"))
-    parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--train", default="new", choices=("new", "all"))
-    parser.add_argument("--json", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    arguments = parser(__doc__, threads=1, json_file=False)
+    arguments.add_argument("student", choices=sorted(STUDENTS))
+    arguments.add_argument("--steps-a", type=int, default=150)
+    arguments.add_argument("--steps-b", type=int, default=400)
+    arguments.add_argument("--init", default="attention", choices=("attention", "default"))
+    arguments.add_argument("--lr", type=float, default=5e-4)
+    arguments.add_argument("--train", default="new", choices=("new", "all"))
+    arguments.add_argument("--json", type=Path, default=RESULTS, help="append a row to this JSON-lines file")
+    args = arguments.parse_args()
+    set_threads(args.threads)
     name, steps_a, steps_b, init, lr = args.student, args.steps_a, args.steps_b, args.init, args.lr
     teacher, task = gna.load_toy(TOY), gna.toy_task(TOY, 400, seed=2026)
     train = gna.toy_task(TOY, 8000, seed=1).prompts

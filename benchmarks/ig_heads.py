@@ -56,17 +56,14 @@ Run: ``python benchmarks/ig_heads.py [--toy falcon_h1] [--prompts 32] [--seed 0]
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-
 import torch
-
-sys.path.insert(0, os.path.dirname(__file__))
-
-from attribution import spearman, toy_case
+from _common import parser, set_threads, spearman, toy_case
 
 import gna_interp as gna
+
+# Private, on purpose: this benchmark builds its own gated forwards from the plan machinery
+# (heads_by_site, Edit, Plan, charge, logits_read) to compare estimators the public API does
+# not offer; tests/test_benchmarks.py checks its gates reproduce the public patching_sweep.
 from gna_interp.core.compile import heads_by_site
 from gna_interp.core.plan import Edit, Plan
 from gna_interp.cost import charge
@@ -190,16 +187,15 @@ def edge_nodes(model, clean, corrupt, metric, heads, first, score, rows) -> None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--toy", default="falcon_h1")
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--draws", type=int, default=5, help="random draws of each randomised estimate")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--curves", action="store_true", help="also the shape of each head's own curve")
-    parser.add_argument("--edges", action="store_true", help="also the node scores from edge attribution (slow)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    arguments = parser(__doc__, threads=1, json_file=False)
+    arguments.add_argument("--toy", default="falcon_h1")
+    arguments.add_argument("--prompts", type=int, default=32)
+    arguments.add_argument("--seed", type=int, default=0)
+    arguments.add_argument("--draws", type=int, default=5, help="random draws of each randomised estimate")
+    arguments.add_argument("--curves", action="store_true", help="also the shape of each head's own curve")
+    arguments.add_argument("--edges", action="store_true", help="also the node scores from edge attribution (slow)")
+    args = arguments.parse_args()
+    set_threads(args.threads)
     _, model, clean, corrupt, metric = toy_case(args.toy, args.prompts, args.seed)
     with gna.cost_meter(model) as sweep_cost:
         exact = gna.patching_sweep(model, clean, corrupt, metric, progress=False).effects()

@@ -25,32 +25,27 @@ Run: ``python benchmarks/ig_paths.py [--prompts 32] [--steps 1 2 4 8] [--threads
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-
 import torch
-
-sys.path.insert(0, os.path.dirname(__file__))
-
-from attribution import spearman, toy_case
+from _common import parser, set_threads, spearman, toy_case
 
 import gna_interp as gna
+
+# Private, on purpose: integrated_effects with paths other than the public ones, over the
+# backend's own captured activations (heads_by_site, logits_read), to compare path choices.
 from gna_interp.core.compile import heads_by_site
 from gna_interp.patching.attribution import integrated_effects
 from gna_interp.patching.metrics import logits_read
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--rules", nargs="+", default=["left", "midpoint"])
-    parser.add_argument("--paths", nargs="+", default=["joint", "layer", "site", "head"])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    arguments = parser(__doc__, threads=1, json_file=False)
+    arguments.add_argument("--prompts", type=int, default=32)
+    arguments.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4, 8])
+    arguments.add_argument("--rules", nargs="+", default=["left", "midpoint"])
+    arguments.add_argument("--paths", nargs="+", default=["joint", "layer", "site", "head"])
+    arguments.add_argument("--seed", type=int, default=0)
+    args = arguments.parse_args()
+    set_threads(args.threads)
     _, model, clean, corrupt, metric = toy_case("falcon_h1", args.prompts, args.seed)
     exact = gna.patching_sweep(model, clean, corrupt, metric, progress=False).effects()
     run, source = model.to_batch(corrupt), model.to_batch(clean)  # denoise: run corrupt, patch clean values in

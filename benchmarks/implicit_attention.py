@@ -53,19 +53,20 @@ import argparse
 import ctypes
 import ctypes.util
 import gc
-import json
 import os
 import platform
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from _common import best_of, parser, set_threads, write_json
 
 import gna_interp as gna
 from gna_interp.attention import implicit_loop, implicit_rows, ssm_inputs
+
+# Private: gna_interp.models.tiny builds random untrained models of any shape (the library has no public builder).
 from gna_interp.models.tiny import tiny_model, word_tokenizer
 
 MODELS = {
@@ -122,18 +123,6 @@ def reuse_memory(on: bool) -> bool:
         return False
 
 
-def best_time(fn: Callable[[], Any], repeats: int, warmup: bool = True) -> tuple[Any, float]:
-    """``(result, best seconds)`` of ``repeats`` runs (after one warm-up run)."""
-    if warmup:
-        fn()
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return result, best
-
-
 def peak_mib(fn: Callable[[], Any]) -> float:
     with PeakRss() as memory:
         fn()
@@ -163,10 +152,10 @@ def bench(family: str, args: argparse.Namespace) -> dict[str, Any]:
     mib = {name: peak_mib(fn) for name, fn in phases.items()}
     reused = args.reuse_memory and reuse_memory(True)
     try:
-        seconds = {name: best_time(fn, args.repeats)[1] for name, fn in phases.items()}
+        seconds = {name: best_of(fn, args.repeats)[0] for name, fn in phases.items()}
         full, rows = phases["full"](), phases["rows"]()
         keys = torch.linspace(0, n_pos - 1, args.loop_keys).round().long().tolist()
-        loop, loop_sample_s = best_time(lambda: implicit_loop(ssm, keys=keys), 1, warmup=False)
+        loop_sample_s, loop = best_of(lambda: implicit_loop(ssm, keys=keys), 1, warmup=False)
     finally:
         if reused:
             reuse_memory(False)
@@ -199,23 +188,19 @@ def bench(family: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--prompts", type=int, default=2)
-    parser.add_argument("--loop-keys", type=int, default=16, help="key columns the loop twin runs (its time is scaled)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--tolerance", type=float, default=1e-5)
-    parser.add_argument("--no-reuse-memory", dest="reuse_memory", action="store_false", help="time with glibc's default allocator")
-    parser.add_argument("--json", type=Path, default=None)
-    return parser.parse_args(argv)
+    arguments = parser(__doc__, threads=None, repeats=5)
+    arguments.add_argument("--seq-len", type=int, default=1024)
+    arguments.add_argument("--prompts", type=int, default=2)
+    arguments.add_argument("--loop-keys", type=int, default=16, help="key columns the loop twin runs (its time is scaled)")
+    arguments.add_argument("--seed", type=int, default=0)
+    arguments.add_argument("--tolerance", type=float, default=1e-5)
+    arguments.add_argument("--no-reuse-memory", dest="reuse_memory", action="store_false", help="time with glibc's default allocator")
+    return arguments.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, python {platform.python_version()}, T = {args.seq_len}")
     results = {family: bench(family, args) for family in MODELS}
     failed = False
@@ -235,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  e2e    attention_pattern [-1]     {r['e2e_rows_s']:8.3f} s   peak +{r['e2e_rows_mib']:7.1f} MiB")
         print(f"  max |diff| rows vs full {r['rows_max_diff']:.1e}, loop vs full {r['loop_max_diff']:.1e}  {'ok' if ok else 'FAIL'}")
     if args.json is not None:
-        args.json.write_text(json.dumps({"settings": vars(args) | {"json": str(args.json)}, "results": results}, indent=2))
+        write_json(args.json, {"settings": vars(args) | {"json": str(args.json)}, "results": results}, indent=2)
     return 1 if failed else 0
 
 

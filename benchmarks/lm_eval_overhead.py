@@ -26,39 +26,22 @@ Run: ``python benchmarks/lm_eval_overhead.py [--prompts 200] [--repeats 3] [--js
 
 from __future__ import annotations
 
-import argparse
-import json
 import platform
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-import torch
+from _common import best_of, parser, set_threads, write_json
 
 import gna_interp as gna
 
 
-def timed(call: Any, repeats: int) -> tuple[float, Any]:
-    """Best wall time of ``repeats`` calls after one warm-up, and the last result."""
-    result = call()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = call()
-        best = min(best, time.perf_counter() - start)
-    return best, result
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-builtin-index", action="store_true", help="skip indexing lm-eval's built-in tasks")
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    arguments = parser(__doc__, threads=2, repeats=3)
+    arguments.add_argument("--prompts", type=int, default=200)
+    arguments.add_argument("--no-builtin-index", action="store_true", help="skip indexing lm-eval's built-in tasks")
+    args = arguments.parse_args()
+    set_threads(args.threads)
     figures: dict[str, Any] = {"machine": platform.processor() or platform.machine(), "threads": args.threads, "prompts": args.prompts}
 
     start = time.perf_counter()
@@ -82,8 +65,8 @@ def main() -> int:
         figures["index_builtin_tasks_s"] = time.perf_counter() - start
         figures["builtin_task_names"] = len(builtin.all_tasks)
 
-    evaluate_s, ours = timed(lambda: gna.evaluate(model, task), args.repeats)
-    lm_eval_s, run = timed(lambda: gna.lm_eval(model, "toy_llama", include_path=folder), args.repeats)
+    evaluate_s, ours = best_of(lambda: gna.evaluate(model, task), args.repeats)
+    lm_eval_s, run = best_of(lambda: gna.lm_eval(model, "toy_llama", include_path=folder), args.repeats)
     accuracy = float(run.frame.set_index("metric").loc["acc", "value"])
     figures.update(evaluate_s=evaluate_s, lm_eval_s=lm_eval_s, ratio=lm_eval_s / evaluate_s)
     figures.update(evaluate_accuracy=ours.accuracy, lm_eval_accuracy=accuracy, same=abs(accuracy - ours.accuracy) < 1e-6)
@@ -96,7 +79,7 @@ def main() -> int:
     print(f"toy-llama, {args.prompts} prompts: gna.evaluate {evaluate_s:.3f} s, gna.lm_eval {lm_eval_s:.3f} s ({figures['ratio']:.1f}x)")
     print(f"accuracy: evaluate {ours.accuracy:.4f}, lm-eval {accuracy:.4f} -> {'same' if figures['same'] else 'FAIL'}")
     if args.json is not None:
-        args.json.write_text(json.dumps(figures, indent=1))
+        write_json(args.json, figures)
     return 0 if figures["same"] else 1
 
 

@@ -31,16 +31,17 @@ Run: ``python benchmarks/mamba2_chunk_size.py [--prompts 16] [--words 24]``
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import platform
 import sys
 import time
 
 import torch
+from _common import parser, write_json
 
 import gna_interp as gna
+
+# Private: gna_interp.models.tiny builds random untrained models of any shape (the library has no public builder).
 from gna_interp.models.tiny import tiny_model, word_tokenizer
 
 
@@ -49,18 +50,16 @@ def padded(length: int, chunk: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chunk-sizes", type=int, nargs="+", default=[32, 64, 128, 256])
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--words", type=int, default=24)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--tolerance", type=float, default=1e-4)
-    parser.add_argument("--json", help="write the figures to this file")
-    args = parser.parse_args(argv)
+    arguments = parser(__doc__, threads=1, repeats=3)
+    arguments.add_argument("--chunk-sizes", type=int, nargs="+", default=[32, 64, 128, 256])
+    arguments.add_argument("--prompts", type=int, default=16)
+    arguments.add_argument("--words", type=int, default=24)
+    arguments.add_argument("--layers", type=int, default=2)
+    arguments.add_argument("--heads", type=int, default=8)
+    arguments.add_argument("--tolerance", type=float, default=1e-4)
+    args = arguments.parse_args(argv)
     if 32 not in args.chunk_sizes:
-        parser.error("--chunk-sizes must include 32 (the reference)")
+        arguments.error("--chunk-sizes must include 32 (the reference)")
     gna.set_progress(False)
     torch.set_grad_enabled(False)
     generator = torch.Generator().manual_seed(0)
@@ -100,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = {k: v for k, v in vars(args).items() if k != "json"}
         versions = dict(torch=torch.__version__, python=platform.python_version(), gna_interp=gna.__version__)
         max_abs_score = float(tables[32].abs().max())
-        with open(args.json, "w") as file:
-            json.dump(dict(settings=settings, versions=versions, tokens=length, max_abs_score=max_abs_score, rows=rows), file, indent=2)
+        write_json(args.json, dict(settings=settings, versions=versions, tokens=length, max_abs_score=max_abs_score, rows=rows), indent=2)
     if failed:
         print(f"FAIL: a table differs from chunk_size=32's by more than {args.tolerance}")
     return 1 if failed else 0

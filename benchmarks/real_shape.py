@@ -45,7 +45,6 @@ import argparse
 import contextlib
 import ctypes
 import gc
-import json
 import sys
 import threading
 import time
@@ -53,8 +52,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from _common import parser, set_threads, write_json
 
 import gna_interp as gna
+
+# Private: gna_interp.models.tiny's word tokenizer for random models, and (below) the Llamba
+# classes gna_interp.models.llamba registers, to build real-shaped models with random weights.
 from gna_interp.models.tiny import word_tokenizer
 
 CONFIGS: dict[str, tuple[str, dict[str, Any], str, int]] = {
@@ -162,6 +165,7 @@ def build(name: str, n_layers: int, device: str) -> Any:
 
     model_type, fields, _, _ = CONFIGS[name]
     if model_type == "llamba":
+        # Private: the Llamba classes (see the note at the imports above).
         from gna_interp.models.llamba import LlambaConfig, LlambaLMHeadModel
 
         torch.manual_seed(0)
@@ -279,7 +283,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "ablation, last logits": lambda: model.logits(ids, ablate, logits_to_keep=1),
         "sweep": lambda: gna.ablation_sweep(model, ids, metric, heads=heads, progress=False),
         "sweep, every position": lambda: gna.ablation_sweep(model, ids, undeclared, heads=heads, progress=False),
-        "path patching": lambda: gna.path_patching(model, ids, corrupt, [gna.Head(0, 0)], [gna.Head(1, 0)], metric),
+        "path patching": lambda: gna.path_patching(model, ids, corrupt, metric, senders=[gna.Head(0, 0)], receivers=[gna.Head(1, 0)]),
         "final-row patterns": lambda: gna.attention_pattern(model, ids, [gna.Head(0, 0), gna.Head(1, 0)], query_positions=[-1]),
         "attribution": lambda: gna.attribution_patching(model, ids, corrupt, metric),
     }
@@ -318,26 +322,22 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(CONFIGS))
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--prompts", type=int, default=2)
-    parser.add_argument("--seq-len", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=1, help="calls per operation, the best timed (the first also measures memory)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on shared cores)")
-    parser.add_argument("--tolerance", type=float, default=0.05, help="max |diff| of bf16 logits / metrics vs the raw-hook twin")
-    parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--verbose", action="store_true", help="each operation's time on stderr as it finishes")
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    arguments = parser(__doc__, threads=1, repeats=1)
+    arguments.add_argument("--models", default=",".join(CONFIGS))
+    arguments.add_argument("--layers", type=int, default=2)
+    arguments.add_argument("--prompts", type=int, default=2)
+    arguments.add_argument("--seq-len", type=int, default=8)
+    arguments.add_argument("--device", default="cpu")
+    arguments.add_argument("--tolerance", type=float, default=0.05, help="max |diff| of bf16 logits / metrics vs the raw-hook twin")
+    arguments.add_argument("--verbose", action="store_true", help="each operation's time on stderr as it finishes")
+    args = arguments.parse_args(argv)
+    set_threads(args.threads)
     if args.layers < 2:
-        parser.error(f"--layers={args.layers}: path patching needs 2 layers or more")
+        arguments.error(f"--layers={args.layers}: path patching needs 2 layers or more")
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
-        parser.error(f"--models: unknown {unknown}; expected names from {list(CONFIGS)}")
+        arguments.error(f"--models: unknown {unknown}; expected names from {list(CONFIGS)}")
     print(
         f"real shapes, {args.layers} layers, random bf16 weights, {args.prompts} prompts x {args.seq_len} tokens, "
         f"device {args.device}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), best of {args.repeats}"
@@ -359,8 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         failed += [f"{name}: {key}" for key, value in checks.items() if key != "logit_scale" and not value <= args.tolerance]
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"args": vars(args), "models": reports}, handle, indent=2)
+        write_json(args.json, {"args": vars(args) | {"json": str(args.json)}, "models": reports}, indent=2)
     if failed:
         print(f"FAIL: {failed} beyond {args.tolerance}")
         return 1

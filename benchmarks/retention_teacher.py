@@ -19,12 +19,12 @@ the top-n heads against random sets (mean ablation), printed as tables.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
+from _common import set_threads, write_json
 
 SCALE = 0.1
 """Factor on the freshly initialised writers of the new heads and layers."""
@@ -35,6 +35,8 @@ OLD_TO_NEW = {0: 0, 1: 2}
 def widen(out: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    # Private: the zoo's own recipe, folder, tokenizer and quiet weight loading, to widen a
+    # toy into the start of a new recipe (what `gna-interp zoo train` does for a bundled one).
     from gna_interp.models.loading import quiet_weight_loading
     from gna_interp.tasks.toy import toy_tokenizer
     from gna_interp.zoo.recipes import recipe
@@ -75,7 +77,7 @@ def widen(out: Path) -> None:
 def measure(folder: str | None, n_prompts: int, seeds: int) -> dict:
     import gna_interp as gna
 
-    torch.set_num_threads(1)
+    set_threads(1)
     model = gna.load_toy("llama_4x8", backend="nnsight") if folder is None else gna.load(folder, backend="nnsight")
     card_task = gna.toy_task("llama_4x8", n_prompts, seed=31_000)
     start = time.perf_counter()
@@ -83,7 +85,7 @@ def measure(folder: str | None, n_prompts: int, seeds: int) -> dict:
     ranking_seconds = time.perf_counter() - start
     start = time.perf_counter()
     sizes = [1, 2, 3, 4, 6, 8, 12, 16, 24]
-    curve = gna.retention_curve(model, card_task, ranking, sizes, seeds=seeds, how="mean", progress=False)
+    curve = gna.retention_curve(model, card_task, ranking, sizes=sizes, seeds=seeds, how="mean", progress=False)
     curve_seconds = time.perf_counter() - start
     frame = ranking.to_frame()
     print(ranking)
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     numbers = measure(args.folder, args.prompts, args.seeds)
     if args.json:
-        Path(args.json).write_text(json.dumps(numbers, indent=1) + "\n")
+        write_json(args.json, numbers)
     return 0
 
 

@@ -24,29 +24,27 @@ Run: ``python benchmarks/wide_toy.py [--toy mamba] [--width 4096] [--layers 32]
 
 from __future__ import annotations
 
-import argparse
-import json
 import resource
 import time
 
-import torch
+from _common import parser, set_threads, write_json
 
 import gna_interp as gna
+
+# Private: gna_interp.zoo.deep builds the wide copy of a toy this benchmark measures (no public builder).
 from gna_interp.zoo.deep import FILLER_SCALE, deep_toy
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--toy", default="mamba")
-    parser.add_argument("--width", type=int, default=4096)
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--prompts", type=int, default=200)
-    parser.add_argument("--filler-scale", type=float, default=FILLER_SCALE)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--accuracy", action="store_true")
-    parser.add_argument("--json")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    arguments = parser(__doc__, threads=1)
+    arguments.add_argument("--toy", default="mamba")
+    arguments.add_argument("--width", type=int, default=4096)
+    arguments.add_argument("--layers", type=int, default=32)
+    arguments.add_argument("--prompts", type=int, default=200)
+    arguments.add_argument("--filler-scale", type=float, default=FILLER_SCALE)
+    arguments.add_argument("--accuracy", action="store_true")
+    args = arguments.parse_args()
+    set_threads(args.threads)
     start = time.perf_counter()
     wide = deep_toy(args.toy, args.layers, width=args.width, filler_scale=args.filler_scale)
     built = time.perf_counter() - start
@@ -74,8 +72,7 @@ def main() -> None:
         row["max_final_logit_change"] = float((logits[:, -1] - toy.logits(task)[:, -1]).abs().max())
     print(" ".join(f"{k}={v}" for k, v in row.items()))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(row, handle, indent=1)
+        write_json(args.json, row)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from . import commands as cmd
+from .progress import progress_enabled, set_progress
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -18,11 +19,28 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
+def _quiet_parent() -> argparse.ArgumentParser:
+    """``--quiet``, shared by every command that draws progress bars (as a parent parser)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--quiet", action="store_true", help="no progress bars (bars are drawn only on a terminal anyway)")
+    return parent
+
+
+def _model_help() -> str:
+    """``--model``'s help, naming every bundled toy (read from the zoo's folder names: no torch)."""
+    from .zoo.store import toy_names
+
+    return f"a bundled toy model ({', '.join(toy_names())}), a local folder, or a hub id"
+
+
 def _model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="a bundled toy model (llama, mamba2, falcon_h1), a local folder, or a hub id")
+    parser.add_argument("--model", required=True, help=_model_help())
     parser.add_argument("--backend", choices=("tlens", "nnsight"), help="default: tlens for Transformers, nnsight otherwise")
     parser.add_argument("--remote", action="store_true", help="run on NDIF (nnsight; needs NDIF_API_KEY)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--device", help="where the weights go: cpu, cuda, cuda:N or mps (default: cpu)")
+    parser.add_argument(
+        "--dtype", choices=cmd.DTYPES, help="the weights' dtype, for a hub model or local folder (default: the model's float32)"
+    )
 
 
 def _task_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,13 +55,15 @@ def _task_arguments(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gna-interp", description="Gather-and-Aggregate interpretability for Transformers and SSMs.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = commands.add_parser("demo", help="G&A discovery on the bundled toys (Llama, Mamba-2, Mamba-1, hybrid); writes an offline report")
+    quiet = _quiet_parent()
+    demo = commands.add_parser(
+        "demo", parents=[quiet], help="G&A discovery on the bundled toys (Llama, Mamba-2, Mamba-1, hybrid); writes an offline report"
+    )
     demo.add_argument("--out", default="gna-report", help="report folder (default: gna-report)")
     demo.add_argument("--n", type=int, default=cmd.DEMO_PROMPTS, help=f"prompts per model (default {cmd.DEMO_PROMPTS})")
-    demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(func=cmd.demo)
 
-    discover = commands.add_parser("discover", help="find the Gather and Aggregate heads of a model on a task")
+    discover = commands.add_parser("discover", parents=[quiet], help="find the Gather and Aggregate heads of a model on a task")
     _model_arguments(discover)
     _task_arguments(discover)
     discover.add_argument("--out", help="write an offline HTML report into this folder")
@@ -56,14 +76,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     discover.set_defaults(func=cmd.discover_command)
 
-    ablate = commands.add_parser("ablate", help="accuracy on a task before and after ablating heads")
+    ablate = commands.add_parser("ablate", parents=[quiet], help="accuracy on a task before and after ablating heads")
     _model_arguments(ablate)
     ablate.add_argument("--head", action="append", required=True, help="head as L.H (e.g. 16.22); repeat for several")
-    ablate.add_argument("--how", choices=("zero", "mean"), default="zero", help="zero or mean ablation (mean over the task's tokens)")
+    ablate.add_argument(
+        "--how",
+        choices=("zero", "mean", "resample"),
+        default="zero",
+        help="zero, mean (over the task's tokens) or resample (each head's output on the task's corrupted prompts) ablation",
+    )
     _task_arguments(ablate)
     ablate.set_defaults(func=cmd.ablate_command)
 
-    patterns = commands.add_parser("patterns", help="attention patterns (softmax or implicit) of heads, as offline HTML or PNG")
+    patterns = commands.add_parser(
+        "patterns", parents=[quiet], help="attention patterns (softmax or implicit) of heads, as offline HTML or PNG"
+    )
     _model_arguments(patterns)
     patterns.add_argument("--head", action="append", required=True, help="head as L.H; repeat for several")
     patterns.add_argument("--prompt", help="the prompt (default: the first prompt of --task)")
@@ -77,8 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing = zoo_commands.add_parser("list", help="bundled toy models and their cards")
     listing.add_argument("--markdown", action="store_true", help="one markdown table (as in the docs)")
     listing.set_defaults(func=cmd.zoo_list)
-    train = zoo_commands.add_parser("train", help="train a toy model from its recipe (deterministic for a seed on a machine)")
-    train.add_argument("name", help="a toy model's recipe: its name in `gna-interp zoo list` (e.g. llama, mamba2, falcon_h1)")
+    train = zoo_commands.add_parser(
+        "train", parents=[quiet], help="train a toy model from its recipe (deterministic for a seed on a machine)"
+    )
+    train.add_argument("name", help="a toy model's recipe: its name in `gna-interp zoo list`")
     train.add_argument("--out", help="output folder (default: gna-zoo/NAME)")
     train.add_argument("--seed", type=int, help="override the recipe's seed")
     train.add_argument("--max-steps", type=int, help="override the recipe's step limit")
@@ -86,7 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--init", help="for a fine-tuning recipe (init_from): the trained folder of the toy it starts from (default: the bundled toy)"
     )
     train.add_argument("--device", help="where to train: cpu or cuda (default: the recipe's, cpu for all but mamba)")
-    train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(func=cmd.zoo_train)
     return parser
 
@@ -97,11 +125,22 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    # Bars only on a terminal: a log or a pipe gets no runs of carriage returns.
+    was_enabled = progress_enabled()
+    if getattr(args, "quiet", False) or not sys.stderr.isatty():
+        set_progress(False)
     try:
         return int(args.func(args))
-    except (ValueError, TypeError, KeyError, OSError, ImportError) as error:
+    except cmd.USER_ERRORS as error:  # the library's errors for bad input; a bug shows its traceback
         print(f"gna-interp: error: {error}", file=sys.stderr)
         return 2
+    except ImportError as error:
+        if not cmd.missing_extra(error):
+            raise
+        print(f"gna-interp: error: {error}", file=sys.stderr)
+        return 2
+    finally:
+        set_progress(was_enabled)
 
 
 if __name__ == "__main__":

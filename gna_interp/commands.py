@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
 import time
 import warnings
@@ -14,6 +15,51 @@ DEMO_PROMPTS = 200
 DEMO_SEED = 2026
 DEMO_MODELS = ("llama", "mamba2", "falcon_h1", "mamba")
 """The bundled toy models the demo runs: a Transformer, an SSM and a hybrid."""
+DTYPES = ("float32", "float16", "bfloat16")
+"""``--dtype`` choices (names of torch dtypes)."""
+SUMMARY_WIDTH = 120
+"""The demo's summary table fits this many columns (head lists wrap inside their cells)."""
+
+USER_ERRORS: tuple[type[Exception], ...] = (ValueError, OSError)
+"""What the library raises for bad input (its own `ModelFilesError`,
+`UnknownArchitectureError` and `NonFiniteLogitsError` are ValueErrors,
+`HubUnreachableError` an OSError): the CLI prints these as one line. Anything else,
+``TypeError`` and ``KeyError`` included, is a bug and shows its traceback."""
+OPTIONAL_MODULES = ("datasets", "lm_eval", "circuitsvis", "matplotlib", "nnsight")
+"""Modules of the optional extras: their absence is a user error, named in one line."""
+
+
+def missing_extra(error: ImportError) -> bool:
+    """Whether ``error`` is an optional extra that is not installed (a user error), rather
+    than a broken import (a bug)."""
+    top = (error.name or "").split(".")[0]
+    return top in OPTIONAL_MODULES or "pip install" in str(error)
+
+
+def check_device(device: str | None, *, remote: bool = False) -> str | None:
+    """``--device`` checked as text (no torch import): cpu, cuda, cuda:N, mps or xpu[:N]."""
+    if device is None:
+        return None
+    if remote:
+        raise ValueError(f"--device {device!r} with --remote: NDIF places the model on its own GPUs (drop --device)")
+    if not re.fullmatch(r"cpu|mps|(cuda|xpu)(:\d+)?", device):
+        raise ValueError(f"--device {device!r}: expected cpu, cuda, cuda:N (N a GPU's index), mps or xpu")
+    return device
+
+
+def check_device_present(device: str | None) -> None:
+    """A CUDA / MPS ``--device`` that this machine has (imports torch: call before loading)."""
+    if device is None or device == "cpu":
+        return
+    import torch
+
+    if device.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(device.partition(":")[2] or 0)
+        if index >= count:
+            raise ValueError(f"--device {device!r}: this machine has {count} CUDA device(s)" + (f" (0..{count - 1})" if count else ""))
+    elif device == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("--device 'mps': MPS is not available on this machine")
 
 
 def quiet_libraries() -> None:
@@ -46,16 +92,38 @@ def model_source(name: str, remote: bool = False) -> str:
     return name
 
 
-def load_model(name: str, backend: str | None = None, remote: bool = False) -> Any:
-    """A bundled toy name (``llama``, ``mamba2``...), a local folder, or a hub id."""
+def load_model(name: str, backend: str | None = None, remote: bool = False, device: str | None = None, dtype: str | None = None) -> Any:
+    """A bundled toy name (``llama``, ``mamba2``...), a local folder, or a hub id; ``device``
+    and ``dtype`` (a name in `DTYPES`) go to `gna_interp.load`."""
     from .models.loading import load
     from .zoo import load_toy, toy_names
 
+    check_load_options(name, remote, device, dtype)
+    toy = name in toy_names() and not remote
     source = model_source(name, remote)
+    check_device_present(device)
     quiet_libraries()
-    if name in toy_names() and not remote:
-        return load_toy(name, backend=backend)
-    return load(source, backend=backend, remote=bool(remote))
+    if toy:
+        return load_toy(name, backend=backend, device=device)
+    return load(source, backend=backend, remote=bool(remote), device=device, dtype=dtype)
+
+
+def check_load_options(name: str, remote: bool, device: str | None, dtype: str | None) -> None:
+    """``--device`` and ``--dtype`` checked against each other and ``--model`` (no torch import)."""
+    from .zoo.store import toy_names
+
+    check_device(device, remote=remote)
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    if dtype is not None and remote:
+        raise ValueError(f"--dtype {dtype} with --remote: NDIF serves the model in its own dtype (drop --dtype)")
+    if dtype is not None and name in toy_names() and not remote:
+        raise ValueError(f"--dtype {dtype} with toy {name!r}: the bundled toys are float32 (--dtype is for hub models and local folders)")
+
+
+def load_model_of(args: argparse.Namespace) -> Any:
+    """`load_model` for a command's ``--model``, ``--backend``, ``--remote``, ``--device`` and ``--dtype``."""
+    return load_model(args.model, args.backend, args.remote, device=args.device, dtype=args.dtype)
 
 
 def checked_heads(texts: list[str], name: str, remote: bool = False) -> list[Any]:
@@ -162,9 +230,12 @@ def check_out_file(path: str, suffixes: tuple[str, ...]) -> Path:
     return out
 
 
-def summary_table(circuits: list[Any]) -> str:
-    """One row per circuit: its heads per role and the confirmation accuracies. In models
-    with both kinds of heads, each head is tagged ``(a)`` attention or ``(s)`` SSM."""
+def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, width: int = SUMMARY_WIDTH) -> str:
+    """One row per circuit, fitting ``width`` columns: first what the circuit carries alone
+    (accuracy with only its heads kept, every other head mean-ablated, and its share of the
+    clean accuracy, from ``curves``: the model's faithfulness curve), then the confirmation
+    accuracies, then its heads per role, wrapped inside their cells. In models with both
+    kinds of heads, each head is tagged ``(a)`` attention or ``(s)`` SSM."""
 
     def heads(c: Any, role: str) -> str:
         return c.named(getattr(c, role)).replace(" (attention)", "(a)").replace(" (ssm)", "(s)").replace(", ", ",")
@@ -172,26 +243,60 @@ def summary_table(circuits: list[Any]) -> str:
     def cell(acc: dict[str, float], key: str) -> str:
         return f"{acc[key]:.3f}" if key in acc else "-"
 
+    def carried(c: Any) -> tuple[str, str]:
+        curve = (curves or {}).get(c.model)
+        if curve is None or curve.circuit_point is None:
+            return "-", "-"
+        alone = curve.circuit_point["accuracy"]
+        return f"{alone:.3f}", f"{curve.of_clean(alone):.0%}"
+
+    names = ("model", "alone", "share", "clean", "-gather", "-aggr", "-both", "shuffled", "gather", "aggregate")
     rows = [
         (
             c.model,
+            *carried(c),
+            *(cell(c.accuracy, k) for k in ("clean", "-gather", "-aggregate", "-both", "shuffled_labels")),
             heads(c, "gather"),
             heads(c, "aggregate"),
-            *(cell(c.accuracy, k) for k in ("clean", "-gather", "-aggregate", "-both", "shuffled_labels")),
         )
         for c in circuits
     ]
-    names = ("model", "gather", "aggregate", "clean", "-gather", "-aggr", "-both", "shuffled")
-    widths = [max(len(str(r[i])) for r in [names, *rows]) for i in range(len(names))]
-    aligned = ["<", "<", "<", ">", ">", ">", ">", ">"]
+    fixed = [max(len(str(r[i])) for r in [names, *rows]) for i in range(len(names) - 2)]
+    room = max(width - sum(fixed) - 2 * (len(names) - 1), 2 * len("aggregate"))  # what the two head lists share
+    full = [max(len(str(r[i])) for r in [names, *rows]) for i in (-2, -1)]
+    gather_width = min(full[0], max(len("gather"), room - min(full[1], room // 2)))
+    widths = [*fixed, gather_width, max(len("aggregate"), min(full[1], room - gather_width))]
+    aligned = ["<", ">", ">", ">", ">", ">", ">", ">", "<", "<"]
 
-    def line(row: tuple[str, ...]) -> str:
-        return "  ".join(f"{v:{a}{w}}" for v, a, w in zip(row, aligned, widths, strict=True))
+    def wrap(text: str, cell_width: int) -> list[str]:
+        """``text``'s comma-separated heads packed into lines of at most ``cell_width``."""
+        if len(text) <= cell_width:
+            return [text]
+        out = [""]
+        for head in text.split(","):
+            joined = f"{out[-1]},{head}" if out[-1] else head
+            if len(joined) < cell_width or not out[-1]:  # room for the comma that ends a wrapped line
+                out[-1] = joined
+            else:
+                out[-1] += ","
+                out.append(head)
+        return out
 
-    lines = [line(names), "-" * len(line(names)), *(line(r) for r in rows)]
-    if any("(a)" in r[1] + r[2] or "(s)" in r[1] + r[2] for r in rows):
+    def lines_of(row: tuple[str, ...]) -> list[str]:
+        cells = [[str(v)] for v in row[:-2]] + [wrap(v, w) for v, w in zip(row[-2:], widths[-2:], strict=True)]
+        depth = max(len(c) for c in cells)
+        out = []
+        for k in range(depth):
+            values = [c[k] if k < len(c) else "" for c in cells]
+            out.append("  ".join(f"{v:{a}{w}}" for v, a, w in zip(values, aligned, widths, strict=True)).rstrip())
+        return out
+
+    header = lines_of(names)[0]
+    lines = [header, "-" * len(header), *(line for r in rows for line in lines_of(r))]
+    if any("(a)" in r[-2] + r[-1] or "(s)" in r[-2] + r[-1] for r in rows):
         lines.append("(a) attention head, (s) SSM head")
-    if any(r[-1] != "-" for r in rows):
+    lines.append("alone: accuracy with only the circuit's heads kept (every other head mean-ablated); share: of clean")
+    if any(r[7] != "-" for r in rows):
         lines.append("shuffled: clean accuracy with each prompt's labels in a random order (chance: answers by the option's place)")
     lines.append("-gather, -aggr, -both: accuracy with every head of the set(s) ablated at every position")
     return "\n".join(lines)
@@ -216,7 +321,13 @@ def demo(args: argparse.Namespace) -> int:
             items.append((discover(model, task, progress=not args.quiet), model, task))
     circuits = [item[0] for item in items]
     print()
-    print(summary_table(circuits))
+    curves = {}
+    for circuit, model, task in items:  # first: the table leads each model with what its circuit carries
+        curve = faithfulness_of(circuit, model, task, progress=not args.quiet)
+        if curve is not None:
+            curves[circuit.model] = curve
+    print()
+    print(summary_table(circuits, curves))
     for circuit in circuits:
         for role in ("gather", "aggregate"):
             if getattr(circuit, role):
@@ -229,12 +340,6 @@ def demo(args: argparse.Namespace) -> int:
             print(f"{circuit.model}: note: {note}")
     for rule in dict.fromkeys(c.evidence_rule() for c in circuits if c.gather or c.aggregate):
         print(f"\nevidence: {rule}")
-    print()
-    curves = {}
-    for circuit, model, task in items:
-        curve = faithfulness_of(circuit, model, task, progress=not args.quiet)
-        if curve is not None:
-            curves[circuit.model] = curve
     index = write_report(items, out, faithfulness=curves)
     print(f"\nreport: {index} (opens offline)")
     return 0
@@ -269,8 +374,9 @@ def discover_command(args: argparse.Namespace) -> int:
     if args.stability is not None and args.stability < 1:
         raise ValueError(f"--stability {args.stability}: expected a positive number of prompt samples")
     out = check_out_dir(args.out) if args.out else None  # fail before any work
+    check_load_options(args.model, args.remote, args.device, args.dtype)
     task = build_task(args)
-    model = load_model(args.model, args.backend, args.remote)
+    model = load_model_of(args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         circuit = discover(model, task, progress=not args.quiet, stability=args.stability)
@@ -291,14 +397,16 @@ def discover_command(args: argparse.Namespace) -> int:
 
 def ablate_command(args: argparse.Namespace) -> int:
     heads = checked_heads(args.head, args.model, args.remote)  # before any weights load or heavy import
+    check_load_options(args.model, args.remote, args.device, args.dtype)
     task = build_task(args)
 
     from .core.interventions import Ablate
     from .evaluation import evaluate
 
-    model = load_model(args.model, args.backend, args.remote)
+    # mean: over the task's own tokens; resample: each head's output on the corrupted prompts
+    corrupt = task if args.how == "mean" else corrupted_task(task, args.seed) if args.how == "resample" else None
+    model = load_model_of(args)
     before = evaluate(model, task)
-    corrupt = task if args.how == "mean" else None
     after = evaluate(model, task, [Ablate(heads, how=args.how, corrupt=corrupt)])
     names = ", ".join(map(str, heads))
     print(f"{model.name} on {task.name} ({len(task)} prompts, chance {before.chance:.3f})")
@@ -306,14 +414,22 @@ def ablate_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def corrupted_task(task: Any, seed: int) -> Any:
+    """``task``'s corrupted prompts (same token lengths, another answer) for ``--how resample``."""
+    if task.corrupter is None:
+        raise ValueError(f"--how resample needs corrupted prompts of the same length: task {task.name!r} has no corruption rule")
+    return task.corrupted(seed=seed)
+
+
 def patterns_command(args: argparse.Namespace) -> int:
     out = check_out_file(args.out, (".html", ".png"))  # before any work
     heads = checked_heads(args.head, args.model, args.remote)
+    check_load_options(args.model, args.remote, args.device, args.dtype)
 
     from .viz import attention_view
 
     inputs: Any = args.prompt if args.prompt is not None else build_task(args)
-    model = load_model(args.model, args.backend, args.remote)
+    model = load_model_of(args)
     view = attention_view(model, inputs, heads, row=0)
     print(f"wrote {view.save(out)}")
     return 0

@@ -153,7 +153,8 @@ class _DemoInBackground:
     """`gna-interp demo` started once, in a fresh interpreter, as soon as collection knows a
     selected test needs it (`pytest_collection_modifyitems`). The suite runs on one thread
     (above), so the demo's minutes run on the second core beside the other tests instead of
-    before the first test that reads its output."""
+    before the first test that reads its output. It runs without ``--quiet``: its output
+    goes to files, so it must draw no progress bars of its own accord (a test checks)."""
 
     process: subprocess.Popen | None = None
     folder: Path | None = None
@@ -165,7 +166,7 @@ class _DemoInBackground:
             return
         cls.folder = Path(tempfile.mkdtemp(prefix="gna_demo_"))
         report = cls.folder / "gna-report"
-        cls.command = (sys.executable, "-m", "gna_interp.cli", "demo", "--out", str(report), "--quiet", "--n", str(DEMO_TEST_PROMPTS))
+        cls.command = (sys.executable, "-m", "gna_interp.cli", "demo", "--out", str(report), "--n", str(DEMO_TEST_PROMPTS))
         with open(cls.folder / "stdout", "w") as out, open(cls.folder / "stderr", "w") as err:
             cls.process = subprocess.Popen(list(cls.command), stdout=out, stderr=err, text=True)
 

@@ -78,6 +78,7 @@ def test_backends_benchmark_compares_equal_nonzero_results(tmp_path, monkeypatch
     out = tmp_path / "backends.json"
     args = ["backends.py", "--models", "mamba2", "--prompts", "2", "--repeats", "1", "--json", str(out)]
     monkeypatch.setattr(sys, "argv", args)
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # what `python benchmarks/x.py` puts first on sys.path
     runpy.run_path(str(ROOT / "benchmarks" / "backends.py"), run_name="__main__")
     figures = json.loads(out.read_text())
     rows = figures["rows"]
@@ -109,6 +110,7 @@ def test_bridge_overhead_benchmark_variants_equal_hf(tmp_path, monkeypatch):
     out = tmp_path / "overhead.json"
     args = ["bridge_overhead.py", "--layers", "2", "--prompts", "4", "--repeats", "1", "--json", str(out)]
     monkeypatch.setattr(sys, "argv", args)
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     with pytest.raises(SystemExit) as exit_code:
         runpy.run_path(str(ROOT / "benchmarks" / "bridge_overhead.py"), run_name="__main__")
     assert exit_code.value.code == 0
@@ -132,12 +134,13 @@ def test_mamba2_chunk_size_benchmark_gives_equal_tables(tmp_path):
 
 
 @pytest.mark.slow  # 10-17 s: run by `make test-slow` (CI), not `make test`
-def test_ig_heads_gates_reproduce_the_sweep():
+def test_ig_heads_gates_reproduce_the_sweep(monkeypatch):
     """`benchmarks/ig_heads.py` builds every estimate from per-row, per-head gates: moving one
     head's gate to 1 on every row must be `patching_sweep`'s effect of that head, and its
     gradient at 0 the first-order attribution."""
     import gna_interp as gna
 
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     bench = runpy.run_path(str(ROOT / "benchmarks" / "ig_heads.py"))
     _, model, clean, corrupt, metric = bench["toy_case"]("falcon_h1", 4, 0)
     gates = bench["Gates"](model, clean, corrupt, metric)
@@ -153,3 +156,54 @@ def test_ig_heads_gates_reproduce_the_sweep():
         assert abs(effect - float(exact[head.layer, head.head])) < 1e-4, (head, effect)
         assert abs(float(g0[:, column].mean()) - float(first[head.layer, head.head])) < 1e-4, head
     assert float(exact.abs().max()) > 0.1
+
+
+# ----- the shared module --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def common(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return runpy.run_path(str(ROOT / "benchmarks" / "_common.py"))
+
+
+def test_common_spearman_against_the_textbook_formula(common):
+    """No ties: rho = 1 - 6 sum d^2 / (n (n^2 - 1)), d the rank differences (by hand here);
+    NaN for a constant input; one implementation for every script."""
+    a = torch.tensor([0.3, -1.0, 2.5, 0.7, 0.1])  # ranks 2 0 4 3 1
+    b = torch.tensor([1.0, 0.2, 0.9, 3.0, -4.0])  # ranks 3 1 2 4 0
+    d2 = sum((x - y) ** 2 for x, y in zip([2, 0, 4, 3, 1], [3, 1, 2, 4, 0], strict=True))
+    assert common["spearman"](a, b) == pytest.approx(1 - 6 * d2 / (5 * 24), abs=1e-12)  # 0.6
+    assert common["spearman"](a, -a) == pytest.approx(-1.0)
+    assert math.isnan(common["spearman"](a, torch.ones(5)))
+    for script in (ROOT / "benchmarks").glob("*.py"):
+        text = script.read_text()
+        assert "def spearman" not in text or script.name == "_common.py", script.name
+        assert "sys.path" not in text.replace("``sys.path``", ""), script.name
+
+
+def test_common_best_of_and_json(common, tmp_path):
+    calls = []
+    best, result = common["best_of"](lambda: calls.append(1) or len(calls), 3)
+    assert calls == [1] * 4 and result == 4 and 0 <= best < 1  # one warm-up, three timed
+    order = []
+    best, results = common["best_of_each"]({"a": lambda: order.append("a") or 1, "b": lambda: order.append("b") or 2}, 2, alternate=True)
+    assert order == ["a", "b", "a", "b", "b", "a"] and results == {"a": 1, "b": 2} and set(best) == {"a", "b"}
+    common["write_json"](tmp_path / "f.json", {"x": [1.5, None]})
+    assert json.loads((tmp_path / "f.json").read_text()) == {"x": [1.5, None]}
+    args = common["parser"]("Title.\n\nMore.", threads=1, repeats=2).parse_args(["--json", str(tmp_path / "g.json")])
+    assert (args.threads, args.repeats, args.json) == (1, 2, tmp_path / "g.json")
+
+
+def test_private_imports_are_named_in_the_script():
+    """Every import of a gna_interp internal (not the top level or a public subpackage's
+    names) sits under a comment starting "Private" that says why."""
+    import re
+
+    for script in (ROOT / "benchmarks").glob("*.py"):
+        lines = script.read_text().splitlines()
+        for i, line in enumerate(lines):
+            private = re.match(r"\s*from gna_interp\.(\w+(?:\.\w+)+) import", line)
+            if private:
+                above = "\n".join(lines[max(0, i - 12) : i])
+                assert "# Private" in above, (script.name, line)

@@ -105,6 +105,9 @@ def test_patterns_file(tmp_path, suffix, capsys):
         (["discover", "--model", "mamba2", "--stability", "0"], "--stability 0: expected a positive number of prompt samples"),
         (["patterns", "--model", "mamba2", "--head", "0.0", "--out", "x.txt"], "expected a file name ending in .html or .png"),
         (["discover", "--model", "mamba2", "--task", "mmlu", "--subjects", "astrology", "--mmlu-path", "."], "unknown MMLU subject"),
+        (["ablate", "--model", "mamba2", "--head", "0.0", "--device", "gpu"], "--device 'gpu': expected cpu, cuda, cuda:N"),
+        (["ablate", "--model", "mamba2", "--head", "0.0", "--dtype", "float16"], "--dtype float16 with toy 'mamba2'"),
+        (["discover", "--model", "mamba2", "--device", "cuda:7"], "--device 'cuda:7': this machine has"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(args, message, capsys):
@@ -126,3 +129,143 @@ def test_help_everywhere(capsys):
         with pytest.raises(SystemExit) as exit_info:
             main([*command, "--help"])
         assert exit_info.value.code == 0 and "usage: gna-interp" in capsys.readouterr().out
+
+
+# ----- the demo's log ---------------------------------------------------------------------------
+
+
+def summary_rows(stdout: str) -> tuple[list[str], list[str]]:
+    """The demo's summary table: its lines (header to legend) and its rows' first lines."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("model ") and " alone " in line)
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("-gather, -aggr, -both:"))
+    table = lines[start : end + 1]
+    return table, [line for line in table[2:] if line.startswith("toy-")]
+
+
+def test_demo_log_has_no_progress_bars(demo_run):
+    """The suite's demo runs without --quiet into files: no bar, no carriage return."""
+    result, _ = demo_run
+    assert "\r" not in result.stdout and "\r" not in result.stderr, result.stderr[-500:]
+    assert "it/s" not in result.stderr and "%|" not in result.stderr
+
+
+def test_demo_summary_fits_120_columns_and_leads_with_faithfulness(demo_run):
+    """Every line of the summary table fits 120 columns (the falcon_h1 toy's 16 heads wrap
+    inside their cells), and each model's row leads with what its circuit carries alone:
+    the accuracy and the share of clean its faithfulness line prints."""
+    result, _ = demo_run
+    table, rows = summary_rows(result.stdout)
+    assert max(len(line) for line in table) <= 120, "\n".join(table)
+    printed = re.findall(r"(\S+): faithfulness: the circuit's \d+ heads alone .*? ([\d.]+), (\d+)% of clean ([\d.]+)", result.stdout)
+    assert len(rows) == len(printed) >= 2
+    for row, (model, alone, share, clean) in zip(rows, printed, strict=True):
+        assert row.split()[:4] == [model, alone, f"{share}%", clean], row
+    circuits = {json.loads(path.read_text())["model"]: json.loads(path.read_text()) for path in demo_run[1].glob("toy-*.json")}
+    for model, data in circuits.items():  # every head of the circuit appears in the table (wrapped or not)
+        block = "\n".join(table[table.index(next(r for r in rows if r.startswith(model + " "))) :])
+        for head in [*data["gather"], *data["aggregate"]]:
+            assert head.split(" ")[0] in block, (model, head)
+
+
+def test_summary_table_wraps_long_head_lists():
+    """A circuit of 40 heads per role still fits 120 columns; every head is in the table."""
+    from types import SimpleNamespace
+
+    from gna_interp.commands import summary_table
+
+    many = [gna.Head(0, h) for h in range(40)]
+    circuit = SimpleNamespace(
+        model="toy-wide",
+        gather=many,
+        aggregate=many,
+        accuracy={"clean": 1.0, "-gather": 0.25},
+        named=lambda heads: ", ".join(map(str, heads)),
+    )
+    curve = SimpleNamespace(circuit_point={"accuracy": 0.5}, of_clean=lambda a: a / 1.0)
+    table = summary_table([circuit], {"toy-wide": curve})
+    lines = table.splitlines()
+    assert max(map(len, lines)) <= 120, table
+    assert lines[2].split()[:4] == ["toy-wide", "0.500", "50%", "1.000"]
+    body = table.replace("\n", " ")
+    assert all(body.count(f"L0H{h},") + body.count(f"L0H{h} ") >= 2 for h in range(40)), table
+
+
+# ----- options and errors -----------------------------------------------------------------------
+
+
+def test_ablate_resample_uses_the_corrupted_prompts(capsys):
+    """`--how resample`: each head's output on the task's corrupted prompts (options rotated),
+    the library's own `Ablate(how="resample")` on `task.corrupted(seed)`."""
+    status, out, err = run(["ablate", "--model", "mamba2", "--head", "1.6", "--how", "resample", "--n", "64", "--seed", "3"], capsys)
+    assert status == 0, err[-2000:]
+    after = float(re.search(r"-> ([\d.]+) with L1H6 resample-ablated", out).group(1))
+    model, task = gna.load_toy("mamba2"), gna.toy_task("mamba2", 64, seed=3)
+    corrupted = task.corrupted(seed=3)
+    expected = gna.evaluate(model, task, [gna.Ablate([gna.Head(1, 6)], how="resample", corrupt=corrupted)]).accuracy
+    zero = gna.evaluate(model, task, [gna.Ablate([gna.Head(1, 6)])]).accuracy
+    assert after == pytest.approx(expected, abs=1e-3) and after != pytest.approx(zero, abs=1e-3)
+
+
+def test_resample_without_a_corruption_rule_is_refused():
+    from gna_interp.commands import corrupted_task
+
+    task = gna.tasks.Task("plain", list(gna.toy_task("mamba2", 4)), corrupter=None)
+    task._corrupter = None  # its examples' own rule, dropped: a task with no corruption rule
+    with pytest.raises(ValueError, match="--how resample needs corrupted prompts of the same length: task 'plain'"):
+        corrupted_task(task, 0)
+
+
+def test_device_and_dtype_reach_load(monkeypatch, capsys):
+    """`--device` and `--dtype` are passed to `gna.load` for a local folder (here a toy's)."""
+    from gna_interp.zoo.store import toy_path
+
+    seen = {}
+
+    def fake_load(source, **kwargs):
+        seen.update(kwargs, source=source)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr("gna_interp.models.loading.load", fake_load)
+    folder = str(toy_path("mamba2"))
+    status, _, err = run(["ablate", "--model", folder, "--head", "0.0", "--device", "cpu", "--dtype", "bfloat16"], capsys)
+    assert status == 2 and "stop here" in err
+    assert (seen["source"], seen["device"], seen["dtype"]) == (folder, "cpu", "bfloat16")
+
+
+def test_model_help_names_every_toy(capsys):
+    with pytest.raises(SystemExit):
+        main(["discover", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(name in text for name in gna.toy_names()) and len(gna.toy_names()) >= 4
+
+
+def test_quiet_is_accepted_by_every_command_that_draws_bars(capsys):
+    for command in (["demo"], ["discover"], ["ablate"], ["patterns"], ["zoo", "train"]):
+        with pytest.raises(SystemExit):
+            main([*command, "--help"])
+        assert "--quiet" in capsys.readouterr().out
+
+
+def test_a_bug_shows_its_traceback(monkeypatch, capsys):
+    """A TypeError or KeyError inside a command is a bug: it propagates (the interpreter
+    prints its traceback) instead of becoming a one-line 'error:'."""
+    for bug in (TypeError("bad call"), KeyError("missing")):
+
+        def broken(args, bug=bug):
+            raise bug
+
+        monkeypatch.setattr("gna_interp.commands.build_task", broken)
+        with pytest.raises(type(bug)):
+            main(["ablate", "--model", "mamba2", "--head", "0.0"])
+        assert "error:" not in capsys.readouterr().err
+
+
+def test_a_missing_extra_is_a_one_line_error(monkeypatch, capsys):
+    def no_datasets(args):
+        raise ModuleNotFoundError("No module named 'datasets'", name="datasets")
+
+    monkeypatch.setattr("gna_interp.commands.build_task", no_datasets)
+    assert main(["ablate", "--model", "mamba2", "--head", "0.0"]) == 2
+    err = capsys.readouterr().err
+    assert "datasets" in err and err.count("\n") == 1
