@@ -151,3 +151,22 @@ def test_keep_only_works_with_its_defaults():
     assert (keep.how, keep.kind, keep.corrupt) == ("mean", "attention", None)
     with pytest.raises(ValueError, match="needs corrupt="):
         gna.KeepOnly([gna.Head(0, 0)], how="resample")
+
+
+def test_every_export_is_what_it_names_even_after_every_submodule_is_imported():
+    """A name that shares its spelling with a submodule (``models.distill``) must not resolve
+    to that submodule once something has imported it (the import system sets the package's
+    attribute): ``gna.distill`` is the function, whatever was imported before."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from gna_interp import _EXPORTS
+    from gna_interp._lazy import lazy_attribute
+
+    for info in pkgutil.walk_packages(gna.__path__, "gna_interp."):
+        if not info.name.split(".")[-1].startswith("_") and "harness" not in info.name:
+            importlib.import_module(info.name)
+    for name, where in _EXPORTS.items():
+        value = lazy_attribute("gna_interp", _EXPORTS, name)
+        assert inspect.ismodule(value) == where.endswith(":"), (name, where, value)
