@@ -248,7 +248,7 @@ def test_old_json_without_new_fields_loads(found):
 
 def test_joint_search_equals_a_brute_force_greedy():
     """`joint_set` against a loop written here: every step tries every remaining head."""
-    from gna_interp.discovery.scans import joint_set
+    from gna_interp.discovery.joint import joint_set
 
     model = gna.load_toy("mamba2")
     task = gna.toy_task("mamba2", 60, seed=77)

@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from ..core.heads import Head
+from .group_testing import SpreadGroup
 from .roles import RoleScores, RoleThresholds, pattern_shortfall, scores_from_dict
-from .scans import SpreadGroup
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -145,7 +145,7 @@ class SpreadRole:
             set when there is one; else the entry layer's most harmful heads, added one by
             one at ``positions``).
         max_heads: the search's bound (``max_heads_per_role``).
-        groups: spread groups of the head scan's group testing (`scans.SpreadGroup`).
+        groups: spread groups of the head scan's group testing (`group_testing.SpreadGroup`).
     """
 
     role: str

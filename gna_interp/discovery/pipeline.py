@@ -6,10 +6,10 @@ roles from the patterns and confirm them:
 1. **baseline**: task accuracy; near chance there is no retrieval to explain (warning).
    On multiple-choice tasks, also the accuracy with each prompt's labels shuffled: near
    chance there, the model answers by the option's place, not by its label (warning).
-2. **truncation scan** and critical layer (`scans.truncation_scan`).
+2. **truncation scan** and critical layer (`layer_scans.truncation_scan`).
 3. **layer scan**: leave one layer out.
 4. **head scan**: single-head zero-ablation of the candidate layers (every layer by
-   default); adaptive group testing where a layer has very many heads (`scans.group_testing`).
+   default); adaptive group testing where a layer has very many heads (`group_testing.group_testing`).
 5. **entry**: where each candidate's effect enters: accuracy with the head ablated only
    at the final position, and only on the segment tokens.
 6. **roles**: pattern scores of the examined heads (`roles`); labels from the entry
@@ -47,9 +47,11 @@ from ..patching.paths import ANY, check_senders, path_patching, path_scores, pre
 from ..progress import progress_bar
 from ..tasks.base import Task
 from ..tasks.mcq import shuffle_labels
-from . import remote, scans
+from . import head_scans, layer_scans, memo, remote
 from .circuit import ROLES, GnACircuit, HeadEvidence, RoleNeed, SpreadRole, Stability
-from .joint import JointSearch, head_float
+from .entry import entry_scan
+from .group_testing import stage_one
+from .joint import JointSearch, collapsing_set, head_float
 from .roles import RoleThresholds, entry_shares, label, pattern_agrees, role_scores
 
 if TYPE_CHECKING:
@@ -108,10 +110,10 @@ def discover(
         thresholds: role-label thresholds (`RoleThresholds`).
         pattern_prompts: prompts used for the pattern scores.
         screen_above: layers with more heads are scanned by adaptive group testing
-            (`scans.group_testing`: about ``2 k log2 N`` group forwards for ``k`` costly
+            (`group_testing.group_testing`: about ``2 k log2 N`` group forwards for ``k`` costly
             heads among ``N``), not head by head.
         prescreen_above: when the scanned layers hold more heads than this, only some are
-            ablated one by one (`scans.prescreen`): every head of the layers whose removal
+            ablated one by one (`head_scans.prescreen`): every head of the layers whose removal
             costs at least ``thresholds.min_effect`` (layer scan; such a layer of more than
             ``screen_above`` heads by group testing instead), and the
             ``prescreen_keep`` heads with the largest attribution estimate (default
@@ -146,7 +148,7 @@ def discover(
         "prescreen_above": prescreen_above,
         "prescreen_keep": 2 * max_candidates if prescreen_keep is None else prescreen_keep,
     }
-    with model.prefix_cache(), scans.accuracy_memo(model), cost_meter(model) as cost:
+    with model.prefix_cache(), memo.accuracy_memo(model), cost_meter(model) as cost:
         started = time.perf_counter()
         circuit = _discover(model, task, progress=progress, **options)
     circuit.cost = {**cost.to_dict(len(task)), "seconds": time.perf_counter() - started}
@@ -252,7 +254,7 @@ def _stability(model: GnaModel, sampled: tuple[list[Task], int | None], options:
     started = time.perf_counter()
     sets = []
     for sample in progress_bar(tasks, show=progress, desc="stability"):
-        with model.prefix_cache(), scans.accuracy_memo(model):
+        with model.prefix_cache(), memo.accuracy_memo(model):
             circuit = _discover(model, sample, progress=False, **chosen)
         sets.append({role: list(getattr(circuit, role)) for role in ROLES})
     shape = (model.n_layers, max(model.heads_per_layer))
@@ -294,7 +296,7 @@ def _discover(
     wide = [layer for layer in scan_layers if model.heads_per_layer[layer] > screen_above] if "heads" in stages else []
     speculated = []  # a remote run's first stage of group testing, sent with the first scans (`remote.SPECULATE_LAYERS`)
     if len(wide) <= remote.SPECULATE_LAYERS:
-        speculated = [g for layer in wide for g in scans.stage_one([Head(layer, h) for h in range(model.heads_per_layer[layer])])]
+        speculated = [g for layer in wide for g in stage_one([Head(layer, h) for h in range(model.heads_per_layer[layer])])]
     first = remote.first_scans(model, task, stages, check_labels, speculated) if batched else None
     clean = first.clean if first is not None else evaluate(model, task, progress=evaluate_bars)
     chance = clean.chance
@@ -330,10 +332,10 @@ def _discover(
     if check_labels and clean.accuracy >= chance + chance_margin:
         _check_labels(model, task, circuit, chance + chance_margin, evaluate_bars, None if first is None else first.shuffled)
     if "truncation" in stages:
-        circuit.truncation = scans.truncation_scan(model, task, progress=progress) if first is None else first.truncation
-        circuit.critical_layer = scans.critical_layer(circuit.truncation, clean.accuracy, chance)  # type: ignore[arg-type]
+        circuit.truncation = layer_scans.truncation_scan(model, task, progress=progress) if first is None else first.truncation
+        circuit.critical_layer = layer_scans.critical_layer(circuit.truncation, clean.accuracy, chance)  # type: ignore[arg-type]
     if "layers" in stages:
-        circuit.layer_scan = scans.layer_scan(model, task, progress=progress) if first is None else first.layer_scan
+        circuit.layer_scan = layer_scans.layer_scan(model, task, progress=progress) if first is None else first.layer_scan
     if "heads" not in stages:
         return circuit
     only, adaptive = None, []
@@ -351,12 +353,12 @@ def _discover(
         for layer in adaptive if scanned and not batched else ():  # group testing's first group, measured by the layer scan
             if ablating_every_head_skips(model, layer):
                 every = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
-                scans.remember(model, task, [Ablate(every)], circuit.layer_scan[layer])  # type: ignore[index]
-        screened = scans.prescreen(model, task, scan_layers, narrow, prescreen_keep, grouped=[*adaptive, *cleared])
+                memo.remember(model, task, [Ablate(every)], circuit.layer_scan[layer])  # type: ignore[index]
+        screened = head_scans.prescreen(model, task, scan_layers, narrow, prescreen_keep, grouped=[*adaptive, *cleared])
         only, circuit.settings["prescreen"] = screened.heads, screened.method
         if screened.estimates is not None:
             circuit.attribution = [[head_float(v) for v in row] for row in screened.estimates]
-    scan = scans.head_scan(
+    scan = head_scans.head_scan(
         model,
         task,
         scan_layers,
@@ -381,7 +383,7 @@ def _discover(
         local = [h for h in harmful if _acts_where_it_writes(model, h)]
         pending = scan.search.pending if scan.search is not None else []
         searched: list[float] = []
-        for head, entry in scans.entry_scan(model, task, encoded, local, progress=progress, extra=pending, extra_values=searched).items():
+        for head, entry in entry_scan(model, task, encoded, local, progress=progress, extra=pending, extra_values=searched).items():
             evidence[head].entry = entry
         if scan.search is not None and searched:
             scan.search.finish(searched)
@@ -459,7 +461,7 @@ def _spread(
     task: Task,
     encoded: EncodedTask,
     circuit: GnACircuit,
-    scan: scans.HeadScan,
+    scan: head_scans.HeadScan,
     threshold: float,
     max_heads: int,
     premeasured: SpreadRuns | None = None,
@@ -486,7 +488,7 @@ def _spread(
         if is_batched_remote(model):  # one request
             values = [result.accuracy for result in evaluate_many(model, premeasured[1])]
         else:
-            values = [scans.accuracy(model, run_task, interventions) for run_task, interventions in premeasured[1]]
+            values = [memo.accuracy(model, run_task, interventions) for run_task, interventions in premeasured[1]]
     by_key = dict(zip(premeasured[0], values, strict=True))
     where = {"aggregate": ("final", encoded.final), "gather": ("ends", encoded.segment_ends)}
     for role in open_roles:
@@ -501,10 +503,10 @@ def _spread(
             chosen: list[Head] = []
             for h in ranked[:max_heads]:
                 chosen.append(Head(entry, h))
-                curve.append((chosen[-1], scans.accuracy(model, task, [Ablate(chosen, positions=positions)])))
+                curve.append((chosen[-1], memo.accuracy(model, task, [Ablate(chosen, positions=positions)])))
                 if curve[-1][1] <= threshold:
                     break
-            everywhere = scans.accuracy(model, task, [Ablate(chosen)])
+            everywhere = memo.accuracy(model, task, [Ablate(chosen)])
             best = RoleNeed(chosen, everywhere, everywhere <= threshold, curve, name)
         groups = [g for g in scan.spread if entry is not None and g.heads[0].layer == entry]
         scan.search_spread(groups)  # a local scan searches the needed heads of the groups shown, and only those
@@ -640,7 +642,7 @@ def _confirm(
         elif logits is not None:
             circuit.accuracy[name] = measured[name]
         else:
-            circuit.accuracy[name] = scans.accuracy(model, task, [Ablate(heads)], progress=evaluate_bars)
+            circuit.accuracy[name] = memo.accuracy(model, task, [Ablate(heads)], progress=evaluate_bars)
     for role, heads in fallback.items():
         curve: list[tuple[Head, float]] = []
         if logits is not None:  # the cumulative sets were all measured: stop where the sequential search stops
@@ -651,7 +653,7 @@ def _confirm(
             chosen, accuracy = [head for head, _ in curve], curve[-1][1]
             circuit.needs[role] = RoleNeed(chosen, accuracy, accuracy <= threshold, curve, "all")
             continue
-        chosen, accuracy, reached = scans.collapsing_set(
+        chosen, accuracy, reached = collapsing_set(
             model, task, heads, threshold, max_heads, clean, evaluate_progress=evaluate_bars, curve=curve
         )
         circuit.needs[role] = RoleNeed(chosen, accuracy, reached, curve, "all")
