@@ -17,7 +17,7 @@ from gna_interp.core.interventions import SkipLayers, Truncate
 from gna_interp.discovery import head_scans
 from gna_interp.discovery import memo as memos
 from gna_interp.discovery.group_testing import group_testing, search_needed
-from gna_interp.discovery.pipeline import ablating_every_head_skips, mixer_is_the_block
+from gna_interp.models.structure import ablating_every_head_skips, mixer_is_the_block
 from gna_interp.models.tiny import tiny_model, word_tokenizer
 
 
@@ -206,7 +206,7 @@ def test_the_edge_check_takes_its_clean_and_corrupt_metric_from_path_patching(na
     logit difference) equal those of separate final-position logits of the clean and the
     corrupted task, its path-patched value equals `path_patching`'s, and it runs exactly the
     forwards of `path_patching` alone (two fewer than separate logits and path patching)."""
-    from gna_interp.discovery.pipeline import _gather_to_aggregate
+    from gna_interp.discovery.confirm import gather_to_aggregate as _gather_to_aggregate
     from gna_interp.patching.metrics import logit_diff, reduce_metric
 
     model, task = gna.load_toy(name), gna.toy_task(name, 40, seed=4242)

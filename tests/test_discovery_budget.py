@@ -200,7 +200,7 @@ def test_only_a_block_that_is_its_one_mixer_is_cleared_by_the_layer_scan(monkeyp
     the block is its one mixer (Mamba-1, pure Mamba-2). A Llama block (with an MLP) or a
     FalconH1 block (two mixers and an MLP), cleared by the layer scan, stays ranked by the
     prescreen (``grouped`` holds no such layer) and its heads are ablated."""
-    from gna_interp.discovery.pipeline import mixer_is_the_block
+    from gna_interp.models.structure import mixer_is_the_block
     from gna_interp.models.tiny import tiny_model, word_tokenizer
 
     for family, expected in [("mamba", True), ("mamba2", True), ("llama", False), ("falcon_h1", False)]:

@@ -476,7 +476,7 @@ class ArchSpec:
         pre_norm_residual: every block computes ``x + sum(mixers(norm(x)))`` (plus its MLP),
             with nothing after the mixers' out-projections but the residual add. Discovery
             then treats skipping a one-mixer block (the layer scan) as removing its heads and
-            nothing else, and reuses that value (`gna_interp.discovery.pipeline.mixer_is_the_block`).
+            nothing else, and reuses that value (`gna_interp.models.structure.mixer_is_the_block`).
             Every built-in row sets it; a registered row is taken as not pre-norm unless it says
             so (a post-norm block, or a norm with a bias after the mixer, breaks that equality).
     """

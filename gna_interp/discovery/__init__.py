@@ -2,8 +2,9 @@
 
 from .circuit import GnACircuit, HeadEvidence, RoleNeed, Stability, Standing
 from .picture import RolePicture, role_picture
-from .pipeline import SEARCH_STAGES, STAGES, NoRetrievalWarning, PositionalAnswerWarning, discover, prompt_samples, stability
+from .pipeline import discover, prompt_samples, stability
 from .roles import RoleScores, RoleThresholds
+from .stages import SEARCH_STAGES, STAGES, NoRetrievalWarning, PositionalAnswerWarning
 
 __all__ = [
     "SEARCH_STAGES",
