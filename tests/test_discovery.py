@@ -286,7 +286,7 @@ def test_joint_search_equals_a_brute_force_greedy():
     ],
 )
 def test_roles_keep_the_order_of_head_positions(case, expected):
-    from gna_interp.discovery.circuit import HeadEvidence
+    from gna_interp.discovery.evidence import HeadEvidence
     from gna_interp.discovery.stages import gather_before_aggregate as _gather_before_aggregate
 
     evidence = {gna.Head.parse(name): HeadEvidence(gna.Head.parse(name), role, 0.5, True) for name, (role, _) in case.items()}

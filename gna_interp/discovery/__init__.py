@@ -1,6 +1,7 @@
 """G&A discovery: find, label and confirm the Gather and Aggregate heads of a model."""
 
-from .circuit import GnACircuit, HeadEvidence, RoleNeed, Stability, Standing
+from .circuit import GnACircuit
+from .evidence import HeadEvidence, RoleNeed, Stability, Standing
 from .picture import RolePicture, role_picture
 from .pipeline import discover, prompt_samples, stability
 from .roles import RoleScores, RoleThresholds

@@ -17,7 +17,8 @@ from ..patching.metrics import logit_diff, reduce_metric
 from ..patching.paths import ANY, check_senders, path_patching, path_scores, prepare
 from ..tasks.base import Task
 from . import memo, remote
-from .circuit import ROLES, GnACircuit, RoleNeed, SpreadRole
+from .circuit import GnACircuit
+from .evidence import ROLES, RoleNeed, SpreadRole
 from .head_scans import HeadScan
 from .joint import collapsing_set
 

@@ -15,8 +15,9 @@ from ..core.heads import Head
 from ..core.interventions import Ablate
 from ..progress import progress_bar
 from ..tasks.base import EncodedTask, Task
-from .circuit import GnACircuit, HeadEvidence, RoleNeed
+from .circuit import GnACircuit
 from .entry import segment_positions
+from .evidence import HeadEvidence, RoleNeed
 from .head_scans import HeadScan
 from .memo import accuracy as _accuracy
 from .roles import RoleScores, RoleThresholds, pattern_agrees, role_scores

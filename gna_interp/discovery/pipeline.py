@@ -43,7 +43,8 @@ from ..progress import progress_bar
 from ..tasks.base import Task
 from . import head_scans, memo, remote
 from . import stages as stage
-from .circuit import ROLES, GnACircuit, HeadEvidence, Stability
+from .circuit import GnACircuit
+from .evidence import ROLES, HeadEvidence, Stability
 from .joint import JointSearch
 from .roles import RoleThresholds, role_scores
 from .stages import SEARCH_STAGES, STAGES

@@ -41,8 +41,9 @@ from ..core.plan import Plan, Site, SiteKind
 from ..evaluation import Evaluation, _single_token_chunks, evaluate_many, evaluate_with_logits
 from ..models.jobs import is_batched_remote
 from ..tasks.mcq import shuffle_labels
-from .circuit import GnACircuit, HeadEvidence, RoleNeed
+from .circuit import GnACircuit
 from .entry import segment_positions
+from .evidence import HeadEvidence, RoleNeed
 from .joint import JointSearch
 
 if TYPE_CHECKING:

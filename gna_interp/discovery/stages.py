@@ -18,9 +18,10 @@ from ..models.structure import ablating_every_head_skips, acts_where_it_writes, 
 from ..tasks.base import Task
 from ..tasks.mcq import shuffle_labels
 from . import head_scans, layer_scans, memo, remote
-from .circuit import GnACircuit, HeadEvidence
+from .circuit import GnACircuit
 from .confirm import confirm, roles_left_open, spread_check, spread_check_runs
 from .entry import entry_scan
+from .evidence import HeadEvidence
 from .group_testing import stage_one
 from .joint import JointSearch, head_float
 from .roles import RoleScores, RoleThresholds, entry_shares, label, pattern_agrees

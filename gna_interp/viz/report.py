@@ -35,7 +35,7 @@ import html
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..discovery.circuit import POSITIONS, ROLES, Standing
+from ..discovery.evidence import POSITIONS, ROLES, Standing
 from ..discovery.report_inputs import with_need_curves
 from ..discovery.roles import entry_shares
 from . import figures
