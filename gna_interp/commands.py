@@ -346,11 +346,11 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def faithfulness_of(circuit: Any, model: Any, task: Any, *, progress: bool = True, say: bool = True, sizes: Any = None) -> Any:
-    """The report's faithfulness curve of ``circuit`` (`viz.report.circuit_faithfulness`:
+    """The report's faithfulness curve of ``circuit`` (`discovery.report_inputs.circuit_faithfulness`:
     mean ablation, ranked by discovery's own head scan), with one line saying what the
     circuit carries alone and what the curve cost."""
     from .cost import cost_meter
-    from .viz.report import circuit_faithfulness
+    from .discovery.report_inputs import circuit_faithfulness
 
     start = time.perf_counter()
     with cost_meter(model) as cost:

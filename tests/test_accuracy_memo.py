@@ -1,5 +1,5 @@
 """Discovery's budget at width (issue 27, item 4): an evaluation already made in a `discover`
-call is not paid twice (`scans.accuracy_memo`), the layer scan's value of a layer that is
+call is not paid twice (`memo.accuracy_memo`), the layer scan's value of a layer that is
 its one mixer answers group testing's first group, and a local scan searches only the
 spread groups the report shows. Each against a run without it: the same circuit, fewer
 forwards."""
@@ -14,9 +14,10 @@ import torch
 
 import gna_interp as gna
 from gna_interp.core.interventions import SkipLayers, Truncate
-from gna_interp.discovery import scans
-from gna_interp.discovery.pipeline import ablating_every_head_skips, mixer_is_the_block
-from gna_interp.discovery.scans import group_testing, search_needed
+from gna_interp.discovery import head_scans
+from gna_interp.discovery import memo as memos
+from gna_interp.discovery.group_testing import group_testing, search_needed
+from gna_interp.models.structure import ablating_every_head_skips, mixer_is_the_block
 from gna_interp.models.tiny import tiny_model, word_tokenizer
 
 
@@ -39,7 +40,7 @@ def test_a_memoised_discovery_equals_one_without_the_memo_at_fewer_forwards(mamb
     evaluations the memo answered (one forward each: 60 prompts are one batch)."""
     model, task = mamba2
     options = {"max_heads_per_role": 2, "screen_above": 4, "thresholds": gna.discovery.RoleThresholds(min_effect=0.2)}
-    opened, original = [], scans.accuracy_memo
+    opened, original = [], memos.accuracy_memo
 
     @contextlib.contextmanager
     def spied(of):
@@ -47,11 +48,11 @@ def test_a_memoised_discovery_equals_one_without_the_memo_at_fewer_forwards(mamb
             opened.append(memo)
             yield memo
 
-    monkeypatch.setattr(scans, "accuracy_memo", spied)
+    monkeypatch.setattr(memos, "accuracy_memo", spied)
     memoised = _discover(model, task, **options)
-    monkeypatch.setattr(scans, "accuracy_memo", lambda of: contextlib.nullcontext())
-    eager = scans.head_scan
-    monkeypatch.setattr(scans, "head_scan", lambda *args, **kwargs: eager(*args, **{**kwargs, "search_spread": True}))
+    monkeypatch.setattr(memos, "accuracy_memo", lambda of: contextlib.nullcontext())
+    eager = head_scans.head_scan
+    monkeypatch.setattr(head_scans, "head_scan", lambda *args, **kwargs: eager(*args, **{**kwargs, "search_spread": True}))
     plain = _discover(model, task, **options)
     assert memoised.spread["gather"].groups, "no spread group reported: the test cannot compare the searches"
     first, second = memoised.to_dict(), plain.to_dict()
@@ -69,16 +70,16 @@ def test_the_layer_scans_value_answers_group_testings_first_group_in_discover(ma
     forwards saved are exactly the layers it was recorded for (60 prompts: one batch)."""
     model, task = mamba2
     options = {"prescreen_above": 8, "screen_above": 4, "max_heads_per_role": 2}
-    recorded, original = [], scans.remember
+    recorded, original = [], memos.remember
 
     def spied(of, on, interventions, value):
         done = original(of, on, interventions, value)
         recorded.append(done)
         return done
 
-    monkeypatch.setattr(scans, "remember", spied)
+    monkeypatch.setattr(memos, "remember", spied)
     shortcut = _discover(model, task, **options)
-    monkeypatch.setattr(scans, "remember", lambda *args: False)
+    monkeypatch.setattr(memos, "remember", lambda *args: False)
     plain = _discover(model, task, **options)
     assert recorded and all(recorded), recorded
     first, second = shortcut.to_dict(), plain.to_dict()
@@ -89,9 +90,9 @@ def test_the_layer_scans_value_answers_group_testings_first_group_in_discover(ma
 def test_a_bool_position_is_not_keyed_as_position_one():
     """``True == 1`` in Python: the memo must not answer ``positions=True`` from ``positions=1``."""
     heads = [gna.Head(0, 0)]
-    assert scans.memo_key([gna.Ablate(heads, positions=1)]) is not None
+    assert memos.memo_key([gna.Ablate(heads, positions=1)]) is not None
     with pytest.raises(TypeError, match="positions=True"):
-        scans._positions_key(True)
+        memos._positions_key(True)
 
 
 def test_the_memo_keys_everything_that_changes_the_forward(mamba2):
@@ -102,27 +103,27 @@ def test_the_memo_keys_everything_that_changes_the_forward(mamba2):
     model, task = mamba2
     encoded = task.encode()
     heads = [gna.Head(0, 3), gna.Head(0, 1)]
-    assert scans.memo_key([gna.Ablate(heads)]) == scans.memo_key([gna.Ablate(heads[::-1])])
-    assert scans.memo_key([gna.Ablate(heads, positions=encoded.final)]) != scans.memo_key([gna.Ablate(heads)])
-    assert scans.memo_key([SkipLayers([1])]) != scans.memo_key([Truncate(1)])
-    assert scans.memo_key([gna.Ablate(heads, how="mean", corrupt=task.prompts[:2])]) is None
-    with scans.accuracy_memo(model) as memo:
+    assert memos.memo_key([gna.Ablate(heads)]) == memos.memo_key([gna.Ablate(heads[::-1])])
+    assert memos.memo_key([gna.Ablate(heads, positions=encoded.final)]) != memos.memo_key([gna.Ablate(heads)])
+    assert memos.memo_key([SkipLayers([1])]) != memos.memo_key([Truncate(1)])
+    assert memos.memo_key([gna.Ablate(heads, how="mean", corrupt=task.prompts[:2])]) is None
+    with memos.accuracy_memo(model) as memo:
         with gna.cost_meter(model) as first:
-            value = scans.accuracy(model, task, [gna.Ablate(heads)])
+            value = memos.accuracy(model, task, [gna.Ablate(heads)])
         with gna.cost_meter(model) as again:
-            assert scans.accuracy(model, task, [gna.Ablate(heads[::-1])]) == value
+            assert memos.accuracy(model, task, [gna.Ablate(heads[::-1])]) == value
         assert first.forwards == 1 and again.forwards == 0 and memo.hits == 1
         other = gna.toy_task("mamba2", 60, seed=7)
         ends = encoded.segment_ends
         with gna.cost_meter(model) as distinct:
-            at_ends = scans.accuracy(model, task, [gna.Ablate(heads, positions=ends)])
-            on_other = scans.accuracy(model, other, [gna.Ablate(heads)])
+            at_ends = memos.accuracy(model, task, [gna.Ablate(heads, positions=ends)])
+            on_other = memos.accuracy(model, other, [gna.Ablate(heads)])
             with model.ablated([gna.Head(1, 6)]):
-                ambient = scans.accuracy(model, task, [gna.Ablate(heads)])
+                ambient = memos.accuracy(model, task, [gna.Ablate(heads)])
                 reference = gna.evaluate(model, task, [gna.Ablate(heads)]).accuracy
             mean = gna.Ablate(heads, how="mean", corrupt=task.prompts)
-            scans.accuracy(model, task, [mean])
-            scans.accuracy(model, task, [mean])
+            memos.accuracy(model, task, [mean])
+            memos.accuracy(model, task, [mean])
         assert memo.hits == 1 and distinct.forwards >= 6
     assert at_ends == gna.evaluate(model, task, [gna.Ablate(heads, positions=ends)]).accuracy
     assert on_other == gna.evaluate(model, other, [gna.Ablate(heads)]).accuracy
@@ -205,7 +206,7 @@ def test_the_edge_check_takes_its_clean_and_corrupt_metric_from_path_patching(na
     logit difference) equal those of separate final-position logits of the clean and the
     corrupted task, its path-patched value equals `path_patching`'s, and it runs exactly the
     forwards of `path_patching` alone (two fewer than separate logits and path patching)."""
-    from gna_interp.discovery.pipeline import _gather_to_aggregate
+    from gna_interp.discovery.confirm import gather_to_aggregate as _gather_to_aggregate
     from gna_interp.patching.metrics import logit_diff, reduce_metric
 
     model, task = gna.load_toy(name), gna.toy_task(name, 40, seed=4242)

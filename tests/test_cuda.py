@@ -104,7 +104,7 @@ def test_prefix_reuse_and_the_meter_on_the_gpu(handles):
         assert cost.block_rows < 2 * len(CLEAN) * model.n_layers
 
 
-@pytest.mark.filterwarnings("ignore::gna_interp.discovery.pipeline.PositionalAnswerWarning")  # the toy Mamba-2 counts options
+@pytest.mark.filterwarnings("ignore::gna_interp.discovery.stages.PositionalAnswerWarning")  # the toy Mamba-2 counts options
 def test_discover_on_the_toy_on_the_gpu():
     """The bundled toy Mamba-2 on the GPU: the circuit the CPU finds."""
     task = gna.toy_task("mamba2", n=48, seed=4242)

@@ -248,7 +248,7 @@ def test_old_json_without_new_fields_loads(found):
 
 def test_joint_search_equals_a_brute_force_greedy():
     """`joint_set` against a loop written here: every step tries every remaining head."""
-    from gna_interp.discovery.scans import joint_set
+    from gna_interp.discovery.joint import joint_set
 
     model = gna.load_toy("mamba2")
     task = gna.toy_task("mamba2", 60, seed=77)
@@ -286,8 +286,8 @@ def test_joint_search_equals_a_brute_force_greedy():
     ],
 )
 def test_roles_keep_the_order_of_head_positions(case, expected):
-    from gna_interp.discovery.circuit import HeadEvidence
-    from gna_interp.discovery.pipeline import _gather_before_aggregate
+    from gna_interp.discovery.evidence import HeadEvidence
+    from gna_interp.discovery.stages import gather_before_aggregate as _gather_before_aggregate
 
     evidence = {gna.Head.parse(name): HeadEvidence(gna.Head.parse(name), role, 0.5, True) for name, (role, _) in case.items()}
     positions = {gna.Head.parse(name): position for name, (_, position) in case.items()}

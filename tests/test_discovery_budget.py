@@ -13,7 +13,7 @@ import torch
 
 import gna_interp as gna
 from gna_interp.core.heads import Head
-from gna_interp.discovery import scans
+from gna_interp.discovery import group_testing, head_scans, layer_scans
 from gna_interp.patching.metrics import candidate_logit_diff
 from gna_interp.zoo.deep import deep_head, deep_toy, placed_channels
 
@@ -36,9 +36,9 @@ def test_the_prescreen_runs_integrated_gradients_where_the_ranking_decides(toy):
     `ablation_attribution`'s with 4 steps; the head kept is the largest estimate."""
     model, task = toy
     with gna.cost_meter(model) as cost:
-        screened = scans.prescreen(model, task, [0, 1], [], keep=1)
-    expected = _attribution(model, task, scans.PRESCREEN_STEPS)
-    assert cost.backwards == scans.PRESCREEN_STEPS and screened.method.startswith("integrated gradients, 4 steps")
+        screened = head_scans.prescreen(model, task, [0, 1], [], keep=1)
+    expected = _attribution(model, task, head_scans.PRESCREEN_STEPS)
+    assert cost.backwards == head_scans.PRESCREEN_STEPS and screened.method.startswith("integrated gradients, 4 steps")
     assert torch.allclose(screened.estimates, expected.nan_to_num(), atol=1e-5)
     first_order = _attribution(model, task, 1)
     assert (expected - first_order).abs().max() > 1e-3  # the two methods differ here: the test can tell them apart
@@ -54,7 +54,7 @@ def test_the_prescreen_stops_at_first_order_when_every_live_head_is_kept(toy):
     live = sorted(Head(layer, h) for layer in (0, 1) for h in range(model.n_heads) if float(first_order[layer, h]) != 0.0)
     assert 1 < len(live) <= 8
     with gna.cost_meter(model) as cost:
-        screened = scans.prescreen(model, task, [0, 1], [1], keep=len(live))
+        screened = head_scans.prescreen(model, task, [0, 1], [1], keep=len(live))
     assert cost.backwards == 1 and "integrated gradients would decide nothing" in screened.method
     assert torch.allclose(screened.estimates, first_order.nan_to_num(), atol=1e-5)
     assert screened.heads == sorted(set(live) | {Head(1, h) for h in range(model.n_heads)})
@@ -64,8 +64,8 @@ def test_the_prescreen_ranks_nothing_it_need_not(toy):
     """Every scanned layer costly, or scanned by group testing: no attribution at all."""
     model, task = toy
     with gna.cost_meter(model) as cost:
-        every = scans.prescreen(model, task, [0, 1], [0, 1], keep=4)
-        grouped = scans.prescreen(model, task, [0, 1], [1], keep=4, grouped=[0])
+        every = head_scans.prescreen(model, task, [0, 1], [0, 1], keep=4)
+        grouped = head_scans.prescreen(model, task, [0, 1], [1], keep=4, grouped=[0])
     assert cost.backwards == 0 and cost.forwards == 0
     assert every.estimates is None and every.heads == [Head(layer, h) for layer in (0, 1) for h in range(model.n_heads)]
     assert grouped.estimates is None and grouped.heads == [Head(1, h) for h in range(model.n_heads)]
@@ -100,7 +100,7 @@ def test_a_spread_group_is_searched_only_where_its_effect_can_be_split(effect, s
     def measure(groups):
         return [1.0 - effect if spread <= set(g) else 1.0 for g in groups]
 
-    found = scans.group_testing(measure, [Head(0, i) for i in range(64)], clean=1.0, min_effect=0.02)
+    found = group_testing.group_testing(measure, [Head(0, i) for i in range(64)], clean=1.0, min_effect=0.02)
     [group] = found.spread
     assert group.searched is searched and group.accuracy == pytest.approx(1.0 - effect)
     assert group.needed == (sorted(spread) if searched else [])
@@ -108,7 +108,7 @@ def test_a_spread_group_is_searched_only_where_its_effect_can_be_split(effect, s
     # spread head) halved 16 -> 8 -> 4 -> 2 -> 1, two tests a halving
     assert found.tests == 3 + (4 + 3 * 2 * 4 if searched else 0), found.tests
     assert ("not searched" in group.describe()) is not searched
-    assert scans.SpreadGroup.from_dict(group.to_dict()) == group
+    assert group_testing.SpreadGroup.from_dict(group.to_dict()) == group
 
 
 @pytest.mark.slow
@@ -134,7 +134,7 @@ def test_the_mamba1_toy_costs_at_most_75_passes():
 @pytest.mark.budget
 def test_the_mamba1_toy_remote_run_takes_at_most_10_requests():
     """``remote="local"`` on the trained 2 x 128 Mamba-1 toy, 200 prompts: the staged group
-    testing (`scans.StagedGroupTesting`: its first stage with the first scans, its second
+    testing (`group_testing.StagedGroupTesting`: its first stage with the first scans, its second
     in one request, the spread groups' search with the entry scan) finds what the local
     adaptive scan finds (the same channels, head-scan accuracies and spread groups with the
     heads they need) in at most 10 requests (29 with one request per adaptive round)."""
@@ -200,21 +200,21 @@ def test_only_a_block_that_is_its_one_mixer_is_cleared_by_the_layer_scan(monkeyp
     the block is its one mixer (Mamba-1, pure Mamba-2). A Llama block (with an MLP) or a
     FalconH1 block (two mixers and an MLP), cleared by the layer scan, stays ranked by the
     prescreen (``grouped`` holds no such layer) and its heads are ablated."""
-    from gna_interp.discovery.pipeline import mixer_is_the_block
+    from gna_interp.models.structure import mixer_is_the_block
     from gna_interp.models.tiny import tiny_model, word_tokenizer
 
     for family, expected in [("mamba", True), ("mamba2", True), ("llama", False), ("falcon_h1", False)]:
         model = gna.load(tiny_model(family), tokenizer=word_tokenizer(), backend="nnsight")
         assert [mixer_is_the_block(model, layer) for layer in range(model.n_layers)] == [expected] * model.n_layers, family
     model, task = gna.load_toy("llama"), gna.toy_task("llama", 8, seed=3)
-    grouped, real = [], scans.prescreen
+    grouped, real = [], head_scans.prescreen
 
     def spy(*args, **kwargs):
         grouped.append(list(kwargs.get("grouped", ())))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(scans, "layer_scan", lambda model, task, progress=False: [1.0] * model.n_layers)  # clears every layer
-    monkeypatch.setattr(scans, "prescreen", spy)
+    monkeypatch.setattr(layer_scans, "layer_scan", lambda model, task, progress=False: [1.0] * model.n_layers)  # clears every layer
+    monkeypatch.setattr(head_scans, "prescreen", spy)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         circuit = gna.discover(

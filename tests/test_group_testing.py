@@ -12,7 +12,9 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.discovery.scans import block_size, group_testing, head_scan, segment_positions, staged_group_testing
+from gna_interp.discovery.entry import segment_positions
+from gna_interp.discovery.group_testing import block_size, group_testing, staged_group_testing
+from gna_interp.discovery.head_scans import head_scan
 from gna_interp.models.jobs import JobList
 from gna_interp.models.tiny import tiny_model, word_tokenizer
 from gna_interp.viz.report import write_report
@@ -257,3 +259,74 @@ def test_the_staged_design_keeps_a_spread_effect_with_the_heads_it_needs():
     assert group.needed == sorted(spread) and group.accuracy == pytest.approx(0.3)
     assert zero.singles == {} and one.singles == {critical: pytest.approx(0.9)} and one.spread == []
     assert zero.rounds == 3 and one.rounds == 2 and rounds == 3
+
+
+def _brute_force_singles(measure, heads, clean, min_effect):
+    """Every head measured alone: those whose single ablation costs at least ``min_effect``."""
+    values = measure([[h] for h in heads])
+    return {h: v for h, v in zip(heads, values, strict=True) if clean - v >= min_effect}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_group_testing_alone_matches_brute_force_on_a_synthetic_oracle(seed):
+    """No model: an additive oracle (every head has its own effect; a few are large, many
+    are small but non-zero, below ``min_effect`` alone) scored against the brute-force
+    answer, every head ablated alone. Group testing finds exactly the heads brute force
+    finds, with the same accuracies, and screens every other head with the accuracy of a
+    group that costs less than ``min_effect`` (so each of them costs less alone, by
+    monotonicity)."""
+    generator = torch.Generator().manual_seed(seed)
+    n, clean, min_effect = 96, 0.9, 0.02
+    heads = _heads(n, layer=3)
+    effects = {h: float(e) for h, e in zip(heads, torch.rand(n, generator=generator) * 1e-4, strict=True)}  # all together below min_effect
+    for index in torch.randperm(n, generator=generator)[: 1 + seed % 4].tolist():
+        effects[heads[index]] = 0.03 + 0.05 * index / n  # the important heads
+
+    def measure(groups):
+        return [clean - sum(effects[h] for h in group) for group in groups]
+
+    found = group_testing(measure, heads, clean=clean, min_effect=min_effect)
+    expected = _brute_force_singles(measure, heads, clean, min_effect)
+    assert found.singles == pytest.approx(expected) and set(found.singles) == set(expected)
+    assert set(found.screened) == set(heads) - set(expected)
+    for head, value in found.screened.items():
+        assert clean - value < min_effect and clean - value >= effects[head] - 1e-12
+    assert found.spread == [] and found.tests < n
+    staged = staged_group_testing(measure, [heads], clean, min_effect)[0]
+    assert (staged.singles, staged.screened) == (found.singles, found.screened)
+
+
+@pytest.mark.parametrize(("needed_at", "n"), [((5,), 32), ((2, 17, 30), 32), ((0, 63), 64)])
+def test_group_testing_finds_the_needed_heads_of_an_interaction_like_brute_force(needed_at, n):
+    """No model: an oracle whose effect (0.5) appears only when every head of a hidden set
+    is ablated together (no head costs anything alone). Group testing keeps the layer as a
+    spread group, and its search names exactly the heads brute force names: those whose
+    un-ablation alone (the rest of the group still ablated) brings accuracy back."""
+    heads = _heads(n)
+    hidden = {heads[i] for i in needed_at}
+    clean, min_effect = 1.0, 0.02
+
+    def measure(groups):
+        return [clean - 0.5 * (hidden <= set(group)) for group in groups]
+
+    found = group_testing(measure, heads, clean=clean, min_effect=min_effect)
+    [back] = measure([[]])
+    brute = [h for h in heads if clean - measure([[g for g in heads if g != h]])[0] < min_effect]
+    assert back == clean and found.singles == ({} if len(hidden) > 1 else {next(iter(hidden)): 0.5})
+    spread = [group for group in found.spread if group.heads == heads]
+    if len(hidden) > 1:
+        assert len(spread) == 1 and spread[0].accuracy == 0.5 and spread[0].searched
+        assert spread[0].needed == sorted(brute) == sorted(hidden)
+
+
+def test_the_group_testing_module_runs_no_model():
+    """`discovery.group_testing` imports nothing of gna_interp but `core.heads`: it scores
+    groups through the callable it is given, and nothing else."""
+    import ast
+    from pathlib import Path
+
+    import gna_interp.discovery.group_testing as module
+
+    tree = ast.parse(Path(module.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
+    assert imported == {"core.heads"}, imported

@@ -177,7 +177,8 @@ def roughen(student, seed: int = 7):
 def test_the_students_row_is_in_the_table_with_llambas_mixer(teacher):
     from types import SimpleNamespace
 
-    from gna_interp.models.registry import DISCRETE_MAMBA2_STREAMS, HYBRID_STUDENT, discrete_mamba2_pad_guard, spec_for
+    from gna_interp.models.mixers import DISCRETE_MAMBA2_STREAMS, discrete_mamba2_pad_guard
+    from gna_interp.models.registry import HYBRID_STUDENT, spec_for
 
     student = hybridize(teacher, KEEP)
     assert spec_for(SimpleNamespace(model_type="gna_hybrid_student")) is HYBRID_STUDENT and student.arch is HYBRID_STUDENT

@@ -733,7 +733,7 @@ def test_entry_stage_skips_heads_that_a_later_mixer_of_their_block_reads(tokeniz
     """Zamba2: a hybrid layer's Mamba-2 scans its shared attention's output across
     positions, so those attention heads do not act only where they write; FalconH1's two
     mixers run side by side, so all of its heads do."""
-    from gna_interp.discovery.pipeline import _acts_where_it_writes
+    from gna_interp.models.structure import acts_where_it_writes as _acts_where_it_writes
 
     zamba = gna.load(tiny_model("zamba2", seed=0), tokenizer=tokenizer, backend="nnsight")
     for head in zamba.heads:

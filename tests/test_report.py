@@ -22,7 +22,8 @@ import torch
 import gna_interp as gna
 from gna_interp.discovery import Stability
 from gna_interp.discovery.picture import choose_prompt, role_picture
-from gna_interp.viz.report import circuit_faithfulness, circuit_heads, circuit_ranking, write_report
+from gna_interp.discovery.report_inputs import circuit_faithfulness, circuit_heads, circuit_ranking
+from gna_interp.viz.report import write_report
 from gna_interp.viz.views import bundle_script
 
 from .toy_circuits import TOYS, discovered
@@ -303,6 +304,43 @@ def test_a_circuit_without_curves_gets_them_measured(items, tmp_path):
         assert data["needs"][role]["curve_positions"] == "all" and not need.curve, "the circuit passed in is not changed"
         assert [point["head"] for point in curve] == [str(h) for h in need.heads]
         assert curve[0]["accuracy"] == pytest.approx(circuit.evidence(need.heads[0]).ablated_accuracy)
+
+
+def _snapshot(value):
+    """``value`` as plain nested data, every field of every dataclass and object, tensors by
+    dtype, shape and bytes, floats by ``repr`` (NaN equals NaN): equal exactly when nothing
+    in it changed."""
+    import dataclasses
+
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), tuple(value.shape), value.detach().cpu().contiguous().numpy().tobytes())
+    if isinstance(value, float):
+        return ("float", repr(value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__name__, {f.name: _snapshot(getattr(value, f.name)) for f in dataclasses.fields(value)})
+    if isinstance(value, dict):
+        return ("dict", [(_snapshot(k), _snapshot(v)) for k, v in value.items()])
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [_snapshot(v) for v in value])
+    if hasattr(value, "__dict__") and not isinstance(value, type):
+        return (type(value).__name__, {k: _snapshot(v) for k, v in vars(value).items()})
+    return value
+
+
+def test_write_report_leaves_its_circuits_and_curves_bit_identical(items, curves, tmp_path):
+    """`write_report` only renders: every circuit given (one of them without its curves, which
+    the report then measures on a copy) and every faithfulness curve are, field by field and
+    tensor by tensor, and as JSON, exactly as they were before."""
+    bare = copy.deepcopy(items[0][0])
+    for need in bare.needs.values():
+        need.curve = []
+    given = [(bare, *items[0][1:]), *items[1:]]
+    before = [(_snapshot(circuit), circuit.to_json()) for circuit, _, _ in given]
+    curves_before = {name: _snapshot(curve) for name, curve in curves.items()}
+    write_report(given, tmp_path, faithfulness={**curves, bare.model: curves[bare.model]})
+    assert [(_snapshot(circuit), circuit.to_json()) for circuit, _, _ in given] == before
+    assert {name: _snapshot(curve) for name, curve in curves.items()} == curves_before
+    assert all(not need.curve for need in bare.needs.values()) and bare.needs
 
 
 def test_one_bundle_per_page_and_offline(report, items):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers.masking_utils import create_causal_mask
 
-from gna_interp.backends.tlens import _add_forward_hook, _check_hook_to_add
+from gna_interp.backends.tlens_hooks import _add_forward_hook, _check_hook_to_add
 from gna_interp.models import hf_compat
 from gna_interp.models.tiny import tiny_config
 

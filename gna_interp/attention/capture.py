@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..core.arch import DeltaNetDims, Mamba1Dims, Mamba2Dims
+from ..core.dims import DeltaNetDims, Mamba1Dims, Mamba2Dims
 from ..core.plan import Read, ReadKind
 
 
@@ -138,7 +138,7 @@ class DiscreteMamba2Recipe:
     (heads)]``. ``B`` / ``C`` pass through the depthwise causal conv inside the forward
     (on a GPU as a fused kernel), so the conv is applied here to the read columns with the
     read conv weights, after zeroing padding (what the family's pad guard does: see
-    `gna_interp.models.registry.discrete_mamba2_pad_guard`). The decay is
+    `gna_interp.models.mixers.discrete_mamba2_pad_guard`). The decay is
     ``a = softplus(A_log)`` with ``A = -1`` and no input scaling (``weight`` = 1):
     ``M[t, s] = (C_t . B_s) exp(-sum_{k=s+1..t} a_k)``."""
 

@@ -10,7 +10,7 @@ NDIF server where gna_interp is not installed.
   ``("ref", job, slot, copies)`` in a step is the value job ``job`` of the same session
   saved in ``slot``, repeated ``copies`` times along the batch: a clean prefix or a patch
   source captured on the server and used there, never sent back and forth.
-- `greedy_joint`: the joint search of `discover` (`gna_interp.discovery.scans.joint_set`)
+- `greedy_joint`: the joint search of `discover` (`gna_interp.discovery.joint.joint_set`)
   as a session program: its data-dependent steps run on the server, in one request.
 """
 
@@ -179,7 +179,7 @@ def verdicts(logits: Any, candidate_ids: Any, correct: Any) -> Any:
 
 
 def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, list]:
-    """`gna_interp.discovery.scans.joint_set` for one or more roles, in order, on the server.
+    """`gna_interp.discovery.joint.joint_set` for one or more roles, in order, on the server.
 
     ``problem`` holds plain data built by the client (`gna_interp.discovery.remote`):
 

@@ -28,6 +28,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from .dims import (
+    Dims,
+    Layout,
+    _config_int,
+)
 from .heads import Head
 
 
@@ -42,193 +47,6 @@ class LayerKind(str, Enum):
     """A block with an attention mixer and an SSM mixer (FalconH1, Zamba2's hybrid layers)."""
     MLP = "mlp"
     """A block with no token mixer, so no heads (NemotronH's MLP and MoE layers)."""
-
-
-def _config_int(config: Any, name: str) -> int:
-    value = getattr(config, name, None)
-    if value is None:
-        raise ValueError(f"config of model_type {getattr(config, 'model_type', '?')!r} has no field {name!r}")
-    return int(value)
-
-
-def attention_heads(config: Any) -> int:
-    return _config_int(config, "num_attention_heads")
-
-
-def attention_head_dim(config: Any) -> int:
-    head_dim = getattr(config, "head_dim", None)
-    return int(head_dim) if head_dim else _config_int(config, "hidden_size") // attention_heads(config)
-
-
-def attention_kv_heads(config: Any) -> int:
-    value = getattr(config, "num_key_value_heads", None)
-    return int(value) if value else attention_heads(config)
-
-
-# ----- mixer sizes ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AttentionDims:
-    """Softmax attention: ``heads`` query heads of ``head_dim``, ``kv_heads`` key/value heads."""
-
-    heads: int
-    kv_heads: int
-    head_dim: int
-
-    @property
-    def n_heads(self) -> int:
-        return self.heads
-
-    @property
-    def width(self) -> int:
-        return self.head_dim
-
-
-@dataclass(frozen=True)
-class Mamba2Dims:
-    """A Mamba-2 mixer: ``in_proj`` output = ``[gate z | x | B | C | dt]``.
-
-    Attributes:
-        heads, head_dim: SSM heads and their width (``inner = heads * head_dim``).
-        groups, state: ``B`` / ``C`` groups and state size.
-        conv_bias: whether the depthwise conv has a bias.
-        act: the activation after the conv (a ``transformers.activations`` name).
-        dt_limit: ``(low, high)`` clamp of ``dt`` after the softplus.
-        in_scale: FalconH1: ``in_proj``'s output is multiplied by the mixer's
-            ``mup_vector`` buffer before use.
-        gated_norm: the mixer normalises its heads' (gated) outputs with a gated RMSNorm
-            over groups of ``inner // groups`` channels (the heads of one ``B`` / ``C``
-            group) before ``out_proj``; FalconH1 only with ``config.mamba_rms_norm`` (it
-            otherwise gates without normalising).
-    """
-
-    heads: int
-    head_dim: int
-    groups: int
-    state: int
-    conv_bias: bool = True
-    act: str = "silu"
-    dt_limit: tuple[float, float] = (0.0, float("inf"))
-    in_scale: bool = False
-    gated_norm: bool = True
-
-    @property
-    def inner(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def n_heads(self) -> int:
-        return self.heads
-
-    @property
-    def width(self) -> int:
-        return self.head_dim
-
-
-@dataclass(frozen=True)
-class Mamba1Dims:
-    """A Mamba-1 mixer: every inner channel is a head (head_dim 1), as the paper treats
-    Falcon-Mamba; ``x_proj`` outputs the low-rank ``dt`` (``rank``), ``B`` and ``C`` (``state``)."""
-
-    channels: int
-    rank: int
-    state: int
-
-    @property
-    def n_heads(self) -> int:
-        return self.channels
-
-    @property
-    def width(self) -> int:
-        return 1
-
-
-@dataclass(frozen=True)
-class DeltaNetDims:
-    """A gated DeltaNet mixer (Qwen3-Next's linear attention): ``k_heads`` query/key heads
-    of ``k_dim``, each serving ``v_heads // k_heads`` value heads of ``v_dim``; a head is
-    a value head. ``in_proj_qkvz`` outputs, per key head, ``[q | k | v (group) | z (group)]``
-    and ``in_proj_ba``, per key head, ``[b (group) | a (group)]``."""
-
-    k_heads: int
-    v_heads: int
-    k_dim: int
-    v_dim: int
-    act: str = "silu"
-
-    @property
-    def group(self) -> int:
-        return self.v_heads // self.k_heads
-
-    @property
-    def n_heads(self) -> int:
-        return self.v_heads
-
-    @property
-    def width(self) -> int:
-        return self.v_dim
-
-
-Dims = AttentionDims | Mamba2Dims | Mamba1Dims | DeltaNetDims
-
-
-# ----- input-stream layouts: dims -> (first column, units, columns per unit) -------------
-Layout = Callable[[Any], tuple[int, int, int]]
-
-
-def q_columns(d: AttentionDims) -> tuple[int, int, int]:
-    """``q_proj`` output: one unit per query head."""
-    return 0, d.heads, d.head_dim
-
-
-def kv_columns(d: AttentionDims) -> tuple[int, int, int]:
-    """``k_proj`` / ``v_proj`` output: one unit per key/value head (shared by its query group)."""
-    return 0, d.kv_heads, d.head_dim
-
-
-def mamba2_gate(d: Mamba2Dims) -> tuple[int, int, int]:
-    """``in_proj`` output = ``[gate z | x | B | C | dt]``; ``z`` per head."""
-    return 0, d.heads, d.head_dim
-
-
-def mamba2_x(d: Mamba2Dims) -> tuple[int, int, int]:
-    return d.inner, d.heads, d.head_dim
-
-
-def mamba2_b(d: Mamba2Dims) -> tuple[int, int, int]:
-    """``B`` per group of heads."""
-    return 2 * d.inner, d.groups, d.state
-
-
-def mamba2_c(d: Mamba2Dims) -> tuple[int, int, int]:
-    return 2 * d.inner + d.groups * d.state, d.groups, d.state
-
-
-def mamba2_dt(d: Mamba2Dims) -> tuple[int, int, int]:
-    return 2 * d.inner + 2 * d.groups * d.state, d.heads, 1
-
-
-def mamba1_x(d: Mamba1Dims) -> tuple[int, int, int]:
-    """``in_proj`` output = ``[x | gate z]``, one column per channel."""
-    return 0, d.channels, 1
-
-
-def mamba1_gate(d: Mamba1Dims) -> tuple[int, int, int]:
-    return d.channels, d.channels, 1
-
-
-def mamba1_dt(d: Mamba1Dims) -> tuple[int, int, int]:
-    """``x_proj`` output = ``[dt (rank) | B (state) | C (state)]``, shared by every channel."""
-    return 0, 1, d.rank
-
-
-def mamba1_b(d: Mamba1Dims) -> tuple[int, int, int]:
-    return d.rank, 1, d.state
-
-
-def mamba1_c(d: Mamba1Dims) -> tuple[int, int, int]:
-    return d.rank + d.state, 1, d.state
 
 
 @dataclass(frozen=True)
@@ -296,7 +114,7 @@ class MixerSpec:
             the state): ``(module output [batch, pos, cols], dims, mask [batch, pos])
             -> output`` applied to the output of ``pad_guard_module`` (relative to the
             mixer) so that left padding leaves every real token's numbers unchanged
-            (Llamba: `gna_interp.models.registry.discrete_mamba2_pad_guard`); ``None``:
+            (Llamba: `gna_interp.models.mixers.discrete_mamba2_pad_guard`); ``None``:
             the mixer needs none (or padded batches are refused, see `ArchSpec.takes_mask`).
         pad_guard_module: see ``pad_guard``.
     """
@@ -476,7 +294,7 @@ class ArchSpec:
         pre_norm_residual: every block computes ``x + sum(mixers(norm(x)))`` (plus its MLP),
             with nothing after the mixers' out-projections but the residual add. Discovery
             then treats skipping a one-mixer block (the layer scan) as removing its heads and
-            nothing else, and reuses that value (`gna_interp.discovery.pipeline.mixer_is_the_block`).
+            nothing else, and reuses that value (`gna_interp.models.structure.mixer_is_the_block`).
             Every built-in row sets it; a registered row is taken as not pre-norm unless it says
             so (a post-norm block, or a norm with a bias after the mixer, breaks that equality).
     """

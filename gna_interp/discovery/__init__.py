@@ -1,9 +1,11 @@
 """G&A discovery: find, label and confirm the Gather and Aggregate heads of a model."""
 
-from .circuit import GnaCircuit, HeadEvidence, RoleNeed, Stability, Standing
+from .circuit import GnaCircuit
+from .evidence import HeadEvidence, RoleNeed, Stability, Standing
 from .picture import RolePicture, role_picture
-from .pipeline import SEARCH_STAGES, STAGES, NoRetrievalWarning, PositionalAnswerWarning, discover, prompt_samples, stability
+from .pipeline import discover, prompt_samples, stability
 from .roles import RoleScores, RoleThresholds
+from .stages import SEARCH_STAGES, STAGES, NoRetrievalWarning, PositionalAnswerWarning
 
 __all__ = [
     "SEARCH_STAGES",

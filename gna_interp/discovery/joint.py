@@ -1,18 +1,25 @@
 """The joint stage of discovery: per role, the smallest set of heads whose ablation
 together takes accuracy to chance (`JointSearch`), run locally by `pipeline` and in one
-request by `remote`."""
+request by `remote`; its searches: `joint_set` (greedy, heads that matter together) and
+`collapsing_set` (a ranking ablated cumulatively)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
+from torch import Tensor
 
 from ..core.heads import Head
 from ..core.interventions import Ablate
+from ..progress import progress_bar
 from ..tasks.base import EncodedTask, Task
-from . import scans
-from .circuit import GnaCircuit, HeadEvidence, RoleNeed
+from .circuit import GnaCircuit
+from .entry import segment_positions
+from .evidence import HeadEvidence, RoleNeed
+from .head_scans import HeadScan
+from .memo import accuracy as _accuracy
 from .roles import RoleScores, RoleThresholds, pattern_agrees, role_scores
 
 if TYPE_CHECKING:
@@ -20,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class JointSearch:
-    """The joint stage: per role, `scans.joint_set` over the heads of the role's layers
+    """The joint stage: per role, `joint_set` over the heads of the role's layers
     (only the examined ones in layers of more than ``screen_above`` heads), minus heads
     of the other role. An Aggregate pool head must read the options from the final row
     (``aggregate_mass``) and sit after the first Gather head's position; a Gather pool
@@ -33,7 +40,7 @@ class JointSearch:
         task: Task,
         encoded: EncodedTask,
         evidence: dict[Head, HeadEvidence],
-        scan: scans.HeadScan,
+        scan: HeadScan,
         thresholds: RoleThresholds,
         pattern_prompts: int,
         screen_above: int,
@@ -83,10 +90,10 @@ class JointSearch:
     def run(self, circuit: GnaCircuit, role: str, threshold: float, max_heads: int) -> RoleNeed | None:
         """The role's joint set (``None`` if no head lowers accuracy at the role's positions:
         confirmation then falls back to the most harmful heads of the role)."""
-        positions = self.encoded.final if role == "aggregate" else scans.segment_positions(self.encoded)
+        positions = self.encoded.final if role == "aggregate" else segment_positions(self.encoded)
         pool = self.pool(circuit, role)
         curve: list[tuple[Head, float]] = []
-        chosen, _, _ = scans.joint_set(
+        chosen, _, _ = joint_set(
             self.model,
             self.task,
             pool,
@@ -100,7 +107,7 @@ class JointSearch:
         )
         if not chosen:
             return None
-        accuracy = scans.accuracy(self.model, self.task, [Ablate(chosen)])
+        accuracy = _accuracy(self.model, self.task, [Ablate(chosen)])
         return self.accept(circuit, role, chosen, curve, accuracy, threshold)
 
     def accept(
@@ -122,3 +129,83 @@ def head_float(value: torch.Tensor) -> float | None:
     """A scan's entry as a float; None where it is NaN (not measured)."""
     number = float(value)
     return None if number != number else number
+
+
+def joint_set(
+    model: GnaModel,
+    task: Task,
+    pool: Sequence[Head],
+    positions: Tensor,
+    threshold: float,
+    max_heads: int,
+    *,
+    progress: bool = True,
+    desc: str = "joint search",
+    clean: float | None = None,
+    curve: list[tuple[Head, float]] | None = None,
+) -> tuple[list[Head], float, bool]:
+    """Greedy search for heads that matter together: at each step, add the head of
+    ``pool`` whose ablation at ``positions``, jointly with the heads already chosen,
+    lowers accuracy most; stop at ``threshold``, at ``max_heads``, or when no head lowers
+    it further. Finds backup heads, which cost nothing alone because others compensate.
+
+    Args:
+        clean: the accuracy with nothing ablated, if already known (else measured).
+        curve: if given, ``(head, accuracy)`` of each step is appended to it.
+
+    Returns:
+        the heads chosen (in order), the accuracy with them ablated at ``positions``, and
+        whether it reached ``threshold``.
+    """
+    chosen: list[Head] = []
+    accuracy = _accuracy(model, task) if clean is None else clean
+    remaining = list(pool)
+    bar = progress_bar(range(min(max_heads, len(remaining))), show=progress, desc=desc)
+    for _ in bar:
+        trials = {h: _accuracy(model, task, [Ablate([*chosen, h], positions=positions)]) for h in remaining}
+        best = min(remaining, key=lambda h: (trials[h], h))
+        if trials[best] >= accuracy:
+            break
+        chosen.append(best)
+        remaining.remove(best)
+        accuracy = trials[best]
+        if curve is not None:
+            curve.append((best, accuracy))
+        if accuracy <= threshold:
+            return chosen, accuracy, True
+    return chosen, accuracy, False
+
+
+def collapsing_set(
+    model: GnaModel,
+    task: Task,
+    ordered: Sequence[Head],
+    threshold: float,
+    max_heads: int,
+    clean: float,
+    *,
+    evaluate_progress: bool | None = None,
+    curve: list[tuple[Head, float]] | None = None,
+) -> tuple[list[Head], float, bool]:
+    """Ablate ``ordered`` heads cumulatively until accuracy is at most ``threshold``.
+
+    Args:
+        clean: the accuracy with nothing ablated (returned when ``ordered`` is empty).
+        evaluate_progress: `evaluate`'s per-batch bars (``None``: its default; ``False``:
+            none). This search draws no bar of its own.
+        curve: if given, ``(head, accuracy)`` of each cumulative ablation is appended to it.
+
+    Returns:
+        the heads used, the accuracy with all of them ablated, and whether the
+        threshold was reached within ``max_heads``.
+    """
+    chosen: list[Head] = []
+    accuracy = clean
+    for head in list(ordered)[:max_heads]:
+        chosen.append(head)
+        accuracy = _accuracy(model, task, [Ablate(chosen)], progress=evaluate_progress)
+        if curve is not None:
+            curve.append((head, accuracy))
+        if accuracy <= threshold:
+            return chosen, accuracy, True
+    return chosen, accuracy, False

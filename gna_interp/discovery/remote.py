@@ -7,10 +7,10 @@ payload, with the clean prefix captured and used on the server:
 1. the clean accuracy, the label check (measured whether or not it is needed), the
    truncation scan and the layer scan, and the first stage of group testing for the wide
    layers (at most `SPECULATE_LAYERS` of them): one request;
-2. the head scan (`ablation_sweep`; wide layers by `scans.StagedGroupTesting`, the second
+2. the head scan (`ablation_sweep`; wide layers by `group_testing.StagedGroupTesting`, the second
    stage of every layer at once, not one request per adaptive round): one request;
 3. the entry scan, with the first round of the spread groups' search: one request (more
-   only where a spread group of more than `scans.SEARCH_AT_ONCE` heads needs a part);
+   only where a spread group of more than `group_testing.SEARCH_AT_ONCE` heads needs a part);
 4. the pattern scores of the candidates and of every head the joint search may pool (the
    heads of the harmful candidates' layers): one request;
 5. the joint search of both roles: one request, its greedy steps decided on the server
@@ -24,7 +24,7 @@ payload, with the clean prefix captured and used on the server:
 
 The numbers are those of the local run (tests compare every stage). The prescreen has no
 attribution on a remote model (no local backward): layers only, and
-``circuit.settings["prescreen"]`` says so (`scans.prescreen_method`). Discovery under an
+``circuit.settings["prescreen"]`` says so (`head_scans.prescreen_method`). Discovery under an
 active intervention context (``model.ablated``) runs the local code path, one request per
 forward.
 """
@@ -41,9 +41,10 @@ from ..core.plan import Plan, Site, SiteKind
 from ..evaluation import Evaluation, _single_token_chunks, evaluate_many, evaluate_with_logits
 from ..models.jobs import is_batched_remote
 from ..tasks.mcq import shuffle_labels
-from .circuit import GnaCircuit, HeadEvidence, RoleNeed
+from .circuit import GnaCircuit
+from .entry import segment_positions
+from .evidence import HeadEvidence, RoleNeed
 from .joint import JointSearch
-from .scans import segment_positions
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -65,7 +66,7 @@ class FirstScans:
     truncation: list[float] | None
     layer_scan: list[float] | None
     groups: dict[tuple[Head, ...], float]
-    """Accuracy with each group of ``groups`` ablated (`scans.staged_group_testing`'s first stage)."""
+    """Accuracy with each group of ``groups`` ablated (`group_testing.staged_group_testing`'s first stage)."""
 
 
 SPECULATE_LAYERS = 4
@@ -113,7 +114,7 @@ def pool_heads(model: GnaModel, harmful: list[Head], evidence: dict[Head, HeadEv
 
 
 def joint_search(search: JointSearch, circuit: GnaCircuit, threshold: float, max_heads: int) -> dict[str, RoleNeed]:
-    """Request 5: `scans.joint_set` for both roles on the server (`greedy_joint`)."""
+    """Request 5: `joint.joint_set` for both roles on the server (`greedy_joint`)."""
     model, encoded = search.model, search.encoded
     roles = [role for role in ("aggregate", "gather") if getattr(circuit, role)]
     if not roles:

@@ -221,12 +221,12 @@ class DiscreteMamba2(nn.Module):
         return xBC, z, A_log
 
     def pad_guard(self, projected: Tensor, padding_mask: Tensor) -> Tensor:
-        """Llamba's pad guard (`gna_interp.models.registry.discrete_mamba2_pad_guard`) on
+        """Llamba's pad guard (`gna_interp.models.mixers.discrete_mamba2_pad_guard`) on
         this mixer's ``in_proj`` output ``[batch, pos, cols]`` for ``padding_mask [batch,
         pos]`` (1 on real tokens, left padding): zeroed ``x``, ``B``, ``C`` on padding and
         the state cleared at each row's first real token. Idempotent."""
-        from ..core.arch import Mamba2Dims
-        from .registry import discrete_mamba2_pad_guard
+        from ..core.dims import Mamba2Dims
+        from .mixers import discrete_mamba2_pad_guard
 
         dims = Mamba2Dims(heads=self.n_v_heads, head_dim=self.headdim, groups=self.n_qk_heads, state=self.d_state)
         return discrete_mamba2_pad_guard(projected, dims, padding_mask)  # type: ignore[no-any-return]

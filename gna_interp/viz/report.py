@@ -9,7 +9,8 @@ Per model, given the model and task (see `ReportLike`), the page shows the G&A p
 as the paper draws it, averaged over the task (`picture.role_picture`), next to one
 prompt in circuitsvis: one the model answers correctly, whose Aggregate rows are the
 closest to their task average (`picture.choose_prompt`). Heads-needed curves name each
-head as it is added (`RoleNeed.curve`, measured here when the circuit lacks it). The
+head as it is added (`RoleNeed.curve`; where the circuit lacks it, measured by
+`discovery.report_inputs.with_need_curves` on a copy: the circuit given is not changed). The
 layout fits a 1,400 px window: wide tables scroll inside their own box.
 
 The page claims no more than the evidence: a head has its role outright only with an
@@ -20,7 +21,7 @@ ablated, path-patching figures carry their share of the clean - corrupt gap, and
 circuit's stability over prompt samples is shown when it was measured.
 
 Given a `FaithfulnessCurve` per circuit (``write_report(..., faithfulness=...)``, made by
-`circuit_faithfulness`), a model's section also shows how much of the task the circuit's
+`discovery.report_inputs.circuit_faithfulness`), a model's section also shows how much of the task the circuit's
 heads carry alone: accuracy with every other head ablated, against clean and every head
 ablated, as a share of clean, and the curve of the top-n heads of discovery's own ranking.
 Given a `RetentionCurve` per circuit (``write_report(..., retention=...)``, made by
@@ -30,19 +31,18 @@ Given a `RetentionCurve` per circuit (``write_report(..., retention=...)``, made
 
 from __future__ import annotations
 
-import copy
 import html
-import math
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..discovery.circuit import POSITIONS, ROLES, Standing
+from ..discovery.evidence import POSITIONS, ROLES, Standing
+from ..discovery.report_inputs import with_need_curves
 from ..discovery.roles import entry_shares
 from . import figures
+from .report_curves import check_faithfulness, check_retention, faithfulness_html, retention_html
+from .report_html import DASH, STYLE, figure_html, slug_of, table
 
 if TYPE_CHECKING:
-    from ..core.heads import Head
     from ..discovery.circuit import GnaCircuit
     from ..discovery.picture import RolePicture
     from ..faithfulness import FaithfulnessCurve
@@ -67,54 +67,6 @@ def _check_items(items: object) -> None:
             text = repr(item)
             shown = text if len(text) <= 80 else text[:77] + "..."
             raise TypeError(f"write_report: items[{index}]={shown} ({type(item).__name__}): {expected}")
-
-
-_STYLE = """
-body { font-family: sans-serif; max-width: 1320px; margin: 1.5em auto; padding: 0 16px; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.85em; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
-th { background: #f3f3f3; } td.num { text-align: right; }
-section.model { border-top: 2px solid #888; margin-top: 2em; }
-.note { color: #8a5a00; } .caption { font-size: 0.85em; color: #444; max-width: 60em; }
-.scroll { overflow-x: auto; max-width: 100%; }
-.row { display: flex; flex-wrap: wrap; gap: 16px 32px; align-items: flex-start; }
-.row > * { min-width: 0; max-width: 100%; }
-.pair { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 24px; align-items: start; }
-.pair > div { min-width: 0; overflow-x: auto; }
-svg.figure { width: 100%; height: auto; display: block; }
-figure { margin: 0 0 1em; } figcaption { font-size: 0.85em; color: #444; }
-"""
-
-DASH = "\u2014"
-"""What a cell with no value shows (a head with no role, a quantity not measured)."""
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "model"
-
-
-def _table(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return f"<p>{DASH}</p>"
-    columns = list(rows[0])
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(_cell(row.get(c)) for c in columns) + "</tr>" for row in rows)
-    return f'<div class="scroll"><table><tr>{head}</tr>{body}</table></div>'
-
-
-def _cell(value: Any) -> str:
-    """A table cell; numbers right-aligned, text left."""
-    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return f'<td class="num">{html.escape(_fmt(value))}</td>' if numeric else f"<td>{html.escape(_fmt(value))}</td>"
-
-
-def _fmt(value: Any) -> str:
-    """Floats to 3 decimals; ``None`` and NaN (a head with no role, a score not measured) to a dash."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return DASH
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value)
 
 
 def contrast_rows(circuits: list[GnaCircuit]) -> list[dict[str, Any]]:
@@ -147,16 +99,6 @@ def contrast_rows(circuits: list[GnaCircuit]) -> list[dict[str, Any]]:
                 }
             )
     return rows
-
-
-def _curves(circuit: GnaCircuit, model: Any, task: Any) -> None:
-    """Fill each `RoleNeed.curve` the circuit lacks, when the model and task are given."""
-    from ..discovery.picture import need_curve
-
-    for need in circuit.needs.values():
-        if not need.curve and model is not None and task is not None and need.heads:
-            need.curve = list(zip(need.heads, need_curve(model, task, need.heads), strict=True))  # at every position
-            need.curve_positions = "all"
 
 
 def _short(circuit: GnaCircuit, head: Any) -> str:
@@ -259,137 +201,7 @@ def _stability_html(circuit: GnaCircuit) -> str:
         f'<p class="caption">Stability: discovery\'s search re-run on {html.escape(how)}: how many samples put each head in '
         f"each role's set. {html.escape(sizes)}.</p>"
     )
-    return f'<div data-role="stability">{caption}{_table(rows)}</div>'
-
-
-def circuit_heads(circuit: GnaCircuit) -> list[Head]:
-    """The circuit's heads: its Gather set, then the Aggregate heads not in it."""
-    return list(dict.fromkeys([*circuit.gather, *circuit.aggregate]))
-
-
-def circuit_ranking(circuit: GnaCircuit, model: Any) -> list[Head]:
-    """The heads discovery measured, largest accuracy drop first: each head's single
-    zero-ablation accuracy from the head scan (``circuit.head_scan``), or, for a head the
-    scan lacks, the accuracy it was ablated alone at in the examined-heads evidence. Heads
-    measured neither way are left out (`faithfulness_curve` puts them last, in
-    ``model.heads`` order). No forward is run."""
-    drop = _drops(circuit, model.heads)
-    return sorted(drop, key=lambda head: -drop[head])  # stable: ties keep model.heads order
-
-
-def _drops(circuit: GnaCircuit, heads: Any) -> dict[Any, float]:
-    """Clean accuracy minus each measured head's single-ablation accuracy (`circuit_ranking`)."""
-    clean = circuit.accuracy["clean"]
-    alone = {item.head: item.ablated_accuracy for item in circuit.heads if item.ablated_accuracy is not None}
-    scan = circuit.head_scan or []
-    drop: dict[Any, float] = {}
-    for head in heads:
-        value = scan[head.layer][head.head] if head.layer < len(scan) and head.head < len(scan[head.layer]) else None
-        value = alone.get(head) if value is None else value
-        if value is not None and not math.isnan(value):
-            drop[head] = clean - value
-    return drop
-
-
-def circuit_faithfulness(
-    circuit: GnaCircuit, model: Any, task: Any, *, sizes: Any = None, how: str = "mean", progress: bool = False
-) -> FaithfulnessCurve | None:
-    """How much of ``task`` the circuit's heads carry alone (`gna.faithfulness_curve`):
-    the top-n heads of `circuit_ranking` kept at each of ``sizes`` (default: every n up to
-    32 heads, else 24 points), every other head ``how``-ablated, plus the point of the
-    circuit's Gather and Aggregate heads kept alone. ``None`` for a circuit without heads.
-    Cost: one `evaluate` per size and one for the circuit (and a reference forward each
-    for a mean or resample ablation); the ranking costs nothing (discovery measured it)."""
-    from ..faithfulness import faithfulness_curve
-
-    heads = circuit_heads(circuit)
-    if not heads:
-        return None
-    ranking = circuit_ranking(circuit, model)
-    return faithfulness_curve(model, task, ranking, sizes=sizes, how=how, circuit=heads, progress=progress)
-
-
-_HOW = {
-    "mean": "each ablated head's output replaced by its mean over every token of the reference prompts, the task's own by default",
-    "resample": "each ablated head's output taken from the corrupted prompts, the options rotated, by default",
-    "zero": "each ablated head's output set to zero",
-}
-
-
-def _faithfulness_html(circuit: GnaCircuit, curve: FaithfulnessCurve, folder: Path, slug: str) -> str:
-    """The circuit kept alone against clean and every head ablated, and the curve."""
-    from .faithfulness import faithfulness_svg
-
-    point = curve.circuit_point
-    assert point is not None  # checked by write_report
-    clean, floor, alone = curve.clean["accuracy"], curve.ablated["accuracy"], point["accuracy"]
-    n, total = len(curve.circuit), curve.n_heads
-    share = "share of clean accuracy"
-    rows = [
-        {"kept": "every head (clean)", "heads kept": total, "accuracy": clean, share: curve.of_clean(clean)},
-        {"kept": f"the circuit alone: {circuit.named(curve.circuit)}", "heads kept": n, "accuracy": alone, share: curve.of_clean(alone)},
-        {"kept": f"none (every head {curve.how}-ablated)", "heads kept": 0, "accuracy": floor, share: curve.of_clean(floor)},
-    ]
-    recovered = curve.recovered(alone)
-    recovered_text = "" if math.isnan(recovered) else f"; it recovers {recovered:.0%} of the way from every head ablated to clean"
-    lead = (
-        f'<p class="caption" data-role="faithfulness-lead">Keeping only the circuit\'s {n} heads and {curve.how}-ablating the other '
-        f"{total - n} ({_HOW.get(curve.how, curve.how)}), accuracy on the task's {curve.n_prompts} prompts is "
-        f"<b>{alone:.3f}, {curve.of_clean(alone):.0%} of clean</b> ({clean:.3f}); with every head ablated it is {floor:.3f} "
-        f"(chance {curve.chance:.3f}){recovered_text}.</p>"
-    )
-    parts = [f'<div style="flex: 1 1 420px">{lead}{_table(rows)}</div>']
-    if len(curve.sizes) > 2:
-        drop = _drops(circuit, curve.order)
-        own = curve.order[: len(drop)] == sorted(drop, key=lambda head: -drop[head])
-        ranking = (
-            "discovery's own: heads by their accuracy drop when ablated alone (head scan), the heads it did not measure "
-            f"last, in model order ({len(drop)} of {total} measured)"
-            if own
-            else "the one the curve was given: " + ", ".join(map(str, curve.order[:12])) + (", ..." if total > 12 else "")
-        )
-        caption = (
-            f"Accuracy with the top-n heads kept and every other head {curve.how}-ablated, "
-            f"n = {', '.join(map(str, curve.sizes.tolist()))}. "
-            f"The ranking is {ranking}; the star is the circuit's heads kept alone. Every point is in {slug}-faithfulness.csv."
-        )
-        figure = _figure(faithfulness_svg(curve), html.escape(caption), role="faithfulness-curve")
-        parts.append(f'<div style="flex: 1 1 480px; max-width: 720px">{figure}</div>')
-        curve.to_frame().to_csv(folder / f"{slug}-faithfulness.csv", index=False)
-    data = f'data-circuit="{alone!r}" data-clean="{clean!r}" data-ablated="{floor!r}" data-how="{html.escape(curve.how)}"'
-    title = "<h3>Faithfulness: how much of the task does the circuit alone carry?</h3>"
-    return f'<div data-role="faithfulness" {data}>{title}<div class="row">{"".join(parts)}</div></div>'
-
-
-def _retention_html(curve: RetentionCurve, folder: Path, slug: str) -> str:
-    """The keep-only curve: the ranking's top-n heads kept against random sets, and its table."""
-    from .faithfulness import retention_svg
-
-    frame = curve.to_frame()
-    rows = [
-        {
-            "heads kept": int(row["size"]),
-            "ranking's top-n": row["accuracy"],
-            "random (mean)": row["random_mean"],
-            "random (std)": row["random_std"],
-            "top-n share of clean": row["of_clean"],
-        }
-        for _, row in frame.iterrows()
-    ]
-    lead = (
-        f'<p class="caption" data-role="retention-lead">Keeping only n of the {curve.n_heads} {curve.kind} heads and '
-        f"{curve.how}-ablating the others ({_HOW.get(curve.how, curve.how)}), on the task's {curve.n_prompts} prompts: the "
-        f"ranking's top-n heads against {len(curve.seeds)} random orders of the same heads (seeds "
-        f"{', '.join(map(str, curve.seeds))}). Clean {curve.clean:.3f}, none kept {curve.ablated:.3f}, chance {curve.chance:.3f}. "
-        f"Every point is in {slug}-retention.csv.</p>"
-    )
-    caption = "Ranking: " + ", ".join(map(str, curve.order[:12])) + (", ..." if curve.n_heads > 12 else "")
-    figure = _figure(retention_svg(curve), html.escape(caption), role="retention-curve")
-    frame.to_csv(folder / f"{slug}-retention.csv", index=False)
-    data = f'data-clean="{curve.clean!r}" data-ablated="{curve.ablated!r}" data-how="{html.escape(curve.how)}"'
-    title = "<h3>Keep-only: how much do the top-ranked heads carry, against random ones?</h3>"
-    body = f'<div style="flex: 1 1 420px">{lead}{_table(rows)}</div><div style="flex: 1 1 480px; max-width: 720px">{figure}</div>'
-    return f'<div data-role="retention" {data}>{title}<div class="row">{body}</div></div>'
+    return f'<div data-role="stability">{caption}{table(rows)}</div>'
 
 
 def _entry(clean: float, ablated: float | None, entry: dict[str, float] | None) -> str:
@@ -415,11 +227,6 @@ def _needs_svg(circuit: GnaCircuit) -> str | None:
     return figures.needs_figure(curves, circuit.accuracy["clean"], chance, threshold)
 
 
-def _figure(svg: str, caption: str, **data: str) -> str:
-    attributes = "".join(f' data-{key}="{html.escape(value)}"' for key, value in data.items())
-    return f"<figure{attributes}>{svg}<figcaption>{caption}</figcaption></figure>"
-
-
 def _picture_html(circuit: GnaCircuit, picture: RolePicture, model: Any, task: Any) -> str:
     """The averaged figure beside the circuitsvis view of the chosen prompt."""
     from .views import attention_view
@@ -436,7 +243,7 @@ def _picture_html(circuit: GnaCircuit, picture: RolePicture, model: Any, task: A
             f"sees). Black ticks: a uniform causal row. Aggregate set: {html.escape(aggregate)}. Gather set: {html.escape(gather)}."
         )
         listed = {role: " ".join(map(str, getattr(circuit, role))) for role in ("aggregate", "gather")}
-        left = _figure(svg, caption, role="picture", **listed)
+        left = figure_html(svg, caption, role="picture", **listed)
     right = "<p>No prompt of those is answered correctly: no single prompt is shown.</p>"
     if picture.prompt is not None:
         row = picture.prompt
@@ -474,7 +281,7 @@ def _section(
 ) -> str:
     from ..discovery.picture import role_picture
 
-    slug = _slug(circuit.model)
+    slug = slug_of(circuit.model)
     parts = [f'<section class="model" id="{slug}">']
     parts.append(f"<h2>{html.escape(circuit.model)} <small>({html.escape(circuit.family)}, {html.escape(circuit.task)})</small></h2>")
     parts += [f'<p class="note">{html.escape(w)}</p>' for w in circuit.warnings]
@@ -486,18 +293,18 @@ def _section(
     ]
     if circuit.gather or circuit.aggregate:
         parts.append(f'<p class="caption" data-role="evidence">Evidence: {html.escape(circuit.evidence_rule())}.</p>')
-    tables = [_table(_conditions(circuit))]
+    tables = [table(_conditions(circuit))]
     if circuit.cost is not None:
         tables.append(
             '<div data-role="cost"><p>What discovery ran<br>(passes: rows x blocks evaluated / (prompts x layers)):</p>'
-            + _table([{"quantity": k, "value": v} for k, v in circuit.cost.items()])
+            + table([{"quantity": k, "value": v} for k, v in circuit.cost.items()])
             + "</div>"
         )
     if circuit.path_patching is not None:
         tables.append(
             '<div data-role="path"><p>Path patching, Gather &rarr; Aggregate, at the final position<br>(logit of the clean '
             "answer minus that of the corrupted prompt's answer;<br>share: (clean &minus; value) / (clean &minus; corrupt), "
-            "0 = clean, 1 = corrupted):</p>" + _table(_path_rows(circuit.path_patching)) + "</div>"
+            "0 = clean, 1 = corrupted):</p>" + table(_path_rows(circuit.path_patching)) + "</div>"
         )
     needs = _needs_svg(circuit)
     if needs is not None:
@@ -506,13 +313,13 @@ def _section(
             f"Heads needed to collapse accuracy, each step named by the head added ({named}), ablated where each title says. "
             "The role table's accuracy ablates them all at every position."
         )
-        tables.append(_figure(needs, caption, role="needs"))
+        tables.append(figure_html(needs, caption, role="needs"))
     parts.append(f'<div class="row">{"".join(tables)}</div>')
     parts.append(_stability_html(circuit))
     if curve is not None:
-        parts.append(_faithfulness_html(circuit, curve, folder, slug))
+        parts.append(faithfulness_html(circuit, curve, folder, slug))
     if retention is not None:
-        parts.append(_retention_html(retention, folder, slug))
+        parts.append(retention_html(retention, folder, slug))
     if model is not None and task is not None and (circuit.gather or circuit.aggregate):
         picture = role_picture(circuit, model, task)
         parts.append("<h3>The G&amp;A picture, averaged over the task</h3>")
@@ -530,7 +337,7 @@ def _section(
         f'<p class="caption">Every head discovery ablated alone or screened; its pattern scores and the rest are in {slug}.json '
         "(and <code>circuit.to_frame()</code>).</p>"
     )
-    parts.append(f'<div data-role="examined">{_table(examined_rows(circuit))}</div>')
+    parts.append(f'<div data-role="examined">{table(examined_rows(circuit))}</div>')
     parts.append("</section>")
     (folder / f"{slug}.json").write_text(circuit.to_json() + "\n")
     return "\n".join(parts)
@@ -562,11 +369,9 @@ def write_report(
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"report directory {str(folder)!r} is an existing file: expected a folder")
     folder.mkdir(parents=True, exist_ok=True)
-    curves = _check_faithfulness(faithfulness, [item[0] for item in items])
-    kept = _check_retention(retention, [item[0] for item in items])
-    items = [(copy.deepcopy(circuit), model, task) for circuit, model, task in items]
-    for circuit, model, task in items:
-        _curves(circuit, model, task)
+    curves = check_faithfulness(faithfulness, [item[0] for item in items])
+    kept = check_retention(retention, [item[0] for item in items])
+    items = [(with_need_curves(circuit, model, task), model, task) for circuit, model, task in items]
     circuits = [item[0] for item in items]
     body = ["<h1>Gather-and-Aggregate report</h1>"]
     body.append("<h2>Heads per role and sharpness</h2>")
@@ -577,52 +382,11 @@ def write_report(
         f"together, bring accuracy to chance (at most {circuits[0].settings.get('max_heads_per_role', 8)} tried), and how "
         "sharp the rows they use are (Gather: segment-end rows; Aggregate: the final row). Reported as measured.</p>"
     )
-    body.append(_table(contrast_rows(circuits)))
+    body.append(table(contrast_rows(circuits)))
     body += [_section(circuit, model, task, folder, curves.get(circuit.model), kept.get(circuit.model)) for circuit, model, task in items]
     scripts = bundle_script() if any("CircuitsVis.render(" in part for part in body) else ""  # once, before every view
-    page = f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>gna_interp report</title><style>{_STYLE}</style>'
+    page = f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>gna_interp report</title><style>{STYLE}</style>'
     page += f"{scripts}</head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
     index = folder / "index.html"
     index.write_text(page, encoding="utf-8")
     return index
-
-
-def _check_faithfulness(faithfulness: Any, circuits: list[GnaCircuit]) -> dict[str, FaithfulnessCurve]:
-    """``write_report``'s ``faithfulness``: model names of ``circuits`` to curves of their heads."""
-    from ..faithfulness import FaithfulnessCurve
-
-    if faithfulness is None:
-        return {}
-    if not isinstance(faithfulness, dict):
-        raise TypeError(f"faithfulness={type(faithfulness).__name__}: expected a dict of circuit.model -> FaithfulnessCurve")
-    by_name = {circuit.model: circuit for circuit in circuits}
-    for name, curve in faithfulness.items():
-        if name not in by_name:
-            raise KeyError(f"faithfulness[{name!r}]: no circuit of the report has that model; expected one of {sorted(by_name)}")
-        if not isinstance(curve, FaithfulnessCurve):
-            raise TypeError(f"faithfulness[{name!r}] is {type(curve).__name__}: expected a FaithfulnessCurve (circuit_faithfulness)")
-        heads = circuit_heads(by_name[name])
-        if curve.circuit_point is None or set(curve.circuit) != set(heads):
-            given = ", ".join(map(str, curve.circuit)) or "none"
-            raise ValueError(
-                f"faithfulness[{name!r}] has circuit heads {given}: expected the circuit's own, "
-                f"{', '.join(map(str, heads))} (faithfulness_curve(..., circuit=...); circuit_faithfulness does it)"
-            )
-    return dict(faithfulness)
-
-
-def _check_retention(retention: Any, circuits: list[GnaCircuit]) -> dict[str, RetentionCurve]:
-    """``write_report``'s ``retention``: model names of ``circuits`` to keep-only curves."""
-    from ..retention import RetentionCurve
-
-    if retention is None:
-        return {}
-    if not isinstance(retention, dict):
-        raise TypeError(f"retention={type(retention).__name__}: expected a dict of circuit.model -> RetentionCurve")
-    names = sorted(circuit.model for circuit in circuits)
-    for name, curve in retention.items():
-        if name not in names:
-            raise KeyError(f"retention[{name!r}]: no circuit of the report has that model; expected one of {names}")
-        if not isinstance(curve, RetentionCurve):
-            raise TypeError(f"retention[{name!r}] is {type(curve).__name__}: expected a RetentionCurve (gna.retention_curve)")
-    return dict(retention)

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.heads import Head
 from ..core.interventions import Ablate
-from ..discovery.scans import collapsing_set, head_scan
+from ..discovery.head_scans import head_scan
+from ..discovery.joint import collapsing_set
 from ..evaluation import evaluate
 
 if TYPE_CHECKING:

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from ..core.arch import Layout, mamba2_gate, q_columns
+from ..core.dims import Layout, mamba2_gate, q_columns
 from ..core.heads import Head
-from ..models.registry import attention_dims, mamba2_dims
+from ..models.mixers import attention_dims, mamba2_dims
 
 Masks = dict[torch.nn.Parameter, torch.Tensor]
 """Per parameter, a 0/1 tensor of its shape: 0 on the pruned heads' entries."""

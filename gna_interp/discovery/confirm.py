@@ -1,0 +1,216 @@
+"""The last stages of discovery: the confirmation (`confirm`: each role's heads ablated, the
+fallback needs, the Gather -> Aggregate path-patching check, `gather_to_aggregate`) and the
+spread check of the roles left open (`spread`, `spread_runs`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..core.heads import Head
+from ..core.interventions import Ablate, Intervention
+from ..evaluation import evaluate_many
+from ..models.jobs import is_batched_remote
+from ..patching.metrics import logit_diff, reduce_metric
+from ..patching.paths import ANY, check_senders, path_patching, path_scores, prepare
+from ..tasks.base import Task
+from . import memo, remote
+from .circuit import GnaCircuit
+from .evidence import ROLES, RoleNeed, SpreadRole
+from .head_scans import HeadScan
+from .joint import collapsing_set
+
+if TYPE_CHECKING:
+    from ..models.handle import GnaModel
+    from ..tasks.base import EncodedTask
+
+
+SpreadRuns = tuple[list[tuple[str, int]], list[tuple[Task, list[Intervention]]]]
+
+
+def roles_left_open(circuit: GnaCircuit) -> list[str]:
+    """Roles without a set found to reach chance (so far)."""
+    return [role for role in ROLES if role not in circuit.needs or not circuit.needs[role].reached_chance]
+
+
+def spread_check_runs(model: GnaModel, task: Task, encoded: EncodedTask, circuit: GnaCircuit, roles: Sequence[str]) -> SpreadRuns:
+    """The spread check's measurements: for each role and each costly layer (layer scan;
+    every scanned layer without it), the layer's heads ablated only at the role's positions
+    (Aggregate: the final position; Gather: the segment ends). Returns the ``(role, layer)``
+    keys and the runs, in the same order."""
+    clean, min_effect = circuit.accuracy["clean"], circuit.thresholds.min_effect
+    if circuit.layer_scan is not None:
+        layers = [layer for layer in circuit.settings["layers"] if clean - circuit.layer_scan[layer] >= min_effect]
+    else:
+        layers = list(circuit.settings["layers"])
+    where = {"aggregate": encoded.final, "gather": encoded.segment_ends}
+    keys: list[tuple[str, int]] = [(role, int(layer)) for role in roles for layer in layers]
+    runs: list[tuple[Task, list[Intervention]]] = [
+        (task, [Ablate([Head(layer, h) for h in range(model.heads_per_layer[layer])], positions=where[role])]) for role, layer in keys
+    ]
+    return keys, runs
+
+
+def spread_check(
+    model: GnaModel,
+    task: Task,
+    encoded: EncodedTask,
+    circuit: GnaCircuit,
+    scan: HeadScan,
+    threshold: float,
+    max_heads: int,
+    premeasured: SpreadRuns | None = None,
+    values: Sequence[float] | None = None,
+) -> None:
+    """`GnaCircuit.spread`: for each role without a set of up to ``max_heads`` heads that
+    reaches chance (an empty role included), where it enters and the best set found.
+
+    Where: every head of each costly layer (layer scan; every scanned layer without it)
+    ablated only at the role's positions (Aggregate: the final position; Gather: the
+    segment ends); the layer that costs most there (at least ``min_effect``). Best set: the
+    role's need (joint or confirmation set, with its curve); for an empty role, the entry
+    layer's heads by their scan accuracy (most harmful first, unmeasured last), added one
+    by one at the role's positions up to ``max_heads`` or chance. The layer measurements
+    run together (`evaluate_many`: one request on a remote model), or come measured:
+    ``premeasured`` keys and runs (`spread_check_runs`, a superset of the open roles) with their
+    accuracies ``values``."""
+    clean, min_effect = circuit.accuracy["clean"], circuit.thresholds.min_effect
+    open_roles = roles_left_open(circuit)
+    if not open_roles or clean < threshold:
+        return
+    if premeasured is None or values is None:
+        premeasured = spread_check_runs(model, task, encoded, circuit, open_roles)
+        if is_batched_remote(model):  # one request
+            values = [result.accuracy for result in evaluate_many(model, premeasured[1])]
+        else:
+            values = [memo.accuracy(model, run_task, interventions) for run_task, interventions in premeasured[1]]
+    by_key = dict(zip(premeasured[0], values, strict=True))
+    where = {"aggregate": ("final", encoded.final), "gather": ("ends", encoded.segment_ends)}
+    for role in open_roles:
+        name, positions = where[role]
+        measured = {layer: value for (of, layer), value in by_key.items() if of == role}
+        costly = [layer for layer, value in measured.items() if clean - value >= min_effect]
+        entry = min(costly, key=lambda layer: (measured[layer], layer)) if costly else None
+        best = circuit.needs.get(role)
+        if best is None and entry is not None:
+            ranked = sorted(range(model.heads_per_layer[entry]), key=lambda h: (_nan_last(scan.accuracy[entry, h]), h))
+            curve: list[tuple[Head, float]] = []
+            chosen: list[Head] = []
+            for h in ranked[:max_heads]:
+                chosen.append(Head(entry, h))
+                curve.append((chosen[-1], memo.accuracy(model, task, [Ablate(chosen, positions=positions)])))
+                if curve[-1][1] <= threshold:
+                    break
+            everywhere = memo.accuracy(model, task, [Ablate(chosen)])
+            best = RoleNeed(chosen, everywhere, everywhere <= threshold, curve, name)
+        groups = [g for g in scan.spread if entry is not None and g.heads[0].layer == entry]
+        scan.search_spread(groups)  # a local scan searches the needed heads of the groups shown, and only those
+        if scan.tests:
+            circuit.settings["group_testing"] = {str(layer): tests for layer, tests in scan.tests.items()}
+        circuit.spread[role] = SpreadRole(role, name, measured, entry, best, max_heads, groups)
+
+
+def _nan_last(value: torch.Tensor) -> float:
+    number = float(value)
+    return 2.0 if number != number else number
+
+
+def confirm(
+    model: GnaModel,
+    task: Task,
+    circuit: GnaCircuit,
+    threshold: float,
+    max_heads: int,
+    evaluate_bars: bool | None,
+    spread_runs: SpreadRuns | None = None,
+) -> list[float] | None:
+    """The confirmation: accuracy with each role's heads ablated, the fallback needs, and
+    the path-patching check. Returns the accuracies of ``spread_runs`` when they were
+    measured in a remote run's confirmation request (None otherwise)."""
+    clean = circuit.accuracy["clean"]
+    sets = {"-gather": circuit.gather, "-aggregate": circuit.aggregate, "-both": [*circuit.gather, *circuit.aggregate]}
+    kept = {*circuit.gather, *circuit.aggregate}
+    if kept:
+        layers = {h.layer for h in kept}
+        sets["only_gna"] = [
+            Head(layer, h) for layer in sorted(layers) for h in range(model.heads_per_layer[layer]) if Head(layer, h) not in kept
+        ]
+    fallback = {
+        role: heads for role, heads in (("gather", circuit.gather), ("aggregate", circuit.aggregate)) if heads and role not in circuit.needs
+    }
+    logits: list[torch.Tensor] | None = None
+    spread_values: list[float] = []
+    measured: dict[str, float] = {}
+    prefixes: dict[str, list[float]] = {}
+    if remote.batched(model):  # one request: every accuracy below, and the path-patching metric's logits
+        corrupt = task.corrupted() if circuit.gather and circuit.aggregate else None
+        extra = spread_runs[1] if spread_runs is not None else ()
+        measured, prefixes, logits, spread_values = remote.confirm(
+            model, task, {k: v for k, v in sets.items() if v}, fallback, max_heads, corrupt, extra
+        )
+    for name, heads in sets.items():
+        if not heads:
+            circuit.accuracy[name] = clean
+        elif logits is not None:
+            circuit.accuracy[name] = measured[name]
+        else:
+            circuit.accuracy[name] = memo.accuracy(model, task, [Ablate(heads)], progress=evaluate_bars)
+    for role, heads in fallback.items():
+        curve: list[tuple[Head, float]] = []
+        if logits is not None:  # the cumulative sets were all measured: stop where the sequential search stops
+            for head, accuracy in zip(heads, prefixes[role], strict=False):
+                curve.append((head, accuracy))
+                if accuracy <= threshold:
+                    break
+            chosen, accuracy = [head for head, _ in curve], curve[-1][1]
+            circuit.needs[role] = RoleNeed(chosen, accuracy, accuracy <= threshold, curve, "all")
+            continue
+        chosen, accuracy, reached = collapsing_set(
+            model, task, heads, threshold, max_heads, clean, evaluate_progress=evaluate_bars, curve=curve
+        )
+        circuit.needs[role] = RoleNeed(chosen, accuracy, reached, curve, "all")
+    circuit.path_patching = gather_to_aggregate(model, task, circuit, logits)
+    return spread_values if logits is not None else None
+
+
+def gather_to_aggregate(
+    model: GnaModel, task: Task, circuit: GnaCircuit, logits: list[torch.Tensor] | None = None
+) -> dict[str, float] | None:
+    """Path patching of the edge: the Gather heads switched to a corrupted prompt (another
+    correct option), their change allowed to reach the output only through the Aggregate
+    heads of later layers. Metric: logit of the clean answer minus the corrupted one.
+    ``logits``: the clean and corrupt final logits, if already measured (a remote run: in the
+    confirmation's request); else the clean and corrupt metric are those of path patching's own
+    clean and corrupt runs (`patching.paths.prepare`: the same numbers, two forwards fewer)."""
+    if not circuit.gather or not circuit.aggregate:
+        return None
+    last_gather = max(model.head_position(h) for h in circuit.gather)
+    receivers = [h for h in circuit.aggregate if model.head_position(h) > last_gather]
+    if not receivers:
+        return None
+    corrupt = task.corrupted()
+    tokenizer = task.tokenizer_for(model.tokenizer)
+    clean_enc, corrupt_enc = task.encode(tokenizer), corrupt.encode(tokenizer)
+    if not (clean_enc.single_token and corrupt_enc.single_token):
+        return None
+    if clean_enc.batch.n_pos != corrupt_enc.batch.n_pos:
+        return None
+    rows = torch.arange(len(task))
+    right = clean_enc.candidate_ids[rows, clean_enc.correct]
+    wrong = corrupt_enc.candidate_ids[rows, corrupt_enc.correct]
+    metric = logit_diff(right, wrong)
+    if logits is None:  # path patching's own clean and corrupt runs give the clean and corrupt metric
+        setup, clean_value, corrupt_value = prepare(model, task, corrupt, check_senders(model, circuit.gather), receivers, metric, ANY, [])
+        path = path_scores(setup, [list(circuit.gather)])[0]
+    else:
+        clean_value, corrupt_value = reduce_metric(metric(logits[0])), reduce_metric(metric(logits[1]))
+        path = path_patching(model, task, corrupt, metric, senders=circuit.gather, receivers=receivers)
+    span = clean_value - corrupt_value
+    return {
+        "clean": clean_value,
+        "corrupt": corrupt_value,
+        "gather->aggregate": path,
+        "fraction_of_effect": (clean_value - path) / span if abs(span) > 1e-9 else float("nan"),
+    }

@@ -1,0 +1,65 @@
+"""The entry scan of G&A discovery: ablate a head only at the final position, then only
+on the segment tokens, then only at the segment ends; a head's output at position ``t``
+enters the residual stream at ``t`` alone, so this says where its effect comes in."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from ..core.heads import Head
+from ..core.interventions import Ablate
+from ..evaluation import evaluate_many
+from ..models.jobs import is_batched_remote
+from ..progress import progress_bar
+from .memo import accuracy as _accuracy
+
+if TYPE_CHECKING:
+    from ..models.handle import GnaModel
+    from ..tasks.base import EncodedTask, Task
+
+
+def segment_positions(encoded: EncodedTask) -> Tensor:
+    """``[batch, pos]`` bool: every token of every segment (first token to segment end, inclusive)."""
+    cols = torch.arange(encoded.batch.n_pos)
+    inside = (cols >= encoded.spans[..., :1]) & (cols < encoded.spans[..., 1:2])  # [batch, segment, pos]
+    return inside.any(1)
+
+
+def entry_scan(
+    model: GnaModel,
+    task: Task,
+    encoded: EncodedTask,
+    heads: Sequence[Head],
+    *,
+    progress: bool = True,
+    extra: Sequence[list[Head]] = (),
+    extra_values: list[float] | None = None,
+) -> dict[Head, dict[str, float]]:
+    """Per head: task accuracy with it ablated only at each prompt's ``final`` position,
+    only on its ``segments`` (`segment_positions`), and only at the segment ``ends`` (the
+    paper's Gather writes its summary there; a head writing elsewhere in the segments,
+    e.g. tagging each word with its label, shows a small ``ends`` effect). Empty when
+    candidates span several tokens: their continuation batches are re-padded, so
+    positions move. ``extra``: groups ablated at every position, measured in the same
+    request on a remote model (a remote head scan's search), their accuracies appended to
+    ``extra_values`` (nothing measured when the scan measures nothing)."""
+    if not encoded.single_token or not heads:
+        return {}
+    where = {"final": encoded.final, "segments": segment_positions(encoded), "ends": encoded.segment_ends}
+    if is_batched_remote(model):  # every evaluation in one request
+        runs = [(task, [Ablate([head], positions=positions)]) for head in heads for positions in where.values()]
+        results = [result.accuracy for result in evaluate_many(model, [*runs, *((task, [Ablate(g)]) for g in extra)])]
+        if extra_values is not None:
+            extra_values += results[len(runs) :]
+        values = iter(results)
+        return {head: {name: next(values) for name in where} for head in heads}
+    if extra_values is not None:
+        extra_values += [_accuracy(model, task, [Ablate(g)]) for g in extra]
+    out: dict[Head, dict[str, float]] = {}
+    for head in progress_bar(list(heads), show=progress, desc="entry scan"):
+        out[head] = {name: _accuracy(model, task, [Ablate([head], positions=positions)]) for name, positions in where.items()}
+    return out

@@ -1,0 +1,411 @@
+"""Adaptive group testing: which heads of a set cost accuracy, scored by a callable.
+
+Pure: nothing here runs a model. A `Measure` (task accuracy with each group of heads
+ablated together) is the only contact with one; ``head_scans.head_scan`` builds it.
+
+`group_testing`: the heads are ablated together, and every group whose removal costs
+accuracy is split in halves, recursively, down to single heads (groups of at most
+`SINGLES_AT`: into single heads at once) (*verified*); the heads of a group that costs
+nothing keep its accuracy (*screened*). Finding ``k`` critical heads among ``N`` costs
+about ``2 k log2(N / k) + 1`` group forwards instead of ``N``. A group whose effect
+neither half explains (a role spread over many heads) is kept, with the heads the effect
+needs (`SpreadGroup`). `StagedGroupTesting` gets the same findings in 2 or 3 rounds (the
+tree measured level after level in batches, every layer together), for a remote model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..core.heads import Head
+
+
+@dataclass
+class SpreadGroup:
+    """A group of heads whose joint ablation costs accuracy that its parts (halves, or
+    single heads for a group of at most `SINGLES_AT`) do not explain: none costs
+    ``min_effect`` alone, or their effects add up to less than half the group's
+    (`group_testing`): an effect spread over many heads, which single-head ablation
+    cannot see.
+
+    Attributes:
+        heads: the group, ablated together.
+        accuracy: task accuracy with it ablated.
+        parts: accuracy with each part ablated alone.
+        needed: heads the group's effect needs: with the rest of the group kept ablated,
+            un-ablating any one of them brings accuracy back within ``min_effect`` of clean
+            (empty: the effect is redundant, no head or quarter of the group is needed).
+        searched: whether ``needed`` was searched: not for a group whose effect is below
+            twice ``min_effect`` (`group_testing`).
+    """
+
+    heads: list[Head]
+    accuracy: float
+    parts: tuple[float, ...]
+    needed: list[Head] = field(default_factory=list)
+    searched: bool = True
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "heads": [str(h) for h in self.heads],
+            "accuracy": self.accuracy,
+            "parts": list(self.parts),
+            "needed": [str(h) for h in self.needed],
+            "searched": self.searched,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SpreadGroup:
+        parts = tuple(float(v) for v in data["parts"])
+        needed = [Head.parse(h) for h in data.get("needed", [])]
+        return cls([Head.parse(h) for h in data["heads"]], data["accuracy"], parts, needed, bool(data.get("searched", True)))
+
+    def describe(self) -> str:
+        """``"L1H0-L1H127 (128 heads) 0.310 together, parts 0.950 / 0.930; needs L1H3, L1H9"``."""
+        ends = f"{self.heads[0]}-{self.heads[-1]}" if len(self.heads) > 1 else str(self.heads[0])
+        text = f"{ends} ({len(self.heads)} heads) {self.accuracy:.3f} together, parts {' / '.join(f'{v:.3f}' for v in self.parts)}"
+        if not self.searched:
+            return text + "; needs not searched (its effect is below twice min_effect)"
+        needed = ", ".join(map(str, self.needed)) if self.needed else "no head alone (redundant)"
+        return text + f"; needs {needed}"
+
+
+@dataclass
+class GroupTesting:
+    """What `group_testing` found in one set of heads.
+
+    Attributes:
+        singles: accuracy of each head measured alone (every head whose groups all cost
+            at least ``min_effect`` down to itself).
+        screened: for every other head, the accuracy of the smallest group it was measured
+            in that cost less than ``min_effect`` (or a spread group's half).
+        spread: groups whose effect no half explains (`SpreadGroup`).
+        tests: group forwards run (each an evaluation of the task).
+        rounds: rounds of tests (each round's groups are independent: one request remotely,
+            where `StagedGroupTesting` batches the rounds further).
+    """
+
+    singles: dict[Head, float]
+    screened: dict[Head, float]
+    spread: list[SpreadGroup]
+    tests: int
+    rounds: int
+
+
+SINGLES_AT = 4
+"""`group_testing` ablates the heads of a costly group of at most this many one by one."""
+
+Measure = Callable[[list[list[Head]]], list[float]]
+"""Task accuracy with each group of heads ablated (all of a group's heads together)."""
+
+
+def group_testing(measure: Measure, heads: Sequence[Head], clean: float, min_effect: float, search: bool = True) -> GroupTesting:
+    """Adaptive group testing for the heads whose single ablation costs at least
+    ``min_effect`` accuracy below ``clean``.
+
+    Rounds: ablate every group of the round together (``measure``); a group that costs
+    less than ``min_effect`` is cleared (its heads are *screened* with its accuracy); one
+    that costs more is split in halves for the next round, down to single heads (measured
+    alone); a costly group of at most `SINGLES_AT` heads goes to single heads at once
+    (as cheap as bisecting it, and cheaper where most of its heads cost accuracy).
+    Ablating more heads is assumed to cost at least as much as ablating fewer
+    (monotone effects): then every head that costs ``min_effect`` alone lies in costly
+    groups all the way down, and is found. ``k`` such heads among ``N`` cost at most ``1 +
+    2 k ceil(log2 N)`` tests, in at most ``ceil(log2 N) + 1`` rounds.
+
+    **Interactions.** A costly group whose parts all cost less than ``min_effect`` holds
+    an effect spread over many heads: single-head ablation would miss it, and so would
+    bisection; so does, in part, one whose parts' effects add up to less than half its
+    own (the union costs more than its parts explain). Such a group is kept as a
+    `SpreadGroup` (its costly parts are still split), and searched for the heads its
+    effect needs with the rest of the group kept ablated: each half's halves (quarters) are
+    un-ablated in turn (the group minus that quarter is ablated); a quarter without which
+    the effect falls below ``min_effect`` is needed, and is split the same way, the rest
+    of the group still ablated, down to single heads. A redundant effect (every quarter
+    can be spared) ends there, with no head named. A group whose effect is below twice
+    ``min_effect`` is kept but not searched (``searched=False``): there a part would be
+    "needed" for recovering less than ``min_effect``, an amount the scan counts as no
+    effect anywhere else (every part qualifies, and the search splits the whole group).
+
+    Args:
+        measure: accuracy with each group ablated (one call per round).
+        heads: the heads to search (usually one layer's).
+        clean: accuracy with nothing ablated.
+        min_effect: the smallest drop in accuracy that counts.
+        search: search the spread groups' needed heads here; ``False``: leave it to the
+            caller (`search_needed`, e.g. only for the groups a report shows), ``needed``
+            empty until then.
+
+    Returns:
+        `GroupTesting`.
+    """
+    singles: dict[Head, float] = {}
+    screened: dict[Head, float] = {}
+    spread: list[SpreadGroup] = []
+    tests = rounds = 0
+    pending: list[tuple[list[Head], tuple[int, int] | None]] = [(list(heads), None)] if heads else []
+    parents: list[tuple[list[Head], float]] = []  # costly groups split this round: (heads, accuracy)
+    while pending:
+        values = measure([group for group, _ in pending])
+        tests, rounds = tests + len(pending), rounds + 1
+        children: dict[int, list[tuple[list[Head], float]]] = {}
+        split: list[tuple[list[Head], tuple[int, int] | None]] = []
+        next_parents: list[tuple[list[Head], float]] = []
+        for (group, parent), value in zip(pending, values, strict=True):
+            if parent is not None:
+                children.setdefault(parent[0], []).append((group, value))
+            costly = clean - value >= min_effect
+            if len(group) == 1 and costly:
+                singles[group[0]] = value
+            elif not costly:
+                for head in group:
+                    screened[head] = value
+            if costly and len(group) > 1:
+                next_parents.append((group, value))
+                parts = [[h] for h in group] if len(group) <= SINGLES_AT else _halves(group)
+                split += [(part, (len(next_parents) - 1, i)) for i, part in enumerate(parts)]
+        for index, measured in children.items():  # a costly parent its parts do not explain
+            effects = [clean - value for _, value in measured]
+            if max(effects) < min_effect or sum(max(e, 0.0) for e in effects) < 0.5 * (clean - parents[index][1]):
+                group, value = parents[index]
+                spread.append(SpreadGroup(group, value, tuple(v for _, v in measured)))
+        pending, parents = split, next_parents
+    for item in spread:
+        item.searched = clean - item.accuracy >= 2 * min_effect
+        if item.searched and search:
+            item.needed, extra = _needed_heads(measure, item.heads, clean, min_effect)
+            tests, rounds = tests + extra[0], rounds + extra[1]
+    return GroupTesting(singles, screened, spread, tests, rounds)
+
+
+def search_needed(measure: Measure, group: SpreadGroup, clean: float, min_effect: float) -> int:
+    """Fill ``group.needed`` by `group_testing`'s search (for a group found with
+    ``search=False``; nothing for one whose effect is below twice ``min_effect``, which
+    `group_testing` does not search either). Returns the tests it ran."""
+    if not group.searched:
+        return 0
+    group.needed, (tests, _) = _needed_heads(measure, group.heads, clean, min_effect)
+    return tests
+
+
+def block_size(n_heads: int) -> int:
+    """`staged_group_testing`'s first stage stops halving at groups of this many heads, for
+    a layer of ``n_heads``: the power of two nearest ``sqrt(n_heads / 2)``, at least
+    `SINGLES_AT` (8 for 128, 16 for 512, 64 for 8,192)."""
+    return max(SINGLES_AT, 2 ** round(math.log2(max(1.0, math.sqrt(n_heads / 2)))))
+
+
+def _parts(group: list[Head]) -> list[list[Head]]:
+    """A costly group's parts in `group_testing`: single heads (at most `SINGLES_AT`), else halves."""
+    return [[h] for h in group] if len(group) <= SINGLES_AT else _halves(group)
+
+
+def _tree(group: list[Head], stop: int = 1) -> list[list[Head]]:
+    """``group`` and its parts, recursively, splitting the groups larger than ``stop``."""
+    out = [group]
+    if len(group) > max(stop, 1):
+        for part in _parts(group):
+            out += _tree(part, stop)
+    return out
+
+
+def _halving(group: list[Head]) -> list[list[Head]]:
+    """``group`` and its halves, recursively, down to single heads (a spread group's search)."""
+    return [group, *(sub for half in _halves(group) for sub in _halving(half))] if len(group) > 1 else [group]
+
+
+def stage_one(heads: Sequence[Head]) -> list[list[Head]]:
+    """`staged_group_testing`'s first stage for one layer's ``heads``: the layer and its
+    halves, recursively, down to groups of at most `block_size` heads."""
+    heads = list(heads)
+    return _tree(heads, block_size(len(heads))) if heads else []
+
+
+SEARCH_AT_ONCE = 16
+"""`staged_group_testing` measures the whole search of a spread group of at most this many
+heads in one round (every part's complement, down to single heads)."""
+
+
+class StagedGroupTesting:
+    """`group_testing`'s findings in few rounds, for a remote model, where a round (one
+    request) costs far more than a forward: each layer's bisection tree is measured level
+    after level in batches, and `group_testing`'s rules are applied to the values, so the
+    findings are exactly `group_testing`'s (the same tree, the same decisions), at more
+    forwards (the levels below a group that costs nothing are measured too).
+
+    Rounds, every layer's groups together:
+
+    1. every layer's `stage_one` groups (the layer, halved down to `block_size`; ``known``
+       values are not measured again: a remote `discover` sends this stage with its first
+       scans);
+    2. every group of the tree below each costly block reached by costly groups (halves,
+       then single heads at `SINGLES_AT`): the bisection is then complete;
+    3. the search of the spread groups' needed heads (`group_testing`): every part's
+       complement, down to single heads, for a group of at most `SEARCH_AT_ONCE` heads, the
+       quarters for a larger one, more rounds only where a larger group needs a part.
+       `pending` and `finish` let a caller send this round with other work (a remote
+       `discover`: with the entry scan).
+
+    Attributes:
+        results: one `GroupTesting` per layer (``rounds``: the rounds that measured any of its
+            groups); its spread groups' ``needed`` are filled by `finish`.
+    """
+
+    def __init__(
+        self,
+        measure: Measure,
+        layers: Sequence[Sequence[Head]],
+        clean: float,
+        min_effect: float,
+        known: dict[tuple[Head, ...], float] | None = None,
+    ) -> None:
+        self.measure, self.clean, self.min_effect = measure, clean, min_effect
+        self.memo = dict(known or {})
+        self.layers = [list(heads) for heads in layers]
+        self.counts = [[0, 0] for _ in self.layers]  # per layer: tests, rounds
+        self._run([(i, g) for i, heads in enumerate(self.layers) for g in stage_one(heads)])
+        self.results, frontier = self._walk()
+        self._searches = self._start()  # spread groups found in the first stage: their search's first round with the second stage
+        if frontier:
+            self._run([(i, g) for i, group in frontier for g in _tree(group)[1:]] + self._pending())
+        self.results, _ = self._walk()
+        self._searches = self._start()
+
+    def _start(self) -> list[tuple[int, SpreadGroup, list[list[Head]], bool]]:
+        """Each searched spread group's search from its start: its quarters (every part
+        below them as well, ``deep``, for a group of at most `SEARCH_AT_ONCE` heads)."""
+        return [
+            (i, group, [p for half in _halves(group.heads) for p in _halves(half)], len(group.heads) <= SEARCH_AT_ONCE)
+            for i, found in enumerate(self.results)
+            for group in found.spread
+            if group.searched
+        ]
+
+    def _run(self, groups: list[tuple[int, list[Head]]], values: Sequence[float] | None = None) -> None:
+        """Measure ``groups`` (one round; ``values``: measured by the caller)."""
+        missing = list({tuple(g): None for _, g in groups if tuple(g) not in self.memo})
+        if values is None:
+            values = self.measure([list(g) for g in missing]) if missing else []
+        self.memo.update(zip(missing, values, strict=True))
+        for layer in {i for i, _ in groups}:
+            self.counts[layer][0] += len({tuple(g) for i, g in groups if i == layer})
+            self.counts[layer][1] += 1
+
+    def _costly(self, value: float) -> bool:
+        return self.clean - value >= self.min_effect
+
+    def _walk(self) -> tuple[list[GroupTesting], list[tuple[int, list[Head]]]]:
+        """`group_testing`'s rounds on the measured values: the findings, and the costly
+        groups whose parts are not measured yet."""
+        out, frontier = [], []
+        for i, heads in enumerate(self.layers):
+            found = GroupTesting({}, {}, [], *self.counts[i])
+            level = [heads] if heads else []
+            while level:
+                below = []
+                for group in level:
+                    value = self.memo[tuple(group)]
+                    if not self._costly(value):
+                        found.screened.update((h, value) for h in group)
+                        continue
+                    if len(group) == 1:
+                        found.singles[group[0]] = value
+                        continue
+                    parts = _parts(group)
+                    if any(tuple(p) not in self.memo for p in parts):
+                        frontier.append((i, group))
+                        continue
+                    effects = [self.clean - self.memo[tuple(p)] for p in parts]
+                    if max(effects) < self.min_effect or sum(max(e, 0.0) for e in effects) < 0.5 * (self.clean - value):
+                        found.spread.append(SpreadGroup(group, value, tuple(self.memo[tuple(p)] for p in parts)))
+                    below += parts
+                level = below
+            for item in found.spread:
+                item.searched = self.clean - item.accuracy >= 2 * self.min_effect
+            out.append(found)
+        return out, frontier
+
+    def _pending(self) -> list[tuple[int, list[Head]]]:
+        """``(layer index, group)`` of the searches' next round: each part's complement in its
+        spread group (and every part below it, for a ``deep`` search)."""
+        out = []
+        for i, group, parts, deep in self._searches:
+            for part in parts:
+                for sub in _halving(part) if deep else [part]:
+                    out.append((i, [h for h in group.heads if h not in set(sub)]))
+        return out
+
+    def _advance(self) -> None:
+        """Take the searches as far as the measured values go (`group_testing`'s search:
+        a part whose complement costs less than ``min_effect`` is needed, and halved down to
+        single heads); what is left waits for a round, every part below it then measured."""
+        searches, self._searches = self._searches, []
+        for i, group, parts, _ in searches:
+            split: list[list[Head]] = []
+            queue, at = list(parts), 0
+            while at < len(queue):  # in order: `pending` and the round after it list the same groups
+                current, at = queue[at], at + 1
+                complement = tuple(h for h in group.heads if h not in set(current))
+                if complement not in self.memo:
+                    split.append(current)
+                elif not self._costly(self.memo[complement]):
+                    if len(current) == 1:
+                        group.needed.append(current[0])
+                    else:
+                        queue += _halves(current)
+            if split:
+                self._searches.append((i, group, split, True))
+            else:
+                group.needed.sort()
+
+    @property
+    def pending(self) -> list[list[Head]]:
+        """The groups the search's next round measures (empty: the search is done)."""
+        self._advance()
+        return [list(g) for g in {tuple(g): None for _, g in self._pending() if tuple(g) not in self.memo}]
+
+    def finish(self, values: Sequence[float] | None = None) -> list[GroupTesting]:
+        """Run the search to its end and return `results`; ``values``: the accuracies of
+        `pending`'s groups, measured by the caller."""
+        self._advance()
+        while self._searches:
+            self._run(self._pending(), values)
+            values = None
+            self._advance()
+        for found, (tests, rounds) in zip(self.results, self.counts, strict=True):
+            found.tests, found.rounds = tests, rounds
+        return self.results
+
+
+def staged_group_testing(
+    measure: Measure, layers: Sequence[Sequence[Head]], clean: float, min_effect: float, known: dict[tuple[Head, ...], float] | None = None
+) -> list[GroupTesting]:
+    """`StagedGroupTesting`'s findings (`group_testing`'s, for every layer of ``layers`` at
+    once), its search included: one `GroupTesting` per layer."""
+    return StagedGroupTesting(measure, layers, clean, min_effect, known).finish()
+
+
+def _needed_heads(measure: Measure, group: list[Head], clean: float, min_effect: float) -> tuple[list[Head], tuple[int, int]]:
+    """Heads of a spread group its effect needs (`group_testing`), and ``(tests, rounds)``."""
+    needed: list[Head] = []
+    tests = rounds = 0
+    pending = [part for half in _halves(group) for part in _halves(half)]
+    while pending:
+        values = measure([[h for h in group if h not in set(part)] for part in pending])
+        tests, rounds = tests + len(pending), rounds + 1
+        split = []
+        for part, value in zip(pending, values, strict=True):
+            if clean - value < min_effect:  # without this part ablated, the effect is gone: needed
+                if len(part) == 1:
+                    needed.append(part[0])
+                else:
+                    split += _halves(part)
+        pending = split
+    return sorted(needed), (tests, rounds)
+
+
+def _halves(group: list[Head]) -> list[list[Head]]:
+    half = (len(group) + 1) // 2
+    return [part for part in (group[:half], group[half:]) if part]

@@ -1,0 +1,277 @@
+"""The head scan of G&A discovery and its prescreen, measured as task accuracy.
+
+`head_scan`: zero-ablate heads one at a time (batched sweep). Layers with more heads than
+``screen_above`` (Mamba-1: every channel is a head) are scanned by adaptive group testing
+(`group_testing.group_testing`, or `group_testing.StagedGroupTesting` on a remote model).
+`prescreen`: which heads to ablate one by one when there are too many.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from ..core.heads import Head
+from ..core.inputs import Batch
+from ..core.interventions import Ablate
+from ..evaluation import evaluate_many
+from ..models.jobs import is_batched_remote
+from ..patching.metrics import candidate_accuracy
+from ..patching.sweeps import ablation_sweep
+from ..progress import progress_bar
+from .group_testing import Measure, SpreadGroup, StagedGroupTesting, group_testing, search_needed
+from .memo import accuracy as _accuracy
+
+if TYPE_CHECKING:
+    from ..models.handle import GnaModel
+    from ..tasks.base import Task
+
+
+@dataclass
+class HeadScan:
+    accuracy: Tensor
+    """``[layer, head]`` accuracy with that head zero-ablated; NaN where not scanned."""
+    verified: Tensor
+    """``[layer, head]`` bool: measured alone (not only through its group)."""
+    spread: list[SpreadGroup] = field(default_factory=list)
+    """Groups of the adaptively scanned layers whose effect no half explains (`group_testing`)."""
+    tests: dict[int, int] = field(default_factory=dict)
+    """Per adaptively scanned layer, its group forwards."""
+    search: StagedGroupTesting | None = None
+    """A remote scan's spread-group search still to finish (``head_scan(defer_search=True)``):
+    `StagedGroupTesting.finish`, then `record_search`."""
+    unsearched: list[SpreadGroup] = field(default_factory=list)
+    """A local scan's spread groups whose needed heads are not searched yet
+    (``head_scan(search_spread=False)``): `search_spread`."""
+    measure: Measure | None = None
+    """What measured the groups (for `search_spread`)."""
+    clean: float | None = None
+    min_effect: float = 0.02
+
+    def search_spread(self, groups: Sequence[SpreadGroup]) -> None:
+        """Search the needed heads of those of ``groups`` left unsearched (`search_needed`),
+        adding their tests to `tests`; the others are left as they are."""
+        for group in groups:
+            if not any(group is item for item in self.unsearched) or self.measure is None or self.clean is None:
+                continue
+            layer = group.heads[0].layer
+            self.tests[layer] = self.tests.get(layer, 0) + search_needed(self.measure, group, self.clean, self.min_effect)
+            self.unsearched = [item for item in self.unsearched if item is not group]
+
+    def record_search(self) -> None:
+        """Finish `search` (measuring what is left) and count its tests."""
+        if self.search is not None:
+            results = self.search.finish()
+            self.tests = {heads[0].layer: found.tests for heads, found in zip(self.search.layers, results, strict=True) if heads}
+            self.search = None
+
+
+PRESCREEN_STEPS = 4
+"""Integration points of the prescreen's integrated-gradients ranking (`prescreen`)."""
+
+
+def prescreen_method(model: GnaModel, steps: int = PRESCREEN_STEPS) -> str:
+    """How `prescreen` ranks heads on ``model``, in words (recorded in the circuit's settings
+    when `prescreen` does not say more: it returns what it ran)."""
+    if getattr(model.backend, "remote", False):
+        return "forward-only: the layer scan's costly layers (remote model: no local backward for attribution)"
+    if steps == 1:
+        return "first-order attribution of zero ablation on the candidate logit difference"
+    return f"integrated gradients, {steps} steps, of zero ablation on the candidate logit difference"
+
+
+@dataclass
+class Prescreen:
+    """What `prescreen` chose.
+
+    Attributes:
+        heads: the heads to ablate one by one, layer-major.
+        estimates: ``[layer, head]`` estimates of the ranked heads' zero-ablation effect
+            (0 elsewhere), or ``None`` where nothing was estimated.
+        method: how the heads were chosen, in words (`prescreen_method`'s, or why the
+            ranking stopped at first order or did not run).
+    """
+
+    heads: list[Head]
+    estimates: Tensor | None
+    method: str
+
+
+def prescreen(
+    model: GnaModel,
+    task: Task,
+    layers: Sequence[int],
+    harmful_layers: Sequence[int],
+    keep: int,
+    rows: int = 64,
+    steps: int = PRESCREEN_STEPS,
+    grouped: Sequence[int] = (),
+) -> Prescreen:
+    """Which heads of ``layers`` to ablate one by one when there are too many: every head of
+    ``harmful_layers`` (from the layer scan: removing the layer costs accuracy), and the
+    ``keep`` heads with the largest estimate of their zero-ablation effect on the candidate
+    logit difference: integrated gradients over ``steps`` points (`ablation_attribution`'s,
+    ``rule="left"``; ``steps`` forwards and backwards per ``rows`` prompts; first-order attribution misranks the hybrid toy's heads,
+    docs/patching.md). A head whose estimate is exactly 0 (its output reaches nothing the
+    metric depends on, e.g. its out-projection columns are zero) is kept only through its
+    layer. The heads of ``grouped`` layers (scanned by group testing) are neither gated
+    nor ranked. Remote models get no attribution (no local backward): the layers alone,
+    the forward-only screen.
+
+    **Only where the ranking decides.** The first point (``alpha = 0``) is first-order
+    attribution. When at most ``keep`` heads have a non-zero first-order estimate, every
+    one of them is kept whatever their order, so the other ``steps - 1`` points are not
+    run (the estimates stay first order; a gradient exactly 0 at ``alpha = 0`` is taken to
+    be structural, 0 along the whole path, as for zeroed out-projection columns). With
+    nothing to rank (no gated head outside ``harmful_layers``), no attribution runs.
+    Otherwise the remaining points complete the integral: the same estimates as
+    `ablation_attribution` with ``steps`` points.
+
+    Returns:
+        `Prescreen`.
+    """
+    from ..core.compile import heads_by_site
+    from ..patching.attribution import integrated_effects
+    from ..patching.metrics import candidate_logit_diff
+
+    harmful, skipped = set(harmful_layers), set(grouped)
+    scanned = [Head(layer, h) for layer in layers if layer not in skipped for h in range(model.heads_per_layer[layer])]
+    chosen = {head for head in scanned if head.layer in harmful}
+    if getattr(model.backend, "remote", False):
+        return Prescreen(sorted(chosen), None, prescreen_method(model, steps))
+    if all(head.layer in harmful for head in scanned):
+        return Prescreen(sorted(chosen), None, "every head of the costly layers (nothing else to rank: no attribution)")
+    encoded = task.encode(task.tokenizer_for(model.tokenizer))
+    sites = sorted(heads_by_site(model.layout, scanned))
+    ambient = list(model.active_interventions)
+    chunks = []
+    for start in range(0, encoded.batch.n_rows, rows):  # gradients of `rows` prompts at a time
+        stop = min(start + rows, encoded.batch.n_rows)
+        chunk = Batch(encoded.batch.input_ids[start:stop], encoded.batch.attention_mask[start:stop])
+        metric = candidate_logit_diff(encoded.candidate_ids[start:stop], encoded.correct[start:stop])
+        chunks.append((chunk, metric, (stop - start) / encoded.batch.n_rows))
+
+    def integrate(points: Sequence[int], baselines: list[float | None]) -> tuple[Tensor, list[float | None]]:
+        estimates = torch.zeros(model.n_layers, model.n_heads)
+        measured: list[float | None] = []
+        for (chunk, metric, weight), baseline in zip(chunks, baselines, strict=True):
+            targets = {site: torch.zeros(()) for site in sites}
+            effects, value = integrated_effects(model, chunk, ambient, targets, metric, steps, "left", points=points, baseline=baseline)
+            measured.append(value)
+            for head in scanned:
+                site, index = model.head_site(head)
+                estimates[head.layer, head.head] += float(effects[site][:, index].sum()) * weight
+        return estimates, measured
+
+    estimates, baselines = integrate([0], [None] * len(chunks))  # alpha = 0: first order, divided by `steps`
+    live = [head for head in scanned if float(estimates[head.layer, head.head]) != 0.0]
+    if len(live) <= keep or steps == 1:
+        method = prescreen_method(model, 1)
+        if steps > 1:
+            method += f": {len(live)} heads reach the metric, at most the {keep} kept, so integrated gradients would decide nothing"
+        return Prescreen(sorted(chosen | set(live)), estimates * steps, method)
+    rest, _ = integrate(range(1, steps), baselines)
+    estimates += rest
+    order = sorted(scanned, key=lambda h: (-abs(float(estimates[h.layer, h.head])), h))
+    chosen |= {h for h in order[:keep] if float(estimates[h.layer, h.head]) != 0.0}
+    return Prescreen(sorted(chosen), estimates, prescreen_method(model, steps))
+
+
+def head_scan(
+    model: GnaModel,
+    task: Task,
+    layers: Sequence[int],
+    *,
+    screen_above: int = 64,
+    only: Collection[Head] | None = None,
+    adaptive: Sequence[int] = (),
+    clean: float | None = None,
+    min_effect: float = 0.02,
+    progress: bool = True,
+    known: dict[tuple[Head, ...], float] | None = None,
+    defer_search: bool = False,
+    search_spread: bool = True,
+) -> HeadScan:
+    """Single-head zero-ablation accuracy for every head of ``layers`` (see module docs):
+    layers of more than ``screen_above`` heads by adaptive group testing (`group_testing`,
+    heads whose single ablation costs at least ``min_effect`` below ``clean``). With
+    ``only``, for those heads alone (a `prescreen`), and the layers ``adaptive`` by group
+    testing whatever their width. On a remote model (one request per round) every such
+    layer together by `staged_group_testing` (2 or 3 rounds, not one per bisection step).
+
+    Args:
+        clean: accuracy with nothing ablated (measured if needed and not given).
+        known: group accuracies already measured (`staged_group_testing`'s ``known``).
+        defer_search: on a remote model, leave the spread groups' search to the caller
+            (`HeadScan.search`: its first round can travel with other work).
+        search_spread: locally, search the spread groups' needed heads in the scan;
+            ``False``: only when asked (`HeadScan.search_spread`: ``discover`` searches
+            those of the groups its spread report shows). A remote scan searches them all.
+    """
+    accuracy = torch.full((model.n_layers, model.n_heads), float("nan"))
+    verified = torch.zeros(model.n_layers, model.n_heads, dtype=torch.bool)
+    direct: list[Head] = []
+    wide = list(adaptive)
+    if only is not None:
+        direct = sorted(h for h in only if h.layer not in set(wide))
+    else:
+        for layer in layers:
+            heads = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
+            if len(heads) > screen_above:
+                wide.append(layer)
+            else:
+                direct += heads
+    spread: list[SpreadGroup] = []
+    tests: dict[int, int] = {}
+    if wide and clean is None:
+        clean = _accuracy(model, task)
+    heads_of = {layer: [Head(layer, h) for h in range(model.heads_per_layer[layer])] for layer in wide}
+    search = None
+    if wide and is_batched_remote(model) and not model.active_interventions:  # few rounds: each is a request
+        search = StagedGroupTesting(_group_measure(model, task), list(heads_of.values()), float(clean), min_effect, known)  # type: ignore[arg-type]
+        results = search.results if defer_search else search.finish()
+    else:
+        layers_shown = progress_bar(wide, show=progress, desc="group testing")
+        measure = _group_measure(model, task)
+        results = [group_testing(measure, heads_of[layer], float(clean), min_effect, search_spread) for layer in layers_shown]  # type: ignore[arg-type]
+    for layer, found in zip(wide, results, strict=True):
+        for values, measured in ((found.screened, False), (found.singles, True)):
+            for head, value in values.items():
+                accuracy[head.layer, head.head] = value
+                verified[head.layer, head.head] = measured
+        spread += found.spread
+        tests[layer] = found.tests
+    for head, value in _single_ablations(model, task, direct, progress).items():
+        accuracy[head.layer, head.head] = value
+        verified[head.layer, head.head] = True
+    scan = HeadScan(accuracy, verified, spread, tests, search if defer_search else None)
+    if search is None and not search_spread:
+        scan.unsearched = [group for group in spread if group.searched]
+        scan.measure, scan.clean, scan.min_effect = measure, float(clean) if clean is not None else None, min_effect
+    return scan
+
+
+def _group_measure(model: GnaModel, task: Task) -> Measure:
+    """`Measure` on ``model``: a remote model's round in one request (`evaluate_many`)."""
+
+    def measure(groups: list[list[Head]]) -> list[float]:
+        if is_batched_remote(model):
+            return [result.accuracy for result in evaluate_many(model, [(task, [Ablate(g)]) for g in groups])]
+        return [_accuracy(model, task, [Ablate(g)]) for g in groups]
+
+    return measure
+
+
+def _single_ablations(model: GnaModel, task: Task, heads: list[Head], progress: bool) -> dict[Head, float]:
+    if not heads:
+        return {}
+    encoded = task.encode(task.tokenizer_for(model.tokenizer))
+    if encoded.single_token:  # one batched sweep, scored by candidate accuracy
+        metric = candidate_accuracy(encoded.candidate_ids, encoded.correct)
+        sweep = ablation_sweep(model, task, metric, heads=heads, progress=progress)
+        return {h: float(sweep.scores[h.layer, h.head]) for h in heads}
+    return {h: _accuracy(model, task, [Ablate([h])]) for h in progress_bar(heads, show=progress, desc="head scan")}

@@ -1,0 +1,270 @@
+"""The stages of `discover` (`pipeline`), one function each, in the order it runs them:
+`check_arguments`, `first_request` (a remote run's first request), `baseline` and
+`label_check`, `layer_stages` (truncation and layer scans), `prescreen_stage`, the head scan
+(`head_scans.head_scan`), `entry_stage`, `role_stage`, `joint_stage` and `confirm_stage`."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..core.heads import Head
+from ..core.interventions import Ablate
+from ..evaluation import Evaluation, evaluate
+from ..models.structure import ablating_every_head_skips, acts_where_it_writes, mixer_is_the_block
+from ..tasks.base import Task
+from ..tasks.mcq import shuffle_labels
+from . import head_scans, layer_scans, memo, remote
+from .circuit import GnaCircuit
+from .confirm import confirm, roles_left_open, spread_check, spread_check_runs
+from .entry import entry_scan
+from .evidence import HeadEvidence
+from .group_testing import stage_one
+from .joint import JointSearch, head_float
+from .roles import RoleScores, RoleThresholds, entry_shares, label, pattern_agrees
+
+if TYPE_CHECKING:
+    from ..models.handle import GnaModel
+    from ..tasks.base import EncodedTask
+
+
+class NoRetrievalWarning(UserWarning):
+    """The model answers the task at about chance: there is no retrieval to explain."""
+
+
+class PositionalAnswerWarning(UserWarning):
+    """The model answers multiple-choice prompts by the option's place (counting lines),
+    not by reading its label: with the labels shuffled it falls to chance. Its heads may
+    then count options rather than gather and aggregate them."""
+
+
+STAGES = ("truncation", "layers", "heads", "entry", "roles", "joint", "confirm")
+SEARCH_STAGES = ("layers", "heads", "entry", "roles", "joint")
+"""The stages that decide which heads a role's set holds: `stability` re-runs only these
+(the truncation scan and the confirmation measure, they do not choose)."""
+
+
+def check_arguments(
+    model: GnaModel, task: Task, stages: Sequence[str], thresholds: RoleThresholds | None, layers: Sequence[int] | None
+) -> tuple[RoleThresholds, list[int]]:
+    """`discover`'s arguments checked: the thresholds (default `RoleThresholds()`) and the
+    layers to scan (default every layer)."""
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise ValueError(f"unknown stages {unknown}: expected a subset of {STAGES}")
+    if not isinstance(task, Task):
+        raise TypeError(f"discover needs a gna_interp Task (prompts with annotated segments), got {type(task).__name__}")
+    if task.n_segments < 2:
+        raise ValueError(f"task {task.name!r} has {task.n_segments} segment(s): G&A discovery needs at least 2 options to retrieve from")
+    scan_layers = list(range(model.n_layers)) if layers is None else list(layers)
+    for layer in scan_layers:
+        model.check_layer(layer)
+    return thresholds or RoleThresholds(), scan_layers
+
+
+def first_request(model: GnaModel, task: Task, stages: Sequence[str], check_labels: bool, wide: Sequence[int]) -> remote.FirstScans:
+    """A remote run's first request (`remote.first_scans`): the baseline, the label check, the
+    truncation and layer scans, and the first stage of group testing of the ``wide`` layers
+    when there are at most `remote.SPECULATE_LAYERS` of them."""
+    speculated = []
+    if len(wide) <= remote.SPECULATE_LAYERS:
+        speculated = [g for layer in wide for g in stage_one([Head(layer, h) for h in range(model.heads_per_layer[layer])])]
+    return remote.first_scans(model, task, stages, check_labels, speculated)
+
+
+def baseline(model: GnaModel, task: Task, clean: Evaluation, chance_margin: float, settings: dict[str, Any]) -> GnaCircuit:
+    """The circuit with the baseline's accuracy (warning when it is near chance: there is no
+    retrieval to explain), nothing found yet."""
+    chance = clean.chance
+    notes = []
+    if clean.accuracy < chance + chance_margin:
+        notes.append(f"clean accuracy {clean.accuracy:.3f} is near chance ({chance:.3f}): there is no retrieval to explain")
+        warnings.warn(notes[-1], NoRetrievalWarning, stacklevel=4)
+    return GnaCircuit(
+        model=model.name,
+        family=model.arch.family,
+        task=task.name,
+        n_prompts=len(task),
+        gather=[],
+        aggregate=[],
+        heads=[],
+        accuracy={"clean": clean.accuracy, "chance": chance},
+        needs={},
+        warnings=notes,
+        n_segments=task.n_segments,
+        settings=settings,
+    )
+
+
+def layer_stages(model: GnaModel, task: Task, circuit: GnaCircuit, stages: Sequence[str], first: Any, progress: bool) -> None:
+    """The truncation scan with its critical layer, and the layer scan (measured in a remote
+    run's ``first`` request already)."""
+    clean, chance = circuit.accuracy["clean"], circuit.accuracy["chance"]
+    if "truncation" in stages:
+        circuit.truncation = layer_scans.truncation_scan(model, task, progress=progress) if first is None else first.truncation
+        circuit.critical_layer = layer_scans.critical_layer(circuit.truncation, clean, chance)  # type: ignore[arg-type]
+    if "layers" in stages:
+        circuit.layer_scan = layer_scans.layer_scan(model, task, progress=progress) if first is None else first.layer_scan
+
+
+def prescreen_stage(
+    model: GnaModel,
+    task: Task,
+    circuit: GnaCircuit,
+    scan_layers: list[int],
+    wide: list[int],
+    thresholds: RoleThresholds,
+    screen_above: int,
+    prescreen_keep: int,
+    batched: bool,
+) -> tuple[list[Head], list[int]]:
+    """Too many heads to ablate one by one: the heads the head scan ablates alone
+    (`head_scans.prescreen`) and the costly wide layers it scans by group testing."""
+    clean = circuit.accuracy["clean"]
+    costly = [layer for layer, accuracy in enumerate(circuit.layer_scan or []) if clean - accuracy >= thresholds.min_effect]
+    costly = [layer for layer in costly if layer in scan_layers]
+    adaptive = [layer for layer in costly if model.heads_per_layer[layer] > screen_above]  # wide: group testing
+    narrow = [layer for layer in costly if layer not in adaptive]
+    # A wide layer the layer scan clears is group testing's first group costing nothing, where
+    # the layer scan removed its heads alone (its one mixer is the whole block): none of its
+    # heads is ranked or ablated (monotone effects, as group testing assumes). Elsewhere the
+    # scan also removed an MLP or another mixer, and the prescreen ranks its heads.
+    scanned = circuit.layer_scan is not None
+    cleared = [layer for layer in wide if scanned and layer not in costly and mixer_is_the_block(model, layer)]
+    for layer in adaptive if scanned and not batched else ():  # group testing's first group, measured by the layer scan
+        if ablating_every_head_skips(model, layer):
+            every = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
+            memo.remember(model, task, [Ablate(every)], circuit.layer_scan[layer])  # type: ignore[index]
+    screened = head_scans.prescreen(model, task, scan_layers, narrow, prescreen_keep, grouped=[*adaptive, *cleared])
+    circuit.settings["prescreen"] = screened.method
+    if screened.estimates is not None:
+        circuit.attribution = [[head_float(v) for v in row] for row in screened.estimates]
+    return screened.heads, adaptive
+
+
+def entry_stage(
+    model: GnaModel,
+    task: Task,
+    encoded: EncodedTask,
+    evidence: dict[Head, HeadEvidence],
+    harmful: list[Head],
+    scan: head_scans.HeadScan,
+    progress: bool,
+) -> None:
+    """Where each harmful head's effect enters (`entry_scan`); a remote scan's spread-group
+    search travels in the same request."""
+    local = [h for h in harmful if acts_where_it_writes(model, h)]
+    pending = scan.search.pending if scan.search is not None else []
+    searched: list[float] = []
+    for head, entry in entry_scan(model, task, encoded, local, progress=progress, extra=pending, extra_values=searched).items():
+        evidence[head].entry = entry
+    if scan.search is not None and searched:
+        scan.search.finish(searched)
+
+
+def role_stage(
+    model: GnaModel,
+    task: Task,
+    evidence: dict[Head, HeadEvidence],
+    candidates: list[Head],
+    harmful: list[Head],
+    measured: dict[Head, RoleScores],
+    thresholds: RoleThresholds,
+    clean: float,
+) -> None:
+    """Pattern scores of the candidates, and the harmful heads' role labels (from the entry
+    shares, or the patterns alone), in the order of the heads' positions."""
+    for head, scores in ((h, measured[h]) for h in candidates):
+        item = evidence[head]
+        item.scores = scores
+        if head in harmful:
+            shares = None if item.entry is None else entry_shares(clean, item.ablated_accuracy or 0.0, item.entry)
+            item.role = label(scores, thresholds, shares)
+    gather_before_aggregate(evidence, model.head_position)
+    for item in evidence.values():
+        item.pattern_agrees = None if item.scores is None else pattern_agrees(item.role, item.scores, thresholds, task.n_segments)
+
+
+def joint_stage(search: JointSearch, circuit: GnaCircuit, threshold: float, max_heads: int, batched: bool) -> None:
+    """Per role, the joint set that collapses accuracy (`JointSearch`; one request remotely)."""
+    if batched:
+        circuit.needs |= remote.joint_search(search, circuit, threshold, max_heads)
+        return
+    for role in ("aggregate", "gather"):
+        if getattr(circuit, role):
+            need = search.run(circuit, role, threshold, max_heads)
+            if need is not None:
+                circuit.needs[role] = need
+
+
+def confirm_stage(
+    model: GnaModel,
+    task: Task,
+    encoded: EncodedTask,
+    circuit: GnaCircuit,
+    scan: head_scans.HeadScan,
+    threshold: float,
+    max_heads: int,
+    evaluate_bars: bool | None,
+    batched: bool,
+) -> None:
+    """The confirmation (`confirm.confirm`), then the spread check of the roles left open
+    (`confirm.spread_check`)."""
+    # A remote run measures the spread check's layers speculatively in the confirmation's
+    # request (every role that may stay open), so the check costs no request of its own.
+    check_spread = encoded.single_token and circuit.accuracy["clean"] >= threshold
+    spread_runs = spread_check_runs(model, task, encoded, circuit, roles_left_open(circuit)) if check_spread and batched else None
+    spread_values = confirm(model, task, circuit, threshold, max_heads, evaluate_bars, spread_runs)
+    if check_spread:
+        spread_check(model, task, encoded, circuit, scan, threshold, max_heads, spread_runs, spread_values)
+
+
+def label_check(
+    model: GnaModel, task: Task, circuit: GnaCircuit, threshold: float, evaluate_bars: bool | None, measured: float | None = None
+) -> None:
+    """Accuracy with the labels shuffled (skipped for tasks that are not multiple choice);
+    ``measured``: already measured (a remote run measures it with the first scans)."""
+    try:
+        relabelled = shuffle_labels(task)
+    except ValueError:
+        return
+    shuffled = evaluate(model, relabelled, progress=evaluate_bars).accuracy if measured is None else measured
+    circuit.accuracy["shuffled_labels"] = shuffled
+    if shuffled < threshold:
+        circuit.warnings.append(
+            f"with the labels shuffled, accuracy falls from {circuit.accuracy['clean']:.3f} to {shuffled:.3f}: the model answers "
+            "by the option's place, not by its label, so its heads may count options rather than gather and aggregate them"
+        )
+        warnings.warn(circuit.warnings[-1], PositionalAnswerWarning, stacklevel=4)
+
+
+def candidates(accuracy: torch.Tensor, verified: torch.Tensor, limit: int) -> list[Head]:
+    """Verified heads, most harmful first, at most ``limit``."""
+    found = [(float(accuracy[layer, head]), Head(layer, head)) for layer, head in verified.nonzero().tolist()]
+    return sorted(head for _, head in sorted(found)[:limit])
+
+
+def gather_before_aggregate(evidence: dict[Head, HeadEvidence], position: Callable[[Head], tuple[int, int]]) -> None:
+    """A Gather head feeds an Aggregate head, so the roles keep the order of the heads'
+    positions (``(layer, stage)``: a Zamba2 layer's Mamba-2 reads its shared attention;
+    FalconH1's parallel mixers share one): drop Gather labels at or after the last
+    Aggregate position (a segment-local head there cannot feed the readout), then, if
+    Gather heads remain, Aggregate labels at or before the first of them (a head there
+    reads no summaries: in layer 0, only token embeddings)."""
+    aggregates = [position(e.head) for e in evidence.values() if e.role == "aggregate"]
+    if not aggregates:
+        return
+    last = max(aggregates)
+    for item in evidence.values():
+        if item.role == "gather" and position(item.head) >= last:
+            item.role = None
+    gathers = [position(e.head) for e in evidence.values() if e.role == "gather"]
+    if not gathers:
+        return
+    first = min(gathers)
+    for item in evidence.values():
+        if item.role == "aggregate" and position(item.head) <= first:
+            item.role = None
