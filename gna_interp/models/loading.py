@@ -77,7 +77,7 @@ def load(
             ``False`` loads it with a `WeightsMismatchWarning` listing them.
         arch: the model's family as data (`gna_interp.core.arch.ArchSpec`), for a model
             object whose ``model_type`` the table lacks (or to override its row); see
-            `gna_interp.register_architecture` and docs/architecture.md.
+            `gna_interp.register_architecture` and docs/describe.md.
         **hf_kwargs: passed to ``from_pretrained``.
 
     Raises:
@@ -257,13 +257,35 @@ def _tlens_backend(hf_model: Any, tokenizer: Any, name: str, spec: ArchSpec) -> 
 
     from ..backends.tlens import TLensBackend
 
-    config = hf_model.config
+    twin = module_twin(hf_model)  # the bridge rewires modules in place: the caller's object keeps its own
+    config = twin.config
     if not getattr(config, "architectures", None):  # built from a config: TransformerLens picks its adapter by this name
         config.architectures = [type(hf_model).__name__]
     kernel = getattr(config, "_attn_implementation", None)  # the bridge switches the config to eager
     with tokenizer_copy(tokenizer) as bridge_tokenizer:
-        bridge = TransformerBridge.boot_transformers(name or spec.family, hf_model=hf_model, tokenizer=bridge_tokenizer)
+        bridge = TransformerBridge.boot_transformers(name or spec.family, hf_model=twin, tokenizer=bridge_tokenizer)
     return TLensBackend(bridge, spec, spec.resolve(config, spec.n_layers(config)), attn_implementation=kernel)
+
+
+def module_twin(module: torch.nn.Module) -> Any:
+    """A copy of ``module``'s structure that shares its tensors: new module objects (and a
+    new ``config``), the same parameters, buffers and tensor attributes (no weight is
+    copied: the twin costs the module objects only). Accelerate's dispatch hooks are
+    shared too. TransformerLens's bridge replaces submodules of the model it boots on
+    with its wrappers (``_original_component``), which ``save_pretrained`` then refuses
+    as shared tensors: booted on the twin, it leaves the caller's object as it was."""
+    memo: dict[int, Any] = {}
+    for sub in module.modules():
+        for tensor in (*sub._parameters.values(), *sub._buffers.values()):
+            if tensor is not None:
+                memo[id(tensor)] = tensor
+        for value in vars(sub).values():
+            if isinstance(value, torch.Tensor):
+                memo[id(value)] = value
+        hook = getattr(sub, "_hf_hook", None)
+        if hook is not None:
+            memo[id(hook)] = hook
+    return copy.deepcopy(module, memo)
 
 
 @contextmanager
