@@ -32,8 +32,10 @@ class GnaModel:
     """A model with a backend. Same calls, same numbers, on every backend.
 
     Attributes:
-        hf_model: the caller's ``transformers`` model, unchanged (for ``tlens`` the bridge
-            wraps a twin sharing its tensors: `gna_interp.models.loading.module_twin`).
+        hf_model: the ``transformers`` model the backend runs: on ``nnsight`` the one
+            given to `gna_interp.load`; on ``tlens`` a twin of it sharing every tensor
+            (`gna_interp.models.loading.module_twin`), whose modules the bridge wraps in
+            place (the caller's object is left as it was).
         tokenizer: the HF tokenizer.
         arch: the architecture table row.
         backend: the backend object (``.name`` is ``"tlens"`` or ``"nnsight"``).

@@ -59,7 +59,8 @@ def load(
 
     A model object passed in is put in eval mode (and moved for ``device`` / ``dtype``);
     nothing else of it changes: it still saves with ``save_pretrained`` and computes what
-    it did (``tlens``'s bridge boots on a twin sharing its tensors, `module_twin`).
+    it did. ``tlens``'s bridge wraps the modules it boots on in place, so it boots on a
+    twin sharing every tensor (`module_twin`), which is the handle's ``hf_model``.
 
     Args:
         model: a HF hub id (``"meta-llama/Llama-3.1-8B-Instruct"``), a local folder with
@@ -124,8 +125,9 @@ def load(
     if backend == "tlens" and not isinstance(hf_model, PreTrainedModel):
         raise ValueError(f"backend='tlens' wraps transformers models only; this {type(hf_model).__name__} runs on backend='nnsight'")
     hf_model.eval()
-    if backend == "tlens":
-        return GnaModel(hf_model, tokenizer, spec, _tlens_backend(hf_model, tokenizer, name, spec), name)
+    if backend == "tlens":  # the bridge rewires the modules it boots on: a twin, so the caller's object keeps its own
+        twin = module_twin(hf_model)
+        return GnaModel(twin, tokenizer, spec, _tlens_backend(twin, tokenizer, name, spec), name)
     return GnaModel(hf_model, tokenizer, spec, _nnsight_backend(hf_model, tokenizer, spec, remote), name)
 
 
@@ -279,13 +281,12 @@ def _tlens_backend(hf_model: Any, tokenizer: Any, name: str, spec: ArchSpec) -> 
 
     from ..backends.tlens import TLensBackend
 
-    twin = module_twin(hf_model)  # the bridge rewires modules in place: the caller's object keeps its own
-    config = twin.config
+    config = hf_model.config
     if not getattr(config, "architectures", None):  # built from a config: TransformerLens picks its adapter by this name
         config.architectures = [type(hf_model).__name__]
     kernel = getattr(config, "_attn_implementation", None)  # the bridge switches the config to eager
     with tokenizer_copy(tokenizer) as bridge_tokenizer:
-        bridge = TransformerBridge.boot_transformers(name or spec.family, hf_model=twin, tokenizer=bridge_tokenizer)
+        bridge = TransformerBridge.boot_transformers(name or spec.family, hf_model=hf_model, tokenizer=bridge_tokenizer)
     return TLensBackend(bridge, spec, spec.resolve(config, spec.n_layers(config)), attn_implementation=kernel)
 
 
