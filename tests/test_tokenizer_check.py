@@ -28,11 +28,12 @@ def test_probe_is_vocabulary_words_and_round_trips(tokenizer):
     assert tokenizer_problem(tokenizer, 64) is None
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama", "mamba2"])
+@pytest.mark.parametrize("family", ["qwen2", "jamba", "llama", "mamba2"])
 def test_following_the_missing_tokenizer_advice_gives_a_working_folder(tmp_path, tokenizer, family):
     """The advice, taken literally: ``tokenizer.save_pretrained(folder)``. transformers reads
     a Qwen2 folder's tokenizer as Qwen2Tokenizer (a byte-level BPE) whatever the folder's
-    tokenizer_config.json names, which made "w5 w6 w7" one token; the load reads it as
+    tokenizer_config.json names (transformers' MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS: qwen2,
+    jamba, ...), which made "w5 w6 w7" one token; the load reads it as
     the class the folder names once the first class fails the probe."""
     folder = model_folder(tmp_path, family)
     with pytest.raises(ModelFilesError, match="no usable tokenizer") as caught:
@@ -91,3 +92,45 @@ def test_task_text_the_tokenizer_cannot_give_back_names_the_tokenizer(tmp_path, 
         ValueError, match=r"falls in no token; the Qwen2Tokenizer does not give the text back \(.* -> .*\): pass the tokenizer"
     ):
         task.encode(collapsing)
+
+
+CORPUS = [
+    "Gather heads read the options and aggregate heads write the answer into the residual stream.",
+    "The model attends to the segment end, then copies the label of the correct option.",
+    "State space models and transformers both retrieve facts from their context windows.",
+] * 20
+
+
+def trained(kind: str):
+    """Small trained tokenizers of the kinds real checkpoints ship (GPT-2's byte-level BPE,
+    Llama's Metaspace BPE with byte fallback, a Unigram with NFKC): none is refused."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if kind == "byte_level":
+        core = Tokenizer(models.BPE())
+        core.pre_tokenizer, core.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        )
+        core.train_from_iterator(CORPUS, trainer)
+        return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|endoftext|>")
+    if kind == "metaspace":
+        core = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+        core.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        core.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+        core.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"]))
+        return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    core = Tokenizer(models.Unigram())
+    core.normalizer, core.pre_tokenizer, core.decoder = normalizers.NFKC(), pre_tokenizers.Metaspace(), decoders.Metaspace()
+    core.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=200, special_tokens=["<unk>"], unk_token="<unk>"))
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>")
+
+
+@pytest.mark.parametrize("kind", ["byte_level", "metaspace", "unigram"])
+def test_tokenizers_of_real_kinds_pass_the_probe(kind):
+    tokenizer = trained(kind)
+    text = probe_text(tokenizer)
+    assert text is not None and len(text.split()) == 8
+    assert tokenizer_problem(tokenizer, len(tokenizer)) is None
+    assert "its ids reach" in str(tokenizer_problem(tokenizer, len(tokenizer) - 1))  # one row short: refused

@@ -22,18 +22,18 @@ def probe_text(tokenizer: Any, n_words: int = PROBE_WORDS) -> str | None:
     try:
         size = len(tokenizer)
         special = set(tokenizer.all_special_ids)
-    except (AttributeError, TypeError, NotImplementedError):
+        step = max(1, size // _SCAN)
+        words: list[str] = []
+        for token_id in range(0, size, step):
+            if token_id in special:
+                continue
+            word = tokenizer.decode([token_id]).strip()
+            if len(word) >= 2 and word.isascii() and word.isalnum() and word not in words:  # no text a normaliser rewrites
+                words.append(word)
+                if len(words) == n_words:
+                    break
+    except (AttributeError, TypeError, NotImplementedError):  # not a HF tokenizer: nothing to probe with
         return None
-    step = max(1, size // _SCAN)
-    words: list[str] = []
-    for token_id in range(0, size, step):
-        if token_id in special:
-            continue
-        word = tokenizer.decode([token_id]).strip()
-        if len(word) >= 2 and word.isascii() and word.isalnum() and word not in words:  # no text a normaliser rewrites
-            words.append(word)
-            if len(words) == n_words:
-                break
     return " ".join(words) if len(words) >= 2 else None
 
 
