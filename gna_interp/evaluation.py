@@ -24,7 +24,7 @@ from .core.inputs import Batch, make_batch
 from .core.interventions import Ablate, Intervention, KeepOnly, MaskAttentionRows, Patch, as_interventions
 from .models.handle import check_model
 from .progress import progress_bar
-from .tasks.base import EncodedTask, Task
+from .tasks.base import EncodedTask, Task, not_a_task
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -161,21 +161,9 @@ def _rows_of(item: Intervention, start: int, stop: int) -> Intervention:
 
 def check_task(task: object, call: str) -> None:
     """A clear `TypeError` where ``call``'s ``task`` argument is not a `Task` (e.g. a list
-    of prompts, which has no answers to score, or a toy's name)."""
-    if isinstance(task, Task):
-        return
-    text = repr(task)
-    shown = text if len(text) <= 80 else text[:77] + "..."
-    if isinstance(task, str):
-        hint = f"; a bundled toy's task is gna.toy_task(name) (gna.toy_names() lists them), not its name {task!r}"
-    elif isinstance(task, (list, tuple)):
-        hint = "; prompts alone have no answers to score: model.logits(prompts) gives their logits"
-    else:
-        hint = ""
-    raise TypeError(
-        f"{call}: task={shown} ({type(task).__name__}): expected a gna_interp Task with prompts and answers, "
-        f"e.g. gna.toy_task('llama'), gna.tasks.mmlu(...), gna.tasks.kv_retrieval(...){hint}"
-    )
+    of prompts, which has no answers to score, or a toy's name): `not_a_task`."""
+    if not isinstance(task, Task):
+        raise not_a_task(task, call)
 
 
 def check_distinct_candidates(task: Task, encoded: EncodedTask) -> None:
@@ -289,8 +277,7 @@ def evaluate_with_logits(
     jobs = JobList(model)
     pending: list[tuple[EncodedTask, list[tuple[int, int, int]]] | Evaluation] = []
     for task, interventions in runs:
-        if not isinstance(task, Task):
-            raise TypeError(f"expected a gna_interp Task, got {type(task).__name__}")
+        check_task(task, "evaluate_with_logits")
         encoded = task.encode(task.tokenizer_for(model.tokenizer))
         check_distinct_candidates(task, encoded)
         if not encoded.single_token:

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from .core.compile import heads_of_kind
+from .core.errors import short_repr
 from .core.heads import Head
 from .core.inputs import UnknownWordsWarning, unk_id
 from .core.interventions import ABLATION_KINDS, HEAD_KINDS, Ablate
@@ -42,7 +43,7 @@ from .patching.metrics import candidate_accuracy
 from .patching.results import SweepResult
 from .patching.sweeps import ablation_sweep
 from .progress import progress_bar
-from .tasks.base import Task
+from .tasks.base import TASK_HOW, Task, not_a_task
 from .tasks.kv import kv_probe
 
 if TYPE_CHECKING:
@@ -237,10 +238,11 @@ def _probe_tasks(model: GnaModel, probe: Task | Sequence[Task] | None, n: int, s
     if isinstance(probe, Task):
         return [probe]
     if isinstance(probe, (str, bytes)) or not isinstance(probe, Sequence) or not probe:
-        raise TypeError(f"probe={probe!r}: expected a gna_interp Task, a non-empty list of them, or None (the KV probe)")
+        shown = f"{short_repr(probe)} ({type(probe).__name__})"
+        raise TypeError(f"retrieval_ranking: probe={shown}: a Task, a non-empty list of them, or None (the KV probe); {TASK_HOW}")
     for index, item in enumerate(probe):
         if not isinstance(item, Task):
-            raise TypeError(f"probe[{index}] is {item!r} ({type(item).__name__}): expected a gna_interp Task")
+            raise not_a_task(item, "retrieval_ranking", f"probe[{index}]")
     return list(probe)
 
 

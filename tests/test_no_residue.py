@@ -34,6 +34,7 @@ def fresh(request, llama_hf, tokenizer):
     hf = tiny_model("mamba2", seed=2) if request.param == "mamba2" else copy.deepcopy(llama_hf)
     backend = "nnsight" if request.param != "tlens" else "tlens"
     model = gna.load(hf, tokenizer=tokenizer, backend=backend)
+    hf = model.hf_model  # the modules the backend runs (on tlens, the bridge's twin of the caller's model)
     batch = model.to_batch(CLEAN)
     with torch.no_grad():
         hf_before = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.clone()

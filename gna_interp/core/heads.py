@@ -24,12 +24,20 @@ from dataclasses import dataclass
 _HEAD_PATTERN = re.compile(r"^\s*L?(\d+)\s*[.:H]\s*(\d+)\s*$", re.IGNORECASE)
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, init=False)
 class Head:
-    """One head: ``Head(layer=16, head=22)``. Frozen, hashable and ordered."""
+    """One head: ``Head(layer=16, head=22)``. Frozen, hashable and ordered. Text such as
+    ``"L16H22"`` is read by `Head.parse`."""
 
     layer: int
     head: int
+
+    def __init__(self, layer: int, head: int | None = None) -> None:
+        if head is None:  # Head("16.22"), Head(16): Python would only say "missing 1 required positional argument"
+            raise TypeError(_missing_head(layer))
+        object.__setattr__(self, "layer", layer)
+        object.__setattr__(self, "head", head)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         for field, value in (("layer", self.layer), ("head", self.head)):
@@ -52,6 +60,17 @@ class Head:
 
     def __str__(self) -> str:
         return f"L{self.layer}H{self.head}"
+
+
+def _missing_head(layer: object) -> str:
+    """The error for ``Head(layer)`` without a head index, pointing text to `Head.parse`."""
+    if isinstance(layer, str):
+        hint = typed_head_hint(layer)
+        fix = f"a head written as text{hint}" if hint else "gna.Head.parse reads text such as 'L16H22' or '16.22'"
+        return f"Head({layer!r}): Head(layer, head) takes two ints; {fix}"
+    if isinstance(layer, (tuple, list)):
+        return f"Head({layer!r}): Head(layer, head) takes two ints, not a pair{typed_head_hint(layer) or ''}"
+    return f"Head({layer!r}): the head index is missing: Head(layer, head), e.g. gna.Head({layer!r}, 0)"
 
 
 def typed_head_hint(value: object) -> str:

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..tasks.base import Task
+from ..tasks.base import Task, not_a_task
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
@@ -38,7 +38,7 @@ def write_task(task: Task, folder: str | Path, name: str | None = None, *, gener
         ``folder`` (as a `Path`).
     """
     if not isinstance(task, Task):
-        raise TypeError(f"expected a gna_interp Task, got {type(task).__name__}")
+        raise not_a_task(task, "write_task")
     name = name if name is not None else task.name.replace(":", "_")
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"task name {name!r}: expected letters, digits, '_', '.' or '-' (an lm-eval task name)")

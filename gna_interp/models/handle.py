@@ -12,6 +12,7 @@ from torch import Tensor
 from ..backends.base import RunOutput
 from ..core.arch import ArchSpec, LayerKind, LayerMixer, LayerSpec
 from ..core.compile import compile_plan
+from ..core.errors import short_repr
 from ..core.heads import Head, Resid, Target, refuse_string
 from ..core.inputs import Batch, check_token_ids, make_batch
 from ..core.interventions import Ablate, Intervention, as_interventions
@@ -31,8 +32,10 @@ class GnaModel:
     """A model with a backend. Same calls, same numbers, on every backend.
 
     Attributes:
-        hf_model: the underlying ``transformers`` model (for ``tlens``, its modules are
-            wrapped in place by the bridge; it still computes the same function).
+        hf_model: the ``transformers`` model the backend runs: on ``nnsight`` the one
+            given to `gna_interp.load`; on ``tlens`` a twin of it sharing every tensor
+            (`gna_interp.models.loading.module_twin`), whose modules the bridge wraps in
+            place (the caller's object is left as it was).
         tokenizer: the HF tokenizer.
         arch: the architecture table row.
         backend: the backend object (``.name`` is ``"tlens"`` or ``"nnsight"``).
@@ -339,14 +342,8 @@ def check_model(model: object, call: str) -> None:
         hint = "; wrap a transformers model with gna.load(hf_model, tokenizer=...)"
     else:
         hint = " (gna.load or gna.load_toy returns one)"
-    shown = f"<a {kind}>" if isinstance(model, torch.nn.Module) else _short(model)  # a module's repr runs to pages
+    shown = f"<a {kind}>" if isinstance(model, torch.nn.Module) else short_repr(model)  # a module's repr runs to pages
     raise TypeError(f"{call}: model={shown} ({kind}): expected a gna_interp GnaModel{hint}")
-
-
-def _short(value: object, limit: int = 80) -> str:
-    """``repr(value)``, cut to ``limit`` characters for error messages."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _capture_list(capture: Any, what: str = "capture") -> list[Target]:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..core.arch import ArchSpec, LayerKind
+from ..core.tokenizer_check import tokenizer_error, tokenizer_problem
 from ..progress import progress_enabled
 from .handle import GnaModel, weights_device
 from .hub import NDIF_KEY_HELP, hub_access, ndif_api_key
@@ -53,6 +54,13 @@ def load(
     Before any weight is read or downloaded (`gna_interp.models.preflight`): a path that
     looks like a folder must exist and hold ``config.json``; that file (for a hub id, the
     one file downloaded) must name a supported ``model_type``; the tokenizer must load.
+    The tokenizer must give back text made of its own vocabulary, and the model must
+    embed its ids (`gna_interp.core.tokenizer_check`).
+
+    A model object passed in is put in eval mode (and moved for ``device`` / ``dtype``);
+    nothing else of it changes: it still saves with ``save_pretrained`` and computes what
+    it did. ``tlens``'s bridge wraps the modules it boots on in place, so it boots on a
+    twin sharing every tensor (`module_twin`), which is the handle's ``hf_model``.
 
     Args:
         model: a HF hub id (``"meta-llama/Llama-3.1-8B-Instruct"``), a local folder with
@@ -77,14 +85,15 @@ def load(
             ``False`` loads it with a `WeightsMismatchWarning` listing them.
         arch: the model's family as data (`gna_interp.core.arch.ArchSpec`), for a model
             object whose ``model_type`` the table lacks (or to override its row); see
-            `gna_interp.register_architecture` and docs/architecture.md.
+            `gna_interp.register_architecture` and docs/describe.md.
         **hf_kwargs: passed to ``from_pretrained``.
 
     Raises:
         TypeError: a keyword that is neither `load`'s nor ``from_pretrained``'s.
         ModelFilesError: a missing folder, ``config.json`` or tokenizer (also a ``ValueError``).
         ValueError: an unsupported ``model_type``, an invalid ``config.json``, weights that
-            do not match the config, or a bad ``backend`` / ``remote``.
+            do not match the config, a tokenizer that is not the model's (naming its class
+            and ``tokenizer=``), or a bad ``backend`` / ``remote``.
     """
     check_keywords(hf_kwargs)
     if arch is not None and not isinstance(arch, ArchSpec):
@@ -101,8 +110,12 @@ def load(
         return _load_remote(model, tokenizer)
 
     source, access = _preflight(model, hf_kwargs)  # no weights yet; a hub id without network fails here, in seconds
+    tokenizer_given = tokenizer is not None
     tokenizer = _tokenizer(tokenizer, model, source, access)
     hf_model, name = _hf_model(model, source, device, dtype, {**hf_kwargs, **access}, check_weights)
+    problem = tokenizer_problem(tokenizer, embedding_rows(hf_model))
+    if problem is not None:
+        raise tokenizer_error(tokenizer, problem, "passed as tokenizer=" if tokenizer_given else "loaded with the model")
     spec = arch if arch is not None else spec_for_model(hf_model)
     foreign = swapped_in_layers(hf_model, spec.layers_path)
     backend = "nnsight" if remote or (foreign and backend is None) else (backend or spec.default_backend)
@@ -112,9 +125,20 @@ def load(
     if backend == "tlens" and not isinstance(hf_model, PreTrainedModel):
         raise ValueError(f"backend='tlens' wraps transformers models only; this {type(hf_model).__name__} runs on backend='nnsight'")
     hf_model.eval()
-    if backend == "tlens":
-        return GnaModel(hf_model, tokenizer, spec, _tlens_backend(hf_model, tokenizer, name, spec), name)
+    if backend == "tlens":  # the bridge rewires the modules it boots on: a twin, so the caller's object keeps its own
+        twin = module_twin(hf_model)
+        return GnaModel(twin, tokenizer, spec, _tlens_backend(twin, tokenizer, name, spec), name)
     return GnaModel(hf_model, tokenizer, spec, _nnsight_backend(hf_model, tokenizer, spec, remote), name)
+
+
+def embedding_rows(hf_model: Any) -> int | None:
+    """How many token ids the model embeds: its input embedding's rows, else
+    ``config.vocab_size``; ``None`` when neither tells."""
+    try:
+        return int(hf_model.get_input_embeddings().weight.shape[0])
+    except (AttributeError, NotImplementedError, TypeError):
+        size = getattr(hf_model.config, "vocab_size", None)
+        return int(size) if isinstance(size, int) else None
 
 
 def _check_backend(spec: ArchSpec, backend: str, foreign: dict[int, str]) -> None:
@@ -264,6 +288,27 @@ def _tlens_backend(hf_model: Any, tokenizer: Any, name: str, spec: ArchSpec) -> 
     with tokenizer_copy(tokenizer) as bridge_tokenizer:
         bridge = TransformerBridge.boot_transformers(name or spec.family, hf_model=hf_model, tokenizer=bridge_tokenizer)
     return TLensBackend(bridge, spec, spec.resolve(config, spec.n_layers(config)), attn_implementation=kernel)
+
+
+def module_twin(module: torch.nn.Module) -> Any:
+    """A copy of ``module``'s structure that shares its tensors: new module objects (and a
+    new ``config``), the same parameters, buffers and tensor attributes (no weight is
+    copied: the twin costs the module objects only). Accelerate's dispatch hooks are
+    shared too. TransformerLens's bridge replaces submodules of the model it boots on
+    with its wrappers (``_original_component``), which ``save_pretrained`` then refuses
+    as shared tensors: booted on the twin, it leaves the caller's object as it was."""
+    memo: dict[int, Any] = {}
+    for sub in module.modules():
+        for tensor in (*sub._parameters.values(), *sub._buffers.values()):
+            if tensor is not None:
+                memo[id(tensor)] = tensor
+        for value in vars(sub).values():
+            if isinstance(value, torch.Tensor):
+                memo[id(value)] = value
+        hook = getattr(sub, "_hf_hook", None)
+        if hook is not None:
+            memo[id(hook)] = hook
+    return copy.deepcopy(module, memo)
 
 
 @contextmanager

@@ -12,9 +12,12 @@ known from small files is checked first, in this order:
 3. the architecture: ``config.json`` alone (a local file, or the one file downloaded from
    the hub) must name a ``model_type`` in the architecture table (`check_architecture`);
 4. the tokenizer: a folder without one is refused, naming the folder and ``tokenizer=``
-   (`check_tokenizer`).
+   (`check_tokenizer`); one that does not give back text of its own vocabulary is read
+   as the class its ``tokenizer_config.json`` names, or refused
+   (`gna_interp.core.tokenizer_check`).
 
-After the weights load, `check_loaded_weights` refuses tensors the checkpoint lacks (which
+After the weights load, `gna_interp.load` refuses a tokenizer whose ids the model cannot
+embed, and `check_loaded_weights` refuses tensors the checkpoint lacks (which
 transformers would initialise at random) or holds in excess.
 
 Nothing here imports torch or transformers: the CLI uses these checks before any heavy
@@ -33,6 +36,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..core.arch import ArchSpec
+from ..core.tokenizer_check import tokenizer_error, tokenizer_problem
 from .registry import DESCRIBE_HELP, UnknownArchitectureError, spec_for
 
 LOAD_PARAMETERS = ("backend", "tokenizer", "device", "dtype", "remote", "check_weights")
@@ -239,7 +243,31 @@ def load_folder_tokenizer(folder: str, **options: Any) -> Any:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise _missing_tokenizer(folder, f"transformers: {first.rstrip(': ')}") from error
     check_tokenizer(tokenizer, folder)
-    return tokenizer
+    problem = tokenizer_problem(tokenizer)
+    if problem is None:
+        return tokenizer
+    # transformers forces its own class for some model types (qwen2, phi3, jamba...), whatever
+    # tokenizer_config.json names: a word-level vocabulary saved there then reads as BPE
+    declared = _declared_tokenizer_class(folder)
+    if declared and declared.removesuffix("Fast") != type(tokenizer).__name__.removesuffix("Fast"):
+        from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+        named = tokenizer_class_from_name(declared)
+        if named is not None:
+            other = named.from_pretrained(folder, **options)
+            if tokenizer_problem(other) is None:
+                return other
+    names = f", while its tokenizer_config.json names {declared}" if declared else ""
+    raise tokenizer_error(tokenizer, problem, f"that AutoTokenizer built from {folder!r}{names}")
+
+
+def _declared_tokenizer_class(folder: str) -> str | None:
+    """The ``tokenizer_class`` the folder's ``tokenizer_config.json`` names, if any."""
+    try:
+        declared = json.loads((Path(folder) / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return declared if isinstance(declared, str) else None
 
 
 def check_tokenizer(tokenizer: Any, where: str) -> None:

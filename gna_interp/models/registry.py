@@ -20,7 +20,7 @@ family's own config fields. Heads are numbered per layer, attention first, then 
 
 A family the table lacks is described the same way, as data, without editing the
 package: `register_architecture` adds a row for its ``model_type`` (or pass the row to
-``gna.load(module, arch=...)``); see docs/architecture.md, "Describing an architecture".
+``gna.load(module, arch=...)``); see docs/describe.md.
 
 A Zamba2 ``hybrid`` layer runs the shared attention block (``shared_transformer``, one set
 of weights for every hybrid layer) and then its own Mamba-2 layer (``mamba_decoder``): its
@@ -225,7 +225,7 @@ _REGISTERED: dict[str, ArchSpec] = {}
 
 DESCRIBE_HELP = (
     "to analyse a family the table lacks, describe it as data: gna.register_architecture(gna.ArchSpec(...)) "
-    "or gna.load(module, arch=gna.ArchSpec(...), tokenizer=...) (docs/architecture.md, 'Describing an architecture')"
+    "or gna.load(module, arch=gna.ArchSpec(...), tokenizer=...) (docs/describe.md)"
 )
 
 

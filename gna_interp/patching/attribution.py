@@ -111,7 +111,7 @@ def attribution_patching(
         ``baseline`` the metric of the run, ``reference`` that of the value source;
         ``meta["steps"]``, ``meta["rule"]``.
     """
-    check_metric(metric)
+    check_metric(metric, "attribution_patching", clean=clean, corrupt=corrupt)
     check_sites(sites, heads, "score")
     check_local(model, "attribution_patching")
     check_steps(steps, rule)

@@ -150,7 +150,7 @@ def edge_attribution(
         estimates them (``meta["method"]``: ``"first_order"``, ``"exact_upstream"`` or
         ``"exact_receiver"``).
     """
-    check_metric(metric)
+    check_metric(metric, "edge_attribution", clean=clean, corrupt=corrupt)
     check_local(model, "edge_attribution")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         what = (

@@ -23,12 +23,20 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..core.errors import short_repr
+
 Metric = Callable[[Tensor], Tensor | float]
 TokenSpec = int | Sequence[int] | Sequence[Sequence[int]] | Tensor
 
 
 def _integer_tensor(value: Any, what: str, owner: str, kind: str) -> Tensor:
     """``value`` as a long tensor; a float, bool, string or ragged list is refused."""
+    if _holds_text(value):
+        raise TypeError(
+            f"{owner}: {what}={short_repr(value)} is text: expected {kind}; get a token's id from the tokenizer, e.g. "
+            f"model.tokenizer.encode({_first_text(value)!r}, add_special_tokens=False)[0] (a task's candidates: "
+            "task.encode(model.tokenizer).candidate_ids)"
+        )
     try:
         raw = value if isinstance(value, Tensor) else torch.as_tensor(value)
     except (TypeError, ValueError, RuntimeError) as error:  # a string (TypeError), a ragged list (ValueError)
@@ -39,6 +47,19 @@ def _integer_tensor(value: Any, what: str, owner: str, kind: str) -> Tensor:
     if raw.dtype == torch.bool or raw.is_floating_point() or raw.is_complex():
         raise TypeError(f"{owner}: {what}={value!r} has dtype {raw.dtype}: expected {kind} (integers)")
     return raw.long()
+
+
+def _holds_text(value: Any) -> bool:
+    """A string, or a list (of lists) holding one, where token ids are expected."""
+    if isinstance(value, (str, bytes)):
+        return True
+    return isinstance(value, (list, tuple)) and any(_holds_text(item) for item in value)
+
+
+def _first_text(value: Any) -> Any:
+    if isinstance(value, (str, bytes)):
+        return value
+    return next(_first_text(item) for item in value if _holds_text(item))
 
 
 @dataclass(frozen=True)
@@ -301,17 +322,30 @@ def metric_name(metric: object) -> str:
     return str(name) if isinstance(name, str) else repr(metric)
 
 
-def check_metric(metric: object) -> None:
-    """A clear error for a metric that is not a function (e.g. the name ``"accuracy"``)."""
+def check_metric(metric: object, call: str = "", **inputs: object) -> None:
+    """A clear error for a metric that is not a function (e.g. the name ``"accuracy"``);
+    where one of ``call``'s ``inputs`` (``clean=...``) is the function, the two arguments are
+    named as swapped."""
     if callable(metric):
         return
+    shown = f"metric={short_repr(metric)} ({type(metric).__name__})"
+    swapped = next((name for name, value in inputs.items() if callable(value) and not isinstance(value, type)), None)
+    if swapped is not None:
+        order = ", ".join(["model", *inputs, "metric"])
+        raise TypeError(
+            f"{call}: the arguments {swapped} and metric are swapped: {swapped}={short_repr(inputs[swapped])} is the function "
+            f"and {shown} is not; call {call}({order}, ...)"
+        )
     hint = ""
     if isinstance(metric, str):
         hint = (
             f"; {metric!r} is a name, not a metric: build one, e.g. gna.candidate_accuracy(encoded.candidate_ids, "
             "encoded.correct) with encoded = task.encode(model.tokenizer), or gna.logit_diff(correct_ids, wrong_ids)"
         )
-    raise TypeError(f"metric={metric!r} is not callable: expected a function of logits [batch, pos, vocab] -> scalar or [batch]{hint}")
+    where = f"{call}: " if call else ""
+    raise TypeError(
+        f"{where}metric={short_repr(metric)} is not callable: expected a function of logits [batch, pos, vocab] -> scalar or [batch]{hint}"
+    )
 
 
 METRIC_RESULT = "a float, or a tensor (a scalar, or one value per row: averaged)"
@@ -341,4 +375,5 @@ def reduce_metric(value: Tensor | float, metric: object = None, n_rows: int | No
             return float(value)
         except (TypeError, ValueError):
             pass
-    raise TypeError(f"metric {metric_name(metric)} returned {value!r} ({type(value).__name__}): expected {METRIC_RESULT}")
+    hint = f"; make its {len(value)} values a tensor: torch.tensor(values)" if isinstance(value, (list, tuple)) else ""
+    raise TypeError(f"metric {metric_name(metric)} returned {short_repr(value)} ({type(value).__name__}): expected {METRIC_RESULT}{hint}")

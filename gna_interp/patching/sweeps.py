@@ -70,7 +70,7 @@ def ablation_sweep(
         any layer has) and ``baseline`` the metric with no head ablated.
     """
     check_model(model, "ablation_sweep")
-    check_metric(metric)
+    check_metric(metric, "ablation_sweep", clean=clean)
     check_ablation(how, corrupt)
     heads = head_list(model, heads)
     grouped = heads_by_site(model.layout, heads)
@@ -124,7 +124,7 @@ def patching_sweep(
         ``[layer]``; ``baseline`` is the unpatched run, ``reference`` the run on the value source.
     """
     check_model(model, "patching_sweep")
-    check_metric(metric)
+    check_metric(metric, "patching_sweep", clean=clean, corrupt=corrupt)
     check_sites(sites, heads, "patch")
     target, source = target_and_source(model, clean, corrupt, direction, "patching", " (by_position=True)" if by_position else "")
     ambient = [*model.active_interventions, *as_interventions(interventions)]

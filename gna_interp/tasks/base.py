@@ -21,7 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..core.errors import short_repr
 from ..core.inputs import Batch, make_batch, tokenize_naming_missing_words, unk_id, unknown_words, warn_unknown
+from ..core.tokenizer_check import TOKENIZER_FIX, round_trip_problem
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,25 @@ class EncodedTask:
         start, end = self.spans[rows, chosen, 0], self.spans[rows, chosen, 1]
         cols = torch.arange(self.batch.n_pos)
         return (cols[None] >= start[:, None]) & (cols[None] < end[:, None])
+
+
+TASK_HOW = (
+    "expected a gna_interp Task with prompts and answers, e.g. gna.toy_task('llama'), gna.tasks.mmlu(...), "
+    "gna.tasks.kv_retrieval(...), or your own: gna.tasks.Task(name, [gna.tasks.mcq_example(...), ...])"
+)
+"""How to build a Task: the one wording of every error for a value where a Task is expected."""
+
+
+def not_a_task(value: object, call: str, what: str = "task") -> TypeError:
+    """The error for ``value`` given as ``call``'s ``what`` where a `Task` is expected:
+    the value (cut), `TASK_HOW`, and a hint for a toy's name or bare prompts."""
+    if isinstance(value, str):
+        hint = f"; a bundled toy's task is gna.toy_task(name) (gna.toy_names() lists them), not its name {value!r}"
+    elif isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+        hint = "; prompts alone have no answers to score: model.logits(prompts) gives their logits"
+    else:
+        hint = ""
+    return TypeError(f"{call}: {what}={short_repr(value)} ({type(value).__name__}): {TASK_HOW}{hint}")
 
 
 class Task:
@@ -280,7 +301,9 @@ def _encode_example(example: Example, where: str, tokenizer: Any) -> dict[str, A
     def token_at(char: int, what: str) -> int:
         position = encoding.char_to_token(char)
         if position is None:
-            raise ValueError(f"{where}: the {what} (character {char}, {example.text[char]!r}) falls in no token")
+            problem = round_trip_problem(tokenizer, example.text)
+            why = f"; the {type(tokenizer).__name__} does not give the text back ({problem}): {TOKENIZER_FIX}" if problem else ""
+            raise ValueError(f"{where}: the {what} (character {char}, {example.text[char]!r}) falls in no token{why}")
         return int(position)
 
     ends = [token_at(s.end, "segment end") for s in example.segments]

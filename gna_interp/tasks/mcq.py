@@ -23,7 +23,7 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
-from .base import Example, Segment, Task, check_example
+from .base import Example, Segment, Task, check_example, not_a_task
 
 LETTERS = tuple(string.ascii_uppercase)
 ANSWER_PROMPT = "Answer:"
@@ -156,9 +156,7 @@ def shuffle_labels(task: Task, seed: int = 0) -> Task:
             other candidates).
     """
     if not isinstance(task, Task):
-        text = repr(task)
-        shown = text if len(text) <= 80 else text[:77] + "..."
-        raise TypeError(f"shuffle_labels: task={shown} ({type(task).__name__}): expected a gna_interp Task, e.g. gna.toy_task('llama')")
+        raise not_a_task(task, "shuffle_labels")
     if not is_multiple_choice(task):
         raise ValueError(
             f"task {task.name!r} is not plain multiple choice (prompts as mcq_example builds them): its labels cannot be shuffled"
