@@ -10,7 +10,7 @@ prompts of the toy task. Per student: accuracy on 400 held-out prompts before an
 the fraction of the teacher recovered, KV-cache and SSM-state bytes at a stated context
 length against the teacher's KV cache, and training minutes; one JSON line per student is
 appended to ``--json`` (default ``benchmarks/results/hybrid_students.jsonl``), which
-docs/hybrids.md and ``examples/hybrid_students.ipynb`` read.
+docs/layer_swap.md and ``examples/hybrid_students.ipynb`` read.
 
     python benchmarks/hybrid_students.py STUDENT [--steps-a 150] [--steps-b 400] [--init attention] [--lr 5e-4]
     (one student per process: run them in parallel, each on one thread)

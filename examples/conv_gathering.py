@@ -15,7 +15,7 @@
 #
 # This script checks that identity against HF's own SSM output on the bundled query-first
 # toy Mamba-2 (`mamba2_query_first`, whose critical Gather head L0H0 reads outside its own
-# segment; see docs/discovery.md), then gives the gather ratio of each layer-0 head's segment-end rows (1 = a uniform row):
+# segment; see docs/records/discovery.md), then gives the gather ratio of each layer-0 head's segment-end rows (1 = a uniform row):
 # from implicit attention (the paper's pattern), from each key's contribution without the
 # conv, with the conv folded in, and with the skip term D x_t folded in as well.
 

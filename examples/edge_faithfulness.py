@@ -1,5 +1,5 @@
 """Edges into the Llama toy's Aggregate head: rank them, then keep the top n and patch every
-other edge's corrupted sender into its receiver's stream (docs/patching.md, "Edge attribution"
+other edge's corrupted sender into its receiver's stream (docs/attribution.md, "Edge attribution"
 and "Faithfulness curves over edges"). Runs on the bundled toy in about a minute on a CPU.
 
     python examples/edge_faithfulness.py
@@ -16,7 +16,7 @@ metric = gna.candidate_logit_diff(encoded.candidate_ids, encoded.correct)  # sca
 aggregate = gna.Head(1, 0)
 
 # Every layer-0 head -> the Aggregate head's q, k and v, scored at once (Spearman 0.93
-# against path patching on this toy; docs/patching.md).
+# against path patching on this toy; docs/attribution.md).
 edges = gna.edge_attribution(model, task, corrupt, metric, receivers=[aggregate], receiver_input=["q", "k", "v"], method="exact_receiver")
 print(edges.to_frame().sort_values("effect", key=abs, ascending=False).head(6).to_string(index=False))
 

@@ -1,4 +1,4 @@
-"""How much of each toy's task its G&A circuit alone carries (docs/discovery.md, "Faithfulness").
+"""How much of each toy's task its G&A circuit alone carries (docs/report.md, "Faithfulness").
 
 For each bundled toy: discover the circuit, rank every head by a mean-ablation sweep, and
 print the faithfulness curve (top-n heads kept, every other head ablated) with mean and

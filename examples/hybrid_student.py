@@ -1,4 +1,4 @@
-"""Keep a toy's top heads, distil the rest into a Discrete Mamba-2 mixer (docs/hybrids.md,
+"""Keep a toy's top heads, distil the rest into a Discrete Mamba-2 mixer (docs/layer_swap.md,
 "Hybrid students"): a miniature of Bick, Xing, Gu (2026) on the bundled Llama toy
 `llama_4x8` (4 layers x 8 heads, a task that can only be read through the labels).
 
@@ -7,7 +7,7 @@ difference); students keep the top-2 heads (with either initialisation), the bot
 none, with `combine="sum"` (the kept heads reach the residual as in the teacher), and are
 distilled (stage A, then stage B's KL at the answer token, `positions="last"`) on fresh
 prompts of the toy's task. About 8 minutes per student on one CPU thread with the defaults;
-`benchmarks/hybrid_students.py` is the measured version (docs/hybrids.md has its table).
+`benchmarks/hybrid_students.py` is the measured version (docs/layer_swap.md has its table).
 
     python examples/hybrid_student.py
     GNA_DISTILL_STEPS=20 GNA_EXAMPLE_N=48 python examples/hybrid_student.py   # a quick look

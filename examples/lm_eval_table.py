@@ -6,7 +6,7 @@
 # runs any lm-eval tasks that way, clean and under each intervention set, as one table.
 # Here the tasks are each toy's own prompts, exported as local lm-eval tasks
 # (`gna.harness.write_task`: a JSONL file and a task YAML reading it, no hub), and the heads
-# are the ones `gna.discover` finds (docs/discovery.md, docs/hybrids.md).
+# are the ones `gna.discover` finds (docs/records/discovery.md, docs/records/hybrids.md).
 #
 # On a real model the same call takes lm-eval's task names:
 # `gna.lm_eval_table(model, ["mmlu", "arc_easy", "arc_challenge", "hellaswag", "piqa",

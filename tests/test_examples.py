@@ -94,7 +94,7 @@ def _check_path_isolation(result: subprocess.CompletedProcess, tmp_path: Path) -
 
 
 def _check_conv_gathering(result: subprocess.CompletedProcess, tmp_path: Path) -> None:
-    """The figures docs/discovery.md and its record quote for the critical Gather head."""
+    """The figures docs/records/discovery.md quotes for the critical Gather head."""
     rows = {m[0]: m[1:] for m in re.findall(r"^(L0H\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", result.stdout, re.M)}
     assert len(rows) == 8, result.stdout
     implicit, _, folded, with_skip = rows["L0H0"]
@@ -102,7 +102,7 @@ def _check_conv_gathering(result: subprocess.CompletedProcess, tmp_path: Path) -
 
 
 def _check_aggregate_by_key(result: subprocess.CompletedProcess, tmp_path: Path) -> None:
-    """The figures docs/discovery.md and its record quote (the identities are asserted in the script)."""
+    """The figures docs/records/discovery.md quotes (the identities are asserted in the script)."""
     docs = _docs_discovery()
     quoted = 0
     sections = result.stdout.strip().split("\n\n")

@@ -116,11 +116,11 @@ def prescreen(
     ``keep`` heads with the largest estimate of their zero-ablation effect on the candidate
     logit difference: integrated gradients over ``steps`` points (`ablation_attribution`'s,
     ``rule="left"``; ``steps`` forwards and backwards per ``rows`` prompts; first-order attribution misranks the hybrid toy's heads,
-    docs/patching.md). A head whose estimate is exactly 0 (its output reaches nothing the
-    metric depends on, e.g. its out-projection columns are zero) is kept only through its
-    layer. The heads of ``grouped`` layers (scanned by group testing) are neither gated
-    nor ranked. Remote models get no attribution (no local backward): the layers alone,
-    the forward-only screen.
+    docs/records/patching.md, "Integrated gradients against full patching"). A head whose
+    estimate is exactly 0 (its output reaches nothing the metric depends on, e.g. its
+    out-projection columns are zero) is kept only through its layer. The heads of
+    ``grouped`` layers (scanned by group testing) are neither gated nor ranked. Remote
+    models get no attribution (no local backward): the layers alone, the forward-only screen.
 
     **Only where the ranking decides.** The first point (``alpha = 0``) is first-order
     attribution. When at most ``keep`` heads have a non-zero first-order estimate, every

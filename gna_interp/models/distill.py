@@ -199,7 +199,7 @@ def distill(
             its gradient, which pulls a student that already matches its teacher away
             from it (the `llama_4x8` student keeping every head falls from 0.955 to 0.80
             accuracy in 30 stage-B steps at ``lr=2e-3``, clipped or not, and to 0.93 with
-            ``"new"``; see docs/hybrids.md).
+            ``"new"``; see docs/layer_swap.md).
         max_grad_norm: the trained parameters' gradient is clipped to this norm before each
             step (``None``: no clipping).
         checkpoint_dir: a folder; every ``checkpoint_every`` steps and at each stage's end,

@@ -3,7 +3,7 @@
 The package allows a range of transformers releases (``pyproject.toml``). Where a helper's
 keywords were renamed inside that range, the right name is read from the helper's own
 signature here, once, rather than from version strings at each call site. Every entry is
-listed in ``docs/upstream.md`` with the test that catches a change.
+listed in ``docs/dependencies.md`` ("Upstream surface") with the test that catches a change.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ clean run with *every* sender's output set to ``clean + alpha * delta`` (MLPs, n
 every other head free), and heads are frozen at their values in that run. Cost: ``k``
 times the above. All senders move together, so this is the EAP-IG approximation: it does
 not integrate each edge's own path-patching curve, and the sum over senders need not
-match the sum of their separate path-patching effects (measured in docs/patching.md).
+match the sum of their separate path-patching effects (measured in docs/attribution.md, "Edge attribution").
 
 **Exact upstream** (``method="exact_upstream"``) and **exact receiver**
 (``method="exact_receiver"``): `gna_interp.patching.edges_exact`.

@@ -3,7 +3,7 @@ and the definitions).
 
 **Exact upstream** (``method="exact_upstream"``). On the trained toys first-order scores go
 wrong downstream of the receiver and upstream of it, not in the receiver's own nonlinearity
-(docs/patching.md, "Where the first-order error sits"). This method scores
+(docs/records/patching.md, "Where the first-order error sits"). This method scores
 
     ``score(s -> r, stream) = (K_r^T g_ig) . (stream_r[D_s] - stream_r[clean])``
 
@@ -24,7 +24,7 @@ Cost: the stacked D forward (``senders + 2`` copies, per receiver position), a D
 recompute forward per stream name for the paths' ends, ``steps`` stacked forwards and
 backwards with one copy per ``(receiver, stream)``, and one more for ``K_r^T``. It is exact
 where the path is linear downstream of the receiver stream's change; measured against path
-patching on the toys in docs/patching.md.
+patching on the toys in docs/attribution.md.
 
 ``method="exact_receiver"`` replaces ``K_r`` by the receiver itself:
 ``score = g_ig . (out_r(stream_r[D_s]) - out_r)``, ``r``'s output recomputed with its unit of

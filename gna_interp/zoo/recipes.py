@@ -172,7 +172,7 @@ RECIPES: dict[str, Recipe] = {
             pruned_heads=("L1H1", "L1H2"),
             notes=(
                 "As `llama`, with layer 1 pruned to two heads, L1H0 and L1H3 (the two most important by the same 500 "
-                "prompts). Not bundled: L1H3's final row favours the wrong options (see docs/discovery.md)."
+                "prompts). Not bundled: L1H3's final row favours the wrong options (see docs/records/discovery.md)."
             ),
         ),
         Recipe(
