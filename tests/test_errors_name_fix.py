@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.evaluation import check_task
 from gna_interp.tasks.base import TASK_HOW
 
 from .conftest import CLEAN, CORRUPT, no_hooks_left
@@ -59,6 +58,7 @@ def test_every_entry_point_that_needs_a_task_says_how_to_build_one(llama_tlens):
         "edge_faithfulness_curve": lambda: gna.edge_faithfulness_curve(llama_tlens, prompts, [(gna.Head(0, 0), gna.Head(1, 0))]),
         "shuffle_labels": lambda: gna.tasks.shuffle_labels(prompts),
         "write_task": lambda: gna.harness.write_task(prompts, "unused"),
+        "discover": lambda: gna.discover(llama_tlens, prompts, progress=False),
     }
     for call, run in calls.items():
         with pytest.raises(TypeError, match=rf"^{call}: task=\['w5 w6 w7', 'w8 w9 w10'\] \(list\): {how}; prompts alone have no answers"):
@@ -66,7 +66,7 @@ def test_every_entry_point_that_needs_a_task_says_how_to_build_one(llama_tlens):
     with pytest.raises(TypeError, match=rf"^retrieval_ranking: probe\[0\]='w5' \(str\): {how}"):
         gna.retrieval_ranking(llama_tlens, ["w5"])
     with pytest.raises(TypeError, match=rf"^discover: task='llama' \(str\): {how}; a bundled toy's task is gna.toy_task\(name\)"):
-        check_task("llama", "discover")  # the call `discover` is to make (gna_interp/discovery/pipeline.py)
+        gna.discover(llama_tlens, "llama", progress=False)
     assert no_hooks_left(llama_tlens)
 
 

@@ -13,7 +13,7 @@ import torch
 
 from ..core.heads import Head
 from ..core.interventions import Ablate
-from ..evaluation import Evaluation, evaluate
+from ..evaluation import Evaluation, check_task, evaluate
 from ..models.structure import ablating_every_head_skips, acts_where_it_writes, mixer_is_the_block
 from ..tasks.base import Task
 from ..tasks.mcq import shuffle_labels
@@ -55,8 +55,7 @@ def check_arguments(
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise ValueError(f"unknown stages {unknown}: expected a subset of {STAGES}")
-    if not isinstance(task, Task):
-        raise TypeError(f"discover needs a gna_interp Task (prompts with annotated segments), got {type(task).__name__}")
+    check_task(task, "discover")
     if task.n_segments < 2:
         raise ValueError(f"task {task.name!r} has {task.n_segments} segment(s): G&A discovery needs at least 2 options to retrieve from")
     scan_layers = list(range(model.n_layers)) if layers is None else list(layers)
