@@ -11,6 +11,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .core.errors import GnaError, GnaValueError
+
 DEMO_PROMPTS = 200
 DEMO_SEED = 2026
 DEMO_MODELS = ("llama", "mamba2", "falcon_h1", "mamba")
@@ -20,11 +22,11 @@ DTYPES = ("float32", "float16", "bfloat16")
 SUMMARY_WIDTH = 120
 """The demo's summary table fits this many columns (head lists wrap inside their cells)."""
 
-USER_ERRORS: tuple[type[Exception], ...] = (ValueError, OSError)
-"""What the library raises for bad input (its own `ModelFilesError`,
-`UnknownArchitectureError` and `NonFiniteLogitsError` are ValueErrors,
-`HubUnreachableError` an OSError): the CLI prints these as one line. Anything else,
-``TypeError`` and ``KeyError`` included, is a bug and shows its traceback."""
+USER_ERRORS: tuple[type[Exception], ...] = (GnaError, OSError)
+"""What the CLI prints as one line: the library's own errors (`GnaError`: every error it
+raises on purpose for bad input) and the operating system's (a folder that cannot be
+written). Anything else, a plain ``ValueError``, ``TypeError`` or ``KeyError`` included, is
+a bug and shows its traceback."""
 OPTIONAL_MODULES = ("datasets", "lm_eval", "circuitsvis", "matplotlib", "nnsight")
 """Modules of the optional extras: their absence is a user error, named in one line."""
 
@@ -41,9 +43,9 @@ def check_device(device: str | None, *, remote: bool = False) -> str | None:
     if device is None:
         return None
     if remote:
-        raise ValueError(f"--device {device!r} with --remote: NDIF places the model on its own GPUs (drop --device)")
+        raise GnaValueError(f"--device {device!r} with --remote: NDIF places the model on its own GPUs (drop --device)")
     if not re.fullmatch(r"cpu|mps|(cuda|xpu)(:\d+)?", device):
-        raise ValueError(f"--device {device!r}: expected cpu, cuda, cuda:N (N a GPU's index), mps or xpu")
+        raise GnaValueError(f"--device {device!r}: expected cpu, cuda, cuda:N (N a GPU's index), mps or xpu")
     return device
 
 
@@ -57,9 +59,9 @@ def check_device_present(device: str | None) -> None:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = int(device.partition(":")[2] or 0)
         if index >= count:
-            raise ValueError(f"--device {device!r}: this machine has {count} CUDA device(s)" + (f" (0..{count - 1})" if count else ""))
+            raise GnaValueError(f"--device {device!r}: this machine has {count} CUDA device(s)" + (f" (0..{count - 1})" if count else ""))
     elif device == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("--device 'mps': MPS is not available on this machine")
+        raise GnaValueError("--device 'mps': MPS is not available on this machine")
 
 
 def quiet_libraries() -> None:
@@ -78,15 +80,15 @@ def model_source(name: str, remote: bool = False) -> str:
     from .zoo.store import toy_names, toy_path
 
     if remote and name in toy_names():
-        raise ValueError(
+        raise GnaValueError(
             f"--remote runs the model on NDIF, which serves hub models: {name!r} is a bundled toy, which runs locally (drop --remote)"
         )
     if remote and hub.ndif_api_key() is None:
-        raise ValueError(f"--remote needs an NDIF API key: {hub.NDIF_KEY_HELP}")
+        raise GnaValueError(f"--remote needs an NDIF API key: {hub.NDIF_KEY_HELP}")
     if name in toy_names() and not remote:
         return str(toy_path(name))
     if not remote and not Path(name).exists() and ("/" not in name or name.startswith((".", "/", "~"))):
-        raise ValueError(f"unknown model {name!r}: expected a bundled toy model {toy_names()}, a local folder or a hub id")
+        raise GnaValueError(f"unknown model {name!r}: expected a bundled toy model {toy_names()}, a local folder or a hub id")
     if not remote:
         local_folder(name)  # a folder-like path that does not exist, or a folder without config.json
     return name
@@ -114,11 +116,13 @@ def check_load_options(name: str, remote: bool, device: str | None, dtype: str |
 
     check_device(device, remote=remote)
     if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+        raise GnaValueError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     if dtype is not None and remote:
-        raise ValueError(f"--dtype {dtype} with --remote: NDIF serves the model in its own dtype (drop --dtype)")
+        raise GnaValueError(f"--dtype {dtype} with --remote: NDIF serves the model in its own dtype (drop --dtype)")
     if dtype is not None and name in toy_names() and not remote:
-        raise ValueError(f"--dtype {dtype} with toy {name!r}: the bundled toys are float32 (--dtype is for hub models and local folders)")
+        raise GnaValueError(
+            f"--dtype {dtype} with toy {name!r}: the bundled toys are float32 (--dtype is for hub models and local folders)"
+        )
 
 
 def load_model_of(args: argparse.Namespace) -> Any:
@@ -136,7 +140,7 @@ def checked_heads(texts: list[str], name: str, remote: bool = False) -> list[Any
     for head in heads:
         if heads.count(head) > 1:
             typed = " and ".join(repr(text) for text, parsed in zip(texts, heads, strict=True) if parsed == head)
-            raise ValueError(f"--head {typed} all name head {head}: name each head once")
+            raise GnaValueError(f"--head {typed} all name head {head}: name each head once")
     layer_specs = layer_specs_of(model_source(name, remote))
     for head in heads:
         check_head_in(layer_specs, head, name)
@@ -190,7 +194,7 @@ def build_task(args: argparse.Namespace) -> Any:
     from .zoo.store import card_of
 
     if args.n is not None and args.n < 1:
-        raise ValueError(f"--n {args.n}: expected a positive number of prompts")
+        raise GnaValueError(f"--n {args.n}: expected a positive number of prompts")
     n = args.n or DEMO_PROMPTS
     if args.task == "toy":
         shape = {}
@@ -202,7 +206,7 @@ def build_task(args: argparse.Namespace) -> Any:
         try:
             return tasks.kv_retrieval(args.kv_pairs, n=n, seed=args.seed)
         except ValueError as error:  # the library names its parameter; the user typed the flag
-            raise ValueError(str(error).replace(f"n_pairs={args.kv_pairs}", f"--kv-pairs {args.kv_pairs}")) from None
+            raise GnaValueError(str(error).replace(f"n_pairs={args.kv_pairs}", f"--kv-pairs {args.kv_pairs}")) from None
     return tasks.mmlu(subjects=args.subjects, n=args.n, path=args.mmlu_path)
 
 
@@ -211,11 +215,11 @@ def check_out_dir(path: str) -> Path:
     before any work rather than after it."""
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
-        raise ValueError(f"--out {path!r} is an existing file: expected a folder")
+        raise GnaValueError(f"--out {path!r} is an existing file: expected a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise ValueError(f"--out {path!r}: cannot create this folder ({error.strerror or error})") from None
+        raise GnaValueError(f"--out {path!r}: cannot create this folder ({error.strerror or error})") from None
     return folder
 
 
@@ -223,9 +227,9 @@ def check_out_file(path: str, suffixes: tuple[str, ...]) -> Path:
     """``--out`` as a file ending in one of ``suffixes``; its folder is created now."""
     out = Path(path)
     if out.is_dir():
-        raise ValueError(f"--out {path!r} is a folder: expected a file name ending in {' or '.join(suffixes)}")
+        raise GnaValueError(f"--out {path!r} is a folder: expected a file name ending in {' or '.join(suffixes)}")
     if out.suffix.lower() not in suffixes:
-        raise ValueError(f"--out {path!r}: expected a file name ending in {' or '.join(suffixes)}")
+        raise GnaValueError(f"--out {path!r}: expected a file name ending in {' or '.join(suffixes)}")
     check_out_dir(str(out.parent))
     return out
 
@@ -309,7 +313,7 @@ def demo(args: argparse.Namespace) -> int:
     from .zoo import load_toy, toy_names, toy_task
 
     if args.n < 1:
-        raise ValueError(f"--n {args.n}: expected a positive number of prompts")
+        raise GnaValueError(f"--n {args.n}: expected a positive number of prompts")
     out = check_out_dir(args.out)
     quiet_libraries()
     items = []
@@ -372,7 +376,7 @@ def discover_command(args: argparse.Namespace) -> int:
     from .viz.report import write_report
 
     if args.stability is not None and args.stability < 1:
-        raise ValueError(f"--stability {args.stability}: expected a positive number of prompt samples")
+        raise GnaValueError(f"--stability {args.stability}: expected a positive number of prompt samples")
     out = check_out_dir(args.out) if args.out else None  # fail before any work
     check_load_options(args.model, args.remote, args.device, args.dtype)
     task = build_task(args)
@@ -417,7 +421,7 @@ def ablate_command(args: argparse.Namespace) -> int:
 def corrupted_task(task: Any, seed: int) -> Any:
     """``task``'s corrupted prompts (same token lengths, another answer) for ``--how resample``."""
     if task.corrupter is None:
-        raise ValueError(f"--how resample needs corrupted prompts of the same length: task {task.name!r} has no corruption rule")
+        raise GnaValueError(f"--how resample needs corrupted prompts of the same length: task {task.name!r} has no corruption rule")
     return task.corrupted(seed=seed)
 
 
@@ -463,7 +467,7 @@ def zoo_train(args: argparse.Namespace) -> int:
         chosen = dataclasses.replace(chosen, seed=args.seed)
     if args.max_steps is not None:
         if args.max_steps < 1:
-            raise ValueError(f"--max-steps {args.max_steps}: expected a positive number of steps")
+            raise GnaValueError(f"--max-steps {args.max_steps}: expected a positive number of steps")
         chosen = dataclasses.replace(chosen, max_steps=args.max_steps)
     out = check_out_dir(args.out or f"gna-zoo/{args.name}")
     quiet_libraries()

@@ -31,6 +31,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from .core.errors import GnaTypeError, GnaValueError
+
 COUNTS = ("forwards", "rows", "block_rows", "requests", "backwards", "backward_block_rows")
 
 
@@ -49,7 +51,7 @@ class Cost:
     def passes(self, n_prompts: int) -> float:
         """``block_rows / (n_prompts * n_layers)``: full forward passes over ``n_prompts`` rows."""
         if n_prompts < 1:
-            raise ValueError(f"n_prompts={n_prompts} must be >= 1")
+            raise GnaValueError(f"n_prompts={n_prompts} must be >= 1")
         return self.block_rows / (n_prompts * max(1, self.n_layers))
 
     def add(self, **counts: int) -> None:
@@ -103,7 +105,7 @@ def cost_meter(model: Any) -> Iterator[Cost]:
             else " (gna.load or gna.load_toy returns one)"
         )
         shown = repr(model) if len(repr(model)) <= 80 else repr(model)[:77] + "..."
-        raise TypeError(f"cost_meter: model={shown} ({type(model).__name__}): expected a gna_interp GnaModel{hint}")
+        raise GnaTypeError(f"cost_meter: model={shown} ({type(model).__name__}): expected a gna_interp GnaModel{hint}")
     meter = Cost(n_layers=int(model.n_layers))
     meters = _meters(backend)
     meters.append(meter)

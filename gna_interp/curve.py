@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
+from .core.errors import GnaTypeError, GnaValueError
 from .core.heads import Head
 from .evaluation import Evaluation
 
@@ -117,12 +118,12 @@ def check_sizes(sizes: Sequence[int] | None, n_heads: int, what: str = "heads") 
             return list(range(n_heads + 1))
         return sorted({round(i * n_heads / SPARSE_POINTS) for i in range(SPARSE_POINTS + 1)})
     if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence | range | Tensor):
-        raise TypeError(f"sizes={sizes!r}: expected a list of ints, {what} kept, each in 0..{n_heads}")
+        raise GnaTypeError(f"sizes={sizes!r}: expected a list of ints, {what} kept, each in 0..{n_heads}")
     values = sizes.tolist() if isinstance(sizes, Tensor) else list(sizes)
     for index, n in enumerate(values):
         if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"sizes[{index}]={n!r}: expected an int, {what} kept, in 0..{n_heads}")
+            raise GnaTypeError(f"sizes[{index}]={n!r}: expected an int, {what} kept, in 0..{n_heads}")
         if not 0 <= n <= n_heads:
             whose = "the model's heads" if what == "heads" else f"the {what} ranked"
-            raise ValueError(f"sizes[{index}]={n}: expected {what} kept in 0..{n_heads} ({whose})")
+            raise GnaValueError(f"sizes[{index}]={n}: expected {what} kept in 0..{n_heads} ({whose})")
     return sorted({0, n_heads, *values})

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
+from .core.errors import GnaTypeError, GnaValueError
 from .core.heads import Head
 from .curve import FaithfulnessCurve, check_sizes, summary
 from .evaluation import Evaluation, check_task
@@ -129,7 +130,7 @@ def edge_faithfulness_curve(
     chosen = check_sizes(sizes, len(order), "edges")
     encoded = task.encode(task.tokenizer_for(model.tokenizer))
     if not encoded.single_token:
-        raise ValueError("task has candidates of several tokens: edge_faithfulness_curve scores single-token candidates only")
+        raise GnaValueError("task has candidates of several tokens: edge_faithfulness_curve scores single-token candidates only")
     corrupt = task.corrupted() if corrupt is None else corrupt
     receivers = list(dict.fromkeys(receiver for _, receiver, _ in universe))
     streams = list(dict.fromkeys(stream for _, _, stream in universe))
@@ -209,7 +210,7 @@ def rank_edges(model: GnaModel, ranking: EdgeResult | Sequence[Edge]) -> tuple[l
         order = [edge for _, _, edge in sorted(listed)]
     else:
         if isinstance(ranking, (str, bytes)) or not isinstance(ranking, Sequence):
-            raise TypeError(f"ranking={ranking!r}: expected an EdgeResult or a list of (sender, receiver, stream), best first")
+            raise GnaTypeError(f"ranking={ranking!r}: expected an EdgeResult or a list of (sender, receiver, stream), best first")
         order = [_check_edge(model, index, item) for index, item in enumerate(ranking)]
         pairs = list(dict.fromkeys((receiver, stream) for _, receiver, stream in order))
         seen = set(order)
@@ -220,27 +221,27 @@ def rank_edges(model: GnaModel, ranking: EdgeResult | Sequence[Edge]) -> tuple[l
                     order.append(edge)
                     seen.add(edge)
     if not order:
-        raise ValueError("ranking has no edges: expected at least one (sender, receiver, stream)")
+        raise GnaValueError("ranking has no edges: expected at least one (sender, receiver, stream)")
     universe = list(dict.fromkeys(atom for edge in order for atom in _atoms(model, edge)))
     if len(universe) != sum(len(_atoms(model, edge)) for edge in order):
-        raise ValueError("ranking names an edge twice (an 'any' edge overlaps one of its streams): expected each edge once")
+        raise GnaValueError("ranking names an edge twice (an 'any' edge overlaps one of its streams): expected each edge once")
     return order, universe
 
 
 def _check_edge(model: GnaModel, index: int, item: Any) -> Edge:
     shape_ok = isinstance(item, tuple) and len(item) == 3
     if not (shape_ok and isinstance(item[0], Head) and isinstance(item[1], Head) and isinstance(item[2], str)):
-        raise TypeError(f"ranking[{index}] is {item!r}: expected (sender Head, receiver Head, stream name)")
+        raise GnaTypeError(f"ranking[{index}] is {item!r}: expected (sender Head, receiver Head, stream name)")
     sender, receiver, stream = item
     model.check_head(sender)
     model.check_head(receiver)
     if stream != "any" and stream not in model.receiver_inputs(receiver):
-        raise ValueError(
+        raise GnaValueError(
             f"ranking[{index}] has stream {stream!r}: receiver {receiver} has the input streams "
             f"{list(model.receiver_inputs(receiver))} (or 'any')"
         )
     if model.head_position(sender) >= model.head_position(receiver):
-        raise ValueError(
+        raise GnaValueError(
             f"ranking[{index}] is {edge_name(item)}: sender {sender} does not precede receiver {receiver}, so there is no such edge"
         )
     return (sender, receiver, stream)

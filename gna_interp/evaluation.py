@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from .core.errors import GnaValueError
 from .core.inputs import Batch, make_batch
 from .core.interventions import Ablate, Intervention, KeepOnly, MaskAttentionRows, Patch, as_interventions
 from .models.handle import check_model
@@ -113,7 +114,7 @@ def evaluate(
     check_model(model, "evaluate")
     check_task(task, "evaluate")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r}: expected a positive int")
+        raise GnaValueError(f"batch_size={batch_size!r}: expected a positive int")
     interventions = as_interventions(interventions)
     encoded = task.encode(task.tokenizer_for(model.tokenizer))
     check_distinct_candidates(task, encoded)
@@ -127,7 +128,7 @@ def evaluate(
         scores = _single_token_scores(model, encoded, interventions, batch_size, progress, keep_columns=positional)
     else:
         if row_paired or positional:
-            raise ValueError(
+            raise GnaValueError(
                 "multi-token candidates are scored over re-padded batches, which a Patch, MaskAttentionRows, "
                 "or a resample or positional Ablate cannot follow"
             )
@@ -175,7 +176,7 @@ def check_distinct_candidates(task: Task, encoded: EncodedTask) -> None:
             first = seen.setdefault(tuple(candidate), index)
             if first != index:
                 labels = example.candidates
-                raise ValueError(
+                raise GnaValueError(
                     f"task {task.name!r}, prompt {row}: candidates {labels[first]!r} and {labels[index]!r} both tokenize "
                     f"to {candidate}, so they always tie: every candidate needs its own tokens (labels the tokenizer "
                     "knows; for the bundled toy models: gna.tasks.toy.VOCAB)"
@@ -190,7 +191,7 @@ def check_context(model: GnaModel, encoded: EncodedTask) -> None:
     lengths = encoded.batch.attention_mask.sum(1)
     longest = int(lengths.argmax())
     if int(lengths[longest]) > limit:
-        raise ValueError(f"prompt {longest} has {int(lengths[longest])} tokens, more than {model.name}'s context of {limit}")
+        raise GnaValueError(f"prompt {longest} has {int(lengths[longest])} tokens, more than {model.name}'s context of {limit}")
 
 
 def _chunks(n_rows: int, size: int, progress: bool | None, what: str) -> Any:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .core.compile import heads_of_kind
+from .core.errors import GnaTypeError, GnaValueError
 from .core.heads import Head
 from .core.interventions import ABLATION_KINDS, KeepOnly
 from .curve import FaithfulnessCurve, check_sizes, summary
@@ -97,14 +98,14 @@ def faithfulness_curve(
     """
     if is_edge_ranking(ranking):
         if how not in (None, "resample"):
-            raise ValueError(
+            raise GnaValueError(
                 f"how={how!r} with an edge ranking: an edge is ablated by patching the corrupted sender into the "
                 "receiver's stream; expected how=None or 'resample' (corrupt= gives the corrupted inputs)"
             )
         if circuit is not None:
-            raise ValueError(f"circuit={circuit!r}: circuit= is for head rankings; with an edge ranking, expected circuit=None")
+            raise GnaValueError(f"circuit={circuit!r}: circuit= is for head rankings; with an edge ranking, expected circuit=None")
         if batch_size != 64:
-            raise ValueError(
+            raise GnaValueError(
                 f"batch_size={batch_size!r} with an edge ranking: edge_faithfulness_curve runs every prompt in one batch; "
                 "expected the default batch_size=64"
             )
@@ -112,7 +113,7 @@ def faithfulness_curve(
     how = "mean" if how is None else how
     check_task(task, "faithfulness_curve")
     if how not in ABLATION_KINDS:
-        raise ValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
+        raise GnaValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
     every = list(model.heads)
     order = rank_heads(model, ranking)  # type: ignore[arg-type]  # an edge ranking returned above
     chosen = check_sizes(sizes, len(every))
@@ -158,13 +159,13 @@ def rank_heads(model: GnaModel, ranking: SweepResult | Sequence[Head]) -> list[H
     every = list(model.heads)
     if isinstance(ranking, SweepResult):
         if ranking.dims != ("layer", "head"):
-            raise ValueError(
+            raise GnaValueError(
                 f"ranking has axes {ranking.dims}: expected a SweepResult of [layer, head] scores "
                 "(an ablation_sweep or attribution_patching of heads, not by position or of the residual stream)"
             )
         expected = (model.n_layers, model.n_heads)
         if tuple(ranking.scores.shape) != expected:
-            raise ValueError(
+            raise GnaValueError(
                 f"ranking has scores of shape {tuple(ranking.scores.shape)}: expected {expected} ([layer, head] of {model.name})"
             )
         effect = [abs(float(ranking.scores[h.layer, h.head]) - ranking.baseline) for h in every]
@@ -172,7 +173,7 @@ def rank_heads(model: GnaModel, ranking: SweepResult | Sequence[Head]) -> list[H
         ranked = sorted(range(len(every)), key=lambda i: (math.isnan(effect[i]), 0.0 if math.isnan(effect[i]) else -effect[i], i))
         return [every[i] for i in ranked]
     if isinstance(ranking, (str, bytes)) or not isinstance(ranking, Sequence):
-        raise TypeError(f"ranking={ranking!r}: expected a SweepResult of [layer, head] scores or a list of gna_interp.Head, best first")
+        raise GnaTypeError(f"ranking={ranking!r}: expected a SweepResult of [layer, head] scores or a list of gna_interp.Head, best first")
     listed = _heads(model, ranking, "ranking")
     return listed + [head for head in every if head not in set(listed)]
 
@@ -183,12 +184,12 @@ def _heads(model: GnaModel, heads: Sequence[Head], what: str) -> list[Head]:
     seen: set[Head] = set()
     for index, head in enumerate(heads):
         if not isinstance(head, Head):
-            raise TypeError(f"{what}[{index}] is {head!r} ({type(head).__name__}): expected a gna_interp.Head")
+            raise GnaTypeError(f"{what}[{index}] is {head!r} ({type(head).__name__}): expected a gna_interp.Head")
         if head not in every:
             model.check_head(head)  # names the layer / head out of range
-            raise ValueError(f"{what}[{index}] is {head}, which {model.name} does not have (a layer without heads)")
+            raise GnaValueError(f"{what}[{index}] is {head}, which {model.name} does not have (a layer without heads)")
         if head in seen:
-            raise ValueError(f"{what}[{index}] is {head} again: expected each head once")
+            raise GnaValueError(f"{what}[{index}] is {head} again: expected each head once")
         seen.add(head)
     return list(heads)
 
@@ -197,7 +198,7 @@ def _circuit(model: GnaModel, circuit: Sequence[Head] | None) -> list[Head]:
     if circuit is None:
         return []
     if isinstance(circuit, (str, bytes)) or not isinstance(circuit, Sequence):
-        raise TypeError(f"circuit={circuit!r}: expected a list of gna_interp.Head")
+        raise GnaTypeError(f"circuit={circuit!r}: expected a list of gna_interp.Head")
     if not circuit:
-        raise ValueError("circuit is empty: expected the heads to keep (or None)")
+        raise GnaValueError("circuit is empty: expected the heads to keep (or None)")
     return _heads(model, circuit, "circuit")

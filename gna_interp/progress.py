@@ -15,6 +15,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from .core.errors import GnaTypeError
+
 _enabled = True
 
 
@@ -27,7 +29,7 @@ def set_progress(enabled: bool) -> None:
     """
     global _enabled
     if not isinstance(enabled, bool):
-        raise TypeError(f"set_progress(enabled={enabled!r}): expected True or False")
+        raise GnaTypeError(f"set_progress(enabled={enabled!r}): expected True or False")
     _enabled = enabled
 
 

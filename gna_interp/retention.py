@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .core.compile import heads_of_kind
-from .core.errors import short_repr
+from .core.errors import GnaTypeError, GnaValueError, short_repr
 from .core.heads import Head
 from .core.inputs import UnknownWordsWarning, unk_id
 from .core.interventions import ABLATION_KINDS, HEAD_KINDS, Ablate
@@ -161,13 +161,13 @@ def retrieval_ranking(
             not do the probe, so its drops are noise (pass a task it solves as ``probe``).
     """
     if kind not in HEAD_KINDS:
-        raise ValueError(f"kind={kind!r}: expected one of {HEAD_KINDS}")
+        raise GnaValueError(f"kind={kind!r}: expected one of {HEAD_KINDS}")
     if how not in ABLATION_KINDS:
-        raise ValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
+        raise GnaValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
     tasks = _probe_tasks(model, probe, n, seed)
     heads = heads_of_kind(model.layout, kind)
     if not heads:
-        raise ValueError(f"kind={kind!r}: {model.name} has no {kind} heads")
+        raise GnaValueError(f"kind={kind!r}: {model.name} has no {kind} heads")
     shape = (model.n_layers, model.n_heads)
     weighted = torch.zeros(shape, dtype=torch.float64)
     clean_sum = chance_sum = 0.0
@@ -218,18 +218,18 @@ def _probe_tasks(model: GnaModel, probe: Task | Sequence[Task] | None, n: int, s
                     warnings.simplefilter("ignore", UnknownWordsWarning)
                     encoded = task.encode(model.tokenizer)
             except ValueError as error:
-                raise ValueError(
+                raise GnaValueError(
                     f"probe=None: {model.name}'s tokenizer cannot encode the default KV probe ({task.name}: {error}): {hint}"
                 ) from error
             if unknown is not None and bool((encoded.batch.input_ids == unknown).any()):
-                raise ValueError(
+                raise GnaValueError(
                     f"probe=None: the default KV probe ({task.name}) has words {model.name}'s tokenizer lacks (they tokenize "
                     f"to its unknown token): {hint}"
                 )
             limit = getattr(model.hf_model.config, "max_position_embeddings", None)
             longest = int(encoded.batch.attention_mask.sum(1).max())
             if limit is not None and longest > limit:
-                raise ValueError(
+                raise GnaValueError(
                     f"probe=None: the default KV probe's {task.name} prompts have up to {longest} tokens, more than "
                     f"{model.name}'s context of {limit}: pass a probe that fits, e.g. probe=tasks.kv_probe(pairs=(5, 10)) "
                     "or, for a zoo toy, gna.toy_task(name)"
@@ -239,7 +239,7 @@ def _probe_tasks(model: GnaModel, probe: Task | Sequence[Task] | None, n: int, s
         return [probe]
     if isinstance(probe, (str, bytes)) or not isinstance(probe, Sequence) or not probe:
         shown = f"{short_repr(probe)} ({type(probe).__name__})"
-        raise TypeError(f"retrieval_ranking: probe={shown}: a Task, a non-empty list of them, or None (the KV probe); {TASK_HOW}")
+        raise GnaTypeError(f"retrieval_ranking: probe={shown}: a Task, a non-empty list of them, or None (the KV probe); {TASK_HOW}")
     for index, item in enumerate(probe):
         if not isinstance(item, Task):
             raise not_a_task(item, "retrieval_ranking", f"probe[{index}]")
@@ -395,13 +395,13 @@ def retention_curve(
     """
     check_task(task, "retention_curve")
     if kind not in HEAD_KINDS:
-        raise ValueError(f"kind={kind!r}: expected one of {HEAD_KINDS}")
+        raise GnaValueError(f"kind={kind!r}: expected one of {HEAD_KINDS}")
     if how not in ABLATION_KINDS:
-        raise ValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
+        raise GnaValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
     seed_list = _seeds(seeds)
     heads = heads_of_kind(model.layout, kind)
     if not heads:
-        raise ValueError(f"kind={kind!r}: {model.name} has no {kind} heads")
+        raise GnaValueError(f"kind={kind!r}: {model.name} has no {kind} heads")
     order = _order_of_kind(model, ranking, heads, kind)
     chosen = check_sizes(sizes, len(heads))
     shuffled = []
@@ -443,13 +443,13 @@ def retention_curve(
 def _seeds(seeds: int | Sequence[int]) -> list[int]:
     if isinstance(seeds, int) and not isinstance(seeds, bool):
         if seeds < 1:
-            raise ValueError(f"seeds={seeds}: expected at least one random order (a count >= 1 or a list of seeds)")
+            raise GnaValueError(f"seeds={seeds}: expected at least one random order (a count >= 1 or a list of seeds)")
         return list(range(seeds))
     if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or not seeds:
-        raise TypeError(f"seeds={seeds!r}: expected a count of random orders (int >= 1) or a non-empty list of int seeds")
+        raise GnaTypeError(f"seeds={seeds!r}: expected a count of random orders (int >= 1) or a non-empty list of int seeds")
     for index, seed in enumerate(seeds):
         if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seeds[{index}]={seed!r}: expected an int seed")
+            raise GnaTypeError(f"seeds[{index}]={seed!r}: expected an int seed")
     return list(seeds)
 
 
@@ -464,7 +464,7 @@ def _order_of_kind(model: GnaModel, ranking: Any, heads: list[Head], kind: str) 
             for index, head in enumerate(ranking):
                 if head not in allowed:
                     actual = model.layout.head_kind(head).value
-                    raise ValueError(f"ranking[{index}] is {head}, an {actual} head: expected heads of kind={kind!r}")
+                    raise GnaValueError(f"ranking[{index}] is {head}, an {actual} head: expected heads of kind={kind!r}")
     allowed = set(heads)
     ordered = [head for head in listed if head in allowed]
     return ordered + [head for head in heads if head not in set(ordered)]

@@ -224,7 +224,7 @@ def test_device_and_dtype_reach_load(monkeypatch, capsys):
 
     def fake_load(source, **kwargs):
         seen.update(kwargs, source=source)
-        raise ValueError("stop here")
+        raise gna.core.errors.GnaValueError("stop here")
 
     monkeypatch.setattr("gna_interp.models.loading.load", fake_load)
     folder = str(toy_path("mamba2"))
@@ -248,9 +248,10 @@ def test_quiet_is_accepted_by_every_command_that_draws_bars(capsys):
 
 
 def test_a_bug_shows_its_traceback(monkeypatch, capsys):
-    """A TypeError or KeyError inside a command is a bug: it propagates (the interpreter
-    prints its traceback) instead of becoming a one-line 'error:'."""
-    for bug in (TypeError("bad call"), KeyError("missing")):
+    """A ValueError, TypeError or KeyError that is not one of the library's own errors is a
+    bug: it propagates (the interpreter prints its traceback) instead of becoming a one-line
+    'error:'. The library's own (`GnaError`) is one line."""
+    for bug in (ValueError("bad value deep in torch"), TypeError("bad call"), KeyError("missing")):
 
         def broken(args, bug=bug):
             raise bug
@@ -259,6 +260,13 @@ def test_a_bug_shows_its_traceback(monkeypatch, capsys):
         with pytest.raises(type(bug)):
             main(["ablate", "--model", "mamba2", "--head", "0.0"])
         assert "error:" not in capsys.readouterr().err
+
+    def refused(args):
+        raise gna.core.errors.GnaValueError("n=-1: expected a positive number of prompts")
+
+    monkeypatch.setattr("gna_interp.commands.build_task", refused)
+    assert main(["ablate", "--model", "mamba2", "--head", "0.0"]) == 2
+    assert capsys.readouterr().err == "gna-interp: error: n=-1: expected a positive number of prompts\n"
 
 
 def test_a_missing_extra_is_a_one_line_error(monkeypatch, capsys):

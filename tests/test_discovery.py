@@ -194,7 +194,7 @@ def test_bad_input():
         discover(model, no_segments, progress=False)
     with pytest.raises(ValueError, match="unknown stages"):
         discover(model, gna.tasks.Task("t", one_option), stages=["heads", "vibes"])
-    with pytest.raises(TypeError, match="needs a gna_interp Task"):
+    with pytest.raises(TypeError, match="expected a gna_interp Task with prompts and answers"):
         discover(model, ["Query: apple"])
     with pytest.raises(ValueError, match="layer 5 out of range"):
         discover(model, gna.tasks.toy_mcq(4), layers=[5])

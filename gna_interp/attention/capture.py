@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..core.dims import DeltaNetDims, Mamba1Dims, Mamba2Dims
+from ..core.errors import GnaValueError
 from ..core.plan import Read, ReadKind
 
 
@@ -258,5 +259,5 @@ one recipe; their config fields differ, and `Mamba2Dims` carries the sizes."""
 def recipe_for(name: str) -> Recipe:
     recipe = SSM_RECIPES.get(name)
     if recipe is None:
-        raise ValueError(f"implicit attention is not implemented for the {name!r} SSM: supported are {sorted(SSM_RECIPES)}")
+        raise GnaValueError(f"implicit attention is not implemented for the {name!r} SSM: supported are {sorted(SSM_RECIPES)}")
     return recipe

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..core.arch import LayerKind
+from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Intervention, as_interventions
 from ..core.plan import Read, Site
@@ -76,7 +77,7 @@ def attention_pattern(
     """
     check_model(model, "attention_pattern")
     if normalize not in NORMALIZE_OPTIONS:
-        raise ValueError(f"normalize={normalize!r}: expected one of {NORMALIZE_OPTIONS}")
+        raise GnaValueError(f"normalize={normalize!r}: expected one of {NORMALIZE_OPTIONS}")
     heads = _as_heads(model, heads)
     _check_kinds(model, heads, kind, include_skip)
     batch = model.to_batch(inputs)
@@ -96,10 +97,10 @@ def _as_heads(model: GnaModel, heads: Head | Iterable[Head]) -> list[Head]:
     if isinstance(heads, Head):
         heads = [heads]
     elif isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
-        raise TypeError(f"heads must be a gna_interp.Head or a list of them, got {heads!r}")
+        raise GnaTypeError(f"heads must be a gna_interp.Head or a list of them, got {heads!r}")
     items = list(heads)
     if not items:
-        raise ValueError("heads is empty: expected at least one gna_interp.Head")
+        raise GnaValueError("heads is empty: expected at least one gna_interp.Head")
     for head in items:
         model.check_head(head)
     return items
@@ -108,15 +109,15 @@ def _as_heads(model: GnaModel, heads: Head | Iterable[Head]) -> list[Head]:
 def _check_kinds(model: GnaModel, heads: list[Head], kind: HeadKind | None, include_skip: bool) -> None:
     kinds = {head: KINDS[model.head_kind(head)] for head in heads}
     if kind is not None and kind not in KINDS.values():
-        raise ValueError(f"kind={kind!r}: expected 'softmax', 'implicit' or None")
+        raise GnaValueError(f"kind={kind!r}: expected 'softmax', 'implicit' or None")
     if kind is not None and any(k != kind for k in kinds.values()):
         present = sorted({KINDS[model.head_kind(h)] for h in model.heads})
         wrong = [str(h) for h in heads if kinds[h] != kind]
         have = " and ".join(present) + ("" if len(present) > 1 else " heads only")
-        raise ValueError(f"kind={kind!r} but heads {wrong} are not {kind} heads: {model.name} has {have}")
+        raise GnaValueError(f"kind={kind!r} but heads {wrong} are not {kind} heads: {model.name} has {have}")
     if include_skip and any(k == "softmax" for k in kinds.values()):
         wrong = [str(h) for h in heads if kinds[h] == "softmax"]
-        raise ValueError(f"include_skip=True adds an SSM's D on the diagonal, but heads {wrong} are softmax attention heads")
+        raise GnaValueError(f"include_skip=True adds an SSM's D on the diagonal, but heads {wrong} are softmax attention heads")
 
 
 def _check_budget(batch: Batch, n_heads: int, rows: Tensor, query_positions: QueryPositions, max_bytes: int) -> None:
@@ -129,7 +130,7 @@ def _check_budget(batch: Batch, n_heads: int, rows: Tensor, query_positions: Que
         if query_positions is None
         else "ask for fewer heads, rows or prompts per call"
     )
-    raise ValueError(f"attention patterns for {what} need about {need / 2**20:,.0f} MiB, over max_bytes={max_bytes:,}: {hint}")
+    raise GnaValueError(f"attention patterns for {what} need about {need / 2**20:,.0f} MiB, over max_bytes={max_bytes:,}: {hint}")
 
 
 def ssm_inputs(
@@ -142,12 +143,14 @@ def ssm_inputs(
     model.check_layer(layer)
     ssm = [mixer for mixer in model.layer_specs[layer].mixers if mixer.kind is LayerKind.SSM]
     if not ssm:
-        raise ValueError(f"layer {layer} of {model.name} is an {model.layer_kinds[layer].value} layer: SSM inputs exist only in SSM layers")
+        raise GnaValueError(
+            f"layer {layer} of {model.name} is an {model.layer_kinds[layer].value} layer: SSM inputs exist only in SSM layers"
+        )
     numbers = list(range(ssm[0].offset, ssm[0].offset + ssm[0].n_heads)) if heads is None else list(heads)
     sites = [model.head_site(Head(layer, number)) for number in numbers]
     wrong = [str(Head(layer, n)) for n, (site, _) in zip(numbers, sites, strict=True) if model.mixer(site).kind is not LayerKind.SSM]
     if wrong:
-        raise ValueError(f"heads {wrong} of {model.name} are attention heads: SSM inputs exist only for SSM heads")
+        raise GnaValueError(f"heads {wrong} of {model.name} are attention heads: SSM inputs exist only for SSM heads")
     site = sites[0][0]
     batch = model.to_batch(inputs)
     rows = torch.zeros(batch.n_rows, 1, dtype=torch.long)

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..core.errors import GnaTypeError, GnaValueError
+
 QueryPositions = int | Sequence[int] | Tensor | None
 """Which query rows to compute: ``None`` (all), an int or a list of ints (the same rows
 in every prompt; negative counts from the end), a ``[batch]`` integer tensor (one row per
@@ -32,7 +34,7 @@ def _check_range(index: Tensor, n_pos: int, what: str) -> Tensor:
     bad = (index < -n_pos) | (index >= n_pos)
     if bool(bad.any()):
         value = int(index[bad][0])
-        raise ValueError(f"{what} {value} out of range: the batch has {n_pos} positions (valid: {-n_pos}..{n_pos - 1})")
+        raise GnaValueError(f"{what} {value} out of range: the batch has {n_pos} positions (valid: {-n_pos}..{n_pos - 1})")
     return torch.where(index < 0, index + n_pos, index)
 
 
@@ -45,7 +47,7 @@ def query_rows(query_positions: QueryPositions, n_rows: int, n_pos: int) -> Tens
     if isinstance(query_positions, Tensor):
         rows = query_positions.detach().cpu()
         if rows.dtype.is_floating_point or rows.dtype == torch.bool or rows.dim() not in (1, 2) or rows.shape[0] != n_rows:
-            raise ValueError(
+            raise GnaValueError(
                 f"query_positions tensor must be integer [batch] or [batch, query] with batch={n_rows}, "
                 f"got {tuple(rows.shape)} {rows.dtype}"
             )
@@ -53,12 +55,12 @@ def query_rows(query_positions: QueryPositions, n_rows: int, n_pos: int) -> Tens
     elif isinstance(query_positions, Sequence) and not isinstance(query_positions, str):
         items = list(query_positions)
         if not all(_is_int(p) for p in items):
-            raise TypeError(f"query_positions must be ints, got {query_positions!r}")
+            raise GnaTypeError(f"query_positions must be ints, got {query_positions!r}")
         rows = torch.tensor(items, dtype=torch.long).expand(n_rows, len(items))
     else:
-        raise TypeError(f"query_positions must be None, an int, a list of ints or an integer tensor, got {query_positions!r}")
+        raise GnaTypeError(f"query_positions must be None, an int, a list of ints or an integer tensor, got {query_positions!r}")
     if rows.shape[1] == 0:
-        raise ValueError("query_positions is empty: give at least one position, or None for every row")
+        raise GnaValueError("query_positions is empty: give at least one position, or None for every row")
     return _check_range(rows, n_pos, "query position")
 
 
@@ -66,7 +68,7 @@ def key_mask(keys: KeyPositions, n_rows: int, n_query: int, n_key: int) -> Tenso
     """``[batch, query, key]`` bool mask of the key set (see `KeyPositions`)."""
     if isinstance(keys, Tensor) and keys.dtype != torch.bool:
         if keys.is_floating_point() or keys.is_complex() or keys.dim() != 2:
-            raise ValueError(
+            raise GnaValueError(
                 f"a key-position tensor must be integer positions [batch, k] (one position per prompt: t[:, None]) or a "
                 f"bool mask; got {keys.dtype} of shape {tuple(keys.shape)} (a list of ints gives positions shared by every prompt)"
             )
@@ -74,22 +76,22 @@ def key_mask(keys: KeyPositions, n_rows: int, n_query: int, n_key: int) -> Tenso
     if isinstance(keys, Tensor):
         shaped = keys[None, None, :] if keys.dim() == 1 else keys[:, None, :] if keys.dim() == 2 else keys
         if shaped.dim() != 3 or shaped.shape[0] not in (1, n_rows) or shaped.shape[1] not in (1, n_query) or shaped.shape[2] != n_key:
-            raise ValueError(
+            raise GnaValueError(
                 f"key mask of shape {tuple(keys.shape)} does not fit patterns of {n_rows} prompts x {n_query} queries x {n_key} keys"
             )
         return shaped.expand(n_rows, n_query, n_key)
     if not isinstance(keys, Sequence) or isinstance(keys, str):
-        raise TypeError(
+        raise GnaTypeError(
             f"key positions must be a list of ints, a list of int lists, an integer [batch, k] tensor or a bool mask, got {keys!r}"
         )
     shared = all(_is_int(k) for k in keys)
     per_row: list[list[Any]] = [list(keys)] * n_rows if shared else [list(row) for row in keys]  # type: ignore[arg-type]
     if len(per_row) != n_rows:
-        raise ValueError(f"key positions give {len(per_row)} lists, expected one per prompt ({n_rows})")
+        raise GnaValueError(f"key positions give {len(per_row)} lists, expected one per prompt ({n_rows})")
     mask = torch.zeros(n_rows, n_key, dtype=torch.bool)
     for row, items in enumerate(per_row):
         if not all(_is_int(k) for k in items):
-            raise TypeError(f"key positions must be ints, got {items!r}")
+            raise GnaTypeError(f"key positions must be ints, got {items!r}")
         if items:
             mask[row, _check_range(torch.tensor(items, dtype=torch.long), n_key, "key position")] = True
     return mask[:, None, :].expand(n_rows, n_query, n_key)

@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from ..core.errors import GnaTypeError, GnaValueError
 from .positions import KeyPositions, key_mask
 
 Normalize = Literal["abs", "row"] | None
@@ -31,7 +32,7 @@ def _check_pattern(pattern: object, call: str) -> None:
     if not isinstance(pattern, Tensor):
         text = repr(pattern)
         shown = text if len(text) <= 80 else text[:77] + "..."
-        raise TypeError(
+        raise GnaTypeError(
             f"{call}: pattern={shown} ({type(pattern).__name__}): expected a tensor [..., key] of attention weights, "
             "e.g. gna.attention_pattern(model, task, heads, query_positions=[-1])"
         )
@@ -40,7 +41,7 @@ def _check_pattern(pattern: object, call: str) -> None:
 def _distribution(pattern: Tensor, call: str = "entropy") -> Tensor:
     _check_pattern(pattern, call)
     if pattern.dim() < 1 or pattern.shape[-1] == 0:
-        raise ValueError(f"expected a pattern [..., key] with at least one key, got shape {tuple(pattern.shape)}")
+        raise GnaValueError(f"expected a pattern [..., key] with at least one key, got shape {tuple(pattern.shape)}")
     weights = pattern.abs().float()
     total = weights.sum(-1, keepdim=True)
     return weights / torch.where(total > 0, total, torch.nan)
@@ -73,7 +74,7 @@ def mass_on(pattern: Tensor, keys: KeyPositions) -> Tensor:
     """
     _check_pattern(pattern, "mass_on")
     if pattern.dim() != 4:
-        raise ValueError(f"mass_on expects a pattern [batch, head, query, key], got shape {tuple(pattern.shape)}")
+        raise GnaValueError(f"mass_on expects a pattern [batch, head, query, key], got shape {tuple(pattern.shape)}")
     n_rows, _, n_query, n_key = pattern.shape
     chosen = key_mask(keys, n_rows, n_query, n_key).to(pattern.device)
     return (_distribution(pattern) * chosen[:, None]).sum(-1)
@@ -89,4 +90,4 @@ def normalize_rows(pattern: Tensor, how: Normalize) -> Tensor:
     if how == "row":
         weights = pattern.abs()
         return weights / weights.sum(-1, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
-    raise ValueError(f"normalize={how!r}: expected one of {NORMALIZE_OPTIONS}")
+    raise GnaValueError(f"normalize={how!r}: expected one of {NORMALIZE_OPTIONS}")

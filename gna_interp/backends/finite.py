@@ -30,12 +30,13 @@ import torch
 from torch import Tensor, nn
 
 from ..core.arch import LayerSpec
+from ..core.errors import GnaValueError
 from ..core.inputs import Batch
 from ..core.plan import Plan, Site, SiteKind
 from .base import RunOutput
 
 
-class NonFiniteLogitsError(ValueError):
+class NonFiniteLogitsError(GnaValueError):
     """The logits of a forward hold NaN or inf on a real token (see the module docs)."""
 
 

@@ -53,6 +53,7 @@ import torch
 from torch import Tensor
 
 from ..core.arch import ArchSpec, LayerMixer, LayerSpec
+from ..core.errors import GnaValueError
 from ..core.inputs import Batch
 from ..core.plan import Plan, Read, ReadKind, Ref, Site, SiteKind
 from ..cost import charge, charge_forward
@@ -114,7 +115,7 @@ class NNsightBackend:
                 module_of, within = _HEAD_VIEWS[site.kind]
                 path = module_of(mixer)
                 if not path:
-                    raise ValueError(f"mixer {site.mixer} of layer {site.layer} ({mixer.path}) has no {site.kind.value} site")
+                    raise GnaValueError(f"mixer {site.mixer} of layer {site.layer} ({mixer.path}) has no {site.kind.value} site")
                 shape = (mixer.n_heads, mixer.head_dim)
                 steps.append((site.layer, self._stage(mixer, within), _READ_HEADS, path, edits, slot, None, shape))
             elif site.kind is SiteKind.RESID:
@@ -146,7 +147,7 @@ class NNsightBackend:
         keys = []
         for site in sorted(plan.edits):
             if site.kind is not SiteKind.HEADS:
-                raise ValueError(f"keyed_steps takes head edits only, got {site}")
+                raise GnaValueError(f"keyed_steps takes head edits only, got {site}")
             keys.append((site.layer, self._stage(self._mixer(site.layer, site.mixer), 0.7)))
         start_layer = plan.start_layer
         keys += [(layer, -1) for layer in range(start_layer)]
@@ -157,7 +158,7 @@ class NNsightBackend:
     def _mixer(self, layer: int, index: int) -> LayerMixer:
         mixers = self.layers[layer].mixers
         if not 0 <= index < len(mixers):
-            raise ValueError(f"layer {layer} has {len(mixers)} mixer(s): no mixer {index}")
+            raise GnaValueError(f"layer {layer} has {len(mixers)} mixer(s): no mixer {index}")
         return mixers[index]
 
     @staticmethod
@@ -251,7 +252,7 @@ class NNsightBackend:
         self, batch: Batch, plan: Plan, capture: Collection[Site], reads: Sequence[Read], grad: bool, logits_to_keep: int
     ) -> RunOutput:
         if logits_to_keep < 0:
-            raise ValueError(f"logits_to_keep={logits_to_keep}: expected 0 (every position) or k > 0 (the last k positions)")
+            raise GnaValueError(f"logits_to_keep={logits_to_keep}: expected 0 (every position) or k > 0 (the last k positions)")
         steps = self.steps(plan, capture, reads)
         n_saved = len(capture) + len(reads)
         charge_forward(self, batch.n_rows, plan.start_layer, self.n_layers, request=bool(self.remote))
@@ -296,7 +297,7 @@ class NNsightBackend:
         mixers = [mixer for layer in self.layers for mixer in layer.mixers]
         if not padded or not any(mixer.spec.pad_guard for mixer in mixers):
             if padded and not self.spec.takes_mask:
-                raise ValueError(
+                raise GnaValueError(
                     f"the {self.spec.family!r} family's forward takes no attention mask and its mixers have no pad_guard, so a "
                     "left-padded batch would change the rows' numbers: pass rows of one token length (or give its "
                     "MixerSpecs a pad_guard)"
@@ -304,7 +305,7 @@ class NNsightBackend:
             yield
             return
         if self.remote:
-            raise ValueError(f"the {self.spec.family!r} family needs local pad guards for padded batches: run it locally")
+            raise GnaValueError(f"the {self.spec.family!r} family needs local pad guards for padded batches: run it locally")
         root = self.envoy._module
         mask = batch.attention_mask
         handles = []
@@ -406,7 +407,7 @@ class NNsightBackend:
     def run_greedy(self, problem: dict) -> list:
         """`nnsight_program.greedy_joint` in one session request (remote models only)."""
         if not self.remote:
-            raise ValueError("run_greedy sends a session program to a remote model: load it with remote=True or 'local'")
+            raise GnaValueError("run_greedy sends a session program to a remote model: load it with remote=True or 'local'")
         model = self.envoy
         block_items = self.spec.block_output
         # Two statements on purpose: nnsight captures the source of the session block itself.

@@ -59,6 +59,7 @@ import torch
 from torch import Tensor, nn
 
 from ..core.arch import ArchSpec, LayerMixer, LayerSpec
+from ..core.errors import GnaTypeError, GnaValueError
 from ..core.inputs import Batch
 from ..core.plan import Plan, Read, ReadKind, Site, SiteKind
 from ..cost import charge_forward
@@ -98,7 +99,7 @@ def _pre_norm(backend: TLensBackend, site: Site) -> tuple[str, str, View]:
     the mixer's gated norm (`gna_interp.core.arch.LayerMixer.norm_path`)."""
     mixer = backend.mixer(site.layer, site.mixer)
     if not mixer.norm_path:
-        raise ValueError(f"layer {site.layer} mixer {site.mixer} has no gated group norm: no {site.kind.value} site")
+        raise GnaValueError(f"layer {site.layer} mixer {site.mixer} has no gated group norm: no {site.kind.value} site")
     return mixer.norm_path, "input", ("heads", (mixer.n_heads, mixer.head_dim))
 
 
@@ -171,7 +172,7 @@ class TLensBackend:
     def mixer(self, layer: int, index: int) -> LayerMixer:
         mixers = self.layers[layer].mixers
         if not 0 <= index < len(mixers):
-            raise ValueError(f"layer {layer} has {len(mixers)} mixer(s): no mixer {index}")
+            raise GnaValueError(f"layer {layer} has {len(mixers)} mixer(s): no mixer {index}")
         return mixers[index]
 
     def tap(self, site: Site) -> tuple[Tap, View]:
@@ -188,7 +189,7 @@ class TLensBackend:
         try:
             self.root.get_submodule(path)
         except AttributeError:
-            raise ValueError(
+            raise GnaValueError(
                 f"cannot read output {read.name!r} of layer {read.layer}: its {mixer.kind.value} mixer ({mixer.path}) has no such submodule"
             ) from None
         return self._resolve(read.layer, path, "output")
@@ -262,7 +263,7 @@ class TLensBackend:
         self, batch: Batch, plan: Plan, capture: Collection[Site], reads: Sequence[Read], grad: bool, logits_to_keep: int
     ) -> RunOutput:
         if logits_to_keep < 0:
-            raise ValueError(f"logits_to_keep={logits_to_keep}: expected 0 (every position) or k > 0 (the last k positions)")
+            raise GnaValueError(f"logits_to_keep={logits_to_keep}: expected 0 (every position) or k > 0 (the last k positions)")
         captured: dict[Site, Tensor] = {}
         values: list[Tensor] = [torch.empty(0)] * len(reads)
         stash: dict[int, Tensor] = {}
@@ -272,7 +273,7 @@ class TLensBackend:
         if plan.start is not None:  # first hook at the start block's (or final norm's) input: the given residual
             resid = plan.start[1]
             if not isinstance(resid, Tensor):  # a `Ref` to another job's capture: sessions are nnsight's (remote)
-                raise TypeError(f"backend 'tlens' starts a plan from a residual tensor, got {type(resid).__name__}")
+                raise GnaTypeError(f"backend 'tlens' starts a plan from a residual tensor, got {type(resid).__name__}")
             path = _resid(self, Site(SiteKind.RESID, start_layer))[0]
             hooks.setdefault(self._resolve(start_layer, path, "input"), []).append(_start_hook(resid))
         for site in sorted(set(plan.edits) | set(capture)):

@@ -33,6 +33,7 @@ from .dims import (
     Layout,
     _config_int,
 )
+from .errors import GnaTypeError, GnaValueError
 from .heads import Head
 
 
@@ -73,7 +74,7 @@ class Stream:
 
     def __post_init__(self) -> None:
         if self.io not in ("output", "input"):
-            raise ValueError(f"Stream {self.name!r}: io={self.io!r}, expected 'output' or 'input'")
+            raise GnaValueError(f"Stream {self.name!r}: io={self.io!r}, expected 'output' or 'input'")
 
 
 @dataclass(frozen=True)
@@ -135,9 +136,9 @@ class MixerSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in (LayerKind.ATTENTION, LayerKind.SSM):
-            raise ValueError(f"MixerSpec kind must be ATTENTION or SSM, got {self.kind}")
+            raise GnaValueError(f"MixerSpec kind must be ATTENTION or SSM, got {self.kind}")
         if self.kind is LayerKind.SSM and not self.recipe:
-            raise ValueError(f"SSM mixer {self.path!r} needs an implicit-attention recipe")
+            raise GnaValueError(f"SSM mixer {self.path!r} needs an implicit-attention recipe")
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ class LayerMixer:
         for item in self.spec.streams:
             if item.name == name:
                 return item
-        raise ValueError(
+        raise GnaValueError(
             f"{name!r} is not an input stream of the {self.kind.value} heads of layer {self.layer}: expected one of {self.receiver_inputs}"
         )
 
@@ -234,7 +235,7 @@ class LayerSpec:
         for mixer in self.mixers:
             if mixer.offset <= head < mixer.offset + mixer.n_heads:
                 return mixer, head - mixer.offset
-        raise ValueError(f"layer {self.layer} has no head {head} (it has {self.n_heads})")
+        raise GnaValueError(f"layer {self.layer} has no head {head} (it has {self.n_heads})")
 
     def describe(self) -> str:
         """``"heads 0..7 (attention 0..3, ssm 4..7)"``, ``"0 heads (no token mixer)"``."""
@@ -315,9 +316,9 @@ class ArchSpec:
 
     def __post_init__(self) -> None:
         if self.default_backend not in ("tlens", "nnsight") or (self.default_backend == "tlens" and not self.tlens):
-            raise ValueError(f"ArchSpec {self.family!r}: default_backend={self.default_backend!r} is not a backend it supports")
+            raise GnaValueError(f"ArchSpec {self.family!r}: default_backend={self.default_backend!r} is not a backend it supports")
         if self.tlens and isinstance(self.block_output, str):
-            raise ValueError(
+            raise GnaValueError(
                 f"ArchSpec {self.family!r}: block_output={self.block_output!r} (a dict key) works on nnsight only: tlens=False"
             )
 
@@ -355,9 +356,9 @@ def check_head_in(layer_specs: Sequence[LayerSpec], head: Head, name: str) -> No
     """A clear error when ``head`` is not a head of the layers ``layer_specs`` describe
     (one `LayerSpec` per layer; from a model, or from its config alone before any weights load)."""
     if not isinstance(head, Head):
-        raise TypeError(f"expected a gna_interp.Head, got {head!r} ({type(head).__name__})")
+        raise GnaTypeError(f"expected a gna_interp.Head, got {head!r} ({type(head).__name__})")
     if head.layer >= len(layer_specs):
-        raise ValueError(f"head {head}: layer {head.layer} out of range: {name} has layers 0..{len(layer_specs) - 1}")
+        raise GnaValueError(f"head {head}: layer {head.layer} out of range: {name} has layers 0..{len(layer_specs) - 1}")
     spec = layer_specs[head.layer]
     if not spec.mixers or head.head >= spec.n_heads:
-        raise ValueError(f"head {head} out of range: layer {head.layer} of {name} has {spec.describe()}")
+        raise GnaValueError(f"head {head} out of range: layer {head.layer} of {name} has {spec.describe()}")

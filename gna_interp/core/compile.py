@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from .arch import LayerKind
+from .errors import GnaTypeError, GnaValueError
 from .heads import Head, Resid
 from .inputs import Batch
 from .interventions import Ablate, Intervention, KeepOnly, MaskAttentionRows, Patch, Positions, SkipLayers, Truncate
@@ -46,13 +47,13 @@ def compile_plan(layout: ModelLayout, batch: Batch, interventions: Sequence[Inte
                 plan.add_skip(layer, torch.ones(1, dtype=torch.bool))
         elif isinstance(item, Truncate):
             if item.n_layers > layout.n_layers:
-                raise ValueError(f"Truncate({item.n_layers}) exceeds the model's {layout.n_layers} layers")
+                raise GnaValueError(f"Truncate({item.n_layers}) exceeds the model's {layout.n_layers} layers")
             for layer in range(item.n_layers, layout.n_layers):
                 plan.add_skip(layer, torch.ones(1, dtype=torch.bool))
         elif isinstance(item, MaskAttentionRows):
             _compile_row_mask(layout, batch, item, plan)
         else:
-            raise TypeError(f"expected an intervention (Ablate, KeepOnly, Patch, SkipLayers, Truncate, MaskAttentionRows), got {item!r}")
+            raise GnaTypeError(f"expected an intervention (Ablate, KeepOnly, Patch, SkipLayers, Truncate, MaskAttentionRows), got {item!r}")
     return plan
 
 
@@ -69,13 +70,13 @@ def ablated_by_keep_only(layout: ModelLayout, item: KeepOnly) -> list[Head]:
     A kept head of another kind (or one the model does not have) is an error."""
     of_kind = heads_of_kind(layout, item.kind)
     if not of_kind:
-        raise ValueError(f"KeepOnly kind={item.kind!r}: {layout.name} has no {item.kind} heads")
+        raise GnaValueError(f"KeepOnly kind={item.kind!r}: {layout.name} has no {item.kind} heads")
     allowed = set(of_kind)
     for head in item.heads:
         layout.check_head(head)
         if head not in allowed:
             actual = layout.head_kind(head).value
-            raise ValueError(f"KeepOnly heads: {head} is an {actual} head of {layout.name}, not of kind={item.kind!r}")
+            raise GnaValueError(f"KeepOnly heads: {head} is an {actual} head of {layout.name}, not of kind={item.kind!r}")
     kept = set(item.heads)
     return [head for head in of_kind if head not in kept]
 
@@ -105,12 +106,12 @@ def token_mean(act: Tensor, attention_mask: Tensor) -> Tensor:
 
 def check_aligned(batch: Batch, other: Batch, what: str) -> None:
     if other.n_pos != batch.n_pos:
-        raise ValueError(
+        raise GnaValueError(
             f"{what} tokenizes to {other.n_pos} positions but the inputs to {batch.n_pos}: "
             "activations are replaced position by position, so both must have the same length"
         )
     if other.n_rows not in (1, batch.n_rows):
-        raise ValueError(f"{what} has {other.n_rows} rows but the inputs have {batch.n_rows}: expected {batch.n_rows} or 1")
+        raise GnaValueError(f"{what} has {other.n_rows} rows but the inputs have {batch.n_rows}: expected {batch.n_rows} or 1")
 
 
 def ablation_values(batch: Batch, sites: Sequence[Site], how: str, corrupt: Any, sources: Sources) -> dict[Site, Tensor]:
@@ -147,32 +148,32 @@ def position_mask(positions: Positions, batch: Batch) -> Tensor:
         return torch.ones(1, n_pos, dtype=torch.bool)
     if isinstance(positions, Tensor) and positions.dtype == torch.bool:
         if tuple(positions.shape) != (batch.n_rows, n_pos):
-            raise ValueError(f"positions mask has shape {tuple(positions.shape)}, expected {(batch.n_rows, n_pos)}")
+            raise GnaValueError(f"positions mask has shape {tuple(positions.shape)}, expected {(batch.n_rows, n_pos)}")
         return positions
     if isinstance(positions, Tensor) and positions.dim() == 2 and not positions.dtype.is_floating_point:
         if positions.shape[0] != batch.n_rows:
             rows = positions.shape[0]
-            raise ValueError(f"positions is a [rows, k] tensor with {rows} rows: expected one row per prompt ({batch.n_rows})")
+            raise GnaValueError(f"positions is a [rows, k] tensor with {rows} rows: expected one row per prompt ({batch.n_rows})")
         _check_positions(positions.flatten().tolist(), n_pos)
         return torch.zeros(batch.n_rows, n_pos, dtype=torch.bool).scatter_(1, positions.long() % n_pos, True)
     if isinstance(positions, Tensor) and (positions.dim() > 2 or positions.dtype.is_floating_point):
-        raise ValueError(f"positions tensor of shape {tuple(positions.shape)} and dtype {positions.dtype}: expected {POSITION_FORMS}")
+        raise GnaValueError(f"positions tensor of shape {tuple(positions.shape)} and dtype {positions.dtype}: expected {POSITION_FORMS}")
     if isinstance(positions, Tensor) and positions.dim() == 1:
         if positions.numel() != batch.n_rows:
-            raise ValueError(f"positions is a 1-D tensor of {positions.numel()} entries: expected one position per row ({batch.n_rows})")
+            raise GnaValueError(f"positions is a 1-D tensor of {positions.numel()} entries: expected one position per row ({batch.n_rows})")
         _check_positions(positions.tolist(), n_pos)
         mask = torch.zeros(batch.n_rows, n_pos, dtype=torch.bool)
         mask[torch.arange(batch.n_rows), positions.long() % n_pos] = True
         return mask
     if isinstance(positions, bool) or not isinstance(positions, (int, list, tuple, range, Tensor)):
-        raise TypeError(f"positions={positions!r}: expected {POSITION_FORMS}")
+        raise GnaTypeError(f"positions={positions!r}: expected {POSITION_FORMS}")
     if isinstance(positions, Tensor):
         values = positions.flatten().tolist()  # 0-d: one position for every row
     else:
         values = [positions] if isinstance(positions, int) else list(positions)
     for p in values:
         if isinstance(p, bool) or not isinstance(p, int):
-            raise TypeError(f"position {p!r} in positions: expected ints ({POSITION_FORMS})")
+            raise GnaTypeError(f"position {p!r} in positions: expected ints ({POSITION_FORMS})")
     items = [int(p) for p in values]
     _check_positions(items, n_pos)
     mask = torch.zeros(1, n_pos, dtype=torch.bool)
@@ -183,7 +184,7 @@ def position_mask(positions: Positions, batch: Batch) -> Tensor:
 def _check_positions(items: list[int], n_pos: int) -> None:
     for p in items:
         if not -n_pos <= p < n_pos:
-            raise ValueError(f"position {p} out of range for {n_pos} positions: expected {-n_pos}..{n_pos - 1}")
+            raise GnaValueError(f"position {p} out of range for {n_pos} positions: expected {-n_pos}..{n_pos - 1}")
 
 
 def site_mask(layout: ModelLayout, target: Head | Resid, positions: Tensor) -> Tensor:
@@ -220,27 +221,27 @@ def _compile_row_mask(layout: ModelLayout, batch: Batch, item: MaskAttentionRows
             layout.check_head(head)
             if head not in allowed:
                 kind = layout.head_kind(head).value
-                raise ValueError(f"MaskAttentionRows: {head} is not an attention head ({layout.name} layer {head.layer}: {kind})")
+                raise GnaValueError(f"MaskAttentionRows: {head} is not an attention head ({layout.name} layer {head.layer}: {kind})")
     else:
         if item.layers is not None and not item.layers:
-            raise ValueError("MaskAttentionRows layers=[] is empty: give attention layers, or None for every attention layer")
+            raise GnaValueError("MaskAttentionRows layers=[] is empty: give attention layers, or None for every attention layer")
         attention_layers = sorted({h.layer for h in attention})
         for layer in item.layers or ():
             layout.check_layer(layer)
             if layer in layout.foreign_layers:
-                raise ValueError(
+                raise GnaValueError(
                     f"MaskAttentionRows: layer {layer} of {layout.name} holds a swapped-in {layout.foreign_layers[layer]} block "
                     "(swap_layers), whose attention the architecture table does not describe"
                 )
             if layer not in attention_layers:
                 kind = layout.layer_kinds[layer].value
-                raise ValueError(
+                raise GnaValueError(
                     f"MaskAttentionRows: layer {layer} of {layout.name} is an {kind} layer with no attention weights; "
                     f"attention layers are {attention_layers}"
                 )
         heads = attention if item.layers is None else [h for h in attention if h.layer in item.layers]
         if not heads:
-            raise ValueError(f"MaskAttentionRows: {layout.name} has no attention layers (it is an SSM); use Ablate on its heads instead")
+            raise GnaValueError(f"MaskAttentionRows: {layout.name} has no attention layers (it is an SSM); use Ablate on its heads instead")
     rows = position_mask(item.positions, batch)  # [batch | 1, pos]
     rows = ~rows if item.keep else rows
     zero = torch.zeros(())

@@ -9,11 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import GnaValueError
+
 
 def _config_int(config: Any, name: str) -> int:
     value = getattr(config, name, None)
     if value is None:
-        raise ValueError(f"config of model_type {getattr(config, 'model_type', '?')!r} has no field {name!r}")
+        raise GnaValueError(f"config of model_type {getattr(config, 'model_type', '?')!r} has no field {name!r}")
     return int(value)
 
 

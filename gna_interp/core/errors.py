@@ -1,6 +1,26 @@
-"""Values shown in error messages: cut, so a long list or a module does not fill the screen."""
+"""The library's own errors, and values shown in their messages.
+
+Every error gna_interp raises for bad input is a `GnaError`: `GnaValueError` (a wrong value)
+or `GnaTypeError` (a wrong kind of value), which are also Python's `ValueError` / `TypeError`,
+so ``except ValueError`` keeps working. The command line prints a `GnaError` as one line; any
+other exception is a bug and shows its traceback.
+"""
 
 from __future__ import annotations
+
+
+class GnaError(Exception):
+    """Base of every error gna_interp raises on purpose (bad input, missing files, a model it
+    cannot run)."""
+
+
+class GnaValueError(GnaError, ValueError):
+    """A value gna_interp cannot use; the message names it and what was expected."""
+
+
+class GnaTypeError(GnaError, TypeError):
+    """A value of the wrong kind (e.g. a list of prompts where a Task is expected); the
+    message names it and what was expected."""
 
 
 def short_repr(value: object, limit: int = 80) -> str:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .errors import GnaTypeError, GnaValueError
+
 _HEAD_PATTERN = re.compile(r"^\s*L?(\d+)\s*[.:H]\s*(\d+)\s*$", re.IGNORECASE)
 
 
@@ -34,7 +36,7 @@ class Head:
 
     def __init__(self, layer: int, head: int | None = None) -> None:
         if head is None:  # Head("16.22"), Head(16): Python would only say "missing 1 required positional argument"
-            raise TypeError(_missing_head(layer))
+            raise GnaTypeError(_missing_head(layer))
         object.__setattr__(self, "layer", layer)
         object.__setattr__(self, "head", head)
         self.__post_init__()
@@ -42,20 +44,20 @@ class Head:
     def __post_init__(self) -> None:
         for field, value in (("layer", self.layer), ("head", self.head)):
             if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"Head.{field} must be an int, got {value!r} ({type(value).__name__})")
+                raise GnaTypeError(f"Head.{field} must be an int, got {value!r} ({type(value).__name__})")
             if value < 0:
-                raise ValueError(f"Head.{field} must be >= 0, got {value}")
+                raise GnaValueError(f"Head.{field} must be >= 0, got {value}")
 
     @classmethod
     def parse(cls, text: str) -> Head:
         """Parse ``"16.22"``, ``"L16H22"`` or ``"16:22"``."""
         if not isinstance(text, str):
-            raise TypeError(
+            raise GnaTypeError(
                 f"Head.parse(text={text!r}) ({type(text).__name__}): expected a string such as 'L16H22'; Head(layer, head) takes ints"
             )
         match = _HEAD_PATTERN.match(text)
         if match is None:
-            raise ValueError(f"cannot parse head {text!r}: expected 'L.H' such as '16.22' or 'L16H22'")
+            raise GnaValueError(f"cannot parse head {text!r}: expected 'L.H' such as '16.22' or 'L16H22'")
         return cls(int(match.group(1)), int(match.group(2)))
 
     def __str__(self) -> str:
@@ -96,7 +98,7 @@ def refuse_string(value: object, what: str) -> None:
         example = f"[gna.{Head.parse(value)!r}] (gna.Head.parse({value!r}) builds it)"
     except ValueError:
         example = "[gna.Head(1, 0)] (gna.Head.parse('L1H0') turns text into a Head)"
-    raise TypeError(f"{what} is the string {value!r}: expected gna_interp.Head values, e.g. {example}")
+    raise GnaTypeError(f"{what} is the string {value!r}: expected gna_interp.Head values, e.g. {example}")
 
 
 @dataclass(frozen=True, order=True)
@@ -108,9 +110,9 @@ class Resid:
 
     def __post_init__(self) -> None:
         if isinstance(self.layer, bool) or not isinstance(self.layer, int):
-            raise TypeError(f"Resid.layer must be an int, got {self.layer!r}")
+            raise GnaTypeError(f"Resid.layer must be an int, got {self.layer!r}")
         if self.layer < 0:
-            raise ValueError(f"Resid.layer must be >= 0, got {self.layer}")
+            raise GnaValueError(f"Resid.layer must be >= 0, got {self.layer}")
 
     def __str__(self) -> str:
         return f"resid{self.layer}"

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .errors import GnaTypeError, GnaValueError
+
 
 @dataclass
 class Batch:
@@ -68,7 +70,7 @@ def make_batch(inputs: Any, tokenizer: Any) -> Batch:
     elif isinstance(inputs, Tensor):
         ids = inputs[None] if inputs.dim() == 1 else inputs
         if ids.dim() != 2 or ids.dtype.is_floating_point:
-            raise ValueError(f"token ids must be an integer tensor [pos] or [batch, pos], got {tuple(inputs.shape)} {inputs.dtype}")
+            raise GnaValueError(f"token ids must be an integer tensor [pos] or [batch, pos], got {tuple(inputs.shape)} {inputs.dtype}")
         batch = Batch(ids.long(), torch.ones_like(ids, dtype=torch.long))
     elif isinstance(inputs, str):
         batch = _tokenize([inputs], tokenizer)
@@ -77,14 +79,14 @@ def make_batch(inputs: Any, tokenizer: Any) -> Batch:
     elif isinstance(inputs, Sequence) and len(inputs) > 0 and all(isinstance(x, Sequence) for x in inputs):
         batch = _pad_id_lists([list(map(int, x)) for x in inputs], tokenizer)
     elif isinstance(inputs, Sequence) and len(inputs) == 0:
-        raise ValueError("inputs is empty: expected a string, a non-empty list of strings, or token ids")
+        raise GnaValueError("inputs is empty: expected a string, a non-empty list of strings, or token ids")
     else:
-        raise TypeError(
+        raise GnaTypeError(
             f"inputs of type {type(inputs).__name__} not understood: expected a string, a list of strings, "
             "a tensor of token ids, a list of token-id lists, or a mapping with 'input_ids'"
         )
     if batch.n_rows == 0 or batch.n_pos == 0:
-        raise ValueError(f"inputs is empty: got a batch of shape {tuple(batch.input_ids.shape)}")
+        raise GnaValueError(f"inputs is empty: got a batch of shape {tuple(batch.input_ids.shape)}")
     return batch
 
 
@@ -98,7 +100,7 @@ def check_token_ids(batch: Batch, vocab_size: int, model_name: str) -> None:
     row, position = (int(i) for i in bad.nonzero()[0])
     count = int(bad.sum())
     more = f" ({count - 1} more out of range)" if count > 1 else ""
-    raise ValueError(
+    raise GnaValueError(
         f"token id {int(ids[row, position])} out of range at row {row}, position {position}{more}: "
         f"{model_name} has a vocabulary of {vocab_size}, so ids must lie in 0..{vocab_size - 1}"
     )
@@ -115,7 +117,7 @@ def _pad_id(tokenizer: Any) -> int:
 def _pad_id_lists(rows: list[list[int]], tokenizer: Any) -> Batch:
     if any(len(row) == 0 for row in rows):
         index = next(i for i, row in enumerate(rows) if len(row) == 0)
-        raise ValueError(f"inputs row {index} is empty: every prompt needs at least one token")
+        raise GnaValueError(f"inputs row {index} is empty: every prompt needs at least one token")
     width = max(len(row) for row in rows)
     pad = _pad_id(tokenizer)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
@@ -128,10 +130,10 @@ def _pad_id_lists(rows: list[list[int]], tokenizer: Any) -> Batch:
 
 def _tokenize(texts: list[str], tokenizer: Any) -> Batch:
     if tokenizer is None:
-        raise ValueError("string inputs need a tokenizer: pass tokenizer= to gna_interp.load, or give token ids")
+        raise GnaValueError("string inputs need a tokenizer: pass tokenizer= to gna_interp.load, or give token ids")
     for i, text in enumerate(texts):
         if not text:
-            raise ValueError(f"inputs[{i}] is an empty string: every prompt needs at least one token")
+            raise GnaValueError(f"inputs[{i}] is an empty string: every prompt needs at least one token")
     encoded = [tokenize_naming_missing_words(tokenizer, text, f"inputs[{i}]")["input_ids"] for i, text in enumerate(texts)]
     unknown = [word for text, ids in zip(texts, encoded, strict=True) for word in unknown_words(tokenizer, text, ids)]
     warn_unknown(unknown, tokenizer, "the inputs")
@@ -185,7 +187,7 @@ def tokenize_naming_missing_words(tokenizer: Any, text: str, where: str, **kwarg
         word = _first_missing_word(tokenizer, text)
         if word is None:
             raise
-        raise ValueError(
+        raise GnaValueError(
             f"{where}: the word {word!r} is not in the tokenizer's vocabulary, and the vocabulary has no unknown token to "
             f"stand for it ({error}): use words the tokenizer knows, or a tokenizer whose vocabulary holds its unknown token"
         ) from error

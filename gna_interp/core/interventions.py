@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import torch
 
+from .errors import GnaTypeError, GnaValueError
 from .heads import Head, Resid, Target, refuse_string
 
 AblationKind = Literal["zero", "mean", "resample"]
@@ -28,7 +29,7 @@ def _refuse_single(value: object, what: str, expected: str) -> None:
     """A value that is neither one item nor a collection of them (``Ablate(3)``): a
     message naming it, instead of Python's "'int' object is not iterable"."""
     if not isinstance(value, Iterable):
-        raise TypeError(f"{what}={value!r} ({type(value).__name__}): expected {expected}")
+        raise GnaTypeError(f"{what}={value!r} ({type(value).__name__}): expected {expected}")
 
 
 def _as_heads(heads: Head | Iterable[Head], what: str) -> tuple[Head, ...]:
@@ -42,9 +43,9 @@ def _as_heads(heads: Head | Iterable[Head], what: str) -> tuple[Head, ...]:
     for item in items:
         if not isinstance(item, Head):
             hint = f" (gna.Head{tuple(item)!r} builds it)" if _is_pair(item) else ""
-            raise TypeError(f"{what} must contain gna_interp.Head values, got {item!r} ({type(item).__name__}){hint}")
+            raise GnaTypeError(f"{what} must contain gna_interp.Head values, got {item!r} ({type(item).__name__}){hint}")
     if not items:
-        raise ValueError(f"{what} is empty: expected at least one gna_interp.Head")
+        raise GnaValueError(f"{what} is empty: expected at least one gna_interp.Head")
     return items
 
 
@@ -90,9 +91,9 @@ class Ablate:
 
     def __init__(self, heads: Head | Iterable[Head], *, how: str = "zero", corrupt: Any = None, positions: Positions = None) -> None:
         if how not in ABLATION_KINDS:
-            raise ValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
+            raise GnaValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
         if how != "zero" and corrupt is None:
-            raise ValueError(f"how={how!r} needs corrupt= inputs to take activations from")
+            raise GnaValueError(f"how={how!r} needs corrupt= inputs to take activations from")
         object.__setattr__(self, "heads", _as_heads(heads, "Ablate heads"))
         object.__setattr__(self, "how", how)
         object.__setattr__(self, "corrupt", corrupt)
@@ -124,11 +125,11 @@ class Patch:
         items = (targets,) if isinstance(targets, (Head, Resid)) else tuple(targets)  # type: ignore[arg-type]
         for item in items:
             if not isinstance(item, (Head, Resid)):
-                raise TypeError(f"Patch targets must be Head or Resid values, got {item!r}")
+                raise GnaTypeError(f"Patch targets must be Head or Resid values, got {item!r}")
         if not items:
-            raise ValueError("Patch targets is empty: expected at least one Head or Resid")
+            raise GnaValueError("Patch targets is empty: expected at least one Head or Resid")
         if source is None:
-            raise ValueError("Patch needs source= inputs to take activations from")
+            raise GnaValueError("Patch needs source= inputs to take activations from")
         object.__setattr__(self, "targets", items)
         object.__setattr__(self, "source", source)
         object.__setattr__(self, "positions", positions)
@@ -144,9 +145,9 @@ class SkipLayers:
         items = _as_layers(layers, "SkipLayers layers")
         for layer in items:
             if isinstance(layer, bool) or not isinstance(layer, int):
-                raise TypeError(f"SkipLayers layers must be ints, got {layer!r} ({type(layer).__name__})")
+                raise GnaTypeError(f"SkipLayers layers must be ints, got {layer!r} ({type(layer).__name__})")
             if layer < 0:
-                raise ValueError(f"SkipLayers layers must be >= 0, got {layer}")
+                raise GnaValueError(f"SkipLayers layers must be >= 0, got {layer}")
         object.__setattr__(self, "layers", tuple(sorted(set(items))))
 
 
@@ -159,7 +160,7 @@ class Truncate:
 
     def __post_init__(self) -> None:
         if isinstance(self.n_layers, bool) or not isinstance(self.n_layers, int) or self.n_layers < 0:
-            raise ValueError(f"Truncate n_layers must be a non-negative int, got {self.n_layers!r}")
+            raise GnaValueError(f"Truncate n_layers must be a non-negative int, got {self.n_layers!r}")
 
 
 @dataclass(frozen=True)
@@ -197,20 +198,20 @@ class MaskAttentionRows:
         keep: bool = False,
     ) -> None:
         if positions is None:
-            raise ValueError("MaskAttentionRows positions=None is ambiguous: give the rows to mask (e.g. -1) or [] for none")
+            raise GnaValueError("MaskAttentionRows positions=None is ambiguous: give the rows to mask (e.g. -1) or [] for none")
         if layers is not None and heads is not None:
-            raise ValueError("MaskAttentionRows takes layers= or heads=, not both")
+            raise GnaValueError("MaskAttentionRows takes layers= or heads=, not both")
         if layers is not None:
             items = _as_layers(layers, "MaskAttentionRows layers")
             for layer in items:
                 if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
-                    raise ValueError(f"MaskAttentionRows layers must be non-negative ints, got {layer!r}")
+                    raise GnaValueError(f"MaskAttentionRows layers must be non-negative ints, got {layer!r}")
             object.__setattr__(self, "layers", tuple(sorted(set(items))))
         else:
             object.__setattr__(self, "layers", None)
         object.__setattr__(self, "heads", None if heads is None else _as_heads(heads, "MaskAttentionRows heads"))
         if not isinstance(keep, bool):
-            raise TypeError(f"MaskAttentionRows keep must be a bool, got {keep!r}")
+            raise GnaTypeError(f"MaskAttentionRows keep must be a bool, got {keep!r}")
         object.__setattr__(self, "positions", positions)
         object.__setattr__(self, "keep", keep)
 
@@ -246,19 +247,19 @@ class KeepOnly:
 
     def __init__(self, heads: Head | Iterable[Head], *, kind: str = "attention", how: str = "mean", corrupt: Any = None) -> None:
         if kind not in HEAD_KINDS:
-            raise ValueError(f"KeepOnly kind={kind!r}: expected one of {HEAD_KINDS}")
+            raise GnaValueError(f"KeepOnly kind={kind!r}: expected one of {HEAD_KINDS}")
         if how not in ABLATION_KINDS:
-            raise ValueError(f"KeepOnly how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
+            raise GnaValueError(f"KeepOnly how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
         refuse_string(heads, "KeepOnly heads")  # before the corrupt check: the typo is the first thing to fix
         if how == "resample" and corrupt is None:
-            raise ValueError("KeepOnly how='resample' needs corrupt= inputs to take activations from (same length as the inputs)")
+            raise GnaValueError("KeepOnly how='resample' needs corrupt= inputs to take activations from (same length as the inputs)")
         if not isinstance(heads, Head):
             _refuse_single(heads, "KeepOnly heads", "a gna_interp.Head or a list of them (empty: keep none)")
         listed: tuple[Head, ...] = (heads,) if isinstance(heads, Head) else tuple(heads)
         kept = _as_heads(listed, "KeepOnly heads") if listed else ()
         if len(set(kept)) != len(kept):
             repeated = sorted({str(h) for h in kept if kept.count(h) > 1})
-            raise ValueError(f"KeepOnly heads repeat {repeated}: expected each head once")
+            raise GnaValueError(f"KeepOnly heads repeat {repeated}: expected each head once")
         object.__setattr__(self, "heads", kept)
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "how", how)
@@ -278,9 +279,9 @@ def as_interventions(items: Intervention | Iterable[Intervention] | None, what: 
         return [items]  # type: ignore[list-item]
     kinds = "an intervention (Ablate, KeepOnly, Patch, SkipLayers, Truncate, MaskAttentionRows)"
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
-        raise TypeError(f"{what}={items!r}: expected {kinds} or a list of them")
+        raise GnaTypeError(f"{what}={items!r}: expected {kinds} or a list of them")
     listed = list(items)
     for index, item in enumerate(listed):
         if not isinstance(item, INTERVENTION_TYPES):
-            raise TypeError(f"{what}[{index}] is {item!r}: expected {kinds}")
+            raise GnaTypeError(f"{what}[{index}] is {item!r}: expected {kinds}")
     return listed

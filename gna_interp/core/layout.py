@@ -7,6 +7,7 @@ A `GnaModel` holds one (``model.layout``) and answers the same questions through
 from __future__ import annotations
 
 from .arch import LayerKind, LayerMixer, LayerSpec, check_head_in
+from .errors import GnaTypeError, GnaValueError
 from .heads import Head, Resid, Target, typed_head_hint
 from .plan import Site, SiteKind
 
@@ -66,16 +67,16 @@ class ModelLayout:
     def check_layer(self, layer: int, *, allow_final: bool = False) -> None:
         top = self.n_layers if allow_final else self.n_layers - 1
         if isinstance(layer, bool) or not isinstance(layer, int):
-            raise TypeError(f"layer must be an int, got {layer!r}")
+            raise GnaTypeError(f"layer must be an int, got {layer!r}")
         if not 0 <= layer <= top:
-            raise ValueError(f"layer {layer} out of range: {self.name} has layers 0..{top}")
+            raise GnaValueError(f"layer {layer} out of range: {self.name} has layers 0..{top}")
 
     def check_head(self, head: Head) -> None:
         if not isinstance(head, Head):
-            raise TypeError(f"expected a gna_interp.Head, got {head!r} ({type(head).__name__}){typed_head_hint(head)}")
+            raise GnaTypeError(f"expected a gna_interp.Head, got {head!r} ({type(head).__name__}){typed_head_hint(head)}")
         self.check_layer(head.layer)
         if head.layer in self.foreign_layers:
-            raise ValueError(
+            raise GnaValueError(
                 f"head {head}: layer {head.layer} of {self.name} holds a swapped-in {self.foreign_layers[head.layer]} block "
                 "(swap_layers), whose heads the architecture table does not describe, so head-level interventions there are "
                 f"not supported; residual-stream sites (Resid({head.layer}), Resid({head.layer + 1})) and SkipLayers({head.layer}) "
@@ -111,7 +112,7 @@ class ModelLayout:
         if isinstance(target, Resid):
             self.check_layer(target.layer, allow_final=True)
             return Site(SiteKind.RESID, target.layer)
-        raise TypeError(f"expected a Head or Resid, got {target!r}{typed_head_hint(target)}")
+        raise GnaTypeError(f"expected a Head or Resid, got {target!r}{typed_head_hint(target)}")
 
     def site_shape(self, site: Site) -> tuple[int, ...]:
         """Per-position shape of a site's activation: ``(head, d_head)`` or ``(d_model,)``."""

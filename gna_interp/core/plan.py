@@ -39,6 +39,8 @@ from enum import Enum
 import torch
 from torch import Tensor
 
+from .errors import GnaValueError
+
 
 class SiteKind(str, Enum):
     RESID = "resid"
@@ -117,7 +119,7 @@ def _tile_rows(tensor: Tensor, n_rows: int, copies: int) -> Tensor:
     if tensor.dim() == 0 or tensor.shape[0] == 1:
         return tensor
     if tensor.shape[0] != n_rows:
-        raise ValueError(f"edit tensor has {tensor.shape[0]} rows, expected {n_rows} or 1")
+        raise GnaValueError(f"edit tensor has {tensor.shape[0]} rows, expected {n_rows} or 1")
     return tensor.repeat(copies, *([1] * (tensor.dim() - 1)))
 
 
@@ -189,7 +191,7 @@ class Plan:
         if self.start is not None:
             layer, resid = self.start
             if isinstance(resid, Ref):
-                raise ValueError("a plan that starts from another job's residual (a Ref) cannot be cut into rows")
+                raise GnaValueError("a plan that starts from another job's residual (a Ref) cannot be cut into rows")
             part.start = (layer, cut(resid))
         return part
 

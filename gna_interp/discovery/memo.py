@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from ..core.errors import GnaTypeError
 from ..core.interventions import Ablate, Intervention, SkipLayers, Truncate
 from ..evaluation import evaluate
 
@@ -60,14 +61,14 @@ def accuracy_memo(model: GnaModel) -> Iterator[AccuracyMemo]:
 
 def _positions_key(positions: object) -> object:
     if isinstance(positions, bool):  # True == 1: never key it as a position
-        raise TypeError(f"positions={positions!r}: not a kind the memo keys")
+        raise GnaTypeError(f"positions={positions!r}: not a kind the memo keys")
     if positions is None or isinstance(positions, int):
         return positions
     if isinstance(positions, Tensor):
         return (str(positions.dtype), tuple(positions.shape), positions.detach().cpu().numpy().tobytes())
     if isinstance(positions, Sequence) and all(isinstance(p, int) and not isinstance(p, bool) for p in positions):
         return ("ints", tuple(positions))
-    raise TypeError(f"positions={positions!r}: not a kind the memo keys")
+    raise GnaTypeError(f"positions={positions!r}: not a kind the memo keys")
 
 
 def memo_key(interventions: Sequence[Intervention]) -> tuple | None:

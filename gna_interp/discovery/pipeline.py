@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
 from ..cost import cost_meter
 from ..evaluation import evaluate
@@ -180,11 +181,11 @@ def stability(
         _check_samples(task, "task")
         samples = task
         if k is not None and k != len(task):
-            raise ValueError(f"k={k!r} with {len(task)} sample tasks given: leave k out, or give k tasks")
+            raise GnaValueError(f"k={k!r} with {len(task)} sample tasks given: leave k out, or give k tasks")
     defaults = _discover_settings()
     unknown = sorted(set(options) - set(defaults))
     if unknown:
-        raise TypeError(f"stability got unknown discover settings {unknown}: expected some of {sorted(defaults)}")
+        raise GnaTypeError(f"stability got unknown discover settings {unknown}: expected some of {sorted(defaults)}")
     merged = {**defaults, **options}
     if merged["prescreen_keep"] is None:
         merged["prescreen_keep"] = 2 * merged["max_candidates"]
@@ -200,7 +201,7 @@ def _discover_settings() -> dict[str, Any]:
 
 def _check_k(k: Any, name: str) -> None:
     if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-        raise ValueError(f"{name}={k!r}: expected an int of at least 2 prompt samples")
+        raise GnaValueError(f"{name}={k!r}: expected an int of at least 2 prompt samples")
 
 
 def _check_samples(samples: Any, name: str) -> None:
@@ -209,10 +210,10 @@ def _check_samples(samples: Any, name: str) -> None:
         _check_k(samples, name)
         return
     if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence):
-        raise TypeError(f"{name}={samples!r}: expected a number of prompt samples or a sequence of Task")
+        raise GnaTypeError(f"{name}={samples!r}: expected a number of prompt samples or a sequence of Task")
     bad = [i for i, t in enumerate(samples) if not isinstance(t, Task)]
     if bad:
-        raise TypeError(f"{name}[{bad[0]}] is a {type(samples[bad[0]]).__name__}: expected a gna_interp Task per sample")
+        raise GnaTypeError(f"{name}[{bad[0]}] is a {type(samples[bad[0]]).__name__}: expected a gna_interp Task per sample")
     _check_k(len(samples), f"len({name})")
 
 

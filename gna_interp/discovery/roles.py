@@ -51,6 +51,7 @@ from torch import Tensor
 
 from ..attention.pattern import attention_pattern
 from ..attention.sharpness import entropy, top1_mass
+from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.inputs import Batch
 
@@ -291,7 +292,7 @@ def pattern_shortfall(role: str, scores: RoleScores, thresholds: RoleThresholds,
             ("selectivity", scores.selectivity, chance + margin, f"chance {chance:.2f} + {margin:g}"),
         ]
     else:
-        raise ValueError(f"role={role!r}: expected 'gather' or 'aggregate'")
+        raise GnaValueError(f"role={role!r}: expected 'gather' or 'aggregate'")
     return [f"{name} {value:.3f} < {bound}" for name, value, floor, bound in checks if not value >= floor - _TOLERANCE]
 
 

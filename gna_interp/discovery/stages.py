@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Ablate
 from ..evaluation import Evaluation, check_task, evaluate
@@ -54,10 +55,10 @@ def check_arguments(
     layers to scan (default every layer)."""
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
-        raise ValueError(f"unknown stages {unknown}: expected a subset of {STAGES}")
+        raise GnaValueError(f"unknown stages {unknown}: expected a subset of {STAGES}")
     check_task(task, "discover")
     if task.n_segments < 2:
-        raise ValueError(f"task {task.name!r} has {task.n_segments} segment(s): G&A discovery needs at least 2 options to retrieve from")
+        raise GnaValueError(f"task {task.name!r} has {task.n_segments} segment(s): G&A discovery needs at least 2 options to retrieve from")
     scan_layers = list(range(model.n_layers)) if layers is None else list(layers)
     for layer in scan_layers:
         model.check_layer(layer)

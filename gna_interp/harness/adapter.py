@@ -36,6 +36,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised without the extra
     raise ImportError('gna_interp.harness needs lm-eval: pip install "gna-interp[eval]"') from error
 
+from ..core.errors import GnaTypeError, GnaValueError
 from ..models.handle import GnaModel
 
 DEFAULT_MAX_LENGTH = 2048
@@ -83,12 +84,12 @@ class LMEvalModel(TemplateLM):
     ) -> None:
         super().__init__()
         if not isinstance(model, GnaModel):
-            raise TypeError(
+            raise GnaTypeError(
                 f"LMEvalModel needs a gna_interp.GnaModel, got {type(model).__name__} (from the CLI: --model_args pretrained=...)"
             )
         for name, value in (("batch_size", batch_size), ("max_gen_toks", max_gen_toks), ("max_length", max_length)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}={value!r}: expected a positive int")
+                raise GnaValueError(f"{name}={value!r}: expected a positive int")
         self.gna_model = model
         self.interventions = tuple(interventions)
         check_interventions(self.interventions, "interventions")
@@ -147,7 +148,7 @@ class LMEvalModel(TemplateLM):
         for value in (self._prefix_token_id, self.tokenizer.bos_token_id, self.tokenizer.eos_token_id):
             if value is not None:
                 return int(value)
-        raise ValueError(
+        raise GnaValueError(
             f"{self.gna_model.name}'s tokenizer has no BOS or EOS token, which an empty context and loglikelihood_rolling start "
             "from: pass prefix_token_id= (model_args prefix_token_id=N)"
         )
@@ -183,9 +184,9 @@ class LMEvalModel(TemplateLM):
         for strings, context_ids, continuation_ids in requests:
             context, continuation = strings or ("", "")
             if not continuation_ids:
-                raise ValueError(f"continuation {continuation!r} after context {context[-40:]!r} tokenizes to no tokens")
+                raise GnaValueError(f"continuation {continuation!r} after context {context[-40:]!r} tokenizes to no tokens")
             if len(continuation_ids) > self.max_length:
-                raise ValueError(
+                raise GnaValueError(
                     f"continuation {continuation[:40]!r} has {len(continuation_ids)} tokens, more than max_length={self.max_length}"
                 )
             whole = [*context_ids, *continuation_ids][-(self.max_length + 1) :]
@@ -244,7 +245,7 @@ class LMEvalModel(TemplateLM):
             stops = list(options["until"])
             budget = self.max_length - options["max_gen_toks"]
             if budget < 1:
-                raise ValueError(f"max_gen_toks={options['max_gen_toks']} leaves no room for a prompt in max_length={self.max_length}")
+                raise GnaValueError(f"max_gen_toks={options['max_gen_toks']} leaves no room for a prompt in max_length={self.max_length}")
             prompts = {index: self.tok_encode(requests[index].args[0])[-budget:] for index in indices}
             ordered = sorted(indices, key=lambda index: -len(prompts[index]))
             for start in self._bar(range(0, len(ordered), self.batch_size), disable_tqdm, "gna generate_until"):
@@ -301,12 +302,12 @@ def check_interventions(interventions: Sequence[Intervention], what: str) -> Non
     from the start of a padded batch."""
     for item in interventions:
         if isinstance(item, Patch) or (isinstance(item, (Ablate, KeepOnly)) and item.how == "resample"):
-            raise ValueError(
+            raise GnaValueError(
                 f"{what}: {type(item).__name__} pairs each prompt with its own source row, which lm-eval's requests do not have: "
                 "use zero or mean ablation"
             )
         if isinstance(item, (Ablate, MaskAttentionRows)) and not _from_end(item.positions):
-            raise ValueError(
+            raise GnaValueError(
                 f"{what}: positions={item.positions!r}: lm-eval's requests have different lengths, so positions must count from the "
                 "end of each input (negative ints, e.g. -1 for the last token) or be None"
             )
@@ -328,16 +329,16 @@ def _generation_options(gen_kwargs: Any, default_max: int) -> dict[str, Any]:
     from lm_eval.models.utils import normalize_gen_kwargs
 
     if not isinstance(gen_kwargs, dict):
-        raise ValueError(f"generation arguments {gen_kwargs!r}: expected a dict")
+        raise GnaValueError(f"generation arguments {gen_kwargs!r}: expected a dict")
     options = normalize_gen_kwargs(gen_kwargs, default_max)
     if options["do_sample"]:
-        raise ValueError(f"generation arguments {gen_kwargs!r} ask for sampling: the gna model decodes greedily only")
+        raise GnaValueError(f"generation arguments {gen_kwargs!r} ask for sampling: the gna model decodes greedily only")
     until = options.get("until") or []
     until = [until] if isinstance(until, str) else list(until)
     if not all(isinstance(stop, str) for stop in until):
-        raise ValueError(f"until={until!r}: expected a string or a list of strings")
+        raise GnaValueError(f"until={until!r}: expected a string or a list of strings")
     if options["max_gen_toks"] < 1:
-        raise ValueError(f"max_gen_toks={options['max_gen_toks']!r}: expected a positive int")
+        raise GnaValueError(f"max_gen_toks={options['max_gen_toks']!r}: expected a positive int")
     return {"until": until, "max_gen_toks": options["max_gen_toks"]}
 
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Ablate, Intervention, MaskAttentionRows, SkipLayers, Truncate
 
@@ -47,9 +48,9 @@ def parse_model_args(args: Mapping[str, Any]) -> ModelArgs:
     known = (*LOAD_KEYS, *INTERVENTION_KEYS, *ADAPTER_KEYS, *IGNORED_KEYS)
     unknown = sorted(set(args) - set(known))
     if unknown:
-        raise ValueError(f"unknown gna model_args {unknown}: expected some of {list(known)}")
+        raise GnaValueError(f"unknown gna model_args {unknown}: expected some of {list(known)}")
     if not args.get("pretrained"):
-        raise ValueError("the gna model needs pretrained=: a model folder, a hub id, or toy:NAME for a bundled toy model")
+        raise GnaValueError("the gna model needs pretrained=: a model folder, a hub id, or toy:NAME for a bundled toy model")
     parsed = ModelArgs(pretrained=str(args["pretrained"]))
     for key in LOAD_KEYS[1:]:
         if args.get(key) is not None:
@@ -79,14 +80,14 @@ def load_from_args(parsed: ModelArgs) -> Any:
     device = options.pop("device", None)
     remote = options.pop("remote", False)
     if remote not in (False, True, "local"):
-        raise ValueError(f"remote={remote!r}: expected true (NDIF), local (nnsight's simulation) or false")
+        raise GnaValueError(f"remote={remote!r}: expected true (NDIF), local (nnsight's simulation) or false")
     if parsed.pretrained.startswith(TOY_PREFIX):
         name = parsed.pretrained[len(TOY_PREFIX) :]
         if name not in toy_names():
-            raise ValueError(f"pretrained={parsed.pretrained!r}: no bundled toy {name!r}; bundled are {toy_names()}")
+            raise GnaValueError(f"pretrained={parsed.pretrained!r}: no bundled toy {name!r}; bundled are {toy_names()}")
         extra = sorted(set(options) - {"backend"})
         if extra or remote:
-            raise ValueError(f"pretrained={parsed.pretrained!r}: a bundled toy takes only backend=, got {extra or ['remote']}")
+            raise GnaValueError(f"pretrained={parsed.pretrained!r}: a bundled toy takes only backend=, got {extra or ['remote']}")
         return load_toy(name, backend=options.get("backend"))  # on the CPU, whatever --device says
     return load(parsed.pretrained, remote=remote, device=_available(device), **options)
 
@@ -108,10 +109,10 @@ def _parts(value: Any) -> list[Any]:
 
 def _heads(value: Any) -> list[Head]:
     if isinstance(value, float):
-        raise ValueError(f"ablate={value!r}: write heads as L<layer>H<head>, e.g. ablate=L16H22 (a bare 16.22 is read as a number)")
+        raise GnaValueError(f"ablate={value!r}: write heads as L<layer>H<head>, e.g. ablate=L16H22 (a bare 16.22 is read as a number)")
     heads = [Head.parse(str(part)) for part in _parts(value)]
     if not heads:
-        raise ValueError(f"ablate={value!r}: expected heads such as L16H22, joined by + (L16H22+L17H24)")
+        raise GnaValueError(f"ablate={value!r}: expected heads such as L16H22, joined by + (L16H22+L17H24)")
     return heads
 
 
@@ -121,13 +122,13 @@ def _int(key: str, value: Any) -> int:
             raise ValueError
         return int(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{key}={value!r}: expected an int (several joined by +)") from None
+        raise GnaValueError(f"{key}={value!r}: expected an int (several joined by +)") from None
 
 
 def _positive_int(key: str, value: Any) -> int:
     number = _int(key, value)
     if number < (0 if key == "prefix_token_id" else 1):
-        raise ValueError(f"{key}={value!r}: expected a {'token id' if key == 'prefix_token_id' else 'positive int'}")
+        raise GnaValueError(f"{key}={value!r}: expected a {'token id' if key == 'prefix_token_id' else 'positive int'}")
     return number
 
 

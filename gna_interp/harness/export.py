@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import GnaValueError
 from ..tasks.base import Task, not_a_task
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -41,9 +42,9 @@ def write_task(task: Task, folder: str | Path, name: str | None = None, *, gener
         raise not_a_task(task, "write_task")
     name = name if name is not None else task.name.replace(":", "_")
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(f"task name {name!r}: expected letters, digits, '_', '.' or '-' (an lm-eval task name)")
+        raise GnaValueError(f"task name {name!r}: expected letters, digits, '_', '.' or '-' (an lm-eval task name)")
     if isinstance(max_gen_toks, bool) or not isinstance(max_gen_toks, int) or max_gen_toks < 1:
-        raise ValueError(f"max_gen_toks={max_gen_toks!r}: expected a positive int")
+        raise GnaValueError(f"max_gen_toks={max_gen_toks!r}: expected a positive int")
     root = Path(folder)
     root.mkdir(parents=True, exist_ok=True)
     data = (root / f"{name}.jsonl").resolve()

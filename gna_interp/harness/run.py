@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core.errors import GnaValueError
 from ..core.interventions import Ablate, Intervention, MaskAttentionRows, Patch, SkipLayers, Truncate
 
 if TYPE_CHECKING:
@@ -125,9 +126,9 @@ def _run(
     from .adapter import LMEvalModel
 
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
-        raise ValueError(f"limit={limit!r}: expected a positive number of documents (or a fraction below 1), or None")
+        raise GnaValueError(f"limit={limit!r}: expected a positive number of documents (or a fraction below 1), or None")
     if num_fewshot is not None and (isinstance(num_fewshot, bool) or not isinstance(num_fewshot, int) or num_fewshot < 0):
-        raise ValueError(f"num_fewshot={num_fewshot!r}: expected a non-negative int or None")
+        raise GnaValueError(f"num_fewshot={num_fewshot!r}: expected a non-negative int or None")
     lm = LMEvalModel(model, interventions, batch_size, progress=progress)
     name = label if label is not None else describe([*model.active_interventions, *interventions])
     loaded = manager.load(task_list)
@@ -179,13 +180,13 @@ def lm_eval_table(
     else:
         named = {describe(items): list(items) for items in conditions}
         if len(named) != len(conditions):
-            raise ValueError("two intervention sets get the same label: pass a dict of label -> interventions")
+            raise GnaValueError("two intervention sets get the same label: pass a dict of label -> interventions")
     if clean:
         if "clean" in named:
-            raise ValueError("the label 'clean' is taken by the clean run: rename that condition, or pass clean=False")
+            raise GnaValueError("the label 'clean' is taken by the clean run: rename that condition, or pass clean=False")
         named = {"clean": [], **named}
     if not named:
-        raise ValueError("no conditions to run: give intervention sets, or clean=True")
+        raise GnaValueError("no conditions to run: give intervention sets, or clean=True")
     require_lm_eval()
     task_list = _task_list(tasks)
     manager = task_manager(include_path, task_list)
@@ -209,7 +210,7 @@ def require_lm_eval() -> Any:
 def _task_list(tasks: Any) -> list[Any]:
     task_list = [tasks] if isinstance(tasks, (str, Mapping)) else list(tasks)
     if not task_list:
-        raise ValueError("tasks is empty: name at least one lm-eval task")
+        raise GnaValueError("tasks is empty: name at least one lm-eval task")
     return task_list
 
 
@@ -224,7 +225,7 @@ def task_manager(include_path: Any, tasks: Sequence[Any]) -> Any:
         items = [include_path] if isinstance(include_path, (str, Path)) else list(include_path)
         for item in items:
             if not Path(item).is_dir():
-                raise ValueError(f"include_path {str(item)!r} is not a folder of lm-eval task YAMLs")
+                raise GnaValueError(f"include_path {str(item)!r} is not a folder of lm-eval task YAMLs")
         paths = tuple(str(Path(item).resolve()) for item in items)
     names = [task for task in tasks if isinstance(task, str)]
     if paths:

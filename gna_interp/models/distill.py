@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Resid
 from ..progress import progress_bar
 
@@ -89,12 +90,12 @@ def _texts_source(data: Any) -> Callable[[int, torch.Generator, int], list[str]]
         def from_stream(step: int, generator: torch.Generator, size: int) -> list[str]:
             texts = stream(step)
             if isinstance(texts, str) or not isinstance(texts, Sequence) or not texts:
-                raise TypeError(f"distill: the stream returned {texts!r} for step {step}: expected a non-empty list of strings")
+                raise GnaTypeError(f"distill: the stream returned {texts!r} for step {step}: expected a non-empty list of strings")
             return list(texts)
 
         return from_stream
     if isinstance(data, str) or not isinstance(data, Sequence) or not data or not all(isinstance(t, str) for t in data):
-        raise TypeError(f"distill: data={data!r}: expected a Task, a non-empty list of strings, or a function step -> list of strings")
+        raise GnaTypeError(f"distill: data={data!r}: expected a Task, a non-empty list of strings, or a function step -> list of strings")
     texts = list(data)
 
     def from_list(step: int, generator: torch.Generator, size: int) -> list[str]:
@@ -107,12 +108,12 @@ def _texts_source(data: Any) -> Callable[[int, torch.Generator, int], list[str]]
 def _steps_per_stage(stages: Sequence[str], steps: int | dict[str, int]) -> dict[str, int]:
     for stage in stages:
         if stage not in STAGES:
-            raise ValueError(f"distill: stages={list(stages)!r} holds {stage!r}: expected stages from {STAGES}")
+            raise GnaValueError(f"distill: stages={list(stages)!r} holds {stage!r}: expected stages from {STAGES}")
     counts = {stage: steps for stage in stages} if isinstance(steps, int) else dict(steps)
     for stage in stages:
         value = counts.get(stage)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"distill: steps={steps!r} gives stage {stage!r} {value!r} steps: expected an int >= 0")
+            raise GnaValueError(f"distill: steps={steps!r} gives stage {stage!r} {value!r} steps: expected an int >= 0")
     return {stage: counts[stage] for stage in stages}
 
 
@@ -219,20 +220,20 @@ def distill(
     """
     plan = _steps_per_stage(stages, steps)
     if not hasattr(getattr(student, "hf_model", None), "model") or not hasattr(student.hf_model.model, "block_inputs"):
-        raise TypeError(f"distill: student={student!r}: expected the GnaModel gna_interp.hybridize returns")
+        raise GnaTypeError(f"distill: student={student!r}: expected the GnaModel gna_interp.hybridize returns")
     if int(student.vocab_size) != int(teacher.vocab_size) or int(student.n_layers) != int(teacher.n_layers):
-        raise ValueError(
+        raise GnaValueError(
             f"distill: the student ({student.n_layers} layers, vocabulary {student.vocab_size}) does not match the teacher "
             f"({teacher.n_layers} layers, vocabulary {teacher.vocab_size})"
         )
     if positions not in POSITIONS:
-        raise ValueError(f"distill: positions={positions!r}: expected one of {POSITIONS}")
+        raise GnaValueError(f"distill: positions={positions!r}: expected one of {POSITIONS}")
     if train not in TRAIN:
-        raise ValueError(f"distill: train={train!r}: expected one of {TRAIN}")
+        raise GnaValueError(f"distill: train={train!r}: expected one of {TRAIN}")
     if max_grad_norm is not None and not max_grad_norm > 0:
-        raise ValueError(f"distill: max_grad_norm={max_grad_norm!r}: expected a positive float or None")
+        raise GnaValueError(f"distill: max_grad_norm={max_grad_norm!r}: expected a positive float or None")
     if batch_size < 1 or checkpoint_every < 1 or lr <= 0 or temperature <= 0:
-        raise ValueError(
+        raise GnaValueError(
             f"distill: batch_size={batch_size}, checkpoint_every={checkpoint_every}, lr={lr}, temperature={temperature}: "
             "expected positive values"
         )
@@ -244,7 +245,7 @@ def distill(
     model = student.hf_model
     params = [p for _, p in trained_parameters(model, train)]
     if not params:
-        raise ValueError(f"distill: train={train!r} selects no parameter of the student")
+        raise GnaValueError(f"distill: train={train!r} selects no parameter of the student")
     path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
     history, done = DistillHistory(), {stage: 0 for stage in plan}
     saved = _load_checkpoint(path, settings)
@@ -319,7 +320,7 @@ def _load_checkpoint(path: Path | None, settings: dict[str, Any]) -> dict[str, A
         return None
     saved: dict[str, Any] = torch.load(path, weights_only=False)
     if saved.get("settings") != settings:
-        raise ValueError(
+        raise GnaValueError(
             f"distill: the checkpoint {str(path)!r} was written with {saved.get('settings')}, not with this call's {settings}: "
             "use another checkpoint_dir or the same arguments"
         )

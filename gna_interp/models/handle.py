@@ -12,7 +12,7 @@ from torch import Tensor
 from ..backends.base import RunOutput
 from ..core.arch import ArchSpec, LayerKind, LayerMixer, LayerSpec
 from ..core.compile import compile_plan
-from ..core.errors import short_repr
+from ..core.errors import GnaTypeError, short_repr
 from ..core.heads import Head, Resid, Target, refuse_string
 from ..core.inputs import Batch, check_token_ids, make_batch
 from ..core.interventions import Ablate, Intervention, as_interventions
@@ -297,7 +297,7 @@ class GnaModel:
         for item in interventions:
             if not isinstance(item, Intervention):  # type: ignore[arg-type, misc]
                 kinds = "Ablate, KeepOnly, Patch, SkipLayers, Truncate, MaskAttentionRows"
-                raise TypeError(f"expected an intervention ({kinds}), got {item!r}")
+                raise GnaTypeError(f"expected an intervention ({kinds}), got {item!r}")
         depth = len(self._ambient)
         self._ambient.extend(interventions)
         try:
@@ -343,7 +343,7 @@ def check_model(model: object, call: str) -> None:
     else:
         hint = " (gna.load or gna.load_toy returns one)"
     shown = f"<a {kind}>" if isinstance(model, torch.nn.Module) else short_repr(model)  # a module's repr runs to pages
-    raise TypeError(f"{call}: model={shown} ({kind}): expected a gna_interp GnaModel{hint}")
+    raise GnaTypeError(f"{call}: model={shown} ({kind}): expected a gna_interp GnaModel{hint}")
 
 
 def _capture_list(capture: Any, what: str = "capture") -> list[Target]:
@@ -354,5 +354,5 @@ def _capture_list(capture: Any, what: str = "capture") -> list[Target]:
         return [capture]
     refuse_string(capture, what)
     if not isinstance(capture, Iterable):
-        raise TypeError(f"{what}={capture!r} ({type(capture).__name__}): expected a Head or Resid, or a list of them")
+        raise GnaTypeError(f"{what}={capture!r} ({type(capture).__name__}): expected a Head or Resid, or a list of them")
     return list(capture)

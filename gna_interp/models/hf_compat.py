@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..core.errors import GnaTypeError
+
 
 @cache
 def _parameters(function: Callable[..., Any]) -> frozenset[str]:
@@ -28,7 +30,7 @@ def _pick(function: Callable[..., Any], *candidates: str) -> str:
     for name in candidates:
         if name in names:
             return name
-    raise TypeError(
+    raise GnaTypeError(
         f"{getattr(function, '__qualname__', function)!r} takes none of the parameters {list(candidates)} "
         f"(it takes {sorted(names)}): this transformers release is outside the range gna_interp supports"
     )

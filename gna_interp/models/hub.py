@@ -17,10 +17,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import GnaError
 from ..network import PROBE_TIMEOUT_S, hub_reachable
 
 
-class HubUnreachableError(OSError):
+class HubUnreachableError(GnaError, OSError):
     """A hub id was asked for, the hub cannot be reached and the model is not cached."""
 
 

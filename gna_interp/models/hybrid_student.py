@@ -59,6 +59,7 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, LlamaConfig, PreTrainedModel
 
+from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
 from .llamba import DiscreteMamba2
 from .registry import HYBRID_STUDENT, HYBRID_STUDENT_MODEL_TYPE
@@ -142,7 +143,7 @@ class HybridStudentLayer(nn.Module):
                 self.attn_map.weight.copy_(torch.eye(d_model))
         expand = n_heads * head_dim // d_model
         if expand * d_model != n_heads * head_dim:
-            raise ValueError(
+            raise GnaValueError(
                 f"hybridize: the teacher's n_heads * head_dim = {n_heads} * {head_dim} must be a multiple of hidden_size={d_model} "
                 "(the Discrete Mamba-2 mixer's inner width is expand * hidden_size)"
             )
@@ -299,9 +300,11 @@ def _kept_per_layer(keep: Iterable[Head] | None, n_layers: int, n_heads: int) ->
     kept: list[set[int]] = [set() for _ in range(n_layers)]
     for head in keep:
         if not isinstance(head, Head):
-            raise TypeError(f"hybridize: keep holds {head!r} ({type(head).__name__}): expected gna_interp.Head objects")
+            raise GnaTypeError(f"hybridize: keep holds {head!r} ({type(head).__name__}): expected gna_interp.Head objects")
         if head.layer >= n_layers or head.head >= n_heads:
-            raise ValueError(f"hybridize: keep holds {head}, not a head of the teacher (layers 0..{n_layers - 1}, heads 0..{n_heads - 1})")
+            raise GnaValueError(
+                f"hybridize: keep holds {head}, not a head of the teacher (layers 0..{n_layers - 1}, heads 0..{n_heads - 1})"
+            )
         kept[head.layer].add(head.head)
     return [sorted(layer) for layer in kept]
 
@@ -313,11 +316,13 @@ def _teacher_parts(teacher: Any) -> tuple[Any, Any]:
     tokenizer = getattr(teacher, "tokenizer", None)
     model_type = getattr(getattr(hf_model, "config", None), "model_type", None)
     if model_type not in ("llama", "mistral", "qwen2") or not hasattr(hf_model, "model"):
-        raise ValueError(
+        raise GnaValueError(
             f"hybridize: teacher of model_type {model_type!r}: expected a Llama-family attention model ('llama', 'mistral', 'qwen2')"
         )
     if getattr(hf_model.config, "attention_bias", False) or getattr(hf_model.config, "model_type", "") == "qwen2":
-        raise ValueError(f"hybridize: teacher of model_type {model_type!r} has q/k/v biases, which the student's head slices do not carry")
+        raise GnaValueError(
+            f"hybridize: teacher of model_type {model_type!r} has q/k/v biases, which the student's head slices do not carry"
+        )
     return hf_model, tokenizer
 
 
@@ -357,19 +362,19 @@ def hybridize(
             Llama-family, or ``d_state`` other than ``head_dim`` with ``init="attention"``.
     """
     if init not in INITS:
-        raise ValueError(f"hybridize: init={init!r}: expected one of {INITS}")
+        raise GnaValueError(f"hybridize: init={init!r}: expected one of {INITS}")
     if combine not in COMBINES:
-        raise ValueError(f"hybridize: combine={combine!r}: expected one of {COMBINES}")
+        raise GnaValueError(f"hybridize: combine={combine!r}: expected one of {COMBINES}")
     hf_teacher, teacher_tokenizer = _teacher_parts(teacher)
     tokenizer = tokenizer if tokenizer is not None else teacher_tokenizer
     if tokenizer is None:
-        raise ValueError("hybridize: the teacher is a bare HF model: pass tokenizer=")
+        raise GnaValueError("hybridize: the teacher is a bare HF model: pass tokenizer=")
     config = hf_teacher.config
     n_layers, n_heads, head_dim = int(config.num_hidden_layers), int(config.num_attention_heads), _head_dim(config)
     if d_state is None:
         d_state = head_dim
     if init == "attention" and d_state != head_dim:
-        raise ValueError(
+        raise GnaValueError(
             f"hybridize: d_state={d_state} with init='attention': keys and queries become B and C, so d_state must be head_dim={head_dim}"
         )
     kept = _kept_per_layer(keep, n_layers, n_heads)
@@ -419,7 +424,7 @@ def _param(root: Any, path: str) -> Tensor:
     for name in path.split("."):
         value = getattr(getattr(value, "_original_component", value), name)
     if not isinstance(value, Tensor):
-        raise TypeError(f"hybridize: the teacher's {path} is a {type(value).__name__}, expected a tensor")
+        raise GnaTypeError(f"hybridize: the teacher's {path} is a {type(value).__name__}, expected a tensor")
     return value
 
 

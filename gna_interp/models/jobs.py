@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from ..backends.base import RunOutput
 from ..backends.jobs import Job, kept, resolved
+from ..core.errors import GnaValueError
 from ..core.inputs import Batch
 from ..core.plan import Plan, Read, Ref, Site, SiteKind
 from .handle import GnaModel
@@ -31,10 +32,10 @@ def run_jobs(model: GnaModel, jobs: Sequence[Job]) -> list[RunOutput | None]:
     """The outputs of ``jobs``, in order (``None`` for ``keep=0``); see the module docs."""
     for index, job in enumerate(jobs):
         if job.keep not in (0, 1, 2):
-            raise ValueError(f"job {index}: keep={job.keep!r}, expected 0, 1 or 2")
+            raise GnaValueError(f"job {index}: keep={job.keep!r}, expected 0, 1 or 2")
         start = job.plan.start
         if start is not None and isinstance(start[1], Ref) and not 0 <= start[1].job < index:
-            raise ValueError(f"job {index} starts from job {start[1].job}'s capture: a job can use only an earlier job's")
+            raise GnaValueError(f"job {index} starts from job {start[1].job}'s capture: a job can use only an earlier job's")
     if is_batched_remote(model):
         return model.backend.run_many(jobs)  # type: ignore[no-any-return]
     full: list[RunOutput] = []

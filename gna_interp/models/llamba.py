@@ -39,6 +39,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 
+from ..core.errors import GnaTypeError, GnaValueError
+
 LLAMBA_SSM_DEFAULTS: dict[str, Any] = {
     "d_state": 64,
     "n_v_heads": 32,
@@ -197,12 +199,12 @@ class DiscreteMamba2(nn.Module):
         self.d_inner = expand * d_model
         self.n_qk_heads, self.n_v_heads = n_qk_heads, n_v_heads
         if self.d_inner % n_v_heads or n_v_heads % n_qk_heads:
-            raise ValueError(
+            raise GnaValueError(
                 f"DiscreteMamba2: n_v_heads={n_v_heads} must divide d_inner={self.d_inner} (expand * d_model) "
                 f"and be a multiple of n_qk_heads={n_qk_heads}"
             )
         if activation not in ("identity", "silu", "swish"):
-            raise ValueError(f"DiscreteMamba2: activation={activation!r}, expected 'identity', 'silu' or 'swish'")
+            raise GnaValueError(f"DiscreteMamba2: activation={activation!r}, expected 'identity', 'silu' or 'swish'")
         self.headdim = self.d_inner // n_v_heads
         self.activation, self.chunk_size, self.layer_idx, self.bias = activation, chunk_size, layer_idx, bias
         self.conv_dim = self.d_inner + 2 * n_qk_heads * d_state
@@ -351,7 +353,7 @@ class LlambaLMHeadModel(_LlambaBase):
     def forward(self, input_ids: Tensor, position_ids: Tensor | None = None, **kwargs: Any) -> LlambaOutput:  # type: ignore[override]
         """``input_ids [batch, pos]`` -> `LlambaOutput` with ``logits [batch, pos, vocab]``."""
         if kwargs:
-            raise TypeError(f"LlambaLMHeadModel.forward() takes no {sorted(kwargs)} (Cartesia's forward has no attention mask)")
+            raise GnaTypeError(f"LlambaLMHeadModel.forward() takes no {sorted(kwargs)} (Cartesia's forward has no attention mask)")
         return super().forward(input_ids, position_ids)
 
 
@@ -421,7 +423,7 @@ def load_llamba_folder(folder: str | Path, dtype: torch.dtype | None = None) -> 
         model = (LlambaHFLMHeadModel if hf_style else LlambaLMHeadModel)(LlambaConfig(**fields))
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
-        raise ValueError(
+        raise GnaValueError(
             f"{folder}: the weights do not fit the Llamba its config.json builds: "
             f"missing {result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}"
         )

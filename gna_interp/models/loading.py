@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..core.arch import ArchSpec, LayerKind
+from ..core.errors import GnaTypeError, GnaValueError
 from ..core.tokenizer_check import tokenizer_error, tokenizer_problem
 from ..progress import progress_enabled
 from .handle import GnaModel, weights_device
@@ -97,15 +98,15 @@ def load(
     """
     check_keywords(hf_kwargs)
     if arch is not None and not isinstance(arch, ArchSpec):
-        raise TypeError(f"arch= expects a gna_interp.ArchSpec (the family as data), got {type(arch).__name__}")
+        raise GnaTypeError(f"arch= expects a gna_interp.ArchSpec (the family as data), got {type(arch).__name__}")
     if arch is not None and isinstance(model, (str, os.PathLike)):
-        raise ValueError("arch= describes a model object: load the module yourself and pass it (model=<torch.nn.Module>, arch=...)")
+        raise GnaValueError("arch= describes a model object: load the module yourself and pass it (model=<torch.nn.Module>, arch=...)")
     if backend is not None and backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}: expected one of {BACKENDS}")
+        raise GnaValueError(f"unknown backend {backend!r}: expected one of {BACKENDS}")
     if remote not in (False, True, "local"):
-        raise ValueError(f"remote={remote!r}: expected False, True (NDIF) or 'local' (nnsight's local simulation)")
+        raise GnaValueError(f"remote={remote!r}: expected False, True (NDIF) or 'local' (nnsight's local simulation)")
     if remote and backend == "tlens":
-        raise ValueError("remote execution runs through nnsight: use backend='nnsight' (or leave backend unset)")
+        raise GnaValueError("remote execution runs through nnsight: use backend='nnsight' (or leave backend unset)")
     if remote is True:
         return _load_remote(model, tokenizer)
 
@@ -123,7 +124,7 @@ def load(
     from transformers import PreTrainedModel
 
     if backend == "tlens" and not isinstance(hf_model, PreTrainedModel):
-        raise ValueError(f"backend='tlens' wraps transformers models only; this {type(hf_model).__name__} runs on backend='nnsight'")
+        raise GnaValueError(f"backend='tlens' wraps transformers models only; this {type(hf_model).__name__} runs on backend='nnsight'")
     hf_model.eval()
     if backend == "tlens":  # the bridge rewires the modules it boots on: a twin, so the caller's object keeps its own
         twin = module_twin(hf_model)
@@ -143,16 +144,16 @@ def embedding_rows(hf_model: Any) -> int | None:
 
 def _check_backend(spec: ArchSpec, backend: str, foreign: dict[int, str]) -> None:
     if backend == "tlens" and not spec.tlens and spec.family.startswith("llamba"):
-        raise ValueError(
+        raise GnaValueError(
             f"backend='tlens' does not support the {spec.family!r} family (Discrete Mamba-2 SSM layers): TransformerLens's "
             "bridge has no adapter for it: use backend='nnsight'"
         )
     if backend == "tlens" and not spec.tlens:
         what = "hybrid attention / SSM" if spec.layer_kind is LayerKind.HYBRID else spec.layer_kind.value
-        raise ValueError(f"backend='tlens' does not support the {spec.family!r} family ({what} layers): use backend='nnsight'")
+        raise GnaValueError(f"backend='tlens' does not support the {spec.family!r} family ({what} layers): use backend='nnsight'")
     if backend == "tlens" and foreign:
         blocks = ", ".join(f"layer {layer}: {donor}" for layer, donor in sorted(foreign.items()))
-        raise ValueError(
+        raise GnaValueError(
             f"backend='tlens' cannot wrap this {spec.family} model: it holds swapped-in blocks of another family ({blocks}; "
             "swap_layers), which TransformerLens's bridge does not know: use backend='nnsight'"
         )
@@ -177,7 +178,7 @@ def _preflight(model: Any, hf_kwargs: dict[str, Any]) -> tuple[str | None, dict[
         else:
             spec = check_architecture(*hub_config(str(model), access, hf_kwargs))
             if spec.family.startswith("llamba"):
-                raise ValueError(
+                raise GnaValueError(
                     f"model={str(model)!r} is a Llamba, which transformers cannot build: load Cartesia's class and pass it, "
                     "gna.load(LlambaLMHeadModel.from_pretrained(...), tokenizer=...) (examples/llamba_8b.py), or a local checkpoint folder"
                 )
@@ -210,7 +211,7 @@ def _hf_model(model: Any, folder: str | None, device: Any, dtype: Any, hf_kwargs
         return model, str(model.config.name_or_path or type(model).__name__)
     if isinstance(model, torch.nn.Module):  # a causal LM that is not a transformers class (Cartesia's Llamba, a user's own)
         if getattr(model, "config", None) is None:
-            raise TypeError(
+            raise GnaTypeError(
                 f"model: a {type(model).__name__} without a config attribute: gna_interp reads the sizes the ArchSpec names "
                 "from model.config (give the module one, e.g. a types.SimpleNamespace)"
             )
@@ -218,7 +219,7 @@ def _hf_model(model: Any, folder: str | None, device: Any, dtype: Any, hf_kwargs
             model = model.to(device=device, dtype=dtype)  # type: ignore[arg-type]
         return model, str(getattr(model.config, "name_or_path", "") or type(model).__name__)
     if not isinstance(model, (str, os.PathLike)):
-        raise TypeError(
+        raise GnaTypeError(
             f"model must be a hub id, a local folder, a transformers PreTrainedModel or a torch.nn.Module, got {type(model).__name__}"
         )
     path = folder if folder is not None and str(model).startswith("~") else os.fspath(model)
@@ -259,7 +260,7 @@ def _tokenizer(tokenizer: Any, model: Any, folder: str | None, access: dict[str,
 
     if tokenizer is None:
         if not isinstance(model, (str, os.PathLike)):
-            raise ValueError("a transformers model object needs tokenizer= (a tokenizer object or its path)")
+            raise GnaValueError("a transformers model object needs tokenizer= (a tokenizer object or its path)")
         if folder is not None:
             return load_folder_tokenizer(folder)
         loaded = AutoTokenizer.from_pretrained(str(model), **access)
@@ -353,14 +354,14 @@ def _load_remote(model: Any, tokenizer: Any) -> GnaModel:
     """NDIF: only the model's structure is built here (on the meta device); every
     trace runs on the server. Errors come before any network use."""
     if not isinstance(model, str):
-        raise ValueError(
+        raise GnaValueError(
             "remote=True needs a hub id string such as 'meta-llama/Llama-3.1-70B-Instruct'; "
             f"got a local {type(model).__name__} object, which NDIF cannot run (use remote='local' to simulate)"
         )
     if Path(model).exists():
-        raise ValueError(f"remote=True needs a hub id, but {model!r} is a local path (use remote='local' to simulate)")
+        raise GnaValueError(f"remote=True needs a hub id, but {model!r} is a local path (use remote='local' to simulate)")
     if ndif_api_key() is None:
-        raise ValueError(f"remote=True needs an NDIF API key: {NDIF_KEY_HELP}")
+        raise GnaValueError(f"remote=True needs an NDIF API key: {NDIF_KEY_HELP}")
     from nnsight.modeling.transformers import TransformersModel
 
     from ..backends.nnsight import NNsightBackend

@@ -32,6 +32,7 @@ from ..core.dims import (
     mamba2_x,
     q_columns,
 )
+from ..core.errors import GnaValueError
 
 # Query, key and value before RoPE (patching them there or after RoPE is the same: RoPE
 # depends only on the position).
@@ -163,7 +164,7 @@ def by_layer_type(field: str, kinds: Mapping[str, tuple[MixerSpec, ...]]) -> Mix
     def table(config: Any, layer: int) -> tuple[MixerSpec, ...]:
         name = getattr(config, field)[layer]
         if name not in kinds:
-            raise ValueError(f"{config.model_type} layer {layer} has type {name!r}, not in the architecture table ({sorted(kinds)})")
+            raise GnaValueError(f"{config.model_type} layer {layer} has type {name!r}, not in the architecture table ({sorted(kinds)})")
         return kinds[name]
 
     return table
@@ -191,7 +192,7 @@ def llamba_dims(config: Any) -> Mamba2Dims:
     """Llamba's mixer sizes from ``config.ssm_cfg`` and ``config.d_model``."""
     ssm = getattr(config, "ssm_cfg", None)
     if not isinstance(ssm, Mapping):
-        raise ValueError(f"config of model_type {getattr(config, 'model_type', '?')!r} has no ssm_cfg dict (got {ssm!r})")
+        raise GnaValueError(f"config of model_type {getattr(config, 'model_type', '?')!r} has no ssm_cfg dict (got {ssm!r})")
     inner = int(ssm.get("expand", 1)) * _config_int(config, "d_model")
     heads = int(ssm["n_v_heads"])
     return Mamba2Dims(

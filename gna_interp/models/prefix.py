@@ -29,6 +29,7 @@ from collections.abc import Collection
 from torch import Tensor
 
 from ..backends.base import Backend, RunOutput
+from ..core.errors import GnaValueError
 from ..core.inputs import Batch
 from ..core.plan import Plan, Site, SiteKind
 
@@ -41,7 +42,7 @@ class PrefixCache:
     def __init__(self, backend: Backend, n_layers: int, d_model: int, max_mb: float = DEFAULT_PREFIX_MB) -> None:
         """``backend``: what runs the forwards (a `GnaModel`'s); ``n_layers``, ``d_model``: its model's."""
         if not max_mb > 0:
-            raise ValueError(f"max_mb={max_mb!r} must be > 0")
+            raise GnaValueError(f"max_mb={max_mb!r} must be > 0")
         self.backend, self.n_layers, self.d_model = backend, n_layers, d_model
         self.max_bytes = int(max_mb * 2**20)
         self.entries: OrderedDict[bytes, dict[int, Tensor]] = OrderedDict()

@@ -36,6 +36,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..core.arch import ArchSpec
+from ..core.errors import GnaError, GnaTypeError, GnaValueError
 from ..core.tokenizer_check import tokenizer_error, tokenizer_problem
 from .registry import DESCRIBE_HELP, UnknownArchitectureError, spec_for
 
@@ -74,7 +75,7 @@ SHOWN_KEYS = 6
 """How many tensor names a weights error lists (then a count of the rest)."""
 
 
-class ModelFilesError(FileNotFoundError, ValueError):
+class ModelFilesError(GnaError, FileNotFoundError, ValueError):
     """A model path, its ``config.json`` or its tokenizer is missing. A `FileNotFoundError`,
     and a `ValueError` as these errors were before."""
 
@@ -109,7 +110,7 @@ def check_keywords(hf_kwargs: Mapping[str, Any]) -> None:
             continue
         close = difflib.get_close_matches(key, LOAD_PARAMETERS, n=1, cutoff=0.75)
         if close:
-            raise TypeError(unknown_keyword(key, close[0]))
+            raise GnaTypeError(unknown_keyword(key, close[0]))
 
 
 def keyword_error(error: TypeError, hf_kwargs: Mapping[str, Any]) -> TypeError | None:
@@ -187,11 +188,11 @@ def read_config_json(file: Path, **json_options: Any) -> dict[str, Any]:
     try:
         data = json.loads(file.read_text(encoding="utf-8"), **json_options)
     except json.JSONDecodeError as error:
-        raise ValueError(f"{file} is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}") from None
+        raise GnaValueError(f"{file} is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}") from None
     except UnicodeDecodeError as error:
-        raise ValueError(f"{file} is not valid JSON: not UTF-8 text ({error.reason} at byte {error.start})") from None
+        raise GnaValueError(f"{file} is not valid JSON: not UTF-8 text ({error.reason} at byte {error.start})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{file} is not a model config: expected a JSON object, got a JSON {type(data).__name__}")
+        raise GnaValueError(f"{file} is not a model config: expected a JSON object, got a JSON {type(data).__name__}")
     return data
 
 
@@ -215,7 +216,7 @@ def check_architecture(config: Mapping[str, Any], where: str) -> ArchSpec:
     try:
         return spec_for(SimpleNamespace(model_type=config.get("model_type")))
     except UnknownArchitectureError as error:
-        raise ValueError(f"{error.what} (read from {where}, before any weights); {DESCRIBE_HELP}") from None
+        raise GnaValueError(f"{error.what} (read from {where}, before any weights); {DESCRIBE_HELP}") from None
 
 
 # ----- tokenizer ------------------------------------------------------------------------------
@@ -304,5 +305,5 @@ def check_loaded_weights(info: Mapping[str, Any], where: str, strict: bool = Tru
         return
     message = f"the weights of {where!r} do not match its config: " + "; ".join(parts)
     if strict:
-        raise ValueError(message + " (missing tensors would be random; pass check_weights=False to load anyway)")
+        raise GnaValueError(message + " (missing tensors would be random; pass check_weights=False to load anyway)")
     warnings.warn(message + " (check_weights=False: missing tensors are random)", WeightsMismatchWarning, stacklevel=3)

@@ -56,6 +56,7 @@ from typing import Any
 
 from ..core.arch import ArchSpec, LayerKind, MixerSpec, MixerTable, uniform
 from ..core.dims import AttentionDims, Mamba2Dims, _config_int, attention_head_dim, attention_heads
+from ..core.errors import GnaTypeError, GnaValueError
 from .mixers import (
     ATTENTION_STREAMS,
     attention,
@@ -233,7 +234,7 @@ def known_model_types() -> list[str]:
     return sorted({**_BY_MODEL_TYPE, **_REGISTERED})
 
 
-class UnknownArchitectureError(ValueError):
+class UnknownArchitectureError(GnaValueError):
     """A ``model_type`` the table lacks: ``what`` names it and the supported ones, then
     how to describe the family (`DESCRIBE_HELP`)."""
 
@@ -259,10 +260,10 @@ def register_architecture(spec: ArchSpec, replace: bool = False) -> ArchSpec:
         ValueError: a ``model_type`` is already in the table and ``replace`` is false.
     """
     if not isinstance(spec, ArchSpec):
-        raise TypeError(f"register_architecture(spec=...) expects a gna_interp.ArchSpec, got {type(spec).__name__}")
+        raise GnaTypeError(f"register_architecture(spec=...) expects a gna_interp.ArchSpec, got {type(spec).__name__}")
     taken = [t for t in spec.model_types if t in _BY_MODEL_TYPE or t in _REGISTERED]
     if taken and not replace:
-        raise ValueError(
+        raise GnaValueError(
             f"register_architecture: model_type(s) {taken} are already in the architecture table: pass replace=True to replace"
         )
     for model_type in spec.model_types:

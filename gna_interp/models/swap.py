@@ -50,6 +50,7 @@ from typing import Any
 
 from torch import nn
 
+from ..core.errors import GnaTypeError, GnaValueError
 from .handle import GnaModel
 from .swap_block import BackboneInputs, Calls, SwappedBlock, backbone_inputs, named_tensors, unwrapped_class
 
@@ -157,10 +158,10 @@ def swap_layers(target: Any, donor: Any, layers: LayerMap) -> Iterator[Any]:
 def _hf_model(model: Any, role: str) -> Any:
     if isinstance(model, GnaModel):
         if getattr(model.backend, "remote", False):
-            raise ValueError(f"swap_layers: the {role} runs remotely (NDIF); swap the blocks of a local model")
+            raise GnaValueError(f"swap_layers: the {role} runs remotely (NDIF); swap the blocks of a local model")
         return model.hf_model
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
-        raise TypeError(f"swap_layers: the {role} must be a transformers causal LM or a GnaModel, got {type(model).__name__}")
+        raise GnaTypeError(f"swap_layers: the {role} must be a transformers causal LM or a GnaModel, got {type(model).__name__}")
     return model
 
 
@@ -168,7 +169,7 @@ def _family(hf_model: Any, role: str) -> SwapFamily:
     model_type = getattr(hf_model.config, "model_type", None)
     row = _BY_MODEL_TYPE.get(model_type)  # type: ignore[arg-type]
     if row is None:
-        raise ValueError(f"swap_layers: the {role}'s family {model_type!r} is not supported; supported are {sorted(_BY_MODEL_TYPE)}")
+        raise GnaValueError(f"swap_layers: the {role}'s family {model_type!r} is not supported; supported are {sorted(_BY_MODEL_TYPE)}")
     return row
 
 
@@ -185,21 +186,21 @@ def _layer_pairs(layers: LayerMap, target_layers: nn.ModuleList, donor_layers: n
     else:
         pairs = [(layer, layer) for layer in layers]
     if not pairs:
-        raise ValueError("swap_layers: no layers given")
+        raise GnaValueError("swap_layers: no layers given")
     for t_layer, d_layer in pairs:
         _check_index(t_layer, len(target_layers), "target")
         _check_index(d_layer, len(donor_layers), "donor")
     if len({t for t, _ in pairs}) != len(pairs):
-        raise ValueError(f"swap_layers: a target layer is given twice in {layers!r}")
+        raise GnaValueError(f"swap_layers: a target layer is given twice in {layers!r}")
     return dict(pairs)
 
 
 def _check_index(layer: Any, n_layers: int, role: str) -> None:
     if isinstance(layer, bool) or not isinstance(layer, int):
-        raise TypeError(f"swap_layers: layer indices must be ints, got {layer!r}")
+        raise GnaTypeError(f"swap_layers: layer indices must be ints, got {layer!r}")
     if not 0 <= layer < n_layers:
         hint = " (map target to donor layers with layers={target: donor})" if role == "donor" else ""
-        raise ValueError(f"swap_layers: {role} layer {layer} out of range: the {role} has layers 0..{n_layers - 1}{hint}")
+        raise GnaValueError(f"swap_layers: {role} layer {layer} out of range: the {role} has layers 0..{n_layers - 1}{hint}")
 
 
 # ----- compatibility ---------------------------------------------------------------------
@@ -207,7 +208,7 @@ def _check_index(layer: Any, n_layers: int, role: str) -> None:
 
 def _check_same_family(family: SwapFamily, t_config: Any, d_config: Any, pairs: dict[int, int]) -> None:
     if family.block_fields is None:
-        raise ValueError(f"swap_layers: swaps between two {family.model_types[0]} models are not supported")
+        raise GnaValueError(f"swap_layers: swaps between two {family.model_types[0]} models are not supported")
     missing = object()
     mismatches = []
     for name in family.block_fields:
@@ -220,7 +221,7 @@ def _check_same_family(family: SwapFamily, t_config: Any, d_config: Any, pairs: 
         elif t_value != d_value:
             mismatches.append(f"{name} {_show(t_value, missing)} vs {_show(d_value, missing)}")
     if mismatches:
-        raise ValueError(
+        raise GnaValueError(
             f"swap_layers: the donor's {family.model_types[0]} blocks do not fit the target's (target vs donor): "
             + "; ".join(mismatches)
             + ". Vocabulary size, depth and token ids may differ; these fields must not."
@@ -235,14 +236,14 @@ def _check_cross_family(target: Any, t_family: SwapFamily, d_family: SwapFamily,
     t_name, d_name = t_config.model_type, d_config.model_type
     if d_family.calls is None:
         donors = sorted(t for row in FAMILIES if row.calls is not None for t in row.model_types)
-        raise ValueError(f"swap_layers: {d_name} blocks cannot be swapped into another family; donors of other families are {donors}")
+        raise GnaValueError(f"swap_layers: {d_name} blocks cannot be swapped into another family; donors of other families are {donors}")
     if isinstance(target, GnaModel) and target.backend_name != "nnsight":
-        raise ValueError(
+        raise GnaValueError(
             f"swap_layers: swapping {d_name} blocks into a {t_name} model replaces modules, which the {target.backend_name!r} "
             "backend wraps in place; load the target with backend='nnsight' (or swap the HF model and load it inside the context)"
         )
     if t_config.hidden_size != d_config.hidden_size:
-        raise ValueError(
+        raise GnaValueError(
             f"swap_layers: hidden_size differs: target {t_name} has {t_config.hidden_size}, donor {d_name} has {d_config.hidden_size}"
         )
 
@@ -254,13 +255,15 @@ def _check_cross_family(target: Any, t_family: SwapFamily, d_family: SwapFamily,
 def _swap_weights(target_block: nn.Module, donor_block: nn.Module, layer: int) -> Iterator[None]:
     if unwrapped_class(target_block) is not unwrapped_class(donor_block):
         classes = f"{unwrapped_class(target_block).__name__} vs {unwrapped_class(donor_block).__name__}"
-        raise ValueError(f"swap_layers: layer {layer}: the blocks are of different classes ({classes})")
+        raise GnaValueError(f"swap_layers: layer {layer}: the blocks are of different classes ({classes})")
     targets, donors = named_tensors(target_block), named_tensors(donor_block)
     if set(targets) != set(donors):
-        raise ValueError(f"swap_layers: layer {layer}: the blocks' tensors differ: {sorted(set(targets) ^ set(donors))}")
+        raise GnaValueError(f"swap_layers: layer {layer}: the blocks' tensors differ: {sorted(set(targets) ^ set(donors))}")
     for name, tensor in targets.items():
         if tensor.shape != donors[name].shape:
-            raise ValueError(f"swap_layers: layer {layer}: {name} has shape {tuple(tensor.shape)}, the donor's {tuple(donors[name].shape)}")
+            raise GnaValueError(
+                f"swap_layers: layer {layer}: {name} has shape {tuple(tensor.shape)}, the donor's {tuple(donors[name].shape)}"
+            )
     replacements = {name: donors[name].detach().to(tensor.device, tensor.dtype, copy=True) for name, tensor in targets.items()}
     originals = {name: tensor.data for name, tensor in targets.items()}
     try:

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..core.errors import GnaValueError
 from .hf_compat import build_causal_mask, passed_cache
 
 
@@ -186,7 +187,7 @@ class SwappedBlock(nn.Module):
         if mask is None:
             return None
         if not isinstance(mask, Tensor) or mask.ndim != 2:
-            raise ValueError("a swapped-in block of another family needs a 2D padding attention_mask [batch, pos] (or none)")
+            raise GnaValueError("a swapped-in block of another family needs a 2D padding attention_mask [batch, pos] (or none)")
         return mask[:, -length:]
 
     def _refuse_cached_decoding(self, cache: Any) -> None:

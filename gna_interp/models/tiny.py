@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from ..core.errors import GnaValueError
+
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
     # Grouped-query attention: 6 query heads share 2 key/value heads.
     "llama": dict(
@@ -162,7 +164,7 @@ def tiny_config(family: str, vocab_size: int = 64, **overrides: Any) -> Any:
     from transformers import AutoConfig
 
     if family not in TINY_CONFIGS:
-        raise ValueError(f"no tiny config for family {family!r}: expected one of {sorted(TINY_CONFIGS)}")
+        raise GnaValueError(f"no tiny config for family {family!r}: expected one of {sorted(TINY_CONFIGS)}")
     fields = {**TINY_CONFIGS[family], "vocab_size": vocab_size, **overrides}
     if family.startswith(("mamba", "falcon_mamba")):
         fields.setdefault("pad_token_id", 0)

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from ..core.compile import heads_by_site
+from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Intervention
 from ..core.plan import Edit, Plan, Site, SiteKind
@@ -116,7 +117,7 @@ def attribution_patching(
     check_local(model, "attribution_patching")
     check_steps(steps, rule)
     if steps > 1 and sites != "heads":
-        raise ValueError(f"steps={steps} with sites={sites!r}: integrated gradients score heads; use sites='heads' or steps=1")
+        raise GnaValueError(f"steps={steps} with sites={sites!r}: integrated gradients score heads; use sites='heads' or steps=1")
     target, source = target_and_source(model, clean, corrupt, direction, "attribution patching (an estimate of patching)")
     chosen = head_list(model, heads) if sites == "heads" else []
     if sites == "heads":
@@ -187,9 +188,9 @@ def ablation_attribution(
 
 def check_steps(steps: int, rule: str) -> None:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r}: expected an int >= 1 (integration points; 1 is first-order attribution)")
+        raise GnaValueError(f"steps={steps!r}: expected an int >= 1 (integration points; 1 is first-order attribution)")
     if rule not in IG_RULES:
-        raise ValueError(f"rule={rule!r}: expected one of {IG_RULES}")
+        raise GnaValueError(f"rule={rule!r}: expected one of {IG_RULES}")
 
 
 def _method(steps: int, rule: str) -> dict[str, Any]:
@@ -305,14 +306,14 @@ def _scalar(value: Tensor | float, metric: Metric, need_grad: bool = True) -> Te
     """The metric's value averaged to a scalar tensor that gradients flow from."""
     name = metric_name(metric)
     if not isinstance(value, Tensor):
-        raise TypeError(
+        raise GnaTypeError(
             f"metric {name} returned {value!r}: attribution patching needs a metric that returns a tensor computed "
             f"from the logits (a scalar, or one value per row), got {type(value).__name__}"
         )
     if value.numel() == 0:
-        raise ValueError(f"metric {name} returned an empty tensor: expected a scalar, or one value per row")
+        raise GnaValueError(f"metric {name} returned an empty tensor: expected a scalar, or one value per row")
     if need_grad and not value.requires_grad:
-        raise ValueError(
+        raise GnaValueError(
             f"metric {name}'s value does not depend differentiably on the logits (e.g. an argmax or a comparison): "
             "attribution patching needs a differentiable metric such as logit_diff or target_logprob"
         )

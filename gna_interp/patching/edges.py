@@ -67,6 +67,7 @@ import torch
 from torch import Tensor
 
 from ..core.compile import head_mask
+from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Intervention
 from ..core.plan import Edit, Plan, Site, SiteKind
@@ -158,12 +159,12 @@ def edge_attribution(
             if method == "first_order"
             else "midpoints of the path downstream of each receiver, 1 = the midpoint"
         )
-        raise ValueError(f"steps={steps!r} with method={method!r}: expected an int >= 1 ({what})")
+        raise GnaValueError(f"steps={steps!r} with method={method!r}: expected an int >= 1 ({what})")
     if method not in METHODS:
-        raise ValueError(f"method={method!r}: expected one of {METHODS}")
+        raise GnaValueError(f"method={method!r}: expected one of {METHODS}")
     heads, to_logits = parse_receivers(model, receivers)
     if to_logits:
-        raise ValueError("receivers includes 'logits': edge attribution scores receiver heads' input streams; 'logits' has none")
+        raise GnaValueError("receivers includes 'logits': edge attribution scores receiver heads' input streams; 'logits' has none")
     receiver_list = [Head(layer, h) for layer, hs in heads.items() for h in hs]
     whole = isinstance(receiver_input, str) and receiver_input == ANY
     streams = parse_streams(model, receiver_input)
@@ -177,17 +178,17 @@ def edge_attribution(
         sender_list = check_senders(model, senders)
         for head in sender_list:
             if model.head_position(head) >= last:
-                raise ValueError(
+                raise GnaValueError(
                     f"senders has {head}, at or after every receiver (the last sits at layer {last[0]}): "
                     "a sender must precede a receiver (GnaModel.head_position)"
                 )
     if not sender_list:
-        raise ValueError(f"no head precedes the receivers {[str(r) for r in receiver_list]}: there are no edges to score")
+        raise GnaValueError(f"no head precedes the receivers {[str(r) for r in receiver_list]}: there are no edges to score")
 
     if method in ("exact_upstream", "exact_receiver"):
         for name, given in (("max_rows", max_rows), ("memory_budget_mb", memory_budget_mb)):
             if given is not None:
-                raise ValueError(
+                raise GnaValueError(
                     f"{name}={given!r} with method={method!r}: this method does not chunk its stacked forwards "
                     f"(one copy per sender or receiver stream); expected {name}=None"
                 )

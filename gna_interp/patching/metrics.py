@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..core.errors import short_repr
+from ..core.errors import GnaTypeError, GnaValueError, short_repr
 
 Metric = Callable[[Tensor], Tensor | float]
 TokenSpec = int | Sequence[int] | Sequence[Sequence[int]] | Tensor
@@ -32,7 +32,7 @@ TokenSpec = int | Sequence[int] | Sequence[Sequence[int]] | Tensor
 def _integer_tensor(value: Any, what: str, owner: str, kind: str) -> Tensor:
     """``value`` as a long tensor; a float, bool, string or ragged list is refused."""
     if _holds_text(value):
-        raise TypeError(
+        raise GnaTypeError(
             f"{owner}: {what}={short_repr(value)} is text: expected {kind}; get a token's id from the tokenizer, e.g. "
             f"model.tokenizer.encode({_first_text(value)!r}, add_special_tokens=False)[0] (a task's candidates: "
             "task.encode(model.tokenizer).candidate_ids)"
@@ -43,9 +43,9 @@ def _integer_tensor(value: Any, what: str, owner: str, kind: str) -> Tensor:
         kind_of_error = TypeError if isinstance(error, TypeError) else ValueError
         raise kind_of_error(f"{owner}: {what}={value!r} is not understood: expected {kind} ({error})") from None
     if raw.numel() == 0:
-        raise ValueError(f"{owner}: {what} is empty: expected {kind}")
+        raise GnaValueError(f"{owner}: {what} is empty: expected {kind}")
     if raw.dtype == torch.bool or raw.is_floating_point() or raw.is_complex():
-        raise TypeError(f"{owner}: {what}={value!r} has dtype {raw.dtype}: expected {kind} (integers)")
+        raise GnaTypeError(f"{owner}: {what}={value!r} has dtype {raw.dtype}: expected {kind} (integers)")
     return raw.long()
 
 
@@ -78,15 +78,15 @@ class _Ids:
         """``[n_rows, k]`` long on ``device``, after the checks that need the logits."""
         table = self.table
         if self.one_per_row and table.shape[0] != n_rows:
-            raise ValueError(f"{self.owner}: {self.what} is a 1-D tensor of {table.shape[0]} ids: expected one id per row ({n_rows})")
+            raise GnaValueError(f"{self.owner}: {self.what} is a 1-D tensor of {table.shape[0]} ids: expected one id per row ({n_rows})")
         if table.shape[0] not in (1, n_rows):
-            raise ValueError(
+            raise GnaValueError(
                 f"{self.owner}: {self.what} has shape {tuple(table.shape)}: expected an id, a list of ids, "
                 f"or one row per example ({n_rows})"
             )
         if int(table.max()) >= vocab:
             where = _first(table >= vocab)
-            raise ValueError(
+            raise GnaValueError(
                 f"{self.owner}: {self.what} holds token id {int(table[where])}{_at(where, table)}, out of range "
                 f"for logits of a vocabulary of {vocab}: expected ids 0..{vocab - 1}"
             )
@@ -114,11 +114,11 @@ def _token_ids(tokens: TokenSpec, what: str, owner: str) -> _Ids:
     raw = _integer_tensor(tokens, what, owner, kind)
     one_per_row = isinstance(tokens, Tensor) and raw.dim() == 1
     if raw.dim() > 2:
-        raise ValueError(f"{owner}: {what} has shape {tuple(raw.shape)}: expected {kind}")
+        raise GnaValueError(f"{owner}: {what} has shape {tuple(raw.shape)}: expected {kind}")
     table = raw.view(-1, 1) if one_per_row else raw.view(1, -1) if raw.dim() < 2 else raw
     if int(table.min()) < 0:
         where = _first(table < 0)
-        raise ValueError(f"{owner}: {what} holds token id {int(table[where])}{_at(where, table)}: token ids are 0 or more")
+        raise GnaValueError(f"{owner}: {what} holds token id {int(table[where])}{_at(where, table)}: token ids are 0 or more")
     return _Ids(table.cpu(), one_per_row, what, owner)
 
 
@@ -131,7 +131,7 @@ def _distinct(ids: _Ids) -> None:
             if token in values[:j]:
                 i = values.index(token)
                 where = f"row {row} of {ids.what}" if table.shape[0] > 1 else ids.what
-                raise ValueError(
+                raise GnaValueError(
                     f"{ids.owner}: {where} has token id {token} twice (candidates {i} and {j}): each candidate "
                     "needs its own token, or the two always tie"
                 )
@@ -139,21 +139,21 @@ def _distinct(ids: _Ids) -> None:
 
 def _position(position: Any, owner: str) -> int:
     if isinstance(position, bool):
-        raise TypeError(f"{owner}: position={position!r}: expected an int position (-1: the last)")
+        raise GnaTypeError(f"{owner}: position={position!r}: expected an int position (-1: the last)")
     try:
         return operator.index(position)
     except TypeError:
-        raise TypeError(f"{owner}: position={position!r}: expected an int position (-1: the last)") from None
+        raise GnaTypeError(f"{owner}: position={position!r}: expected an int position (-1: the last)") from None
 
 
 def _read(logits: Tensor, position: int, owner: str) -> Tensor:
     """``[batch, vocab]``: the logits at ``position``, checked against their shape."""
     if not isinstance(logits, Tensor) or logits.dim() != 3:
         shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-        raise ValueError(f"{owner}: got logits of shape {shape}: expected [batch, pos, vocab]")
+        raise GnaValueError(f"{owner}: got logits of shape {shape}: expected [batch, pos, vocab]")
     n_pos = logits.shape[1]
     if not -n_pos <= position < n_pos:
-        raise ValueError(f"{owner}: position={position} out of range for logits of {n_pos} positions: expected {-n_pos}..{n_pos - 1}")
+        raise GnaValueError(f"{owner}: position={position} out of range for logits of {n_pos} positions: expected {-n_pos}..{n_pos - 1}")
     return logits[:, position]
 
 
@@ -164,7 +164,7 @@ def _correct_index(correct: Sequence[int] | Tensor | int, n_candidates: int, own
     if bool(bad.any()):
         first = int(bad.nonzero()[0])
         name = f"correct[{first}]" if index.numel() > 1 else "correct"
-        raise ValueError(
+        raise GnaValueError(
             f"{owner}: {name}={int(index[first])} out of range for {n_candidates} candidates: expected an index 0..{n_candidates - 1}"
         )
     return index.cpu()
@@ -173,7 +173,7 @@ def _correct_index(correct: Sequence[int] | Tensor | int, n_candidates: int, own
 def _correct_rows(index: Tensor, n_rows: int, owner: str, device: torch.device) -> Tensor:
     """``[n_rows, 1]`` long: one correct index per row of logits."""
     if index.numel() not in (1, n_rows):
-        raise ValueError(
+        raise GnaValueError(
             f"{owner}: correct has {index.numel()} values for logits of {n_rows} rows: "
             f"expected one index per row ({n_rows}) or a single index"
         )
@@ -205,7 +205,7 @@ def target_logprob(targets: TokenSpec, position: int = -1) -> Metric:
     owner = "target_logprob"
     ids = _token_ids(targets, "targets", owner)
     if ids.table.shape[1] != 1:
-        raise ValueError(f"targets has {ids.table.shape[1]} ids per row: target_logprob takes one id per row")
+        raise GnaValueError(f"targets has {ids.table.shape[1]} ids per row: target_logprob takes one id per row")
     position = _position(position, owner)
 
     def metric(logits: Tensor) -> Tensor:
@@ -332,7 +332,7 @@ def check_metric(metric: object, call: str = "", **inputs: object) -> None:
     swapped = next((name for name, value in inputs.items() if callable(value) and not isinstance(value, type)), None)
     if swapped is not None:
         order = ", ".join(["model", *inputs, "metric"])
-        raise TypeError(
+        raise GnaTypeError(
             f"{call}: the arguments {swapped} and metric are swapped: {swapped}={short_repr(inputs[swapped])} is the function "
             f"and {shown} is not; call {call}({order}, ...)"
         )
@@ -343,7 +343,7 @@ def check_metric(metric: object, call: str = "", **inputs: object) -> None:
             "encoded.correct) with encoded = task.encode(model.tokenizer), or gna.logit_diff(correct_ids, wrong_ids)"
         )
     where = f"{call}: " if call else ""
-    raise TypeError(
+    raise GnaTypeError(
         f"{where}metric={short_repr(metric)} is not callable: expected a function of logits [batch, pos, vocab] -> scalar or [batch]{hint}"
     )
 
@@ -362,10 +362,10 @@ def reduce_metric(value: Tensor | float, metric: object = None, n_rows: int | No
     """
     if isinstance(value, Tensor):
         if value.numel() == 0:
-            raise ValueError(f"metric {metric_name(metric)} returned an empty tensor: expected {METRIC_RESULT}")
+            raise GnaValueError(f"metric {metric_name(metric)} returned an empty tensor: expected {METRIC_RESULT}")
         if value.dim() > 1 or (value.dim() == 1 and n_rows is not None and value.numel() not in (1, n_rows)):
             rows = f" ({n_rows})" if n_rows is not None else ""
-            raise ValueError(
+            raise GnaValueError(
                 f"metric {metric_name(metric)} returned a tensor of shape {tuple(value.shape)}: expected a scalar or "
                 f"one value per row [batch]{rows}; reduce it over its other axes first (e.g. .mean(-1) or .sum(-1))"
             )
@@ -376,4 +376,6 @@ def reduce_metric(value: Tensor | float, metric: object = None, n_rows: int | No
         except (TypeError, ValueError):
             pass
     hint = f"; make its {len(value)} values a tensor: torch.tensor(values)" if isinstance(value, (list, tuple)) else ""
-    raise TypeError(f"metric {metric_name(metric)} returned {short_repr(value)} ({type(value).__name__}): expected {METRIC_RESULT}{hint}")
+    raise GnaTypeError(
+        f"metric {metric_name(metric)} returned {short_repr(value)} ({type(value).__name__}): expected {METRIC_RESULT}{hint}"
+    )

@@ -50,6 +50,7 @@ from torch import Tensor
 
 from ..core.arch import LayerKind
 from ..core.compile import head_mask, heads_by_site
+from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.inputs import Batch
 from ..core.plan import Edit, Plan, Site, SiteKind
@@ -94,7 +95,7 @@ def receiver_streams(model: GnaModel, layer: int, heads: Sequence[int], streams:
         if not names:
             have = mixer.receiver_inputs or "none (see the architecture table)"
             kind = "an attention" if mixer.kind is LayerKind.ATTENTION else "an SSM"
-            raise ValueError(
+            raise GnaValueError(
                 f"receiver {Head(layer, head)} is {kind} head whose input streams are {have}: "
                 f"receiver_input={list(streams)} names none of them (receiver_input='any' takes any head's output whole)"
             )

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head, refuse_string
 from ..core.interventions import Intervention
 from ..progress import progress_bar
@@ -174,7 +175,7 @@ def check_senders(model: GnaModel, senders: Sequence[Head] | Head) -> list[Head]
     refuse_string(senders, "senders")
     items = [senders] if isinstance(senders, Head) else list(senders)
     if not items:
-        raise ValueError("senders is empty: expected at least one gna_interp.Head")
+        raise GnaValueError("senders is empty: expected at least one gna_interp.Head")
     for head in items:
         model.check_head(head)
     return items
@@ -184,19 +185,19 @@ def parse_receivers(model: GnaModel, receivers: Receivers) -> tuple[dict[int, tu
     """``(layer -> receiver head indices, whether "logits" is a receiver)``."""
     items = [receivers] if isinstance(receivers, (str, Head)) else list(receivers)
     if not items:
-        raise ValueError("receivers is empty: expected gna_interp.Head values and/or 'logits'")
+        raise GnaValueError("receivers is empty: expected gna_interp.Head values and/or 'logits'")
     heads: dict[int, list[int]] = {}
     to_logits = False
     for item in items:
         if isinstance(item, str):
             if item != LOGITS:
-                raise ValueError(f"receivers has {item!r}: the only string receiver is 'logits' (the direct path to the output)")
+                raise GnaValueError(f"receivers has {item!r}: the only string receiver is 'logits' (the direct path to the output)")
             to_logits = True
         elif isinstance(item, Head):
             model.check_head(item)
             heads.setdefault(item.layer, []).append(item.head)
         else:
-            raise TypeError(f"receivers must be gna_interp.Head values or 'logits', got {item!r} ({type(item).__name__})")
+            raise GnaTypeError(f"receivers must be gna_interp.Head values or 'logits', got {item!r} ({type(item).__name__})")
     return {layer: tuple(sorted(set(hs))) for layer, hs in sorted(heads.items())}, to_logits
 
 
@@ -210,11 +211,11 @@ def parse_streams(model: GnaModel, receiver_input: str | Sequence[str]) -> tuple
         return names
     items = [receiver_input] if isinstance(receiver_input, str) else list(receiver_input)
     if not items:
-        raise ValueError(f"receiver_input is empty: expected 'any' or names from {names}")
+        raise GnaValueError(f"receiver_input is empty: expected 'any' or names from {names}")
     for item in items:
         if item not in names:
             kinds = ", ".join(dict.fromkeys(mixer.kind.value for mixer in mixers))
-            raise ValueError(
+            raise GnaValueError(
                 f"receiver_input={item!r} is not an input stream of {model.arch.family} heads ({kinds}): expected 'any' or one of {names}"
             )
     return tuple(dict.fromkeys(items))
@@ -233,7 +234,7 @@ def check_reach(model: GnaModel, senders: Sequence[Head], heads: dict[int, tuple
     for head in senders:
         if model.head_position(head) >= last:
             where = "'logits'" if to_logits else f"layer {last[0]}" + (f" (stage {last[1]} of its block)" if last[1] else "")
-            raise ValueError(
+            raise GnaValueError(
                 f"sender {head} is in layer {head.layer}, at or after every receiver (the last is {where}): "
                 "its output cannot reach them; senders must precede a receiver"
             )

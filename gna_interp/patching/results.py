@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from ..core.errors import GnaValueError
 from ..core.heads import Head
 
 
@@ -51,9 +52,9 @@ class SweepResult:
         """Patching: ``(score - baseline) / (reference - baseline)``: 0 = no effect,
         1 = the full difference recovered."""
         if self.reference is None:
-            raise ValueError("normalized() needs a reference metric (patching sweeps have one)")
+            raise GnaValueError("normalized() needs a reference metric (patching sweeps have one)")
         if abs(self.reference - self.baseline) < 1e-12:
-            raise ValueError(f"normalized() is undefined: reference and baseline are equal ({self.baseline})")
+            raise GnaValueError(f"normalized() is undefined: reference and baseline are equal ({self.baseline})")
         return (self.scores - self.baseline) / (self.reference - self.baseline)
 
     def effects(self) -> Tensor:
@@ -65,7 +66,7 @@ class SweepResult:
         with that signed effect (for per-position results, the position of largest
         magnitude). Heads not swept are left out."""
         if self.dims[:2] != ("layer", "head"):
-            raise ValueError(f"top() needs head scores, this result has axes {self.dims}")
+            raise GnaValueError(f"top() needs head scores, this result has axes {self.dims}")
         effects = self.effects()
         if effects.dim() > 2:
             flat_pos = effects.nan_to_num(0.0).flatten(2)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ..backends.jobs import Job
+from ..core.errors import GnaValueError
 from ..core.inputs import Batch
 from ..core.plan import Edit, Plan, Ref, Site, SiteKind
 from ..models.jobs import is_batched_remote, run_jobs
@@ -53,11 +54,11 @@ def rows_per_forward(model: GnaModel, n_pos: int, max_rows: int | None, memory_b
     residual-width activations per layer for every position (float32)."""
     if max_rows is not None:
         if max_rows < 1:
-            raise ValueError(f"max_rows={max_rows} must be >= 1")
+            raise GnaValueError(f"max_rows={max_rows} must be >= 1")
         return max_rows
     budget = DEFAULT_MEMORY_BUDGET_MB if memory_budget_mb is None else memory_budget_mb
     if budget <= 0:
-        raise ValueError(f"memory_budget_mb={budget} must be > 0")
+        raise GnaValueError(f"memory_budget_mb={budget} must be > 0")
     per_row = 4 * n_pos * (model.vocab_size + 8 * model.d_model * (model.n_layers + 1))
     return max(1, int(budget * 2**20 // per_row))
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..core.errors import short_repr
+from ..core.errors import GnaTypeError, GnaValueError, short_repr
 from ..core.inputs import Batch, make_batch, tokenize_naming_missing_words, unk_id, unknown_words, warn_unknown
 from ..core.tokenizer_check import TOKENIZER_FIX, round_trip_problem
 
@@ -65,30 +65,30 @@ def check_example(example: Example, where: str) -> None:
         where: how the error names the example (``"task 'x', example 3"``).
     """
     if not isinstance(example, Example):
-        raise TypeError(f"{where} is {example!r} ({type(example).__name__}): expected a gna_interp.tasks.Example")
+        raise GnaTypeError(f"{where} is {example!r} ({type(example).__name__}): expected a gna_interp.tasks.Example")
     text = example.text
     if not isinstance(text, str) or not text:
-        raise ValueError(f"{where}: text={text!r}: expected a non-empty prompt string")
+        raise GnaValueError(f"{where}: text={text!r}: expected a non-empty prompt string")
     n = len(text)
     for s, segment in enumerate(example.segments):
         bounds = (segment.start, segment.label, segment.end)
         if any(isinstance(b, bool) or not isinstance(b, int) for b in bounds) or not 0 <= segment.start <= segment.label <= segment.end < n:
-            raise ValueError(
+            raise GnaValueError(
                 f"{where}: segment {s} has start={segment.start!r}, label={segment.label!r}, end={segment.end!r}: "
                 f"expected characters of the prompt with 0 <= start <= label <= end < {n} (its length)"
             )
     candidates = example.candidates
     if isinstance(candidates, str) or not candidates or not all(isinstance(c, str) and c for c in candidates):
-        raise ValueError(f"{where}: candidates={candidates!r}: expected a non-empty tuple of non-empty strings (e.g. (' A', ' B'))")
+        raise GnaValueError(f"{where}: candidates={candidates!r}: expected a non-empty tuple of non-empty strings (e.g. (' A', ' B'))")
     correct = example.correct
     if isinstance(correct, bool) or not isinstance(correct, int) or not 0 <= correct < len(candidates):
-        raise ValueError(f"{where}: correct={correct!r}: expected the index of a candidate, 0..{len(candidates) - 1}")
+        raise GnaValueError(f"{where}: correct={correct!r}: expected the index of a candidate, 0..{len(candidates) - 1}")
     if example.query is not None:
         query = example.query
         pair = isinstance(query, (tuple, list)) and len(query) == 2 and all(isinstance(q, int) and not isinstance(q, bool) for q in query)
         if not pair or not 0 <= query[0] < query[1] <= n:
             expected = f"[start, end) characters of the prompt, 0 <= start < end <= {n} (its length)"
-            raise ValueError(f"{where}: query={query!r}: expected {expected}")
+            raise GnaValueError(f"{where}: query={query!r}: expected {expected}")
 
 
 @dataclass
@@ -120,7 +120,7 @@ class EncodedTask:
     def candidate_ids(self) -> Tensor:
         """``[batch, candidate]`` long; only for single-token candidates."""
         if not self.single_token:
-            raise ValueError("some candidates span several tokens: use .candidates (token-id lists) instead of .candidate_ids")
+            raise GnaValueError("some candidates span several tokens: use .candidates (token-id lists) instead of .candidate_ids")
         return torch.tensor([[c[0] for c in row] for row in self.candidates], dtype=torch.long)
 
     def segment_mask(self, segment: Tensor | None = None) -> Tensor:
@@ -178,17 +178,17 @@ class Task:
         corrupter: Callable[[Example, random.Random], Example] | None = None,
     ) -> None:
         if isinstance(examples, (str, Example)) or not isinstance(examples, Iterable):
-            raise TypeError(f"task {name!r}: examples={examples!r}: expected a list of gna_interp.tasks.Example")
+            raise GnaTypeError(f"task {name!r}: examples={examples!r}: expected a list of gna_interp.tasks.Example")
         examples = list(examples)
         if not examples:
-            raise ValueError(f"task {name!r} has no examples")
+            raise GnaValueError(f"task {name!r} has no examples")
         for index, example in enumerate(examples):
             check_example(example, f"task {name!r}, example {index}")
         if corrupter is not None and not callable(corrupter):
-            raise TypeError(f"task {name!r}: corrupter={corrupter!r} is not callable: expected a function (example, rng) -> example")
+            raise GnaTypeError(f"task {name!r}: corrupter={corrupter!r} is not callable: expected a function (example, rng) -> example")
         counts = {len(e.segments) for e in examples}
         if len(counts) != 1:
-            raise ValueError(f"task {name!r} mixes examples with {sorted(counts)} segments: every prompt needs the same number")
+            raise GnaValueError(f"task {name!r} mixes examples with {sorted(counts)} segments: every prompt needs the same number")
         self.name = name
         self.examples = list(examples)
         self.tokenizer = tokenizer
@@ -232,7 +232,7 @@ class Task:
         """The same prompts with a different correct answer and the same token length
         (e.g. the option texts rotated by one), for activation patching."""
         if self._corrupter is None:
-            raise ValueError(
+            raise GnaValueError(
                 f"task {self.name!r} has no corruption rule: pass Task(..., corrupter=f), f(example, rng) -> an example of "
                 "the same token length with another answer (mcq_example prompts get gna_interp.tasks.rotate_options)"
             )
@@ -243,7 +243,7 @@ class Task:
     def resolve_tokenizer(self, tokenizer: Any = None) -> Any:
         chosen = tokenizer if tokenizer is not None else self.tokenizer
         if chosen is None:
-            raise ValueError(f"task {self.name!r} has no tokenizer of its own: pass the model's tokenizer (or the model)")
+            raise GnaValueError(f"task {self.name!r} has no tokenizer of its own: pass the model's tokenizer (or the model)")
         return chosen
 
     def encode(self, tokenizer: Any = None) -> EncodedTask:
@@ -270,7 +270,7 @@ class Task:
 
 def _encode(task: Task, tokenizer: Any) -> EncodedTask:
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(f"tasks need a fast tokenizer (character offsets); got {type(tokenizer).__name__}")
+        raise GnaValueError(f"tasks need a fast tokenizer (character offsets); got {type(tokenizer).__name__}")
     rows = [_encode_example(e, f"task {task.name!r}, example {i}", tokenizer) for i, e in enumerate(task.examples)]
     warn_unknown([word for r in rows for word in r["unknown"]], tokenizer, f"task {task.name!r}")
     batch = make_batch([r["ids"] for r in rows], tokenizer)
@@ -303,7 +303,7 @@ def _encode_example(example: Example, where: str, tokenizer: Any) -> dict[str, A
         if position is None:
             problem = round_trip_problem(tokenizer, example.text)
             why = f"; the {type(tokenizer).__name__} does not give the text back ({problem}): {TOKENIZER_FIX}" if problem else ""
-            raise ValueError(f"{where}: the {what} (character {char}, {example.text[char]!r}) falls in no token{why}")
+            raise GnaValueError(f"{where}: the {what} (character {char}, {example.text[char]!r}) falls in no token{why}")
         return int(position)
 
     ends = [token_at(s.end, "segment end") for s in example.segments]
@@ -340,5 +340,5 @@ def _candidate_tokens(example: Example, prompt_ids: list[int], tokenizer: Any, w
         else:
             out.append(list(tokenize_naming_missing_words(tokenizer, candidate, at, add_special_tokens=False)["input_ids"]))
         if not out[-1]:
-            raise ValueError(f"{at} tokenizes to no tokens")
+            raise GnaValueError(f"{at} tokenizes to no tokens")
     return out

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from ..core.errors import GnaValueError
 from .base import Example, Segment, Task
 from .toy import CONTENT_WORDS
 
@@ -53,21 +54,21 @@ def kv_example(
     """
     keys, values = [str(k) for k in keys], list(values)
     if len(keys) != len(values) or len(keys) < 1:
-        raise ValueError(f"keys and values: expected one value per key, got {len(keys)} keys and {len(values)} values")
+        raise GnaValueError(f"keys and values: expected one value per key, got {len(keys)} keys and {len(values)} values")
     for name, items in (("keys", keys), ("values", [str(v) for v in values])):
         if len(set(items)) != len(items):
             repeated = sorted({x for x in items if items.count(x) > 1})
-            raise ValueError(f"{name} repeat {repeated}: expected distinct {name} (each line must be told apart)")
+            raise GnaValueError(f"{name} repeat {repeated}: expected distinct {name} (each line must be told apart)")
         if any(not x or "\n" in x for x in items):
-            raise ValueError(f"{name}={items!r}: expected non-empty {name} without newlines")
+            raise GnaValueError(f"{name}={items!r}: expected non-empty {name} without newlines")
     if isinstance(queried, bool) or not isinstance(queried, int) or not 0 <= queried < len(keys):
-        raise ValueError(f"queried={queried!r}: expected the index of a key, 0..{len(keys) - 1}")
+        raise GnaValueError(f"queried={queried!r}: expected the index of a key, 0..{len(keys) - 1}")
     if not isinstance(header, str) or (header and not header.endswith("\n")):
-        raise ValueError(f"header={header!r}: expected a string, empty or ending in a newline")
+        raise GnaValueError(f"header={header!r}: expected a string, empty or ending in a newline")
     if not isinstance(separator, str) or "\n" in separator:
-        raise ValueError(f"separator={separator!r}: expected a string without newlines")
+        raise GnaValueError(f"separator={separator!r}: expected a string without newlines")
     if not isinstance(question, str) or question.count("{key}") != 1 or "\n" in question:
-        raise ValueError(f"question={question!r}: expected one line holding '{{key}}' once, where the queried key goes")
+        raise GnaValueError(f"question={question!r}: expected one line holding '{{key}}' once, where the queried key goes")
     pieces = [header]
     cursor = len(header)
     segments = []
@@ -89,7 +90,7 @@ def rotate_values(example: Example, rng: random.Random | None = None) -> Example
     """Same keys and query, values rotated by one line: another answer, same tokens in
     total (the default corruption rule of `kv_example` prompts; ``rng`` is unused)."""
     if "keys" not in example.meta or "values" not in example.meta:
-        raise ValueError(
+        raise GnaValueError(
             f"rotate_values needs an example built by kv_example (its meta holds keys and values); got meta keys {sorted(example.meta)}"
         )
     values = example.meta["values"]
@@ -109,11 +110,11 @@ def kv_retrieval(n_pairs: int = 10, n: int = 100, seed: int = 0, keys: Sequence[
     """
     vocabulary = list(keys) if keys is not None else list(CONTENT_WORDS)
     if len(set(vocabulary)) != len(vocabulary):
-        raise ValueError("keys has duplicates: dictionary keys must be distinct")
+        raise GnaValueError("keys has duplicates: dictionary keys must be distinct")
     if not 2 <= n_pairs <= min(len(vocabulary), N_VALUES):
-        raise ValueError(f"n_pairs={n_pairs}: expected 2..{min(len(vocabulary), N_VALUES)} (distinct keys and values 0..99)")
+        raise GnaValueError(f"n_pairs={n_pairs}: expected 2..{min(len(vocabulary), N_VALUES)} (distinct keys and values 0..99)")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n={n!r}: expected a positive number of prompts")
+        raise GnaValueError(f"n={n!r}: expected a positive number of prompts")
     rng = random.Random(seed)
     examples = [kv_example(rng.sample(vocabulary, n_pairs), rng.sample(range(N_VALUES), n_pairs), rng.randrange(n_pairs)) for _ in range(n)]
     return Task(f"kv_retrieval_{n_pairs}", examples, corrupter=rotate_values)
@@ -136,8 +137,8 @@ def kv_probe(n: int = 100, seed: int = 0, pairs: Sequence[int] = PROBE_PAIRS, ke
         keys: the key vocabulary (default: the toy task's 64 words, common English words).
     """
     if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence) or not pairs:
-        raise ValueError(f"pairs={pairs!r}: expected a non-empty list of dictionary sizes, e.g. {PROBE_PAIRS}")
+        raise GnaValueError(f"pairs={pairs!r}: expected a non-empty list of dictionary sizes, e.g. {PROBE_PAIRS}")
     if isinstance(n, bool) or not isinstance(n, int) or n < len(pairs):
-        raise ValueError(f"n={n!r}: expected an int, at least one prompt per dictionary size ({len(pairs)} sizes)")
+        raise GnaValueError(f"n={n!r}: expected an int, at least one prompt per dictionary size ({len(pairs)} sizes)")
     share, extra = divmod(n, len(pairs))
     return [kv_retrieval(size, n=share + (i < extra), seed=seed * 1000 + i, keys=keys) for i, size in enumerate(pairs)]

@@ -23,6 +23,7 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
+from ..core.errors import GnaValueError
 from .base import Example, Segment, Task, check_example, not_a_task
 
 LETTERS = tuple(string.ascii_uppercase)
@@ -65,22 +66,22 @@ def mcq_example(
         prompts has ``task.corrupted()`` without further ado).
     """
     if isinstance(options, str) or not isinstance(options, Sequence) or not options:
-        raise ValueError(f"options={options!r}: expected a non-empty list of option texts")
+        raise GnaValueError(f"options={options!r}: expected a non-empty list of option texts")
     if isinstance(correct, bool) or not isinstance(correct, int) or not 0 <= correct < len(options):
-        raise ValueError(f"correct={correct!r}: correct option out of range for {len(options)} options: expected 0..{len(options) - 1}")
+        raise GnaValueError(f"correct={correct!r}: correct option out of range for {len(options)} options: expected 0..{len(options) - 1}")
     if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
+        raise GnaValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
     if len(options) > len(LETTERS):
-        raise ValueError(f"{len(options)} options: at most {len(LETTERS)} labels exist")
+        raise GnaValueError(f"{len(options)} options: at most {len(LETTERS)} labels exist")
     labels = list(LETTERS[: len(options)] if labels is None else labels)
     if len(labels) != len(options) or len(set(labels)) != len(labels):
-        raise ValueError(f"labels={labels!r}: expected {len(options)} distinct labels, one per option")
+        raise GnaValueError(f"labels={labels!r}: expected {len(options)} distinct labels, one per option")
     for name, part in (("header", header), ("footer", footer)):
         if not isinstance(part, str) or (part and not part.endswith("\n")):
-            raise ValueError(f"{name}={part!r}: expected a string, empty or ending in a newline")
+            raise GnaValueError(f"{name}={part!r}: expected a string, empty or ending in a newline")
     reserved = sorted(MCQ_KEYS & set(meta or {}))
     if reserved:
-        raise ValueError(f"meta keys {reserved} are set by mcq_example itself: rename them")
+        raise GnaValueError(f"meta keys {reserved} are set by mcq_example itself: rename them")
     pieces = [header]
     segments = []
     cursor = len(header)
@@ -114,7 +115,7 @@ def rotate_options(example: Example, rng: random.Random | None = None) -> Exampl
         ValueError: for an example not built by `mcq_example` (no options in its ``meta``).
     """
     if "options" not in example.meta or "header" not in example.meta:
-        raise ValueError(
+        raise GnaValueError(
             f"rotate_options needs an example built by mcq_example (its meta holds the options); got one with meta keys "
             f"{sorted(example.meta)}: give the task a corrupter of its own"
         )
@@ -158,7 +159,7 @@ def shuffle_labels(task: Task, seed: int = 0) -> Task:
     if not isinstance(task, Task):
         raise not_a_task(task, "shuffle_labels")
     if not is_multiple_choice(task):
-        raise ValueError(
+        raise GnaValueError(
             f"task {task.name!r} is not plain multiple choice (prompts as mcq_example builds them): its labels cannot be shuffled"
         )
     rng = random.Random(seed)

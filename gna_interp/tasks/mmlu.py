@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import GnaValueError
 from .base import Task
 from .mcq import LETTERS, mcq_example, rotate_options
 
@@ -76,20 +77,20 @@ def mmlu(
     """
     chosen = _check_subjects(subjects)
     if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}: expected one of {SPLITS}")
+        raise GnaValueError(f"unknown split {split!r}: expected one of {SPLITS}")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise ValueError(f"n={n!r}: expected a positive number of questions, or None for all")
+        raise GnaValueError(f"n={n!r}: expected a positive number of questions, or None for all")
     rows = _local_rows(Path(path), split) if path is not None else _hub_rows(chosen, split)
     if chosen is not None:
         wanted = set(chosen)
         rows = [r for r in rows if r[1].get("subject") in wanted]
         if not rows:
-            raise ValueError(f"no questions for subjects {sorted(wanted)} in {path or 'cais/mmlu'} (split {split!r})")
+            raise GnaValueError(f"no questions for subjects {sorted(wanted)} in {path or 'cais/mmlu'} (split {split!r})")
     if seed is not None:
         random.Random(seed).shuffle(rows)
     examples = [_example(where, row) for where, row in rows[:n]]
     if not examples:
-        raise ValueError(f"no MMLU questions found in {path or 'cais/mmlu'} (split {split!r})")
+        raise GnaValueError(f"no MMLU questions found in {path or 'cais/mmlu'} (split {split!r})")
     return Task("mmlu", examples, corrupter=rotate_options)
 
 
@@ -98,12 +99,12 @@ def _check_subjects(subjects: str | Sequence[str] | None) -> list[str] | None:
         return None
     chosen = [subjects] if isinstance(subjects, str) else list(subjects)
     if not chosen:
-        raise ValueError("subjects is empty: give subject names, or None for all")
+        raise GnaValueError("subjects is empty: give subject names, or None for all")
     for subject in chosen:
         if subject not in SUBJECTS:
             near = difflib.get_close_matches(str(subject), SUBJECTS, n=3)
             hint = f" (did you mean {', '.join(near)}?)" if near else "; the 57 subjects are gna_interp.tasks.mmlu_subjects()"
-            raise ValueError(f"unknown MMLU subject {subject!r}{hint}")
+            raise GnaValueError(f"unknown MMLU subject {subject!r}{hint}")
     return chosen
 
 
@@ -114,22 +115,22 @@ def mmlu_subjects() -> list[str]:
 def _example(where: str, row: dict[str, Any]) -> Any:
     for name in ("question", "choices", "answer"):
         if row.get(name) is None:
-            raise ValueError(f"{where}: missing field {name!r} (expected question, subject, choices, answer)")
+            raise GnaValueError(f"{where}: missing field {name!r} (expected question, subject, choices, answer)")
     choices = row["choices"]
     if isinstance(choices, str):
         choices = json.loads(choices)
     choices = [str(c) for c in list(choices)]
     if len(choices) != N_CHOICES:
-        raise ValueError(f"{where}: {len(choices)} choices, expected {N_CHOICES}")
+        raise GnaValueError(f"{where}: {len(choices)} choices, expected {N_CHOICES}")
     answer = row["answer"]
     if isinstance(answer, str) and answer.strip() in LETTERS[:N_CHOICES]:
         answer = LETTERS.index(answer.strip())
     try:
         index = int(answer)
     except (TypeError, ValueError):
-        raise ValueError(f"{where}: answer {answer!r} is not an index 0-3 or a letter A-D") from None
+        raise GnaValueError(f"{where}: answer {answer!r} is not an index 0-3 or a letter A-D") from None
     if not 0 <= index < N_CHOICES:
-        raise ValueError(f"{where}: answer {index} out of range 0..{N_CHOICES - 1}")
+        raise GnaValueError(f"{where}: answer {index} out of range 0..{N_CHOICES - 1}")
     subject = str(row.get("subject") or "")
     header = mmlu_prompt_header(subject, str(row["question"]))
     return mcq_example(header, choices, index, meta={"subject": subject, "source": where})
@@ -181,7 +182,7 @@ def _local_rows(path: Path, split: str) -> list[tuple[str, dict[str, Any]]]:
         found = sorted(p for p in path.rglob("*") if p.suffix in _SUFFIXES)
         files = [p for p in found if p.name.startswith(split)]
         if not files:
-            raise ValueError(f"no {split!r} files ({', '.join(_SUFFIXES)}) under {str(path)!r}: found {[p.name for p in found][:5]}")
+            raise GnaValueError(f"no {split!r} files ({', '.join(_SUFFIXES)}) under {str(path)!r}: found {[p.name for p in found][:5]}")
     rows = []
     for file in files:
         subject_from_folder = file.parent.name if file.parent.name in SUBJECTS else None
@@ -206,7 +207,7 @@ def _read_table(file: Path) -> list[dict[str, Any]]:
         if "choices" not in frame.columns and set("ABCD") <= set(frame.columns):
             frame["choices"] = frame[list("ABCD")].astype(str).values.tolist()
     else:
-        raise ValueError(f"unsupported MMLU file {file.name!r}: expected one of {_SUFFIXES}")
+        raise GnaValueError(f"unsupported MMLU file {file.name!r}: expected one of {_SUFFIXES}")
     records = frame.to_dict(orient="records")
     return [{str(k): _plain(v) for k, v in record.items()} for record in records]
 

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..core.errors import GnaValueError
 from .base import Task
 from .mcq import ANSWER_PROMPT, LAYOUTS, LETTERS, mcq_example, rotate_options
 
@@ -104,17 +105,17 @@ def _check_shape(
 ) -> None:
     for name, flag in (("vary_lengths", vary_lengths), ("shuffle_labels", shuffle_labels), ("query_last", query_last)):
         if not isinstance(flag, bool):
-            raise ValueError(f"{name}={flag!r}: expected True or False")
+            raise GnaValueError(f"{name}={flag!r}: expected True or False")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n={n!r}: expected a positive number of prompts")
+        raise GnaValueError(f"n={n!r}: expected a positive number of prompts")
     if not 2 <= n_options <= MAX_OPTIONS:
-        raise ValueError(f"n_options={n_options}: expected 2..{MAX_OPTIONS}")
+        raise GnaValueError(f"n_options={n_options}: expected 2..{MAX_OPTIONS}")
     if words_per_option < 1 or n_options * words_per_option > len(CONTENT_WORDS):
-        raise ValueError(f"words_per_option={words_per_option}: expected 1..{len(CONTENT_WORDS) // n_options} for {n_options} options")
+        raise GnaValueError(f"words_per_option={words_per_option}: expected 1..{len(CONTENT_WORDS) // n_options} for {n_options} options")
     if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
+        raise GnaValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
     if vary_lengths and words_per_option < 2:
-        raise ValueError(f"vary_lengths with words_per_option={words_per_option}: lengths can only vary from 2 words per option up")
+        raise GnaValueError(f"vary_lengths with words_per_option={words_per_option}: lengths can only vary from 2 words per option up")
 
 
 def toy_mcq(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..core.errors import GnaTypeError
 from .figures import to_svg
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ def _check(curve: Any) -> None:
     from ..faithfulness import FaithfulnessCurve
 
     if not isinstance(curve, FaithfulnessCurve):
-        raise TypeError(f"curve={type(curve).__name__}: expected a FaithfulnessCurve (gna.faithfulness_curve)")
+        raise GnaTypeError(f"curve={type(curve).__name__}: expected a FaithfulnessCurve (gna.faithfulness_curve)")
 
 
 RANDOM = "#8c6d31"
@@ -135,4 +136,4 @@ def _check_retention(curve: Any) -> None:
     from ..retention import RetentionCurve
 
     if not isinstance(curve, RetentionCurve):
-        raise TypeError(f"curve={type(curve).__name__}: expected a RetentionCurve (gna.retention_curve)")
+        raise GnaTypeError(f"curve={type(curve).__name__}: expected a RetentionCurve (gna.retention_curve)")

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..core.errors import GnaValueError
+
 
 @dataclass
 class Panel:
@@ -38,7 +40,7 @@ def render_png(panels: list[Panel], max_heads: int = 4, dpi: int = 110) -> bytes
     from matplotlib.figure import Figure
 
     if isinstance(max_heads, bool) or not isinstance(max_heads, int) or max_heads < 1:
-        raise ValueError(f"max_heads={max_heads!r}: expected a positive int")
+        raise GnaValueError(f"max_heads={max_heads!r}: expected a positive int")
     cells = [(panel, i) for panel in panels for i in range(min(max_heads, panel.pattern.shape[0]))]
     n_tokens = max(len(panel.tokens) for panel in panels)
     side = max(3.0, 0.28 * n_tokens + 1.5)

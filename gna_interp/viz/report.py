@@ -35,6 +35,7 @@ import html
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core.errors import GnaTypeError, GnaValueError
 from ..discovery.evidence import POSITIONS, ROLES, Standing
 from ..discovery.report_inputs import with_need_curves
 from ..discovery.roles import entry_shares
@@ -59,14 +60,14 @@ def _check_items(items: object) -> None:
 
     expected = "expected a list of (circuit, model, task) tuples, e.g. [(circuit, model, task)] (model and task may be None)"
     if isinstance(items, GnaCircuit):
-        raise TypeError(f"write_report: items is one GnaCircuit ({items.model!r}): {expected}")
+        raise GnaTypeError(f"write_report: items is one GnaCircuit ({items.model!r}): {expected}")
     if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
-        raise TypeError(f"write_report: items={items!r} ({type(items).__name__}): {expected}")
+        raise GnaTypeError(f"write_report: items={items!r} ({type(items).__name__}): {expected}")
     for index, item in enumerate(items):
         if not (isinstance(item, (tuple, list)) and len(item) == 3 and isinstance(item[0], GnaCircuit)):
             text = repr(item)
             shown = text if len(text) <= 80 else text[:77] + "..."
-            raise TypeError(f"write_report: items[{index}]={shown} ({type(item).__name__}): {expected}")
+            raise GnaTypeError(f"write_report: items[{index}]={shown} ({type(item).__name__}): {expected}")
 
 
 def contrast_rows(circuits: list[GnaCircuit]) -> list[dict[str, Any]]:
@@ -367,7 +368,7 @@ def write_report(
     _check_items(items)
     folder = Path(directory)
     if folder.exists() and not folder.is_dir():
-        raise ValueError(f"report directory {str(folder)!r} is an existing file: expected a folder")
+        raise GnaValueError(f"report directory {str(folder)!r} is an existing file: expected a folder")
     folder.mkdir(parents=True, exist_ok=True)
     curves = check_faithfulness(faithfulness, [item[0] for item in items])
     kept = check_retention(retention, [item[0] for item in items])

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core.errors import GnaTypeError, GnaValueError
 from ..discovery.report_inputs import circuit_heads, drops
 from .report_html import figure_html, table
 
@@ -110,17 +111,17 @@ def check_faithfulness(faithfulness: Any, circuits: list[GnaCircuit]) -> dict[st
     if faithfulness is None:
         return {}
     if not isinstance(faithfulness, dict):
-        raise TypeError(f"faithfulness={type(faithfulness).__name__}: expected a dict of circuit.model -> FaithfulnessCurve")
+        raise GnaTypeError(f"faithfulness={type(faithfulness).__name__}: expected a dict of circuit.model -> FaithfulnessCurve")
     by_name = {circuit.model: circuit for circuit in circuits}
     for name, curve in faithfulness.items():
         if name not in by_name:
             raise KeyError(f"faithfulness[{name!r}]: no circuit of the report has that model; expected one of {sorted(by_name)}")
         if not isinstance(curve, FaithfulnessCurve):
-            raise TypeError(f"faithfulness[{name!r}] is {type(curve).__name__}: expected a FaithfulnessCurve (circuit_faithfulness)")
+            raise GnaTypeError(f"faithfulness[{name!r}] is {type(curve).__name__}: expected a FaithfulnessCurve (circuit_faithfulness)")
         heads = circuit_heads(by_name[name])
         if curve.circuit_point is None or set(curve.circuit) != set(heads):
             given = ", ".join(map(str, curve.circuit)) or "none"
-            raise ValueError(
+            raise GnaValueError(
                 f"faithfulness[{name!r}] has circuit heads {given}: expected the circuit's own, "
                 f"{', '.join(map(str, heads))} (faithfulness_curve(..., circuit=...); circuit_faithfulness does it)"
             )
@@ -134,11 +135,11 @@ def check_retention(retention: Any, circuits: list[GnaCircuit]) -> dict[str, Ret
     if retention is None:
         return {}
     if not isinstance(retention, dict):
-        raise TypeError(f"retention={type(retention).__name__}: expected a dict of circuit.model -> RetentionCurve")
+        raise GnaTypeError(f"retention={type(retention).__name__}: expected a dict of circuit.model -> RetentionCurve")
     names = sorted(circuit.model for circuit in circuits)
     for name, curve in retention.items():
         if name not in names:
             raise KeyError(f"retention[{name!r}]: no circuit of the report has that model; expected one of {names}")
         if not isinstance(curve, RetentionCurve):
-            raise TypeError(f"retention[{name!r}] is {type(curve).__name__}: expected a RetentionCurve (gna.retention_curve)")
+            raise GnaTypeError(f"retention[{name!r}] is {type(curve).__name__}: expected a RetentionCurve (gna.retention_curve)")
     return dict(retention)

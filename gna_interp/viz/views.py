@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..attention.pattern import attention_pattern
 from ..attention.sharpness import Normalize
+from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
 from ..core.inputs import Batch
 from .heatmap import Panel, render_png
@@ -123,7 +124,7 @@ def attention_view(
     """
     batch = model.to_batch(inputs)
     if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < batch.n_rows:
-        raise ValueError(f"row={row!r} out of range: the inputs have prompts 0..{batch.n_rows - 1}")
+        raise GnaValueError(f"row={row!r} out of range: the inputs have prompts 0..{batch.n_rows - 1}")
     start = int(batch.attention_mask[row].argmax())  # first real token (left padding)
     one = Batch(batch.input_ids[row : row + 1, start:], batch.attention_mask[row : row + 1, start:])
     head_list = [heads] if isinstance(heads, Head) else list(heads)
@@ -135,7 +136,7 @@ def attention_view(
 def side_by_side(*views: AttentionView) -> AttentionView:
     """One view with the panels of ``views`` next to each other (e.g. two models)."""
     if len(views) < 2 or not all(isinstance(v, AttentionView) for v in views):
-        raise ValueError(f"side_by_side needs at least two AttentionView values, got {[type(v).__name__ for v in views]}")
+        raise GnaValueError(f"side_by_side needs at least two AttentionView values, got {[type(v).__name__ for v in views]}")
     return AttentionView([panel for view in views for panel in view.panels])
 
 
@@ -189,7 +190,7 @@ def heatmap_png(
     """A heatmap of one head on prompt ``row`` as PNG bytes (also written to ``path``).
     Arguments as for `attention_view`."""
     if not isinstance(head, Head):
-        raise TypeError(f"heatmap_png draws one head: expected a gna_interp.Head, got {head!r}")
+        raise GnaTypeError(f"heatmap_png draws one head: expected a gna_interp.Head, got {head!r}")
     return attention_view(model, inputs, head, row, normalize=normalize, include_skip=include_skip).png(path)
 
 
@@ -197,5 +198,5 @@ def circuit_view(circuit: GnaCircuit, model: GnaModel, inputs: Any, row: int = 0
     """The circuitsvis view (offline) of a circuit's Gather and Aggregate heads on prompt ``row``."""
     heads = [*circuit.gather, *circuit.aggregate]
     if not heads:
-        raise ValueError("the circuit has no Gather or Aggregate head to show")
+        raise GnaValueError("the circuit has no Gather or Aggregate head to show")
     return attention_view(model, inputs, heads, row=row, title=f"{circuit.model}: G&A heads")

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..core.errors import GnaValueError
 from ..evaluation import evaluate
 from ..models.loading import load
 from ..tasks.toy import toy_mcq, toy_tokenizer
@@ -46,7 +47,7 @@ def build_toy(
     checkpoint = out / "checkpoint.pt"
     where = recipe.device if device is None else device
     if torch.device(where).type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
+        raise GnaValueError(
             f"device={where!r}: recipe {recipe.name!r} trains on a GPU and this machine has none; pass "
             "device='cpu' (CLI: --device cpu) to train it on the CPU (much slower, other weights)"
         )

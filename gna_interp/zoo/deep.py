@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ..core.errors import GnaValueError
 from ..core.heads import Head
 from .store import toy_names, toy_path
 
@@ -50,7 +51,7 @@ def placed_channels(n_channels: int, width: int, seed: int = 0) -> list[int]:
     """Where a wide `deep_toy` puts the toy's ``n_channels`` trained channels among ``width``:
     a seeded random choice, sorted (toy channel ``c`` goes to the ``c``-th of them)."""
     if isinstance(width, bool) or not isinstance(width, int) or width < n_channels:
-        raise ValueError(f"width={width!r}: expected an int >= the toy's {n_channels} channels per layer")
+        raise GnaValueError(f"width={width!r}: expected an int >= the toy's {n_channels} channels per layer")
     chosen = torch.randperm(width, generator=torch.Generator().manual_seed(seed))[:n_channels]
     return sorted(int(c) for c in chosen)
 
@@ -102,13 +103,13 @@ def deep_toy(
         toy = AutoModelForCausalLM.from_pretrained(str(folder))
     family = toy.config.model_type
     if family not in WRITERS:
-        raise ValueError(f"deep_toy supports the families {sorted(WRITERS)}; toy {name!r} is a {family!r}")
+        raise GnaValueError(f"deep_toy supports the families {sorted(WRITERS)}; toy {name!r} is a {family!r}")
     depth = int(toy.config.num_hidden_layers)
     at = max(0, n_layers // 2 - 1) if at is None else at
     if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < depth:
-        raise ValueError(f"n_layers={n_layers!r}: expected an int >= the toy's {depth} layers")
+        raise GnaValueError(f"n_layers={n_layers!r}: expected an int >= the toy's {depth} layers")
     if not 0 <= at <= n_layers - depth:
-        raise ValueError(f"at={at!r}: the toy's {depth} layers must fit in 0..{n_layers - 1}; expected 0..{n_layers - depth}")
+        raise GnaValueError(f"at={at!r}: the toy's {depth} layers must fit in 0..{n_layers - 1}; expected 0..{n_layers - depth}")
     settings = toy.config.to_dict()
     settings["num_hidden_layers"] = n_layers
     settings.pop("layer_types", None)  # derived from the layer count where a family has it
@@ -146,7 +147,7 @@ def _toy_folder(name: str | Path) -> Path:
         return toy_path(str(name))
     folder = Path(name)
     if not (folder / "config.json").is_file():
-        raise ValueError(f"unknown toy model {str(name)!r}: expected one of {toy_names()} or a folder holding config.json")
+        raise GnaValueError(f"unknown toy model {str(name)!r}: expected one of {toy_names()} or a folder holding config.json")
     return folder
 
 
@@ -169,13 +170,13 @@ def _load_shifted(deep: Any, toy_state: dict[str, torch.Tensor], prefix: str, at
 def _wide_settings(name: str, config: Any, settings: dict[str, Any], width: int, filler_scale: float, seed: int) -> list[int]:
     """Check the wide arguments, set the config's width; the toy channels' places."""
     if config.model_type != "mamba":
-        raise ValueError(f"width={width!r}: wide deep toys are Mamba-1 ('mamba') only; toy {name!r} is a {config.model_type!r}")
+        raise GnaValueError(f"width={width!r}: wide deep toys are Mamba-1 ('mamba') only; toy {name!r} is a {config.model_type!r}")
     hidden, toy_width = int(config.hidden_size), int(config.intermediate_size)
     channels = placed_channels(toy_width, width, seed)
     if width % hidden:
-        raise ValueError(f"width={width!r}: expected a multiple of the toy's hidden size {hidden} (Mamba-1's width is expand x hidden)")
+        raise GnaValueError(f"width={width!r}: expected a multiple of the toy's hidden size {hidden} (Mamba-1's width is expand x hidden)")
     if isinstance(filler_scale, bool) or not isinstance(filler_scale, (int, float)) or not 0 <= filler_scale < float("inf"):
-        raise ValueError(f"filler_scale={filler_scale!r}: expected a finite number >= 0")
+        raise GnaValueError(f"filler_scale={filler_scale!r}: expected a finite number >= 0")
     settings["expand"] = width // hidden
     settings.pop("intermediate_size", None)  # derived from expand
     return channels

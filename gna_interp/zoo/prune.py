@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..core.dims import Layout, mamba2_gate, q_columns
+from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..models.mixers import attention_dims, mamba2_dims
 
@@ -38,7 +39,7 @@ def _unit(layout: Layout, dims: Any, index: int) -> slice:
 
 def _check_head(head: Head, n_heads: int) -> None:
     if not 0 <= head.head < n_heads:
-        raise ValueError(f"head {head}: layer {head.layer} has heads 0..{n_heads - 1}")
+        raise GnaValueError(f"head {head}: layer {head.layer} has heads 0..{n_heads - 1}")
 
 
 def _attention_entries(model: Any, head: Head) -> Entries:
@@ -86,13 +87,13 @@ def head_masks(model: Any, heads: Iterable[Head | str]) -> Masks:
     heads = list(heads)
     family = model.config.model_type
     if heads and family not in _ENTRIES:  # nothing to prune: any family trains
-        raise ValueError(f"pruning heads of a {family!r} model is not supported: expected one of {sorted(_ENTRIES)}")
+        raise GnaValueError(f"pruning heads of a {family!r} model is not supported: expected one of {sorted(_ENTRIES)}")
     masks: Masks = {}
     n_layers = model.config.num_hidden_layers
     for item in heads:
         head = Head.parse(item) if isinstance(item, str) else item
         if not 0 <= head.layer < n_layers:
-            raise ValueError(f"head {head}: the model has layers 0..{n_layers - 1}")
+            raise GnaValueError(f"head {head}: the model has layers 0..{n_layers - 1}")
         for parameter, index in _ENTRIES[family](model, head):
             masks.setdefault(parameter, torch.ones_like(parameter))[index] = 0
     return masks

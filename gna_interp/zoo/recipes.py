@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.errors import GnaValueError
 from ..tasks.toy import VOCAB_SIZE
 
 _TOKENS = dict(vocab_size=VOCAB_SIZE, pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -127,7 +128,7 @@ class Recipe:
 
     def __post_init__(self) -> None:
         if self.ordered_label_steps < 0 or (self.ordered_label_steps and not self.shuffle_labels):
-            raise ValueError(
+            raise GnaValueError(
                 f"ordered_label_steps={self.ordered_label_steps}: expected 0, or a positive number of steps with shuffle_labels=True"
             )
 
@@ -380,5 +381,5 @@ RECIPES: dict[str, Recipe] = {
 
 def recipe(name: str) -> Recipe:
     if name not in RECIPES:
-        raise ValueError(f"unknown toy model {name!r}: expected one of {sorted(RECIPES)}")
+        raise GnaValueError(f"unknown toy model {name!r}: expected one of {sorted(RECIPES)}")
     return RECIPES[name]

@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import GnaTypeError, GnaValueError
+
 ZOO_DIR = Path(__file__).resolve().parent / "models"
 CARD = "card.json"
 
@@ -21,7 +23,7 @@ def toy_names() -> list[str]:
 def toy_path(name: str) -> Path:
     folder = ZOO_DIR / name
     if not (folder / CARD).is_file():
-        raise ValueError(f"unknown toy model {name!r}: bundled are {toy_names()}")
+        raise GnaValueError(f"unknown toy model {name!r}: bundled are {toy_names()}")
     return folder
 
 
@@ -71,13 +73,13 @@ def toy_source(value: Any, call: str) -> str | Path:
         folder = Path(str(getattr(config, "name_or_path", "") or ""))
         if str(folder) and (folder / CARD).is_file():
             return folder.name if folder.resolve().parent == ZOO_DIR and folder.name in toy_names() else folder
-        raise TypeError(
+        raise GnaTypeError(
             f"{call}(name={value!r}): this {type(value).__name__} was not loaded from a toy's folder "
             f"(its weights came from {str(folder) or 'memory'!r}, which holds no {CARD}), so it names no toy task: {expected}"
         )
     text = repr(value)
     shown = text if len(text) <= 80 else text[:77] + "..."
-    raise TypeError(f"{call}(name={shown}) ({type(value).__name__}): {expected}")
+    raise GnaTypeError(f"{call}(name={shown}) ({type(value).__name__}): {expected}")
 
 
 def card_of(name: str | Path) -> dict[str, Any]:
@@ -86,7 +88,7 @@ def card_of(name: str | Path) -> dict[str, Any]:
         return toy_card(str(name))
     file = Path(name) / CARD
     if not file.is_file():
-        raise ValueError(f"unknown toy model {str(name)!r}: expected one of {toy_names()} or a folder holding {CARD}")
+        raise GnaValueError(f"unknown toy model {str(name)!r}: expected one of {toy_names()} or a folder holding {CARD}")
     return dict(json.loads(file.read_text()))
 
 
@@ -107,7 +109,7 @@ def load_toy(name: str, backend: str | None = None, device: Any = None) -> Any:
         name = str(os.fspath(name))
     if not isinstance(name, str):
         loaded = " (already a loaded model: use it as it is)" if hasattr(name, "hf_model") else ""
-        raise TypeError(
+        raise GnaTypeError(
             f"load_toy(name={name!r}) ({type(name).__name__}){loaded}: expected a toy name from gna.toy_names() ({', '.join(toy_names())})"
         )
     folder = toy_path(name)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..core.errors import GnaValueError
 from ..models.loading import quiet_weight_loading
 from ..progress import progress_bar
 from ..tasks.toy import LETTERS, VOCAB, toy_token_batch
@@ -48,24 +49,24 @@ def build_model(recipe: Recipe, init: str | Path | None = None) -> Any:
     torch.manual_seed(recipe.seed)
     if recipe.init_from is None:
         if init is not None:
-            raise ValueError(f"init={str(init)!r}: recipe {recipe.name!r} trains from scratch (it has no init_from)")
+            raise GnaValueError(f"init={str(init)!r}: recipe {recipe.name!r} trains from scratch (it has no init_from)")
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(recipe.family, **recipe.config))
     else:
         from .store import toy_names, toy_path
 
         if init is None and recipe.init_from not in toy_names():
-            raise ValueError(
+            raise GnaValueError(
                 f"recipe {recipe.name!r} starts from toy {recipe.init_from!r}, which is not bundled: train it "
                 f"(gna-interp zoo train {recipe.init_from}) and pass its folder as init"
             )
         source = Path(init) if init is not None else toy_path(recipe.init_from)
         if not (source / "config.json").is_file():
-            raise ValueError(f"init={str(source)!r}: expected the folder of a trained toy (with config.json)")
+            raise GnaValueError(f"init={str(source)!r}: expected the folder of a trained toy (with config.json)")
         with quiet_weight_loading(local=True):
             model = AutoModelForCausalLM.from_pretrained(source)
         differs = {k: (getattr(model.config, k, None), v) for k, v in recipe.config.items() if getattr(model.config, k, None) != v}
         if model.config.model_type != recipe.family or differs:
-            raise ValueError(
+            raise GnaValueError(
                 f"init {str(source)!r} is not a {recipe.family} model of the recipe's config: it is a "
                 f"{model.config.model_type!r} model" + (f", differing in {differs}" if differs else "")
             )
@@ -200,9 +201,9 @@ def train(
             state = torch.load(checkpoint, weights_only=False, map_location="cpu")
             key, stored = _recipe_key(recipe), state["recipe"]
             if not _key_agrees(key, stored) or not _schedule_agrees(recipe, int(state["step"]), stored):
-                raise ValueError(f"checkpoint {str(checkpoint)!r} was written for another recipe: delete it or pass another path")
+                raise GnaValueError(f"checkpoint {str(checkpoint)!r} was written for another recipe: delete it or pass another path")
             if state.get("init") != init_key(init):
-                raise ValueError(
+                raise GnaValueError(
                     f"checkpoint {str(checkpoint)!r} was written from init={state.get('init')!r}, not {init_key(init)!r}: "
                     "pass the same --init, or delete the checkpoint"
                 )
