@@ -254,10 +254,11 @@ def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, wid
         alone = curve.circuit_point["accuracy"]
         return f"{alone:.3f}", f"{curve.of_clean(alone):.0%}"
 
-    names = ("model", "alone", "share", "clean", "-gather", "-aggr", "-both", "shuffled", "gather", "aggregate")
+    names = ("model", "mechanism", "alone", "share", "clean", "-gather", "-aggr", "-both", "shuffled", "gather", "aggregate")
     rows = [
         (
             c.model,
+            c.mechanism or "-",
             *carried(c),
             *(cell(c.accuracy, k) for k in ("clean", "-gather", "-aggregate", "-both", "shuffled_labels")),
             heads(c, "gather"),
@@ -270,7 +271,7 @@ def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, wid
     full = [max(len(str(r[i])) for r in [names, *rows]) for i in (-2, -1)]
     gather_width = min(full[0], max(len("gather"), room - min(full[1], room // 2)))
     widths = [*fixed, gather_width, max(len("aggregate"), min(full[1], room - gather_width))]
-    aligned = ["<", ">", ">", ">", ">", ">", ">", ">", "<", "<"]
+    aligned = ["<", "<", ">", ">", ">", ">", ">", ">", ">", "<", "<"]
 
     def wrap(text: str, cell_width: int) -> list[str]:
         """``text``'s comma-separated heads packed into lines of at most ``cell_width``."""
@@ -300,7 +301,11 @@ def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, wid
     if any("(a)" in r[-2] + r[-1] or "(s)" in r[-2] + r[-1] for r in rows):
         lines.append("(a) attention head, (s) SSM head")
     lines.append("alone: accuracy with only the circuit's heads kept (every other head mean-ablated); share: of clean")
-    if any(r[7] != "-" for r in rows):
+    if any(r[1] == "counting" for r in rows):
+        lines.append("mechanism counting: answers by the option's place; its gather/aggregate cells hold counting heads")
+    if any(r[1] == "none" for r in rows):
+        lines.append("mechanism none: clean accuracy near chance, no retrieval to explain (no heads searched)")
+    if any(r[8] != "-" for r in rows):
         lines.append("shuffled: clean accuracy with each prompt's labels in a random order (chance: answers by the option's place)")
     lines.append("-gather, -aggr, -both: accuracy with every head of the set(s) ablated at every position")
     return "\n".join(lines)
@@ -333,11 +338,13 @@ def demo(args: argparse.Namespace) -> int:
     print()
     print(summary_table(circuits, curves))
     for circuit in circuits:
+        if circuit.mechanism is not None:
+            print(f"{circuit.model}: {circuit.headline()}")
         for role in ("gather", "aggregate"):
             if getattr(circuit, role):
-                print(f"{circuit.model}: {role} {circuit.describe_role(role)}")
+                print(f"{circuit.model}: {circuit.role_name(role)} {circuit.describe_role(role)}")
         for role, need in circuit.needs.items():
-            print(f"{circuit.model}: {need.describe(role)}")
+            print(f"{circuit.model}: {need.describe(circuit.role_name(role))}")
         if circuit.path_patching is not None:
             print(f"{circuit.model}: path patching {circuit.describe_path()}")
         for note in circuit.warnings:

@@ -208,11 +208,12 @@ def test_the_demo_printout_says_where_and_how_sure(demo_run):
     for file in sorted(report.glob("*.json")):
         circuit = GnaCircuit.from_json(file)
         for role, need in circuit.needs.items():
-            line = f"{circuit.model}: {role} needs {len(need.heads)} head(s): {need.accuracy:.3f} with them ablated at every position"
+            named = circuit.role_name(role)
+            line = f"{circuit.model}: {named} needs {len(need.heads)} head(s): {need.accuracy:.3f} with them ablated at every position"
             assert line in out, line
         for role in ("gather", "aggregate"):
             if getattr(circuit, role):
-                assert f"{circuit.model}: {role} {circuit.describe_role(role)}" in out
+                assert f"{circuit.model}: {circuit.role_name(role)} {circuit.describe_role(role)}" in out
         if circuit.path_patching is not None:
             share = circuit.path_patching["fraction_of_effect"]
             assert re.search(rf"{re.escape(circuit.model)}: path patching .*\({share:.2f} of the clean - corrupt gap\)", out)

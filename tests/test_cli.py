@@ -159,13 +159,29 @@ def test_demo_summary_fits_120_columns_and_leads_with_faithfulness(demo_run):
     assert max(len(line) for line in table) <= 120, "\n".join(table)
     printed = re.findall(r"(\S+): faithfulness: the circuit's \d+ heads alone .*? ([\d.]+), (\d+)% of clean ([\d.]+)", result.stdout)
     assert len(rows) == len(printed) >= 2
-    for row, (model, alone, share, clean) in zip(rows, printed, strict=True):
-        assert row.split()[:4] == [model, alone, f"{share}%", clean], row
     circuits = {json.loads(path.read_text())["model"]: json.loads(path.read_text()) for path in demo_run[1].glob("toy-*.json")}
+    for row, (model, alone, share, clean) in zip(rows, printed, strict=True):
+        assert row.split()[:5] == [model, circuits[model]["mechanism"], alone, f"{share}%", clean], row
     for model, data in circuits.items():  # every head of the circuit appears in the table (wrapped or not)
         block = "\n".join(table[table.index(next(r for r in rows if r.startswith(model + " "))) :])
         for head in [*data["gather"], *data["aggregate"]]:
             assert head.split(" ")[0] in block, (model, head)
+
+
+def test_demo_names_the_counting_toys_counting(demo_run):
+    """The toys that answer by place (their shuffled-label accuracy falls to chance: the
+    mamba2 and falcon_h1 toys) are labelled counting in the table, their JSON and their
+    printed headline; the others G&A."""
+    result, folder = demo_run
+    _, rows = summary_rows(result.stdout)
+    for path in folder.glob("toy-*.json"):
+        data = json.loads(path.read_text())
+        acc = data["accuracy"]
+        by_place = acc.get("shuffled_labels", 1.0) < acc["chance"] + data["settings"]["chance_margin"]
+        assert data["mechanism"] == ("counting" if by_place else "g&a"), (data["model"], acc)
+        assert next(r for r in rows if r.startswith(data["model"] + " ")).split()[1] == data["mechanism"]
+        assert f"{data['model']}: {data['headline']}" in result.stdout
+    assert "mechanism counting: answers by the option's place" in result.stdout
 
 
 def test_summary_table_wraps_long_head_lists():
@@ -177,6 +193,7 @@ def test_summary_table_wraps_long_head_lists():
     many = [gna.Head(0, h) for h in range(40)]
     circuit = SimpleNamespace(
         model="toy-wide",
+        mechanism="g&a",
         gather=many,
         aggregate=many,
         accuracy={"clean": 1.0, "-gather": 0.25},
@@ -186,7 +203,7 @@ def test_summary_table_wraps_long_head_lists():
     table = summary_table([circuit], {"toy-wide": curve})
     lines = table.splitlines()
     assert max(map(len, lines)) <= 120, table
-    assert lines[2].split()[:4] == ["toy-wide", "0.500", "50%", "1.000"]
+    assert lines[2].split()[:5] == ["toy-wide", "g&a", "0.500", "50%", "1.000"]
     body = table.replace("\n", " ")
     assert all(body.count(f"L0H{h},") + body.count(f"L0H{h} ") >= 2 for h in range(40)), table
 

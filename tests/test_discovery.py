@@ -216,7 +216,7 @@ def test_progress_false_draws_no_bars(capfd):
 def test_near_chance_warns(tmp_path):
     random_model = gna.load(gna.models.tiny.tiny_model("mamba2", seed=0, vocab_size=192), tokenizer=gna.tasks.toy_tokenizer())
     with pytest.warns(NoRetrievalWarning, match="near chance"):
-        circuit = discover(random_model, gna.tasks.toy_mcq(40, seed=1), stages=["truncation"], progress=False)
+        circuit = discover(random_model, gna.tasks.toy_mcq(40, seed=1), stages=["truncation"], search_at_chance=True, progress=False)
     assert circuit.warnings and circuit.truncation is not None and len(circuit.truncation) == random_model.n_layers
 
 

@@ -55,6 +55,14 @@ class GnaCircuit:
             chance (an empty role included), where it enters and the best set found
             (`SpreadRole`): an empty role list with an entry here means "spread beyond the
             search", not "absent".
+        mechanism: what the model's answers rest on: ``"g&a"`` (it reads the options'
+            labels: the roles are Gather and Aggregate), ``"counting"`` (the label check:
+            with the labels shuffled it falls to chance, it answers by the option's place;
+            the role sets then hold counting heads, named by where they act, ``count@seg``
+            on the segments and ``count@end`` at the final position), ``"none"`` (clean
+            accuracy below ``settings["retrieval_floor"]``: no retrieval to explain, no role
+            heads). ``None``: a circuit written before it was recorded. ``headline()`` says it
+            in words (also the JSON's ``"headline"``).
 
     A head in a role's list (``gather``, ``aggregate``) is a member of that role's set;
     `standing` says whether the evidence gives it the role outright (an effect alone, and
@@ -82,6 +90,7 @@ class GnaCircuit:
     n_segments: int | None = None
     stability: Stability | None = None
     spread: dict[str, SpreadRole] = field(default_factory=dict)
+    mechanism: str | None = None
 
     # ----- tables and serialisation ---------------------------------------------
     def evidence(self, head: Head) -> HeadEvidence:
@@ -182,6 +191,7 @@ class GnaCircuit:
         data["needs"] = {role: need.to_dict() for role, need in self.needs.items()}
         data["stability"] = None if self.stability is None else self.stability.to_dict()
         data["spread"] = {role: item.to_dict() for role, item in self.spread.items()}
+        data["headline"] = None if self.mechanism is None else self.headline()  # words for readers; not read back
         return _finite(data)
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -196,6 +206,7 @@ class GnaCircuit:
         if not text.lstrip().startswith("{"):
             text = Path(text).read_text()
         data = json.loads(text)
+        data.pop("headline", None)
         data["gather"] = [Head.parse(h) for h in data["gather"]]
         data["aggregate"] = [Head.parse(h) for h in data["aggregate"]]
         data["heads"] = [HeadEvidence.from_dict(item) for item in data["heads"]]
@@ -212,11 +223,42 @@ class GnaCircuit:
         mixed = len({kind for kind in kinds.values() if kind}) > 1
         return ", ".join(f"{h} ({kinds[h]})" if mixed and kinds.get(h) else str(h) for h in heads) or "-"
 
+    def role_name(self, role: str) -> str:
+        """``role`` as the circuit's mechanism names it: ``"gather"`` / ``"aggregate"``, or for
+        a counting circuit ``"count@seg"`` / ``"count@end"`` (where its heads act)."""
+        return COUNTING_NAMES[role] if self.mechanism == "counting" else role
+
+    def headline(self) -> str:
+        """What the circuit shows, in one sentence with its numbers: the mechanism
+        (``"no retrieval to explain: ..."``, ``"counting, not G&A: ..."`` or ``"G&A: ..."``)."""
+        acc = self.accuracy
+        clean, chance = acc["clean"], acc["chance"]
+        if self.mechanism == "none":
+            floor = self.settings.get("retrieval_floor") or {}
+            needed = f"; needs at least {floor['accuracy']:.3f} ({floor['prompts']} prompts)" if floor else ""
+            return (
+                f"no retrieval to explain: clean accuracy {clean:.3f} ({round(clean * self.n_prompts)} of {self.n_prompts} prompts), "
+                f"chance {chance:.3f}, margin {floor.get('margin', float('nan')):.3f}{needed}; no role heads named"
+            )
+        if self.mechanism == "counting":
+            shuffled = acc.get("shuffled_labels", float("nan"))
+            return (
+                f"counting, not G&A: with the labels shuffled accuracy falls from {clean:.3f} to {shuffled:.3f} "
+                f"(chance {chance:.3f}): the model answers by the option's place; its heads count options "
+                "(count@seg: on the segments, count@end: at the final position)"
+            )
+        labels = f", {acc['shuffled_labels']:.3f} with the labels shuffled" if "shuffled_labels" in acc else ""
+        return f"G&A: clean accuracy {clean:.3f} (chance {chance:.3f}{labels}): the model retrieves by label"
+
     def summary(self) -> str:
         acc = self.accuracy
         parts = [f"{self.model} on {self.task} ({self.n_prompts} prompts)"]
+        if self.mechanism is not None:
+            parts.append(f"  mechanism {self.headline()}")
         for role in ROLES:
-            parts.append(f"  {role:9s} {self.named(getattr(self, role))}")
+            if self.mechanism == "none" and not getattr(self, role) and role not in self.spread:
+                continue
+            parts.append(f"  {self.role_name(role):9s} {self.named(getattr(self, role))}")
             if getattr(self, role):
                 parts.append(f"            {self.describe_role(role)}")
             if role in self.spread:
@@ -229,7 +271,7 @@ class GnaCircuit:
         parts.append("  accuracy  " + "  ".join(f"{k} {v:.3f}" for k, v in acc.items()))
         parts.append("            (-gather, -aggregate, -both, only_gna: their heads ablated at every position)")
         for role, need in self.needs.items():
-            parts.append(f"  {role:9s} {need.describe()}")
+            parts.append(f"  {self.role_name(role):9s} {need.describe()}")
             if need.curve:
                 parts.append(f"            curve ({POSITIONS[need.curve_positions]}): {need.describe_curve()}")
         if self.path_patching is not None:
@@ -240,6 +282,10 @@ class GnaCircuit:
             parts.append(f"  cost      {describe_cost(self.cost)}")
         parts += [f"  note: {note}" for note in self.warnings]
         return "\n".join(parts)
+
+
+COUNTING_NAMES = {"gather": "count@seg", "aggregate": "count@end"}
+"""A counting circuit's role sets, named by where their heads act (`GnaCircuit.role_name`)."""
 
 
 def describe_stability(circuit: GnaCircuit) -> list[str]:
@@ -270,7 +316,10 @@ def describe_cost(cost: dict[str, Any]) -> str:
     text += f", {cost['requests']} requests"
     if cost.get("backwards"):
         text += f", {cost['backwards']} backward(s)"
-    return text + f", {cost['seconds']:.1f} s"
+    text += f", {cost['seconds']:.1f} s"
+    if cost.get("estimate"):
+        text += f" (estimated beforehand: {cost['estimate']['low']:.0f}-{cost['estimate']['high']:.0f} passes)"
+    return text
 
 
 def _finite(value: Any) -> Any:

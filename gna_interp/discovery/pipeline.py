@@ -3,9 +3,11 @@
 The stages follow the paper's procedure (causal, not by attention scores), then label
 roles from the patterns and confirm them:
 
-1. **baseline**: task accuracy; near chance there is no retrieval to explain (warning).
+1. **baseline**: task accuracy; below `stages.retrieval_floor` there is no retrieval to
+   explain (warning; ``mechanism`` ``"none"``, and discovery stops there).
    On multiple-choice tasks, also the accuracy with each prompt's labels shuffled: near
-   chance there, the model answers by the option's place, not by its label (warning).
+   chance there, the model answers by the option's place, not by its label (warning;
+   ``mechanism`` ``"counting"``: the heads found are named counting heads).
 2. **truncation scan** and critical layer (`layer_scans.truncation_scan`).
 3. **layer scan**: leave one layer out.
 4. **head scan**: single-head zero-ablation of the candidate layers (every layer by
@@ -25,6 +27,9 @@ roles from the patterns and confirm them:
 
 `stability` re-runs the search on other prompt samples and counts how often each head
 is chosen (``discover(..., stability=k)`` records it in the circuit).
+
+Before the stages, `estimate.estimate_passes` says about how many passes they will take
+(the stage bar's description; ``circuit.cost["estimate"]``).
 """
 
 from __future__ import annotations
@@ -45,12 +50,14 @@ from ..tasks.base import Task
 from . import head_scans, memo, remote
 from . import stages as stage
 from .circuit import GnaCircuit
+from .estimate import StageBar, estimate_passes
 from .evidence import ROLES, HeadEvidence, Stability
 from .joint import JointSearch
 from .roles import RoleThresholds, role_scores
 from .stages import SEARCH_STAGES, STAGES
 
 if TYPE_CHECKING:
+    from ..cost import Cost
     from ..models.handle import GnaModel
 
 
@@ -69,6 +76,7 @@ def discover(
     check_labels: bool = True,
     prescreen_above: int = 64,
     prescreen_keep: int | None = None,
+    search_at_chance: bool = False,
     progress: bool = True,
     stability: int | Sequence[Task] | None = None,
 ) -> GnaCircuit:
@@ -99,6 +107,13 @@ def discover(
             ``2 * max_candidates``). The others are not measured (NaN in ``head_scan``).
         check_labels: on multiple-choice tasks, measure the accuracy with the labels
             shuffled (`tasks.shuffle_labels`), as ``accuracy["shuffled_labels"]``.
+        search_at_chance: search even when there is no retrieval to explain (to exercise the
+            stages on a random model). By default, a clean accuracy below
+            `stages.retrieval_floor` (chance + ``max(chance_margin, 2 sqrt(chance (1 - chance)
+            / n_prompts))``: two binomial standard errors, stated in prompts in the circuit's
+            note) stops discovery after the baseline: the circuit's ``mechanism`` is
+            ``"none"``, it names no role heads, and its summary, JSON and report say "no
+            retrieval to explain" with the numbers.
         progress: progress bars: one per scan, and `evaluate`'s per-batch bars (its
             default: tasks of more than 4 batches) for the single evaluations of the
             baseline, the label check and the confirmation. ``False``: no bar at all.
@@ -109,7 +124,9 @@ def discover(
 
     Returns:
         a `GnaCircuit`; its ``cost`` holds what discovery ran (`gna_interp.cost`): forwards,
-        rows, block evaluations, passes over the task, remote requests, seconds. Forwards
+        rows, block evaluations, passes over the task, remote requests, seconds, and the passes
+        estimated before it started (``estimate``: ``low``, ``mid``, ``high``;
+        `estimate.estimate_passes`, also in the stage bar's description). Forwards
         over a batch seen before start from its cached clean prefix (`GnaModel.prefix_cache`).
     """
     if stability is not None:
@@ -126,11 +143,13 @@ def discover(
         "check_labels": check_labels,
         "prescreen_above": prescreen_above,
         "prescreen_keep": 2 * max_candidates if prescreen_keep is None else prescreen_keep,
+        "search_at_chance": search_at_chance,
     }
     with model.prefix_cache(), memo.accuracy_memo(model), cost_meter(model) as cost:
         started = time.perf_counter()
-        circuit = _discover(model, task, progress=progress, **options)
+        circuit = _discover(model, task, progress=progress, meter=cost, **options)
     circuit.cost = {**cost.to_dict(len(task)), "seconds": time.perf_counter() - started}
+    circuit.cost["estimate"] = {k: circuit.settings["estimate"][k] for k in ("low", "mid", "high")}
     if stability is not None:
         circuit.stability = _stability(model, _sample_tasks(task, stability, 0), options, progress)
     return circuit
@@ -241,10 +260,21 @@ def _stability(model: GnaModel, sampled: tuple[list[Task], int | None], options:
     return Stability("tasks" if seed is None else "bootstrap", [len(t) for t in tasks], sets, shape, seed, seconds)
 
 
-def _discover(
+def _discover(model: GnaModel, task: Task, *, progress: bool, meter: Cost | None = None, **options: Any) -> GnaCircuit:
+    """`discover`'s stages (`_stages`) under a `StageBar` (shown with ``progress`` and the
+    run's ``meter``), closed when they end, exceptions included."""
+    bar = StageBar(meter, len(task), show=progress and meter is not None)
+    try:
+        return _stages(model, task, progress=progress, bar=bar, **options)
+    finally:
+        bar.close()
+
+
+def _stages(
     model: GnaModel,
     task: Task,
     *,
+    bar: StageBar,
     stages: Sequence[str],
     layers: Sequence[int] | None,
     max_candidates: int,
@@ -256,10 +286,16 @@ def _discover(
     check_labels: bool,
     prescreen_above: int,
     prescreen_keep: int,
+    search_at_chance: bool,
     progress: bool,
 ) -> GnaCircuit:
-    """`discover`'s stages in order (module docs), each a function of its own below."""
+    """`discover`'s stages in order (module docs), each a function of its own below, each
+    announced on ``bar``; the pass estimate (`estimate_passes`) in ``settings["estimate"]``."""
     thresholds, scan_layers = stage.check_arguments(model, task, stages, thresholds, layers)
+    knobs = (max_candidates, pattern_prompts, check_labels, screen_above, prescreen_above, prescreen_keep)
+    estimate = estimate_passes(model, len(task), stages, scan_layers, *knobs)
+    bar.start(estimate)
+    bar.stage("baseline")
     evaluate_bars = None if progress else False  # evaluate's own default for single evaluations, or none
     batched = remote.batched(model)  # a remote model: each stage in one request (`remote`)
     wide = [layer for layer in scan_layers if model.heads_per_layer[layer] > screen_above] if "heads" in stages else []
@@ -276,18 +312,26 @@ def _discover(
         "check_labels": check_labels,
         "prescreen_above": prescreen_above,
         "prescreen_keep": prescreen_keep,
+        "search_at_chance": search_at_chance,
+        "estimate": estimate,
     }
     circuit = stage.baseline(model, task, clean, chance_margin, settings)
     chance = clean.chance
-    if check_labels and clean.accuracy >= chance + chance_margin:
+    if circuit.mechanism == "none" and not search_at_chance:
+        return circuit  # no retrieval to explain: no head search
+    if check_labels and circuit.mechanism != "none":
+        bar.stage("label check")
         stage.label_check(model, task, circuit, chance + chance_margin, evaluate_bars, None if first is None else first.shuffled)
+    bar.stage("layer scans")
     stage.layer_stages(model, task, circuit, stages, first, progress)
     if "heads" not in stages:
         return circuit
     only: list[Head] | None = None
     adaptive: list[int] = []
     if sum(model.heads_per_layer[layer] for layer in scan_layers) > prescreen_above:
+        bar.stage("prescreen")
         only, adaptive = stage.prescreen_stage(model, task, circuit, scan_layers, wide, thresholds, screen_above, prescreen_keep, batched)
+    bar.stage("head scan")
     scan = head_scans.head_scan(
         model,
         task,
@@ -310,11 +354,13 @@ def _discover(
         h for h, e in evidence.items() if e.ablated_accuracy is not None and clean.accuracy - e.ablated_accuracy >= thresholds.min_effect
     ]
     if "entry" in stages:
+        bar.stage("entry")
         stage.entry_stage(model, task, encoded, evidence, harmful, scan, progress)
     scan.record_search()
     if scan.tests:
         circuit.settings["group_testing"] = {str(layer): tests for layer, tests in scan.tests.items()}
     ahead = remote.pool_heads(model, harmful, evidence, screen_above) if batched and "joint" in stages else []
+    bar.stage("roles")
     measured = role_scores(model, encoded, [*candidates, *ahead], pattern_prompts) if "roles" in stages and candidates else {}
     if "roles" in stages and candidates:
         stage.role_stage(model, task, evidence, candidates, harmful, measured, thresholds, clean.accuracy)
@@ -322,6 +368,7 @@ def _discover(
     circuit.gather = [e.head for e in by_harm if e.role == "gather"]
     circuit.aggregate = [e.head for e in by_harm if e.role == "aggregate"]
     if "joint" in stages and "roles" in stages and encoded.single_token:  # positions need single-token scoring
+        bar.stage("joint")
         search = JointSearch(model, task, encoded, evidence, scan, thresholds, pattern_prompts, screen_above, progress)
         search.scored = {h: measured[h] for h in ahead}
         stage.joint_stage(search, circuit, chance + chance_margin, max_heads_per_role, batched)
@@ -329,5 +376,6 @@ def _discover(
         item.kind = model.head_kind(item.head).value
     circuit.heads = sorted(evidence.values(), key=lambda e: e.head)
     if "confirm" in stages:
+        bar.stage("confirm")
         stage.confirm_stage(model, task, encoded, circuit, scan, chance + chance_margin, max_heads_per_role, evaluate_bars, batched)
     return circuit

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -75,13 +76,32 @@ def first_request(model: GnaModel, task: Task, stages: Sequence[str], check_labe
     return remote.first_scans(model, task, stages, check_labels, speculated)
 
 
+def retrieval_floor(chance: float, chance_margin: float, n_prompts: int) -> dict[str, float]:
+    """What clean accuracy must reach for a retrieval to explain: ``chance + margin``, where
+    ``margin = max(chance_margin, 2 * sqrt(chance * (1 - chance) / n_prompts))`` (two binomial
+    standard errors of an at-chance accuracy over ``n_prompts``: about a one-sided test at
+    the 2.5% level), i.e. at least ``prompts`` correct answers of ``n_prompts``."""
+    margin = max(chance_margin, 2 * math.sqrt(chance * (1 - chance) / max(n_prompts, 1)))
+    accuracy = chance + margin
+    return {"accuracy": accuracy, "margin": margin, "prompts": math.ceil(accuracy * n_prompts - 1e-9), "n_prompts": n_prompts}
+
+
 def baseline(model: GnaModel, task: Task, clean: Evaluation, chance_margin: float, settings: dict[str, Any]) -> GnaCircuit:
-    """The circuit with the baseline's accuracy (warning when it is near chance: there is no
-    retrieval to explain), nothing found yet."""
+    """The circuit with the baseline's accuracy and its ``mechanism``: ``"none"`` (with a
+    `NoRetrievalWarning`) when clean accuracy is below `retrieval_floor`, there is no
+    retrieval to explain; else ``"g&a"`` (until the label check says ``"counting"``).
+    Nothing found yet."""
     chance = clean.chance
+    floor = retrieval_floor(chance, chance_margin, len(task))
+    settings["retrieval_floor"] = floor
     notes = []
-    if clean.accuracy < chance + chance_margin:
-        notes.append(f"clean accuracy {clean.accuracy:.3f} is near chance ({chance:.3f}): there is no retrieval to explain")
+    mechanism = "g&a"
+    if clean.accuracy < floor["accuracy"]:
+        mechanism = "none"
+        notes.append(
+            f"clean accuracy {clean.accuracy:.3f} is near chance ({chance:.3f}): there is no retrieval to explain "
+            f"(needs at least {floor['accuracy']:.3f}, {floor['prompts']} of {len(task)} prompts)"
+        )
         warnings.warn(notes[-1], NoRetrievalWarning, stacklevel=4)
     return GnaCircuit(
         model=model.name,
@@ -96,6 +116,7 @@ def baseline(model: GnaModel, task: Task, clean: Evaluation, chance_margin: floa
         warnings=notes,
         n_segments=task.n_segments,
         settings=settings,
+        mechanism=mechanism,
     )
 
 
@@ -234,6 +255,7 @@ def label_check(
     shuffled = evaluate(model, relabelled, progress=evaluate_bars).accuracy if measured is None else measured
     circuit.accuracy["shuffled_labels"] = shuffled
     if shuffled < threshold:
+        circuit.mechanism = "counting"
         circuit.warnings.append(
             f"with the labels shuffled, accuracy falls from {circuit.accuracy['clean']:.3f} to {shuffled:.3f}: the model answers "
             "by the option's place, not by its label, so its heads may count options rather than gather and aggregate them"

@@ -88,7 +88,8 @@ def contrast_rows(circuits: list[GnaCircuit]) -> list[dict[str, Any]]:
             rows.append(
                 {
                     "model": circuit.model,
-                    "role": role,
+                    "mechanism": circuit.mechanism or "-",
+                    "role": circuit.role_name(role),
                     "set": circuit.named(heads),
                     "role outright (effect alone, pattern)": f"{len(outright)} of {len(heads)}{named}",
                     "pattern shows the role": f"{shown} of {len(heads)}",
@@ -285,6 +286,8 @@ def _section(
     slug = slug_of(circuit.model)
     parts = [f'<section class="model" id="{slug}">']
     parts.append(f"<h2>{html.escape(circuit.model)} <small>({html.escape(circuit.family)}, {html.escape(circuit.task)})</small></h2>")
+    if circuit.mechanism is not None:
+        parts.append(f'<p data-role="mechanism"><b>{html.escape(circuit.headline())}</b></p>')
     parts += [f'<p class="note">{html.escape(w)}</p>' for w in circuit.warnings]
     parts += [
         f'<p class="note" data-role="spread">{role.capitalize()}: {html.escape(item.describe())}'

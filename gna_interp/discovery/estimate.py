@@ -1,0 +1,116 @@
+"""How long `discover` will take, said before it starts: a rough estimate of its passes over
+the task (`estimate_passes`), and the bar over its stages with an ETA (`StageBar`).
+
+A pass is the cost of one forward over every prompt through every layer
+(`gna_interp.cost`: ``block_rows / (n_prompts x n_layers)``); a forward that starts from a
+cached clean prefix at layer ``l`` costs ``(L - l) / L`` of one. The estimate counts:
+
+- fixed: the baseline, the label check, the truncation and layer scans (``(L + 1) / 2``
+  each, from cached prefixes), the pattern scores (one) and the confirmation (about six);
+- the head scan: each head of the scanned layers ablated once, ``(L - l) / L`` per head;
+  past ``prescreen_above`` heads only the ``prescreen_keep`` ranked heads (plus an
+  attribution pass), and for each layer of more than ``screen_above`` heads about
+  ``2 k log2 N`` group tests (``k = 1``: one costly group);
+- the candidates (at most ``max_candidates``): their entry scan, joint search and
+  confirmation curves, about ``ENTRY_JOINT_PER_CANDIDATE`` weighted passes each.
+
+Calibrated on the bundled toys at 64 prompts (measured / middle 0.8 - 1.4: Llama 1.0, Mamba-2 1.2, FalconH1 1.35, Mamba 0.8); it is stated
+as a range, ``low = mid / RANGE`` to ``high = mid * RANGE``. A model at chance stops after
+the baseline (one pass), below the range.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..progress import progress_bar
+
+if TYPE_CHECKING:
+    from ..cost import Cost
+    from ..models.handle import GnaModel
+
+ENTRY_JOINT_PER_CANDIDATE = 3.5
+"""Passes per candidate head (weighted by its layer's prefix share) for the entry scan, the
+joint search and the confirmation curves."""
+
+RANGE = 1.6
+"""The estimate's range: ``mid / RANGE`` to ``mid * RANGE`` (the stated factor)."""
+
+
+def estimate_passes(
+    model: GnaModel,
+    n_prompts: int,
+    stages: Sequence[str],
+    layers: Sequence[int],
+    max_candidates: int,
+    pattern_prompts: int,
+    check_labels: bool,
+    screen_above: int,
+    prescreen_above: int,
+    prescreen_keep: int,
+) -> dict[str, Any]:
+    """A rough estimate of `discover`'s passes over ``n_prompts`` (module docs):
+    ``{"low", "mid", "high", "stages": {stage: passes}, "n_prompts", "text"}``, with ``text``
+    like ``"about 25-63 passes over 64 prompts (a rough estimate)"``."""
+    n_layers = model.n_layers
+
+    def share(layer: int) -> float:  # a forward from the cached prefix before ``layer``
+        return (n_layers - layer) / n_layers
+
+    per: dict[str, float] = {"baseline": 1.0}
+    if check_labels:
+        per["label check"] = 1.0
+    for name in ("truncation", "layers"):
+        if name in stages:
+            per[name] = (n_layers + 1) / 2
+    heads = [(layer, model.heads_per_layer[layer]) for layer in layers]
+    total = sum(h for _, h in heads)
+    if "heads" in stages:
+        if total <= prescreen_above:
+            per["heads"] = sum(h * share(layer) for layer, h in heads)
+            candidates = min(max_candidates, total) * sum(h * share(layer) for layer, h in heads) / max(total, 1)
+        else:
+            wide = [(layer, h) for layer, h in heads if h > screen_above]
+            tests = sum(2 * math.log2(h) * share(layer) for layer, h in wide)
+            per["heads"] = 2.0 + prescreen_keep * 0.75 + tests  # attribution, ranked heads, group tests
+            candidates = min(max_candidates, 4) * 0.75  # past the prescreen, few heads stay harmful
+        if "entry" in stages or "joint" in stages or "confirm" in stages:
+            per["entry, joint"] = ENTRY_JOINT_PER_CANDIDATE * candidates
+    if "roles" in stages:
+        per["roles"] = min(pattern_prompts, n_prompts) / n_prompts
+    if "confirm" in stages:
+        per["confirm"] = 6.0
+    mid = sum(per.values())
+    low, high = mid / RANGE, mid * RANGE
+    text = f"about {low:.0f}-{high:.0f} passes over {n_prompts} prompts (a rough estimate)"
+    return {"low": low, "mid": mid, "high": high, "stages": per, "n_prompts": n_prompts, "text": text}
+
+
+class StageBar:
+    """One bar over `discover`'s stages: its description holds the estimate, its postfix the
+    stage running; its count is the passes run so far (from the cost meter) out of the
+    estimate's middle, so tqdm's ETA is the estimate's. Hidden as `progress_bar` hides bars;
+    the scans' own bars show below it. Drawn from `start` (after the arguments are checked)."""
+
+    def __init__(self, meter: Cost | None, n_prompts: int, show: bool) -> None:
+        self.meter, self.n_prompts, self.show = meter, n_prompts, show
+        self.bar: Any = None
+
+    def start(self, estimate: dict[str, Any]) -> None:
+        total = max(1, round(estimate["mid"]))
+        self.bar = progress_bar(show=self.show, desc=f"discover, {estimate['text']}", total=total)
+
+    def stage(self, name: str) -> None:
+        """Start stage ``name``: the bar shows it and the passes run so far."""
+        if self.bar is None:
+            return
+        if self.meter is not None:
+            self.bar.n = min(round(self.meter.passes(self.n_prompts)), self.bar.total)
+        self.bar.set_postfix_str(f"stage {name}", refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
