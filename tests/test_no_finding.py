@@ -31,15 +31,17 @@ def user_family_model():
     return gna.load(module.TinyLM(config).eval(), arch=module.TINY_LM, tokenizer=gna.tasks.toy_tokenizer())
 
 
-def random_model(family: str):
+def random_model(family: str, seed: int = 0):
     if family == "user":
         return user_family_model()
-    return gna.load(tiny_model(family, seed=0, vocab_size=len(VOCAB)), tokenizer=gna.tasks.toy_tokenizer())
+    return gna.load(tiny_model(family, seed=seed, vocab_size=len(VOCAB)), tokenizer=gna.tasks.toy_tokenizer())
 
 
-@pytest.mark.parametrize("family", ["qwen2", "mistral", "mamba2", "user"])
-def test_a_random_model_gets_no_role_heads(family, tmp_path):
-    model = random_model(family)
+@pytest.mark.parametrize(("family", "seed"), [("qwen2", 0), ("qwen2", 5), ("mistral", 0), ("mamba2", 0), ("user", 0)])
+def test_a_random_model_gets_no_role_heads(family, seed, tmp_path):
+    """Qwen2 seed 5 answers 18 of 64 (0.281, chance 0.25): above chance, below the floor of
+    23 prompts; before the floor, discovery named four Aggregate heads for it."""
+    model = random_model(family, seed)
     task = gna.tasks.toy_mcq(64, seed=1)
     clean = gna.evaluate(model, task, progress=False)
     n_correct = round(clean.accuracy * len(task))

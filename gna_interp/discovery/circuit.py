@@ -269,7 +269,8 @@ class GnaCircuit:
         if self.gather or self.aggregate:
             parts.append(f"  evidence  {self.evidence_rule()}")
         parts.append("  accuracy  " + "  ".join(f"{k} {v:.3f}" for k, v in acc.items()))
-        parts.append("            (-gather, -aggregate, -both, only_gna: their heads ablated at every position)")
+        if "-gather" in acc:
+            parts.append("            (-gather, -aggregate, -both, only_gna: their heads ablated at every position)")
         for role, need in self.needs.items():
             parts.append(f"  {self.role_name(role):9s} {need.describe()}")
             if need.curve:
