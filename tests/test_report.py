@@ -359,6 +359,15 @@ def test_one_bundle_per_page_and_offline(report, items):
     assert no_role and f"<td>{no_role[0].head}</td>" in page and "<td>\u2014</td>" in page
 
 
+def test_the_pass_estimate_is_shown_as_the_range_discover_recorded(report, items):
+    """The cost table gives discover's pass estimate as its recorded range, not a raw dict."""
+    _, page = report
+    for circuit, _, _ in items:
+        estimate = circuit.cost["estimate"]
+        assert f"{estimate['low']:.0f}-{estimate['high']:.0f} passes (mid {estimate['mid']:.0f})" in page
+    assert "{&#x27;low&#x27;" not in page and "{'low'" not in page
+
+
 def test_head_scan_ticks_are_integers(report):
     """The head-scan heatmap's axes are ticked at layers and heads, not -0.5...1.5."""
     _, page = report

@@ -301,7 +301,7 @@ def _section(
     if circuit.cost is not None:
         tables.append(
             '<div data-role="cost"><p>What discovery ran<br>(passes: rows x blocks evaluated / (prompts x layers)):</p>'
-            + table([{"quantity": k, "value": v} for k, v in circuit.cost.items()])
+            + table([{"quantity": k, "value": _cost_value(k, v)} for k, v in circuit.cost.items()])
             + "</div>"
         )
     if circuit.path_patching is not None:
@@ -394,3 +394,10 @@ def write_report(
     index = folder / "index.html"
     index.write_text(page, encoding="utf-8")
     return index
+
+
+def _cost_value(quantity: str, value: Any) -> Any:
+    """A cost table's cell: the pass estimate as a range (``24-62 (mid 39)``), the rest as recorded."""
+    if quantity == "estimate" and isinstance(value, dict) and {"low", "mid", "high"} <= set(value):
+        return f"{value['low']:.0f}-{value['high']:.0f} passes (mid {value['mid']:.0f})"
+    return value
