@@ -85,7 +85,7 @@ STATES = {
 
 @pytest.mark.parametrize("backend", ["tlens", "nnsight"])
 @pytest.mark.parametrize("state", sorted(STATES))
-def test_in_memory_tokenizer_on_both_backends(tmp_path, backend, state):
+def test_in_memory_tokenizer_on_both_backends(tmp_path, monkeypatch, backend, state):
     folder = model_folder(tmp_path / "model", tokenizer=False)
     tokenizer = in_memory_tokenizer(**STATES[state])
     assert "name_or_path" not in tokenizer.init_kwargs and tokenizer.name_or_path == ""
@@ -94,6 +94,9 @@ def test_in_memory_tokenizer_on_both_backends(tmp_path, backend, state):
 
     reloaded = AutoTokenizer.from_pretrained(tmp_path / "saved")
     vocab_before, specials_before = tokenizer.get_vocab(), dict(tokenizer.special_tokens_map)
+    # a temporary directory of this test's own: another process's gna_tokenizer_ folders
+    # (a second suite on the same machine) cannot come and go in it
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     left_before = temp_folders("gna_tokenizer_")
 
     model = gna.load(str(folder), tokenizer=tokenizer, backend=backend)
