@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.heads import Head
+from .estimate import passes_range
 from .evidence import POSITIONS, ROLES, HeadEvidence, RoleNeed, SpreadRole, Stability, Standing
 from .roles import RoleThresholds, pattern_shortfall
 
@@ -319,7 +320,7 @@ def describe_cost(cost: dict[str, Any]) -> str:
         text += f", {cost['backwards']} backward(s)"
     text += f", {cost['seconds']:.1f} s"
     if cost.get("estimate"):
-        text += f" (estimated beforehand: {cost['estimate']['low']:.0f}-{cost['estimate']['high']:.0f} passes)"
+        text += f" (estimated beforehand: {passes_range(cost['estimate'])})"
     return text
 
 

@@ -84,8 +84,14 @@ def estimate_passes(
         per["confirm"] = 6.0
     mid = sum(per.values())
     low, high = mid / RANGE, mid * RANGE
-    text = f"about {low:.0f}-{high:.0f} passes over {n_prompts} prompts (a rough estimate)"
-    return {"low": low, "mid": mid, "high": high, "stages": per, "n_prompts": n_prompts, "text": text}
+    estimate: dict[str, Any] = {"low": low, "mid": mid, "high": high, "stages": per, "n_prompts": n_prompts}
+    estimate["text"] = f"about {passes_range(estimate)} over {n_prompts} prompts (a rough estimate)"
+    return estimate
+
+
+def passes_range(estimate: dict[str, Any]) -> str:
+    """An estimate's range in words: ``"24-62 passes"``."""
+    return f"{estimate['low']:.0f}-{estimate['high']:.0f} passes"
 
 
 class StageBar:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import GnaTypeError, GnaValueError
+from ..discovery.estimate import passes_range
 from ..discovery.evidence import POSITIONS, ROLES, Standing
 from ..discovery.report_inputs import with_need_curves
 from ..discovery.roles import entry_shares
@@ -399,5 +400,5 @@ def write_report(
 def _cost_value(quantity: str, value: Any) -> Any:
     """A cost table's cell: the pass estimate as a range (``24-62 (mid 39)``), the rest as recorded."""
     if quantity == "estimate" and isinstance(value, dict) and {"low", "mid", "high"} <= set(value):
-        return f"{value['low']:.0f}-{value['high']:.0f} passes (mid {value['mid']:.0f})"
+        return f"{passes_range(value)} (mid {value['mid']:.0f})"
     return value
