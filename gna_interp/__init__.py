@@ -51,6 +51,8 @@ _EXPORTS: dict[str, str] = {
     "candidate_accuracy": "patching",
     "candidate_logit_diff": "patching",
     "candidate_logprob": "patching",
+    "circuit_score": "circuit_scores",
+    "CircuitScore": "circuit_scores",
     "discover": "discovery",
     "discovery": "discovery:",
     "distill": "models.distill",

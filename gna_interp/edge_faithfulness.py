@@ -145,12 +145,7 @@ def edge_faithfulness_curve(
 
     points: dict[int, dict[str, float]] = {}
     for n in progress_bar(chosen, show=progress, desc="edge faithfulness"):
-        kept = {edge for item in order[:n] for edge in _atoms(model, item)}
-        ablated: dict[tuple[Head, str], list[Head]] = {}
-        for sender, receiver, stream in universe:
-            if (sender, receiver, stream) not in kept:
-                ablated.setdefault((receiver, stream), []).append(sender)
-        logits = edge_set_logits(setup, ablated, keep)
+        logits = edge_set_logits(setup, ablated_edges(model, order, universe, n), keep)
         scores = logits[:, -1].float().log_softmax(-1).cpu().gather(1, encoded.candidate_ids)
         evaluation = Evaluation(scores=scores, correct=encoded.correct.clone())
         point = summary(evaluation)
@@ -175,6 +170,17 @@ def edge_faithfulness_curve(
         metric=column("metric") if metric is not None else None,
         clean_metric=points[len(order)]["metric"] if metric is not None else None,
     )
+
+
+def ablated_edges(model: GnaModel, order: Sequence[Edge], universe: Sequence[Edge], n: int) -> dict[tuple[Head, str], list[Head]]:
+    """``{(receiver, stream): senders}`` of every edge of ``universe`` outside the top ``n`` of
+    ``order`` (`rank_edges`): the edges ablated with ``n`` kept (`edge_set_logits`'s ``edges``)."""
+    kept = {edge for item in order[:n] for edge in _atoms(model, item)}
+    ablated: dict[tuple[Head, str], list[Head]] = {}
+    for sender, receiver, stream in universe:
+        if (sender, receiver, stream) not in kept:
+            ablated.setdefault((receiver, stream), []).append(sender)
+    return ablated
 
 
 def is_edge_ranking(ranking: Any) -> bool:

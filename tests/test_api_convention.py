@@ -27,6 +27,7 @@ CLEAN_CORRUPT_METRIC = ["patching_sweep", "attribution_patching", "path_patching
 POSITIONAL_HEADS: dict[str, tuple[str, ...]] = {
     "ablation_sweep": ("model", "clean", "metric"),
     **{name: ("model", "clean", "corrupt", "metric") for name in CLEAN_CORRUPT_METRIC},
+    "circuit_score": ("model", "clean", "corrupt", "metric", "ranking"),
     "faithfulness_curve": ("model", "task", "ranking"),
     "edge_faithfulness_curve": ("model", "task", "ranking"),
     "retention_curve": ("model", "task", "ranking"),
@@ -40,7 +41,15 @@ POSITIONAL_HEADS: dict[str, tuple[str, ...]] = {
 }
 """Public name -> its positional parameters, exactly; every other parameter is keyword-only."""
 
-STACKS_COPIES = ["ablation_sweep", "patching_sweep", "attribution_patching", "path_patching_sweep", "edge_attribution", "retrieval_ranking"]
+STACKS_COPIES = [
+    "ablation_sweep",
+    "patching_sweep",
+    "attribution_patching",
+    "path_patching_sweep",
+    "edge_attribution",
+    "retrieval_ranking",
+    "circuit_score",
+]
 """Functions that run copies (or chunks) of the batch per forward: ``max_rows`` and ``memory_budget_mb``."""
 
 LOOPS = [*STACKS_COPIES, "faithfulness_curve", "edge_faithfulness_curve", "retention_curve", "evaluate", "discover", "lm_eval"]

@@ -22,7 +22,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("backends", "tasks"),
     ("models",),
     ("patching", "attention"),
-    ("evaluation", "curve", "faithfulness", "edge_faithfulness", "retention"),
+    ("evaluation", "curve", "faithfulness", "edge_faithfulness", "circuit_scores", "retention"),
     ("discovery",),
     ("viz", "zoo"),
     ("harness", "commands", "cli", "_smoke", ""),  # "": the top-level namespace
