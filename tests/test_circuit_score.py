@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 
 import pytest
 import torch
@@ -208,3 +209,33 @@ def test_bad_input_is_named(models, kwargs, error, match):
     arguments = {"corrupt": CORRUPT, "ranking": [H(0, 0)], **kwargs}
     with pytest.raises(error, match=match):
         gna.circuit_score(model, CLEAN, arguments.pop("corrupt"), METRIC, arguments.pop("ranking"), progress=False, **arguments)
+
+
+def test_discover_scores_its_circuit_and_reports_it(tmp_path):
+    """`discover` on the Llama toy: ``circuit.score`` is `circuit_score` of discovery's ranking
+    (the circuit's heads first) on the task against its corrupted prompts, in the summary, the
+    JSON (read back exactly) and the report; its forwards are counted in the circuit's cost."""
+    from gna_interp.discovery.confirm import answer_metric
+
+    model, task = gna.load_toy("llama"), gna.toy_task("llama", 32, seed=4242)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        circuit = gna.discover(model, task, progress=False)
+    score = circuit.score
+    assert score is not None and score["unit"] == "head" and score["how"] == "corrupt"
+    heads = {*circuit.gather, *circuit.aggregate}
+    ranking = [gna.Head.parse(h) for h in score["ranking"]]
+    assert set(ranking[: len(heads)]) == heads and score["circuit_size"] == len(heads)
+    corrupt = task.corrupted()
+    again = gna.circuit_score(model, task, corrupt, answer_metric(model, task, corrupt), ranking, progress=False)
+    assert again.cpr == pytest.approx(score["cpr"], abs=1e-6) and again.cmd == pytest.approx(score["cmd"], abs=1e-6)
+    assert score["sizes"] == [0, 1, 4, 8] and 0 < score["cpr"] < 1
+    assert f"MIB CPR {score['cpr']:.3f}" in circuit.summary()
+    assert gna.GnaCircuit.from_json(circuit.to_json()).score == circuit.score
+    assert circuit.cost["estimate"] is not None
+    with gna.cost_meter(model) as cost:
+        gna.circuit_score(model, task, corrupt, answer_metric(model, task, corrupt), ranking, progress=False)
+    assert cost.forwards == 3  # clean, corrupt, the three smaller circuits stacked in one forward
+    gna.write_report([(circuit, None, None)], tmp_path / "report")
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert 'data-role="score"' in page and f"CPR {score['cpr']:.3f}" in page

@@ -41,6 +41,10 @@ class GnaCircuit:
             the change (``gather->aggregate``), and ``fraction_of_effect``: ``(clean -
             gather->aggregate) / (clean - corrupt)``, the share of the clean - corrupt gap
             that path alone reproduces (0: none, 1: all of it).
+        score: MIB's circuit score of discovery's ranking (`gna.circuit_score`'s
+            ``to_dict()``: ``cpr``, ``cmd``, ``faithfulness`` per size, ``ranking``; the
+            circuit's heads first), on the clean prompts against the corrupted ones
+            (``None``: not measured, see `confirm.mib_score`).
         settings: thresholds and knobs used.
         attribution: ``[layer][head]`` attribution estimate of each head's zero-ablation
             effect on the candidate logit difference, when the prescreen ran (``None``
@@ -92,6 +96,7 @@ class GnaCircuit:
     stability: Stability | None = None
     spread: dict[str, SpreadRole] = field(default_factory=dict)
     mechanism: str | None = None
+    score: dict[str, Any] | None = None
 
     # ----- tables and serialisation ---------------------------------------------
     def evidence(self, head: Head) -> HeadEvidence:
@@ -278,6 +283,8 @@ class GnaCircuit:
                 parts.append(f"            curve ({POSITIONS[need.curve_positions]}): {need.describe_curve()}")
         if self.path_patching is not None:
             parts.append(f"  path      {self.describe_path()}")
+        if self.score is not None:
+            parts.append(f"  score     {describe_score(self.score)}")
         if self.stability is not None:
             parts += [f"  {'stability' if i == 0 else '':9s} {line}" for i, line in enumerate(describe_stability(self))]
         if self.cost is not None:
@@ -305,6 +312,16 @@ def describe_stability(circuit: GnaCircuit) -> list[str]:
         heads = ", ".join(f"{head} {count}" for count, head in chosen) or "-"
         lines.append(f"{role} set sizes {', '.join(map(str, stability.sizes(role)))}; chosen (of {stability.k}): {heads}")
     return lines
+
+
+def describe_score(score: dict[str, Any]) -> str:
+    """``"MIB CPR 0.91 (higher is better), CMD 0.08 (lower is better) over 8 heads, ..."``."""
+    return (
+        f"MIB CPR {score['cpr']:.3f} (area under f, higher is better), CMD {score['cmd']:.3f} (area under |1 - f|, lower is "
+        f"better): f = (m(C) - m(empty)) / (m(N) - m(empty)) of the top-k of {score['n_units']} {score['unit']}s (circuit's "
+        f"{score['circuit_size']} first; the rest ablated {score['how']}) at {len(score['sizes'])} sizes, m = the logit "
+        f"difference, {score['metric_full']:.3f} clean, {score['metric_empty']:.3f} with every head {score['how']}"
+    )
 
 
 def _share(value: float | None) -> str:

@@ -5,15 +5,17 @@ spread check of the roles left open (`spread`, `spread_runs`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..circuit_scores import circuit_score
+from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Ablate, Intervention
 from ..evaluation import evaluate_many
 from ..models.jobs import is_batched_remote
-from ..patching.metrics import logit_diff, reduce_metric
+from ..patching.metrics import Metric, logit_diff, reduce_metric
 from ..patching.paths import ANY, check_senders, path_patching, path_scores, prepare
 from ..tasks.base import Task
 from . import memo, remote
@@ -21,6 +23,7 @@ from .circuit import GnaCircuit
 from .evidence import ROLES, RoleNeed, SpreadRole
 from .head_scans import HeadScan
 from .joint import collapsing_set
+from .report_inputs import circuit_heads, circuit_ranking
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
@@ -172,6 +175,7 @@ def confirm(
         )
         circuit.needs[role] = RoleNeed(chosen, accuracy, reached, curve, "all")
     circuit.path_patching = gather_to_aggregate(model, task, circuit, logits)
+    circuit.score = mib_score(model, task, circuit)
     return spread_values if logits is not None else None
 
 
@@ -191,16 +195,9 @@ def gather_to_aggregate(
     if not receivers:
         return None
     corrupt = task.corrupted()
-    tokenizer = task.tokenizer_for(model.tokenizer)
-    clean_enc, corrupt_enc = task.encode(tokenizer), corrupt.encode(tokenizer)
-    if not (clean_enc.single_token and corrupt_enc.single_token):
+    metric = answer_metric(model, task, corrupt)
+    if metric is None:
         return None
-    if clean_enc.batch.n_pos != corrupt_enc.batch.n_pos:
-        return None
-    rows = torch.arange(len(task))
-    right = clean_enc.candidate_ids[rows, clean_enc.correct]
-    wrong = corrupt_enc.candidate_ids[rows, corrupt_enc.correct]
-    metric = logit_diff(right, wrong)
     if logits is None:  # path patching's own clean and corrupt runs give the clean and corrupt metric
         setup, clean_value, corrupt_value = prepare(model, task, corrupt, check_senders(model, circuit.gather), receivers, metric, ANY, [])
         path = path_scores(setup, [list(circuit.gather)])[0]
@@ -214,3 +211,43 @@ def gather_to_aggregate(
         "gather->aggregate": path,
         "fraction_of_effect": (clean_value - path) / span if abs(span) > 1e-9 else float("nan"),
     }
+
+
+def answer_metric(model: GnaModel, task: Task, corrupt: Task) -> Metric | None:
+    """The logit of the clean prompt's answer minus that of the corrupted prompt's answer, at
+    the final position; None when a candidate has several tokens or the two prompt sets
+    differ in length (nothing to patch position by position)."""
+    tokenizer = task.tokenizer_for(model.tokenizer)
+    clean_enc, corrupt_enc = task.encode(tokenizer), corrupt.encode(tokenizer)
+    if not (clean_enc.single_token and corrupt_enc.single_token) or clean_enc.batch.n_pos != corrupt_enc.batch.n_pos:
+        return None
+    rows = torch.arange(len(task))
+    return logit_diff(clean_enc.candidate_ids[rows, clean_enc.correct], corrupt_enc.candidate_ids[rows, corrupt_enc.correct])
+
+
+def mib_score(model: GnaModel, task: Task, circuit: GnaCircuit) -> dict[str, Any] | None:
+    """`GnaCircuit.score`: MIB's CPR and CMD (`gna.circuit_score`, MIB's fractions, every head
+    outside a circuit on its corrupted prompt) of discovery's ranking: the circuit's heads,
+    then every other measured head by its drop (`report_inputs.circuit_ranking`), then the
+    unmeasured ones; metric `answer_metric`. None for a circuit without heads, a task without
+    one token per answer or with corrupted prompts of another length, or a remote model
+    (the score would cost two requests of its own: call ``gna.circuit_score``). Cost: a clean
+    and a corrupt forward, and one copy of the batch per size below every head (at most 9)."""
+    heads = circuit_heads(circuit)
+    if not heads or remote.batched(model):
+        return None
+    corrupt = task.corrupted()
+    metric = answer_metric(model, task, corrupt)
+    if metric is None:
+        return None
+    measured = circuit_ranking(circuit, model)
+    ranking = [h for h in measured if h in heads] + [h for h in heads if h not in measured]
+    ranking += [h for h in measured if h not in heads]
+    try:
+        score = circuit_score(model, task, corrupt, metric, ranking, progress=False)
+    except GnaValueError:  # m(N) == m(∅): undefined
+        return None
+    data = score.to_dict()
+    data["metric_name"] = "logit of the clean answer - the corrupted prompt's answer, final position"
+    data["circuit_size"] = len(heads)
+    return data

@@ -6,7 +6,8 @@ A pass is the cost of one forward over every prompt through every layer
 cached clean prefix at layer ``l`` costs ``(L - l) / L`` of one. The estimate counts:
 
 - fixed: the baseline, the label check, the truncation and layer scans (``(L + 1) / 2``
-  each, from cached prefixes), the pattern scores (one) and the confirmation (about six);
+  each, from cached prefixes), the pattern scores (one) and the confirmation (about six),
+  and MIB's circuit score (a clean and a corrupt forward, and a pass per circuit size);
 - the head scan: each head of the scanned layers ablated once, ``(L - l) / L`` per head;
   past ``prescreen_above`` heads only the ``prescreen_keep`` ranked heads (plus an
   attribution pass), and for each layer of more than ``screen_above`` heads about
@@ -25,6 +26,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..circuit_scores import MIB_FRACTIONS, realised_sizes
 from ..progress import progress_bar
 
 if TYPE_CHECKING:
@@ -82,6 +84,7 @@ def estimate_passes(
         per["roles"] = min(pattern_prompts, n_prompts) / n_prompts
     if "confirm" in stages:
         per["confirm"] = 6.0
+        per["score"] = 1.0 + len(realised_sizes(MIB_FRACTIONS, len(model.heads)))  # clean, corrupt, a copy per size < all
     mid = sum(per.values())
     low, high = mid / RANGE, mid * RANGE
     estimate: dict[str, Any] = {"low": low, "mid": mid, "high": high, "stages": per, "n_prompts": n_prompts}

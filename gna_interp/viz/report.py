@@ -178,6 +178,21 @@ def _path_rows(path: dict[str, float]) -> list[dict[str, Any]]:
     return [{"run": run, "logit difference": value, "share of the clean → corrupt gap": share(value)} for run, value in runs]
 
 
+def _score_html(score: dict[str, Any]) -> str:
+    """MIB's CPR and CMD of discovery's ranking, and f at each circuit size (`GnaCircuit.score`)."""
+    rows = [
+        {score["unit"] + "s kept": k, "fraction": round(x, 4), "metric m(C)": m, "faithfulness f": f}
+        for k, x, m, f in zip(score["sizes"], score["fractions"], score["metric"], score["faithfulness"], strict=True)
+    ]
+    return (
+        f'<div data-role="score"><p>MIB circuit score (Mueller et al. 2025): <b>CPR {score["cpr"]:.3f}</b> (area under f, '
+        f"higher is better), <b>CMD {score['cmd']:.3f}</b> (area under |1 &minus; f|, lower is better)<br>f = (m(C) &minus; "
+        f"m(&empty;)) / (m(N) &minus; m(&empty;)): the top-k of discovery's ranking (the circuit's {score['circuit_size']} "
+        f"heads first) kept, every other head on the corrupted prompt; m: logit difference, {score['metric_full']:.3f} "
+        f"clean, {score['metric_empty']:.3f} every head corrupted:</p>" + table(rows) + "</div>"
+    )
+
+
 def _stability_html(circuit: GnaCircuit) -> str:
     """How often each head was chosen on other prompt samples (when measured)."""
     stability = circuit.stability
@@ -311,6 +326,8 @@ def _section(
             "answer minus that of the corrupted prompt's answer;<br>share: (clean &minus; value) / (clean &minus; corrupt), "
             "0 = clean, 1 = corrupted):</p>" + table(_path_rows(circuit.path_patching)) + "</div>"
         )
+    if circuit.score is not None:
+        tables.append(_score_html(circuit.score))
     needs = _needs_svg(circuit)
     if needs is not None:
         named = "; ".join(f"{role}: {html.escape(circuit.named(need.heads))}" for role, need in sorted(circuit.needs.items()))
