@@ -73,10 +73,11 @@ def test_the_prescreen_ranks_nothing_it_need_not(toy):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("family", "budget"), [("llama", 45.0), ("mamba2", 66.0)])
+@pytest.mark.parametrize(("family", "budget"), [("llama", 50.0), ("mamba2", 71.0)])
 def test_the_deep_toys_stay_within_their_budget(family, budget):
     """32 layers, 200 prompts (the benchmark's setting): the toy's heads shifted to layers
-    15 and 16, in at most 45 (Llama) and 66 (Mamba-2) passes; the prescreen at first order
+    15 and 16, in at most 50 (Llama) and 71 (Mamba-2) passes (48.0 and 68.5 measured, MIB's
+    circuit score's 9 and 10 included; 45 and 66 before it); the prescreen at first order
     (the filler layers' heads reach nothing)."""
     task = gna.toy_task(family, 200, seed=4242)
     with warnings.catch_warnings():
@@ -113,10 +114,10 @@ def test_a_spread_group_is_searched_only_where_its_effect_can_be_split(effect, s
 
 @pytest.mark.slow
 @pytest.mark.budget
-def test_the_mamba1_toy_costs_at_most_75_passes():
+def test_the_mamba1_toy_costs_at_most_85_passes():
     """The trained 2 x 128 Mamba-1 toy (every channel a head, both layers group-tested), 200
-    prompts: the toy's channels (Gather L0H70, L0H6, L0H1; Aggregate L1H22), in at most 75
-    passes (73.3 measured; 95.3 before the accuracy memo, the spread search of the reported
+    prompts: the toy's channels (Gather L0H70, L0H6, L0H1; Aggregate L1H22), in at most 85
+    passes (83.3 measured, 10.0 of them MIB's circuit score; 73.3 before it; 95.3 before the accuracy memo, the spread search of the reported
     groups alone and path patching's own clean and corrupt runs; 302 on the issue's model
     before group testing), with no attribution (nothing left to rank)."""
     if "mamba" not in gna.toy_names():
@@ -126,7 +127,7 @@ def test_the_mamba1_toy_costs_at_most_75_passes():
         circuit = gna.discover(gna.load_toy("mamba"), gna.toy_task("mamba", 200, seed=4242), progress=False)
     assert circuit.gather == [Head(0, 70), Head(0, 6), Head(0, 1)] and circuit.aggregate == [Head(1, 22)]
     assert (circuit.accuracy["-gather"], circuit.accuracy["-aggregate"]) == (0.905, 0.895)
-    assert circuit.cost["passes"] <= 75 and circuit.cost["backwards"] == 0, circuit.cost
+    assert circuit.cost["passes"] <= 85 and circuit.cost["backwards"] == 0, circuit.cost
     assert set(circuit.settings["group_testing"]) == {"0", "1"}
 
 
