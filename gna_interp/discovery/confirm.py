@@ -230,11 +230,11 @@ def mib_score(model: GnaModel, task: Task, circuit: GnaCircuit) -> dict[str, Any
     outside a circuit on its corrupted prompt) of discovery's ranking: the circuit's heads,
     then every other measured head by its drop (`report_inputs.circuit_ranking`), then the
     unmeasured ones; metric `answer_metric`. None for a circuit without heads, a task without
-    one token per answer or with corrupted prompts of another length, or a remote model
-    (the score would cost two requests of its own: call ``gna.circuit_score``). Cost: a clean
-    and a corrupt forward, and one copy of the batch per size below every head (at most 9)."""
+    one token per answer or with corrupted prompts of another length. Cost: a clean and a
+    corrupt forward, and one copy of the batch per size below every head (at most 9); on a
+    remote model two requests (the corrupt capture, then the rest in one)."""
     heads = circuit_heads(circuit)
-    if not heads or remote.batched(model):
+    if not heads:
         return None
     corrupt = task.corrupted()
     metric = answer_metric(model, task, corrupt)
