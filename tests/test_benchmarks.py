@@ -207,3 +207,28 @@ def test_private_imports_are_named_in_the_script():
             if private:
                 above = "\n".join(lines[max(0, i - 12) : i])
                 assert "# Private" in above, (script.name, line)
+
+
+@pytest.mark.slow
+def test_circuit_scores_benchmark_reproduces_discovers_score(tmp_path):
+    """The discover row is `circuit_score` of discovery's own ranking again (the same CPR as
+    ``circuit.score``, which it reads its ranking from); every row runs from f = 0 at no head to
+    f = 1 at all of them, and the areas lie within their ranges."""
+    figures = run_benchmark("circuit_scores", "--toys", "llama", "--prompts", "16", "--edges", out=tmp_path / "scores.json")
+    rows = {row["ranking"]: row for row in figures["rows"]}
+    assert set(rows) == {
+        "discover",
+        "discover, how=mean",
+        "discover, how=zero",
+        "attribution_patching",
+        "patching_sweep (noise)",
+        "edge_attribution",
+    }
+    for row in rows.values():
+        assert row["f"][0] == 0.0 and row["f"][-1] == 1.0 and row["sizes"][0] == 0
+        assert row["cmd"] >= 0 and row["cpr"] + row["cmd"] >= 1 - 1e-9  # |1 - f| >= 1 - f, integrated over [0, 1]
+    assert rows["edge_attribution"]["unit"] == "edge" and rows["discover"]["sizes"] == [0, 1, 4, 8]
+    found = rows["discover"]
+    assert found["cpr"] == pytest.approx(found["circuit.score cpr"], abs=1e-9) and found["cmd"] == pytest.approx(
+        found["circuit.score cmd"], abs=1e-9
+    )
