@@ -2,7 +2,8 @@
 
 Every reference here is TransformerLens's own function, run on the `TransformerBridge`
 that gna's ``tlens`` backend booted (``model.backend.bridge``): the bridge wraps the very HF
-modules gna runs, so both sides compare the SAME weights, not two copies. The models are
+modules gna runs, so both sides compare the SAME weights (the Llama tests also run gna on
+the nnsight backend, on a copy of those weights taken before the bridge wrapped them). The models are
 tiny, built from configs: a held-out Llama (2 layers x 4 heads, no GQA: TransformerLens's
 edge graph refuses GQA) that no other test uses, and the SSM families of
 `gna_interp.models.tiny`.
@@ -47,10 +48,21 @@ def tl_metric(logits: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def mha_llama(tokenizer):
-    """The held-out Llama: 2 layers, 4 query heads, 4 KV heads, seed 44; on the tlens backend."""
+def mha_llamas(tokenizer):
+    """The held-out Llama (2 layers, 4 query heads, 4 KV heads, seed 44) on each backend. The
+    nnsight model gets a copy taken before the bridge wraps the HF modules in place."""
     hf = tiny_model("llama", seed=44, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4)
-    return gna.load(hf, tokenizer=tokenizer, backend="tlens")
+    nnsight = gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="nnsight")
+    return {"tlens": gna.load(hf, tokenizer=tokenizer, backend="tlens"), "nnsight": nnsight}
+
+
+@pytest.fixture(scope="module")
+def mha_llama(mha_llamas):
+    """The tlens one: TransformerLens's functions run on its bridge."""
+    return mha_llamas["tlens"]
+
+
+BACKENDS = ("tlens", "nnsight")
 
 
 def tokens(model: gna.GnaModel, prompts: list[str]) -> torch.Tensor:
@@ -67,8 +79,9 @@ def clean_cache(model: gna.GnaModel, prompts: list[str]):
 # ----- node attribution ---------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("by_position", [False, True])
-def test_attribution_patching_equals_transformer_lens_attribution_patch(mha_llama, by_position):
+def test_attribution_patching_equals_transformer_lens_attribution_patch(mha_llamas, mha_llama, by_position, backend):
     """Denoising on both sides: gna's ``attribution_patching(clean, corrupt)`` (default
     ``direction="denoise"``) against ``attribution_patch(bridge, clean, corrupt)`` at node
     granularity, whose per-pair ``(z_clean - z_corrupt) . dm/dz`` at ``attn.hook_z`` (the
@@ -84,7 +97,7 @@ def test_attribution_patching_equals_transformer_lens_attribution_patch(mha_llam
             expected[node.layer, node.head, node.position] = score
     if not by_position:
         expected = expected.sum(-1)
-    ours = gna.attribution_patching(mha_llama, CLEAN, CORRUPT, METRIC, by_position=by_position, progress=False)
+    ours = gna.attribution_patching(mha_llamas[backend], CLEAN, CORRUPT, METRIC, by_position=by_position, progress=False)
     assert ours.effects().shape == expected.shape
     assert (ours.effects() - expected).abs().max() < ATOL
     assert expected.abs().max() > 100 * ATOL, "every estimate is ~0: the comparison could not fail"
@@ -93,13 +106,14 @@ def test_attribution_patching_equals_transformer_lens_attribution_patch(mha_llam
 # ----- activation-patching sweeps -----------------------------------------------------------
 
 
-def test_patching_sweep_equals_head_out_all_pos(mha_llama):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_patching_sweep_equals_head_out_all_pos(mha_llamas, mha_llama, backend):
     """Denoising on both sides: ``patching_sweep(clean, corrupt)`` runs ``corrupt`` and patches
     each head's clean output at every position = ``get_act_patch_attn_head_out_all_pos(bridge,
     corrupt_tokens, clean_cache, metric)``, ``[layer, head]``."""
     bridge = mha_llama.backend.bridge
     expected = tl_patching.get_act_patch_attn_head_out_all_pos(bridge, tokens(mha_llama, CORRUPT), clean_cache(mha_llama, CLEAN), tl_metric)
-    ours = gna.patching_sweep(mha_llama, CLEAN, CORRUPT, METRIC, progress=False)
+    ours = gna.patching_sweep(mha_llamas[backend], CLEAN, CORRUPT, METRIC, progress=False)
     assert ours.scores.shape == expected.shape
     assert (ours.scores - expected).abs().max() < ATOL
     assert expected.std() > 100 * ATOL, "patching effects are all equal: the comparison could not fail"
@@ -118,7 +132,8 @@ def test_patching_sweep_by_position_equals_head_out_by_pos(mha_llama):
     assert expected.std() > 100 * ATOL
 
 
-def test_noising_and_resample_ablation_equal_head_out_all_pos_with_inputs_swapped(mha_llama):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_noising_and_resample_ablation_equal_head_out_all_pos_with_inputs_swapped(mha_llamas, mha_llama, backend):
     """Noising: gna's ``patching_sweep(clean, corrupt, direction="noise")`` and
     ``ablation_sweep(clean, how="resample", corrupt=corrupt)`` both run ``clean`` with each
     head's corrupt output (row by row) patched in. TransformerLens has no noising flag: its
@@ -126,8 +141,8 @@ def test_noising_and_resample_ablation_equal_head_out_all_pos_with_inputs_swappe
     clean_tokens, corrupt_cache, metric)``, is the same computation."""
     bridge = mha_llama.backend.bridge
     expected = tl_patching.get_act_patch_attn_head_out_all_pos(bridge, tokens(mha_llama, CLEAN), clean_cache(mha_llama, CORRUPT), tl_metric)
-    noised = gna.patching_sweep(mha_llama, CLEAN, CORRUPT, METRIC, direction="noise", progress=False)
-    resampled = gna.ablation_sweep(mha_llama, CLEAN, METRIC, how="resample", corrupt=CORRUPT, progress=False)
+    noised = gna.patching_sweep(mha_llamas[backend], CLEAN, CORRUPT, METRIC, direction="noise", progress=False)
+    resampled = gna.ablation_sweep(mha_llamas[backend], CLEAN, METRIC, how="resample", corrupt=CORRUPT, progress=False)
     assert (noised.scores - expected).abs().max() < ATOL
     assert (resampled.scores - expected).abs().max() < ATOL
     assert expected.std() > 100 * ATOL
@@ -176,8 +191,9 @@ def _tl_effective_attention(model: gna.GnaModel, batch) -> dict[int, torch.Tenso
     pytest.skip(f"TransformerLens raised: {' | '.join(errors)}")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("family", SSM_FAMILIES)
-def test_implicit_attention_equals_compute_ssm_effective_attention(family, tokenizer, monkeypatch):
+def test_implicit_attention_equals_compute_ssm_effective_attention(family, backend, tokenizer, monkeypatch):
     """No direction (no patching): ``gna.attention_pattern`` of every SSM head (a Mamba-2 head,
     a Mamba-1 channel) = TransformerLens's ``M`` with ``include_dt_scaling=True`` (the form
     ``y_t = sum_s M[t, s] x_s + D x_t``; gna's ``include_skip=False`` also leaves ``D`` out),
@@ -188,7 +204,8 @@ def test_implicit_attention_equals_compute_ssm_effective_attention(family, token
     docstring, a heuristic (gated linear attention on pre-L2-norm ``q``, ``k``, without the
     delta rule's key removal), while gna's is the exact ``M`` of the delta rule."""
     hf = tiny_model(family, seed=3)
-    model = gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="tlens")
+    model = gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="tlens")  # TransformerLens runs on its bridge
+    ours_on = model if backend == "tlens" else gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="nnsight")
     batch = model.to_batch(PROMPTS)
     _without_second_falcon_norm(monkeypatch, model)
     expected = _tl_effective_attention(model, batch)
@@ -200,7 +217,7 @@ def test_implicit_attention_equals_compute_ssm_effective_attention(family, token
     pairs = (real[:, None, :, None] & real[:, None, None, :]).expand(-1, 1, -1, -1)
     for layer in sorted(expected):
         heads = [head for head in model.heads if head.layer == layer and model.head_kind(head) == LayerKind.SSM]
-        ours = gna.attention_pattern(model, PROMPTS, heads)
+        ours = gna.attention_pattern(ours_on, PROMPTS, heads)
         assert ours.shape == expected[layer].shape, (layer, ours.shape, expected[layer].shape)
         gap = (ours - expected[layer]).abs()[pairs.expand_as(ours)].max()
         assert gap < ATOL, f"layer {layer}: {gap}"
