@@ -77,6 +77,18 @@ if TYPE_CHECKING:
 LOGITS = "logits"
 ANY = "any"
 Receivers = Literal["logits"] | Sequence[Head | str]
+PathKind = Literal["all", "direct"]
+PATHS = ("all", "direct")
+
+
+def check_path(path: object) -> bool:
+    """``path`` checked; True for ``"direct"``."""
+    if not isinstance(path, str) or path not in PATHS:
+        raise GnaValueError(
+            f"path={path!r}: expected 'all' (MLPs and norms between sender and receiver recomputed) "
+            "or 'direct' (the senders' own writes only)"
+        )
+    return path == "direct"
 
 
 def path_patching(
@@ -88,6 +100,7 @@ def path_patching(
     senders: Sequence[Head] | Head,
     receivers: Receivers,
     receiver_input: str | Sequence[str] = "any",
+    path: PathKind = "all",
     interventions: Sequence[Intervention] = (),
 ) -> float:
     """The metric of ``clean`` when ``senders`` change to their ``corrupt`` outputs and that
@@ -109,13 +122,20 @@ def path_patching(
             streams from each receiver's mixer (``model.receiver_inputs(head)``;
             attention: ``"q"``, ``"k"``, ``"v"``; SSMs: ``"x"``, ``"B"``, ``"C"``, ``"dt"``,
             ``"gate"``), patched for the receivers only (see the module docs).
+        path: ``"all"`` (default; the IOI paper's path: the MLPs and norms between sender and
+            receiver are recomputed, so the senders' effect may reach a receiver through
+            them) or ``"direct"`` (TransformerLens's ``get_act_patch_direct_path``, EAP's
+            and MIB's edge: only the senders' own writes reach the receivers' inputs; every
+            MLP and other reader sees the senders unchanged). ``"all"`` is the default so
+            that the numbers of existing calls and of the paper's G&A pairs stay as they
+            were; ask for ``"direct"`` to compare with those tools (module docs).
         interventions: applied to every run (e.g. ``Truncate``), on top of active contexts.
 
     Returns:
         the metric of the final patched run (not a difference from clean).
     """
     sender_list = check_senders(model, senders)
-    setup = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions)[0]
+    setup = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions, path)[0]
     return path_scores(setup, [sender_list])[0]
 
 
@@ -128,6 +148,7 @@ def path_patching_sweep(
     receivers: Receivers,
     senders: Sequence[Head] | None = None,
     receiver_input: str | Sequence[str] = "any",
+    path: PathKind = "all",
     interventions: Sequence[Intervention] = (),
     max_rows: int | None = None,
     memory_budget_mb: float | None = None,
@@ -153,7 +174,7 @@ def path_patching_sweep(
         sender_list = [head for head in model.heads if model.head_position(head) < last]
     else:
         sender_list = check_senders(model, senders)
-    setup, baseline, reference = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions)
+    setup, baseline, reference = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions, path)
     ordered = sorted(sender_list)  # by layer: chunks start late when their senders do
     per_chunk = max(1, rows_per_forward(model, setup.batch.n_pos, max_rows, memory_budget_mb) // setup.batch.n_rows)
     scores = torch.full((model.n_layers, model.n_heads), float("nan"))
@@ -164,7 +185,7 @@ def path_patching_sweep(
                 scores[head.layer, head.head] = score
             bar.update(len(chunk))
     streams = [ANY] if setup.whole_output else list(setup.streams)
-    meta = {"receivers": describe_receivers(setup), "receiver_input": streams, "n_prompts": setup.batch.n_rows}
+    meta = {"receivers": describe_receivers(setup), "receiver_input": streams, "path": path, "n_prompts": setup.batch.n_rows}
     return SweepResult(scores, ("layer", "head"), baseline, reference=reference, kind="path_patching", meta=meta)
 
 
@@ -253,10 +274,12 @@ def prepare(
     metric: Metric,
     receiver_input: str | Sequence[str],
     interventions: Sequence[Intervention],
+    path: object = "all",
 ) -> tuple[PathSetup, float, float]:
     """Check the inputs, run clean and corrupt once, and return the shared `PathSetup`
     with the clean (baseline) and corrupt (reference) metrics."""
     check_metric(metric)
+    direct = check_path(path)
     heads, to_logits = parse_receivers(model, receivers)
     streams = parse_streams(model, receiver_input)
     whole_output = isinstance(receiver_input, str) and receiver_input == ANY
@@ -269,7 +292,7 @@ def prepare(
     ambient = [*model.active_interventions, *interventions]
     base = model.compile_plan(clean_batch, ambient)
     keep = logits_read(metric)  # the positions the metric reads: logits computed there alone
-    clean_sites = setup_sites(model, heads, streams, sender_layers, whole_output)
+    clean_sites = setup_sites(model, heads, streams, sender_layers, whole_output, direct, to_logits)
     clean_out = model.backend.run(clean_batch, base, capture=clean_sites, logits_to_keep=keep)
     corrupt_sites = {model.head_site(head)[0] for head in senders}
     corrupt_out = model.backend.run(corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=corrupt_sites, logits_to_keep=keep)
@@ -284,6 +307,7 @@ def prepare(
         clean=clean_out.acts,
         corrupt_heads=dict(corrupt_out.acts),
         metric=metric,
+        direct=direct,
     )
     clean_value = reduce_metric(metric(clean_out.logits), metric, clean_batch.n_rows)
     return setup, clean_value, reduce_metric(metric(corrupt_out.logits), metric, corrupt_batch.n_rows)

@@ -1,0 +1,54 @@
+"""``path="direct"`` (the edge of TransformerLens, EAP and MIB: only the senders' own
+writes reach the receivers' inputs) against a raw-hook twin (`tests.path_twin.path_patch_direct`),
+on attention (q, k, v) and SSM (x, B, C, dt, gate) receivers, both backends, and its
+difference from ``path="all"``. The models and cases are those of tests/test_path_patching.py."""
+
+from __future__ import annotations
+
+import pytest
+
+import gna_interp as gna
+
+from . import path_twin
+from . import test_path_patching as base
+from .conftest import CLEAN, CORRUPT, TOL
+from .test_path_patching import INPUTS, METRIC, MIN_EFFECT, MODELS, cases_for, key_of
+
+models = base.models  # the same fixture: tiny models scaled so every receiver stream matters
+
+H = gna.Head
+SSM_ONLY = ("mamba2", "mamba2-g1", "mamba")  # no MLPs
+PARAMS = [(name, stream) for name in MODELS for stream in [*INPUTS[key_of(name)], "any"]]
+
+
+@pytest.mark.parametrize(("name", "stream"), PARAMS)
+def test_direct_matches_raw_hook_twin(models, name, stream):
+    hfs, loaded = models
+    model, hf = loaded[name], hfs[key_of(name)]
+    clean_b, corrupt_b = model.to_batch(CLEAN), model.to_batch(CORRUPT)
+    clean_metric = float(METRIC(model.logits(CLEAN)).mean())
+    effects, gaps = [], []
+    for senders, receivers in cases_for(model, name, stream):
+        streams = stream if stream == "any" else [stream]
+        expected = path_twin.path_patch_direct(hf, clean_b, corrupt_b, senders, receivers, streams, METRIC)
+        actual = gna.path_patching(
+            model, CLEAN, CORRUPT, METRIC, senders=senders, receivers=receivers, receiver_input=stream, path="direct"
+        )
+        every = gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=senders, receivers=receivers, receiver_input=stream)
+        assert abs(expected - clean_metric) > 3 * TOL, f"{senders} -> {receivers} via {stream}: no effect, the test could not fail"
+        assert abs(actual - expected) < TOL, (senders, receivers, stream, actual, expected)
+        effects.append(abs(expected - clean_metric))
+        gaps.append(abs(every - actual))
+        if key_of(name) in SSM_ONLY and len({r.layer for r in receivers if r != "logits"}) == 1 and "logits" not in receivers:
+            # No MLP: with the other heads frozen, D's residual at the receivers is the clean
+            # one plus the senders' writes, so the two definitions coincide.
+            assert abs(every - actual) < TOL
+    assert max(effects) > MIN_EFFECT
+    if key_of(name) not in SSM_ONLY:
+        assert max(gaps) > 3 * TOL, "path='direct' equals path='all' on every case: the twin could not tell them apart"
+
+
+def test_bad_path_is_refused(models):
+    model = models[1]["mamba2"]
+    with pytest.raises(ValueError, match="path='straight': expected 'all'"):
+        gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=H(0, 0), receivers=[H(1, 0)], path="straight")
