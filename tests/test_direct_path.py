@@ -6,6 +6,7 @@ difference from ``path="all"``. The models and cases are those of tests/test_pat
 from __future__ import annotations
 
 import pytest
+import torch
 
 import gna_interp as gna
 
@@ -52,3 +53,28 @@ def test_bad_path_is_refused(models):
     model = models[1]["mamba2"]
     with pytest.raises(ValueError, match="path='straight': expected 'all'"):
         gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=H(0, 0), receivers=[H(1, 0)], path="straight")
+
+
+@pytest.mark.parametrize("name", ["mamba2", "mamba"])
+def test_direct_edges_equal_all_without_mlps(models, name):
+    """No MLP between sender and receiver: with the heads frozen, the residual stream moves
+    by the sender's write alone, so the first-order scores of the two definitions agree,
+    stream by stream (x, B, C, dt, gate), on the nnsight backend."""
+    model = models[1][name]
+    receivers, senders = ([H(1, 0), H(1, 2)], [H(0, 1), H(0, 3)]) if name == "mamba2" else ([H(1, 5), H(1, 40)], [H(0, 3), H(0, 7)])
+    # Mamba-1's dt / B / C (x_proj of the receiver's held x) score 0 to first order in both definitions
+    streams = INPUTS[name] if name == "mamba2" else ["x", "gate"]
+    kwargs = dict(senders=senders, receivers=receivers, receiver_input=streams, progress=False)
+    direct = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, path="direct", **kwargs)
+    every = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, **kwargs)
+    assert torch.allclose(direct.scores, every.scores, atol=TOL, rtol=0)
+    assert direct.scores.abs().amax((0, 1)).min() > 3 * TOL, "a stream scores nothing: the comparison could not fail"
+
+
+def test_direct_edges_agree_across_backends(models):
+    """Llama (attention receivers, MLPs in between) on the tlens and nnsight backends."""
+    kwargs = dict(senders=[H(0, 3), H(0, 4)], receivers=[H(1, 0), H(2, 1)], receiver_input=["q", "k", "v"], path="direct", progress=False)
+    tlens = gna.edge_attribution(models[1]["llama-tlens"], CLEAN, CORRUPT, METRIC, **kwargs)
+    nnsight = gna.edge_attribution(models[1]["llama-nnsight"], CLEAN, CORRUPT, METRIC, **kwargs)
+    assert torch.allclose(tlens.scores, nnsight.scores, atol=TOL, rtol=0)
+    assert tlens.scores.abs().max() > MIN_EFFECT
