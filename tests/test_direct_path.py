@@ -78,3 +78,34 @@ def test_direct_edges_agree_across_backends(models):
     nnsight = gna.edge_attribution(models[1]["llama-nnsight"], CLEAN, CORRUPT, METRIC, **kwargs)
     assert torch.allclose(tlens.scores, nnsight.scores, atol=TOL, rtol=0)
     assert tlens.scores.abs().max() > MIN_EFFECT
+
+
+@pytest.mark.parametrize("name", ["llama-tlens", "llama-nnsight", "mamba2", "falcon_h1"])
+def test_edge_faithfulness_direct_ends_against_the_twin(models, name):
+    """``edge_faithfulness_curve(path="direct")``: keeping no edge is the direct path of every
+    sender into every receiver stream at once, keeping all but one is that edge alone (the
+    raw-hook twin both times). Receivers and streams as in tests/test_edge_faithfulness.py."""
+    from gna_interp.tasks.base import Example
+
+    from .test_edge_faithfulness import MODELS as CURVES
+    from .test_edge_faithfulness import universe
+
+    hfs, loaded = models
+    _, _, _, receivers, streams = CURVES[name]
+    model, hf = loaded[name], hfs[key_of(name)]
+    task = gna.tasks.Task("words", [Example(text=text, segments=(), correct=0, candidates=(" w5", " w6")) for text in CLEAN])
+    edges = universe(model, receivers, streams)
+    clean_b, corrupt_b = model.to_batch(CLEAN), model.to_batch(CORRUPT)
+    clean_metric = float(METRIC(model.logits(CLEAN)).mean())
+    single = {e: path_twin.path_patch_direct(hf, clean_b, corrupt_b, [e[0]], [e[1]], [e[2]], METRIC) for e in edges[::3]}
+    last = max(single, key=lambda e: abs(single[e] - clean_metric))
+    order = [e for e in edges if e != last] + [last]
+    curve = gna.edge_faithfulness_curve(
+        model, task, order, sizes=[len(order) - 1], corrupt=CORRUPT, metric=METRIC, path="direct", progress=False
+    )
+    senders = sorted({s for s, _, _ in edges})
+    expected = path_twin.path_patch_direct(hf, clean_b, corrupt_b, senders, receivers, streams, METRIC)
+    assert abs(expected - clean_metric) > 5 * TOL and abs(single[last] - clean_metric) > 3 * TOL
+    assert curve.metric[0].item() == pytest.approx(expected, abs=TOL)
+    assert curve.metric[1].item() == pytest.approx(single[last], abs=TOL)
+    assert curve.metric[2].item() == pytest.approx(clean_metric, abs=TOL)
