@@ -109,3 +109,9 @@ def test_edge_faithfulness_direct_ends_against_the_twin(models, name):
     assert curve.metric[0].item() == pytest.approx(expected, abs=TOL)
     assert curve.metric[1].item() == pytest.approx(single[last], abs=TOL)
     assert curve.metric[2].item() == pytest.approx(clean_metric, abs=TOL)
+
+
+def test_direct_scores_hold_no_graph(models):
+    model = models[1]["llama-nnsight"]
+    kwargs = dict(senders=[H(0, 3)], receivers=[H(1, 0)], receiver_input="q", path="direct", progress=False)
+    assert not gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, **kwargs).scores.requires_grad

@@ -45,7 +45,7 @@ def sender_write(model: GnaModel, head: Head, clean: Tensor, corrupt: Tensor) ->
     The out-projection is linear, so its bias cancels."""
     site, index = model.head_site(head)
     mixer = model.mixer(site)
-    weight = model.hf_model.get_submodule(mixer.out_proj_path).weight  # [d_model, n_heads * d_head]
+    weight = model.hf_model.get_submodule(mixer.out_proj_path).weight.detach()  # [d_model, n_heads * d_head]
     width = mixer.head_dim
     delta = (corrupt[:, :, index] - clean[:, :, index]).to(weight.device, weight.dtype)
     columns = weight[:, index * width : (index + 1) * width]
