@@ -115,3 +115,18 @@ def test_direct_scores_hold_no_graph(models):
     model = models[1]["llama-nnsight"]
     kwargs = dict(senders=[H(0, 3)], receivers=[H(1, 0)], receiver_input="q", path="direct", progress=False)
     assert not gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, **kwargs).scores.requires_grad
+
+
+@pytest.mark.parametrize("name", ["llama-tlens", "falcon_h1"])
+def test_direct_sweep_equals_single_calls(models, name):
+    """Each sender is one copy of the batch in the sweep's stacked forwards, with its own writes."""
+    model = models[1][name]
+    receivers = [H(1, 0), H(2, 1), "logits"]
+    sweep = gna.path_patching_sweep(model, CLEAN, CORRUPT, METRIC, receivers=receivers, path="direct", progress=False)
+    assert sweep.meta["path"] == "direct"
+    singles = [
+        gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=h, receivers=receivers, path="direct") for h in model.heads if h.layer < 2
+    ]
+    scored = [float(sweep.scores[h.layer, h.head]) for h in model.heads if h.layer < 2]
+    assert scored == pytest.approx(singles, abs=TOL)
+    assert max(singles) - min(singles) > MIN_EFFECT
