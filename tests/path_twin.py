@@ -214,6 +214,9 @@ def path_patch_direct(hf, clean, corrupt, senders, receivers, streams, metric):
     corrupt_store, _ = head_outputs(hf, corrupt)
     writes = []  # (layer, [batch, pos, d_model])
     for s in senders:
+        if s == "embed":  # what the embedding writes: the residual stream entering block 0
+            writes.append((-1, _block0_input(hf, corrupt) - _block0_input(hf, clean)))
+            continue
         i, index = locate(hf, s.layer, s.head)
         m = mixers(hf, s.layer)[i]
         cols = _columns(m, [index])
@@ -267,6 +270,16 @@ def path_patch_direct(hf, clean, corrupt, senders, receivers, streams, metric):
         if settled:
             break
     return float(metric(c_logits).mean())
+
+
+def _block0_input(hf, batch) -> torch.Tensor:
+    seen = {}
+
+    def keep(module, args, kwargs):
+        seen["x"] = (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]).clone()
+
+    _run(hf, batch, [(blocks(hf)[0], "pre_kw", keep)])
+    return seen["x"]
 
 
 def final_norm(hf) -> torch.nn.Module:

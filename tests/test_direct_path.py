@@ -130,3 +130,20 @@ def test_direct_sweep_equals_single_calls(models, name):
     scored = [float(sweep.scores[h.layer, h.head]) for h in model.heads if h.layer < 2]
     assert scored == pytest.approx(singles, abs=TOL)
     assert max(singles) - min(singles) > MIN_EFFECT
+
+
+@pytest.mark.parametrize("name", ["llama-tlens", "llama-nnsight", "mamba2", "falcon_h1"])
+def test_embed_sender_matches_raw_hook_twin(models, name):
+    """``"embed"`` as a sender (path="direct"): the embedding's corrupt-minus-clean write into
+    the receivers' inputs (and the logits), alone and beside a head."""
+    hfs, loaded = models
+    model, hf = loaded[name], hfs[key_of(name)]
+    clean_b, corrupt_b = model.to_batch(CLEAN), model.to_batch(CORRUPT)
+    clean_metric = float(METRIC(model.logits(CLEAN)).mean())
+    for senders, receivers in ((["embed"], [H(0, 1), H(1, 2)]), (["embed", H(0, 1)], [H(1, 2), "logits"])):
+        expected = path_twin.path_patch_direct(hf, clean_b, corrupt_b, senders, receivers, "any", METRIC)
+        actual = gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=senders, receivers=receivers, path="direct")
+        assert abs(expected - clean_metric) > MIN_EFFECT
+        assert abs(actual - expected) < TOL, (senders, receivers, actual, expected)
+    with pytest.raises(ValueError, match="senders has 'embed': the embedding is a sender with path='direct' only"):
+        gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=["embed"], receivers=[H(1, 2)])

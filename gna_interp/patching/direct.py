@@ -8,14 +8,16 @@ the senders recomputed on the way (`gna_interp.patching.paths` teaches both defi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
 
 from ..core.arch import LayerKind
 from ..core.errors import GnaValueError
 from ..core.heads import Head
-from ..core.plan import Site
+from ..core.plan import Site, SiteKind
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
@@ -50,3 +52,34 @@ def sender_write(model: GnaModel, head: Head, clean: Tensor, corrupt: Tensor) ->
     delta = (corrupt[:, :, index] - clean[:, :, index]).to(weight.device, weight.dtype)
     columns = weight[:, index * width : (index + 1) * width]
     return (delta @ columns.T) * write_scale(model, site)
+
+
+EMBED = "embed"
+"""The embedding as a sender (path="direct" only): its write is the corrupt-minus-clean
+residual stream entering block 0."""
+
+
+def sender_position(model: GnaModel, sender: Head | str) -> tuple[int, int]:
+    """``GnaModel.head_position``, with the embedding before every block."""
+    return (-1, 0) if sender == EMBED else model.head_position(sender)  # type: ignore[arg-type]
+
+
+def stacked_writes(
+    model: GnaModel, clean: dict[Site, Tensor], corrupt: dict[Site, Tensor], sender_sets: Sequence[Sequence[Head | str]], n_rows: int
+) -> list[tuple[tuple[int, int], Tensor]]:
+    """``(position, [copies * rows, pos, d_model])``: each sender's write, in its own copy's
+    rows of a stack of ``len(sender_sets)`` copies of the batch (zero elsewhere)."""
+    copies = len(sender_sets)
+    writes = []
+    for copy, senders in enumerate(sender_sets):
+        for sender in senders:
+            if sender == EMBED:
+                site = Site(SiteKind.RESID, 0)
+                write = (corrupt[site] - clean[site]).expand(n_rows, -1, -1)
+            else:
+                assert isinstance(sender, Head)
+                site = model.head_site(sender)[0]
+                write = sender_write(model, sender, *torch.broadcast_tensors(clean[site], corrupt[site])).expand(n_rows, -1, -1)
+            mask = (torch.arange(copies) == copy).repeat_interleave(n_rows)[:, None, None].to(write.device)
+            writes.append((sender_position(model, sender), torch.where(mask, write.repeat(copies, 1, 1), 0.0)))
+    return writes

@@ -54,7 +54,7 @@ from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.inputs import Batch
 from ..core.plan import Edit, Plan, Site, SiteKind
-from .direct import sender_write
+from .direct import sender_position, stacked_writes
 from .metrics import Metric, logits_read, reduce_metric
 
 if TYPE_CHECKING:
@@ -209,16 +209,16 @@ def _stack(tensor: Tensor, n_rows: int, copies: int) -> Tensor:
 class _Chunk:
     """One stacked chain of forwards for ``sender_sets`` (one copy of the batch each)."""
 
-    def __init__(self, setup: PathSetup, sender_sets: Sequence[Sequence[Head]]) -> None:
+    def __init__(self, setup: PathSetup, sender_sets: Sequence[Sequence[Head | str]]) -> None:
         self.s = setup
         model = setup.model
         self.n_rows, self.copies = setup.batch.n_rows, len(sender_sets)
         self.batch = setup.batch.repeat(self.copies)
         self.base = setup.base.tiled(self.n_rows, self.copies)
-        self.first = min(model.head_position(head) for senders in sender_sets for head in senders)
+        self.first = min(sender_position(model, sender) for senders in sender_sets for sender in senders)
         by_site: dict[Site, Tensor] = {}
         for copy, senders in enumerate(sender_sets):
-            for head in senders:
+            for head in (s for s in senders if isinstance(s, Head)):  # "embed" (direct) only writes
                 site, index = model.head_site(head)
                 by_site.setdefault(site, torch.zeros(self.copies, model.site_shape(site)[0], dtype=torch.bool))[copy, index] = True
         # head site -> ([rows, 1, head, 1] bool: sender heads of each copy, [rows, pos, head, d_head] corrupt outputs)
@@ -228,14 +228,7 @@ class _Chunk:
             self.swap[site] = (mask.repeat_interleave(self.n_rows, 0)[:, None, :, None].to(corrupt.device), corrupt)
         self.c_heads: dict[Site, Tensor] = {}  # head outputs in C, where they differ from clean
         # path="direct": (position, [copies * rows, pos, d_model]) the senders' own writes
-        self.writes: list[tuple[Position, Tensor]] = []
-        if setup.direct:
-            for copy, senders in enumerate(sender_sets):
-                for head in senders:
-                    site, _ = model.head_site(head)
-                    write = sender_write(model, head, setup.clean[site].expand_as(setup.corrupt_heads[site]), setup.corrupt_heads[site])
-                    mask = (torch.arange(self.copies) == copy).repeat_interleave(self.n_rows)[:, None, None]
-                    self.writes.append((model.head_position(head), torch.where(mask.to(write.device), self.stack(write), 0.0)))
+        self.writes = stacked_writes(model, setup.clean, setup.corrupt_heads, sender_sets, self.n_rows) if setup.direct else []
 
     def stack(self, tensor: Tensor) -> Tensor:
         return _stack(tensor, self.n_rows, self.copies)
@@ -266,7 +259,10 @@ class _Chunk:
         own writes before ``upto`` (``layer == n_layers``: straight into the final norm)."""
         plan = Plan()
         plan.extend(self.base)
-        plan.start = (layer, resid + self.delta(upto))
+        if layer > 0:
+            plan.start = (layer, resid + self.delta(upto))
+        else:  # a start at block 0 is no start (the nnsight backend ignores it): edit the embedding's output
+            plan.add(Site(SiteKind.RESID, 0), Edit(torch.ones((), dtype=torch.bool), resid + self.delta(upto)))
         for site, edit in extra:
             plan.add(site, edit)
         out = self.s.model.backend.run(self.batch, plan, capture=capture, logits_to_keep=keep)
@@ -362,7 +358,7 @@ class _Chunk:
         return edits
 
 
-def path_scores(setup: PathSetup, sender_sets: Sequence[Sequence[Head]]) -> list[float]:
+def path_scores(setup: PathSetup, sender_sets: Sequence[Sequence[Head | str]]) -> list[float]:
     """The metric of the final path-patched run for each sender set, from one stacked chain
     of forwards (``len(sender_sets)`` copies of the batch per forward)."""
     return _Chunk(setup, sender_sets).scores()

@@ -64,8 +64,10 @@ import torch
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head, refuse_string
 from ..core.interventions import Intervention
+from ..core.plan import Site, SiteKind
 from ..progress import progress_bar
 from .checks import clean_corrupt_batches
+from .direct import EMBED
 from .metrics import Metric, check_metric, logits_read, reduce_metric
 from .path_chain import PathSetup, path_scores, receiver_streams, setup_sites
 from .results import SweepResult
@@ -97,7 +99,7 @@ def path_patching(
     corrupt: Any,
     metric: Metric,
     *,
-    senders: Sequence[Head] | Head,
+    senders: Sequence[Head | str] | Head | str,
     receivers: Receivers,
     receiver_input: str | Sequence[str] = "any",
     path: PathKind = "all",
@@ -111,7 +113,8 @@ def path_patching(
         clean: inputs of the clean run.
         corrupt: inputs of the corrupted run: the same token length as ``clean`` (and rows, or one row).
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` (averaged).
-        senders: heads whose output changes from clean to corrupt.
+        senders: heads whose output changes from clean to corrupt; with ``path="direct"``
+            also ``"embed"``, the embedding (its write: the residual stream entering block 0).
         receivers: heads, ``"logits"`` (the direct path to the output), or a list mixing
             both. Every sender must sit before the last receiver: in an earlier layer,
             or earlier in the same block where a later mixer reads an earlier one's
@@ -134,7 +137,7 @@ def path_patching(
     Returns:
         the metric of the final patched run (not a difference from clean).
     """
-    sender_list = check_senders(model, senders)
+    sender_list = check_senders(model, senders, embed=True)  # type: ignore[arg-type]
     setup = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions, path)[0]
     return path_scores(setup, [sender_list])[0]
 
@@ -192,14 +195,17 @@ def path_patching_sweep(
 # ----- input checks ------------------------------------------------------------------------
 
 
-def check_senders(model: GnaModel, senders: Sequence[Head] | Head) -> list[Head]:
-    refuse_string(senders, "senders")
-    items = [senders] if isinstance(senders, Head) else list(senders)
+def check_senders(model: GnaModel, senders: Sequence[Head | str] | Head, embed: bool = False) -> list[Head]:
+    """The senders as a list; with ``embed``, ``"embed"`` (the embedding, path="direct") may be one."""
+    if not (embed and senders == EMBED):
+        refuse_string(senders, "senders")
+    items = [senders] if isinstance(senders, (Head, str)) else list(senders)
     if not items:
         raise GnaValueError("senders is empty: expected at least one gna_interp.Head")
     for head in items:
-        model.check_head(head)
-    return items
+        if not (embed and head == EMBED):
+            model.check_head(head)  # type: ignore[arg-type]
+    return items  # type: ignore[return-value]  # "embed" travels as a sender of path="direct"
 
 
 def parse_receivers(model: GnaModel, receivers: Receivers) -> tuple[dict[int, tuple[int, ...]], bool]:
@@ -261,6 +267,10 @@ def check_reach(model: GnaModel, senders: Sequence[Head], heads: dict[int, tuple
             )
 
 
+def embed_site(embed: bool) -> set[Site]:
+    return {Site(SiteKind.RESID, 0)} if embed else set()
+
+
 def describe_receivers(setup: PathSetup) -> list[str]:
     return [str(Head(layer, h)) for layer, hs in setup.receivers.items() for h in hs] + ([LOGITS] if setup.to_logits else [])
 
@@ -283,18 +293,24 @@ def prepare(
     heads, to_logits = parse_receivers(model, receivers)
     streams = parse_streams(model, receiver_input)
     whole_output = isinstance(receiver_input, str) and receiver_input == ANY
+    embed = EMBED in senders
+    if embed and not direct:
+        raise GnaValueError(
+            "senders has 'embed': the embedding is a sender with path='direct' only (path='all' freezes heads, not the embedding)"
+        )
+    senders = [s for s in senders if isinstance(s, Head)]
     check_reach(model, senders, heads, to_logits)
     if not whole_output:
         for layer, indices in heads.items():
             receiver_streams(model, layer, indices, streams)  # every receiver has a chosen stream
-    sender_layers = {head.layer for head in senders}
+    sender_layers = {head.layer for head in senders} or {0}
     clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "path patching")
     ambient = [*model.active_interventions, *interventions]
     base = model.compile_plan(clean_batch, ambient)
     keep = logits_read(metric)  # the positions the metric reads: logits computed there alone
-    clean_sites = setup_sites(model, heads, streams, sender_layers, whole_output, direct, to_logits)
+    clean_sites = setup_sites(model, heads, streams, sender_layers, whole_output, direct, to_logits) | embed_site(embed)
     clean_out = model.backend.run(clean_batch, base, capture=clean_sites, logits_to_keep=keep)
-    corrupt_sites = {model.head_site(head)[0] for head in senders}
+    corrupt_sites = {model.head_site(head)[0] for head in senders} | embed_site(embed)
     corrupt_out = model.backend.run(corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=corrupt_sites, logits_to_keep=keep)
     setup = PathSetup(
         model=model,
