@@ -42,6 +42,19 @@ sender plus ``"logits"`` as receivers gives plain activation patching of the sen
 one receiver layer gives exactly the IOI recipe above. Also, ``"any"`` equals the list
 of every stream (a head's output is a function of its streams).
 
+**Two definitions** (``path=``). The above is ``path="all"``, the default (the IOI paper's;
+it keeps every number this library gave before ``path`` existed, and the paper's G&A pairs):
+the MLPs and norms between sender and receiver are recomputed in D, so the senders' effect
+may reach a receiver through them. ``path="direct"`` is TransformerLens's
+(``patching.get_act_patch_direct_path``), EAP's and MIB's edge: D is replaced by the clean run
+from the receiver's block on, with the residual stream entering that block plus the
+senders' own writes (their corrupt-minus-clean output through their out-projection,
+`gna_interp.patching.direct`); every MLP and other reader sees the senders unchanged. The
+final run is the same. With ``"logits"`` the final norm reads the scored run's residual plus
+the writes. ``"embed"`` may be a sender there (the embedding's write). Without MLPs and with
+receivers in one layer the two agree. ``"all"`` stays the default because changing it would
+change existing results silently; ``"direct"`` is the one to compare with those tools.
+
 Input streams (``receiver_input``) come from the architecture table
 (`gna_interp.models.registry`): ``"q"``, ``"k"``, ``"v"`` for attention; ``"x"``,
 ``"B"``, ``"C"``, ``"dt"``, ``"gate"`` for Mamba-1 and Mamba-2; ``"any"`` for the whole
