@@ -306,6 +306,8 @@ def prepare(
     heads, to_logits = parse_receivers(model, receivers)
     streams = parse_streams(model, receiver_input)
     whole_output = isinstance(receiver_input, str) and receiver_input == ANY
+    if direct and getattr(model.backend, "remote", False):
+        raise GnaValueError("path='direct' computes the senders' writes from the out-projection weights: load the model without remote=")
     embed = EMBED in senders
     if embed and not direct:
         raise GnaValueError(
