@@ -17,7 +17,7 @@ from .curve import FaithfulnessCurve, check_sizes, summary
 from .evaluation import Evaluation, check_task
 from .patching.metrics import Metric, check_metric, logits_read, reads_position, reduce_metric
 from .patching.path_chain import edge_set_logits
-from .patching.paths import prepare
+from .patching.paths import PathKind, prepare
 from .patching.results import EdgeResult
 from .progress import progress_bar
 from .tasks.base import Task
@@ -80,6 +80,7 @@ def edge_faithfulness_curve(
     sizes: Sequence[int] | None = None,
     corrupt: Any = None,
     metric: Metric | None = None,
+    path: PathKind = "all",
     progress: bool = True,
 ) -> EdgeFaithfulnessCurve:
     """Keep the top-n edges of ``ranking``; every other edge into the receivers is ablated by
@@ -112,6 +113,10 @@ def edge_faithfulness_curve(
             as the task's prompts (default ``task.corrupted()``).
         metric: optional logits ``[batch, pos, vocab]`` -> scalar or ``[batch]``, reported
             at each point (e.g. the metric the ranking was computed with).
+        path: ``"all"`` (default: the D runs above) or ``"direct"`` (each receiver's stream
+            reads the clean residual stream plus the ablated senders' own writes, as
+            ``path_patching(..., path="direct")``; the definition of an
+            ``edge_attribution(..., path="direct")`` ranking). Edges are heads-only either way.
         progress: a bar over the sizes.
 
     Returns:
@@ -140,7 +145,7 @@ def edge_faithfulness_curve(
         return logits[:, -1, 0]
 
     probe = metric if metric is not None else reads_position(final_logit)
-    setup, _, _ = prepare(model, task, corrupt, senders, receivers, probe, streams, ())
+    setup, _, _ = prepare(model, task, corrupt, senders, receivers, probe, streams, (), path)
     keep = 1 if metric is None else logits_read(metric)  # 0: every position (an undeclared metric)
 
     points: dict[int, dict[str, float]] = {}

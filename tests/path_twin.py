@@ -199,7 +199,95 @@ def path_patch(hf, clean, corrupt, senders, receivers, streams, metric, whole_un
     return float(metric(d_logits if to_logits else c_logits).mean())
 
 
-def _d_hooks(hf, senders, by_mixer, streams, c_store, corrupt_store, d_store):
+def path_patch_direct(hf, clean, corrupt, senders, receivers, streams, metric):
+    """``path="direct"`` (TransformerLens's, EAP's and MIB's edge): D is the clean run with
+    each receiver block's input plus the senders' own writes (out-projection of their
+    corrupt-minus-clean slice, times FalconH1's out multiplier); nothing is frozen, and the
+    MLPs see the senders unchanged. C as in `path_patch`. With "logits", the final norm
+    reads C's residual stream plus every sender's write."""
+    by_mixer: dict[tuple[int, int], list[int]] = {}
+    for r in receivers:
+        if r != "logits":
+            i, index = locate(hf, r.layer, r.head)
+            by_mixer.setdefault((r.layer, i), []).append(index)
+    clean_store, _ = head_outputs(hf, clean)
+    corrupt_store, _ = head_outputs(hf, corrupt)
+    writes = []  # (layer, [batch, pos, d_model])
+    for s in senders:
+        if s == "embed":  # what the embedding writes: the residual stream entering block 0
+            writes.append((-1, _block0_input(hf, corrupt) - _block0_input(hf, clean)))
+            continue
+        i, index = locate(hf, s.layer, s.head)
+        m = mixers(hf, s.layer)[i]
+        cols = _columns(m, [index])
+        delta = (corrupt_store[("out", s.layer, i)] - clean_store[("out", s.layer, i)])[..., cols]
+        scale = 1.0
+        if hf.config.model_type == "falcon_h1":
+            scale = hf.config.attention_out_multiplier if m.kind == "attention" else hf.config.ssm_out_multiplier
+        writes.append((s.layer, delta @ m.out_proj.weight[:, cols].T * scale))
+
+    inputs: dict = {}  # the clean residual stream entering each block (and the final norm)
+
+    def keep_input(key):
+        def hook(module, args, kwargs):
+            inputs[key] = (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]).clone()
+
+        return hook
+
+    n_layers = hf.config.num_hidden_layers
+    _run(hf, clean, [(module, "pre_kw", keep_input(k)) for k, module in enumerate([*blocks(hf), final_norm(hf)])])
+
+    def add_writes(before, from_clean=True):
+        """The block's input: the clean residual (or, for the final norm, C's) plus the writes
+        of the senders before it."""
+
+        def hook(module, args, kwargs):
+            total = sum(w for layer, w in writes if layer < before)
+            current = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            value = (inputs[before] if from_clean else current) + total
+            if "hidden_states" in kwargs:
+                return args, {**kwargs, "hidden_states": value}
+            return (value, *args[1:]), kwargs
+
+        return hook
+
+    c_store = clean_store
+    for _ in range(hf.config.num_hidden_layers + 1):
+        d_store: dict = {}
+        d_hooks = [(blocks(hf)[layer], "pre_kw", add_writes(layer)) for layer in {layer for layer, _ in by_mixer}]
+        d_hooks += _d_hooks(hf, [], by_mixer, streams, c_store, corrupt_store, d_store, freeze=False)
+        _run(hf, clean, d_hooks)
+        c_next: dict = {}
+        c_hooks = []
+        for (layer, i), heads in by_mixer.items():
+            c_hooks += _c_hooks(hf, layer, i, heads, streams, d_store, False)
+        c_hooks += _capture_outputs(hf, c_next)
+        if "logits" in receivers:
+            c_hooks.append((final_norm(hf), "pre_kw", add_writes(n_layers, from_clean=False)))
+        c_logits = _run(hf, clean, c_hooks)
+        settled = c_next.keys() == c_store.keys() and all(torch.equal(c_next[k], c_store[k]) for k in c_next)
+        c_store = c_next
+        if settled:
+            break
+    return float(metric(c_logits).mean())
+
+
+def _block0_input(hf, batch) -> torch.Tensor:
+    seen = {}
+
+    def keep(module, args, kwargs):
+        seen["x"] = (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]).clone()
+
+    _run(hf, batch, [(blocks(hf)[0], "pre_kw", keep)])
+    return seen["x"]
+
+
+def final_norm(hf) -> torch.nn.Module:
+    body = hf.model if hasattr(hf, "model") else hf.backbone
+    return body.norm_f if hasattr(body, "norm_f") else (body.final_layernorm if hasattr(body, "final_layernorm") else body.norm)
+
+
+def _d_hooks(hf, senders, by_mixer, streams, c_store, corrupt_store, d_store, freeze=True):
     hooks = []
     for layer in range(hf.config.num_hidden_layers):
         for i, m in enumerate(mixers(hf, layer)):
@@ -210,11 +298,11 @@ def _d_hooks(hf, senders, by_mixer, streams, c_store, corrupt_store, d_store):
                     cols = _columns(m, [index])
                     frozen[..., cols] = corrupt_store[("out", layer, i)][..., cols]
 
-            def freeze(module, args, frozen=frozen, key=("out", layer, i)):
+            def freeze_heads(module, args, frozen=frozen, key=("out", layer, i)):
                 d_store[key] = args[0].clone()  # what the heads would output here
-                return (frozen, *args[1:])
+                return (frozen, *args[1:]) if freeze else None
 
-            hooks.append((m.out_proj, "pre", freeze))
+            hooks.append((m.out_proj, "pre", freeze_heads))
             if (layer, i) not in by_mixer:
                 continue
             for name in ("q_proj", "k_proj", "v_proj", "in_proj", "x_proj"):

@@ -75,10 +75,11 @@ from ..cost import charge
 from ..progress import progress_bar
 from .attribution import _gradients, _scalar
 from .checks import check_local, clean_corrupt_batches
+from .direct import sender_write
 from .edges_exact import _exact_upstream, _unit
 from .metrics import Metric, check_metric, logits_read, reduce_metric
 from .path_chain import held_sites, norm_inputs, receiver_streams
-from .paths import ANY, Receivers, check_senders, parse_receivers, parse_streams
+from .paths import ANY, PathKind, Receivers, check_path, check_senders, parse_receivers, parse_streams
 from .results import EdgeResult, _table
 from .variants import rows_per_forward
 
@@ -99,6 +100,7 @@ def edge_attribution(
     steps: int = 1,
     method: str = "first_order",
     receiver_input: str | Sequence[str] = ANY,
+    path: PathKind = "all",
     interventions: Sequence[Intervention] = (),
     max_rows: int | None = None,
     memory_budget_mb: float | None = None,
@@ -144,6 +146,12 @@ def edge_attribution(
             forward of one copy per sender and receiver.
         progress: show a progress bar (over the points and chunks; the exact methods: over
             the receiver positions).
+        path: ``"all"`` (default, as `path_patching`: ``J_s`` runs through the MLPs and norms
+            between sender and receiver) or ``"direct"`` (TransformerLens's
+            ``attribution_patch(granularity="edge")``, EAP's: ``J_s`` is the sender's
+            out-projection alone, so the score is the sender's write dotted with the
+            gradient at the receiver's own copy of its input; the first order of
+            ``path_patching(..., path="direct")``). ``"direct"``: first order only.
 
     Returns:
         `EdgeResult`: ``scores`` ``[sender, receiver]`` (one stream, or ``"any"``) or
@@ -162,6 +170,9 @@ def edge_attribution(
         raise GnaValueError(f"steps={steps!r} with method={method!r}: expected an int >= 1 ({what})")
     if method not in METHODS:
         raise GnaValueError(f"method={method!r}: expected one of {METHODS}")
+    direct = check_path(path)
+    if direct and method != "first_order":
+        raise GnaValueError(f"method={method!r} with path='direct': expected method='first_order' (the exact methods score path='all')")
     heads, to_logits = parse_receivers(model, receivers)
     if to_logits:
         raise GnaValueError("receivers includes 'logits': edge attribution scores receiver heads' input streams; 'logits' has none")
@@ -223,6 +234,8 @@ def edge_attribution(
     capture = receiver_sites | stream_sites | frozen_sites | norm_sites
     if first > 0:
         capture.add(Site(SiteKind.RESID, first))
+    if direct:  # the receivers' own copies of the residual stream
+        capture |= {Site(SiteKind.RESID, r.layer) for r in receiver_list}
 
     keep = logits_read(metric)  # the positions the metric reads: logits computed there alone
     corrupt_out = model.backend.run(corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=sender_sites, logits_to_keep=keep)
@@ -250,6 +263,16 @@ def edge_attribution(
                 clean_acts, baseline = acts, float(value.detach())
             for offset in range(0, len(copies), per_chunk):
                 chunk = copies[offset : offset + per_chunk]
+                if direct:
+                    resid_grads = _direct_gradients(model, clean_batch, base, chunk, acts, grads)
+                    for i, head in enumerate(sender_list):
+                        site = model.head_site(head)[0]
+                        write = sender_write(model, head, clean_acts[site], corrupt_out.acts[site]).float()  # [batch, pos, d_model]
+                        flat[i, offset : offset + len(chunk)] += (write.expand_as(resid_grads[0]) * resid_grads).sum(
+                            (1, 2, 3)
+                        ).cpu() / steps
+                    bar.update(1)
+                    continue
                 sender_grads = _chunk_gradients(model, clean_batch, base, chunk, acts, grads, first, frozen_sites)
                 for i, head in enumerate(sender_list):
                     site, index = model.head_site(head)
@@ -264,8 +287,68 @@ def edge_attribution(
 
     scores = _table(flat, copies, receiver_list, streams, whole, len(sender_list))
     names = (ANY,) if whole else streams
-    meta = {"method": "first_order", "steps": steps, "n_prompts": clean_batch.n_rows, "receiver_input": list(names)}
+    meta = {"method": "first_order", "steps": steps, "n_prompts": clean_batch.n_rows, "receiver_input": list(names), "path": path}
     return EdgeResult(scores, sender_list, receiver_list, names, baseline, reference, meta=meta)
+
+
+def _direct_gradients(
+    model: GnaModel, batch: Any, base: Plan, chunk: Sequence[tuple[Head, str]], clean: dict[Site, Tensor], grads: dict[Site, Tensor]
+) -> Tensor:
+    """path="direct": ``d metric / d resid`` through each ``(receiver, stream)`` of ``chunk``
+    alone, at the receiver's own copy of the residual stream entering its block:
+    ``[copy, batch, pos, d_model]``. As `_chunk_gradients`, with a leaf residual stream at
+    each receiver's block in place of the frozen heads."""
+    n_rows, n_copies = batch.n_rows, len(chunk)
+
+    def stack(tensor: Tensor) -> Tensor:
+        return tensor.expand(n_rows, *tensor.shape[1:]).repeat(n_copies, *([1] * (tensor.dim() - 1)))
+
+    def rows_of(copies: Sequence[int], dims: int = 4) -> Tensor:
+        mask = torch.zeros(n_copies, dtype=torch.bool)
+        mask[list(copies)] = True
+        return mask.repeat_interleave(n_rows).reshape(-1, *([1] * (dims - 1)))
+
+    layers = sorted({r.layer for r, _ in chunk})
+    plan = Plan()
+    plan.extend(base.tiled(n_rows, n_copies))
+    if layers[0] > 0:
+        plan.start = (layers[0], stack(clean[Site(SiteKind.RESID, layers[0])]))
+    leaves: dict[int, Tensor] = {}
+    for layer in layers:
+        leaves[layer] = stack(clean[Site(SiteKind.RESID, layer)]).requires_grad_(True)
+        plan.add(Site(SiteKind.RESID, layer), Edit(rows_of([c for c, (r, _) in enumerate(chunk) if r.layer == layer], 3), leaves[layer]))
+    _hold_other_inputs(model, plan, chunk, clean, stack, rows_of)
+    receivers = {model.head_site(r)[0] for r, _ in chunk}
+    out = model.backend.run(batch.repeat(n_copies), plan, capture=receivers, grad=True, logits_to_keep=1)  # logits unread
+    total = torch.zeros(())
+    for c, (receiver, _) in enumerate(chunk):
+        site, index = model.head_site(receiver)
+        span = slice(c * n_rows, (c + 1) * n_rows)
+        total = total + (out.acts[site][span, :, index].float() * grads[site][:, :, index].float()).sum().cpu()
+    pulled = dict(zip(layers, _gradients(total, [leaves[layer] for layer in layers]), strict=True))
+    charge(model.backend, backwards=1, backward_block_rows=n_rows * n_copies * (model.n_layers - layers[0]))
+    result = torch.stack([pulled[r.layer].reshape(n_copies, n_rows, *pulled[r.layer].shape[1:])[c] for c, (r, _) in enumerate(chunk)])
+    return result.float()
+
+
+def _hold_other_inputs(
+    model: GnaModel, plan: Plan, chunk: Sequence[tuple[Head, str]], clean: dict[Site, Tensor], stack: Any, rows_of: Any
+) -> None:
+    """In each copy, the receiver's other streams, the streams its stream holds and the
+    other heads' inputs to its group norm at their clean (detached) values."""
+    for c, (receiver, name) in enumerate(chunk):
+        mixer, index = model.mixer_of(receiver)
+        rows = rows_of([c])
+        live = Site(SiteKind.STREAM, receiver.layer, name, mixer.index)
+        held = set(held_sites(model, {live: [index]}))
+        for stream in mixer.spec.streams:
+            site = Site(SiteKind.STREAM, receiver.layer, stream.name, mixer.index)
+            if site != live or site in held:
+                plan.add(site, Edit(rows, stack(clean[site])))
+        head_site = model.head_site(receiver)[0]
+        for site in norm_inputs(model, {head_site: [index]}):  # the other heads' inputs to the group norm
+            others = ~(head_mask(model.layout, site, [index]) if site.kind is SiteKind.PRE_NORM else _unit(model, site, index))
+            plan.add(site, Edit(rows & others, stack(clean[site])))
 
 
 def _chunk_gradients(
@@ -302,19 +385,7 @@ def _chunk_gradients(
         if before:
             leaves[site] = stack(clean[site]).requires_grad_(True)
             plan.add(site, Edit(rows_of(before), leaves[site]))
-    for c, (receiver, name) in enumerate(chunk):
-        mixer, index = model.mixer_of(receiver)
-        rows = rows_of([c])
-        live = Site(SiteKind.STREAM, receiver.layer, name, mixer.index)
-        held = set(held_sites(model, {live: [index]}))
-        for stream in mixer.spec.streams:
-            site = Site(SiteKind.STREAM, receiver.layer, stream.name, mixer.index)
-            if site != live or site in held:
-                plan.add(site, Edit(rows, stack(clean[site])))
-        head_site = model.head_site(receiver)[0]
-        for site in norm_inputs(model, {head_site: [index]}):  # the other heads' inputs to the group norm
-            others = ~(head_mask(model.layout, site, [index]) if site.kind is SiteKind.PRE_NORM else _unit(model, site, index))
-            plan.add(site, Edit(rows & others, stack(clean[site])))
+    _hold_other_inputs(model, plan, chunk, clean, stack, rows_of)
     receivers = {model.head_site(r)[0] for r, _ in chunk}
     out = model.backend.run(batch.repeat(n_copies), plan, capture=receivers, grad=True, logits_to_keep=1)  # logits unread
     total = torch.zeros(())

@@ -54,6 +54,7 @@ from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.inputs import Batch
 from ..core.plan import Edit, Plan, Site, SiteKind
+from .direct import sender_position, stacked_writes
 from .metrics import Metric, logits_read, reduce_metric
 
 if TYPE_CHECKING:
@@ -82,6 +83,9 @@ class PathSetup:
     corrupt_heads: dict[Site, Tensor]
     """Corrupt run: head outputs ``[batch, pos, head, d_head]`` of every sender site."""
     metric: Metric
+    direct: bool = False
+    """``path="direct"``: D is the clean run from the receiver's layer on, its residual
+    stream there plus the senders' own writes (`sender_write`); see `gna_interp.patching.paths`."""
 
 
 def receiver_streams(model: GnaModel, layer: int, heads: Sequence[int], streams: Sequence[str]) -> dict[Site, list[int]]:
@@ -167,10 +171,19 @@ def unpatched_sites(model: GnaModel, layer: int, heads: Sequence[int], streams: 
 
 
 def setup_sites(
-    model: GnaModel, receivers: dict[int, tuple[int, ...]], streams: Sequence[str], sender_layers: set[int], whole_output: bool
+    model: GnaModel,
+    receivers: dict[int, tuple[int, ...]],
+    streams: Sequence[str],
+    sender_layers: set[int],
+    whole_output: bool,
+    direct: bool = False,
+    to_logits: bool = False,
 ) -> set[Site]:
-    """The sites the clean run must capture for `PathSetup.clean`."""
+    """The sites the clean run must capture for `PathSetup.clean` (path="direct": also the
+    residual stream entering every receiver layer, and the final norm for ``"logits"``)."""
     sites = {site for layer in range(min(sender_layers), model.n_layers) for site in model.head_sites(layer)}
+    if direct:
+        sites |= {Site(SiteKind.RESID, layer) for layer in [*receivers, *([model.n_layers] if to_logits else [])]}
     sites |= {Site(SiteKind.RESID, layer) for layer in sender_layers | set(receivers) if 0 < layer < model.n_layers}
     for layer, heads in receivers.items():
         sites |= unpatched_sites(model, layer, heads, streams, whole_output)
@@ -196,16 +209,16 @@ def _stack(tensor: Tensor, n_rows: int, copies: int) -> Tensor:
 class _Chunk:
     """One stacked chain of forwards for ``sender_sets`` (one copy of the batch each)."""
 
-    def __init__(self, setup: PathSetup, sender_sets: Sequence[Sequence[Head]]) -> None:
+    def __init__(self, setup: PathSetup, sender_sets: Sequence[Sequence[Head | str]]) -> None:
         self.s = setup
         model = setup.model
         self.n_rows, self.copies = setup.batch.n_rows, len(sender_sets)
         self.batch = setup.batch.repeat(self.copies)
         self.base = setup.base.tiled(self.n_rows, self.copies)
-        self.first = min(model.head_position(head) for senders in sender_sets for head in senders)
+        self.first = min(sender_position(model, sender) for senders in sender_sets for sender in senders)
         by_site: dict[Site, Tensor] = {}
         for copy, senders in enumerate(sender_sets):
-            for head in senders:
+            for head in (s for s in senders if isinstance(s, Head)):  # "embed" (direct) only writes
                 site, index = model.head_site(head)
                 by_site.setdefault(site, torch.zeros(self.copies, model.site_shape(site)[0], dtype=torch.bool))[copy, index] = True
         # head site -> ([rows, 1, head, 1] bool: sender heads of each copy, [rows, pos, head, d_head] corrupt outputs)
@@ -214,6 +227,8 @@ class _Chunk:
             corrupt = self.stack(setup.corrupt_heads[site])
             self.swap[site] = (mask.repeat_interleave(self.n_rows, 0)[:, None, :, None].to(corrupt.device), corrupt)
         self.c_heads: dict[Site, Tensor] = {}  # head outputs in C, where they differ from clean
+        # path="direct": (position, [copies * rows, pos, d_model]) the senders' own writes
+        self.writes = stacked_writes(model, setup.clean, setup.corrupt_heads, sender_sets, self.n_rows) if setup.direct else []
 
     def stack(self, tensor: Tensor) -> Tensor:
         return _stack(tensor, self.n_rows, self.copies)
@@ -235,11 +250,37 @@ class _Chunk:
         specs = self.s.model.layer_specs
         return {Site(SiteKind.HEADS, m.layer, mixer=m.index) for spec in specs for m in spec.mixers if start <= m.position < stop}
 
+    def delta(self, upto: Position) -> Tensor | int:
+        """path="direct": the senders' writes before ``upto``, summed (0 without any)."""
+        return sum((write for position, write in self.writes if position < upto), 0)
+
+    def direct_run(self, layer: int, resid: Tensor, upto: Position, capture: set[Site], extra: Sequence[tuple[Site, Edit]], keep: int):
+        """From block ``layer`` on, with the residual stream there ``resid`` plus the senders'
+        own writes before ``upto`` (``layer == n_layers``: straight into the final norm)."""
+        plan = Plan()
+        plan.extend(self.base)
+        if layer > 0:
+            plan.start = (layer, resid + self.delta(upto))
+        else:  # a start at block 0 is no start (the nnsight backend ignores it): edit the embedding's output
+            plan.add(Site(SiteKind.RESID, 0), Edit(torch.ones((), dtype=torch.bool), resid + self.delta(upto)))
+        for site, edit in extra:
+            plan.add(site, edit)
+        out = self.s.model.backend.run(self.batch, plan, capture=capture, logits_to_keep=keep)
+        return out.logits, out.acts
+
     def d_run(
         self, upto: Position, capture: set[Site], extra: Sequence[tuple[Site, Edit]] = (), keep: int = 1
     ) -> tuple[Tensor, dict[Site, Tensor]]:
         """D: every head from the first sender's layer up to position ``upto`` frozen to C,
-        the senders swapped in, plus the ``extra`` edits."""
+        the senders swapped in, plus the ``extra`` edits. path="direct": the clean run from
+        ``upto``'s layer, its residual stream there plus the senders' writes."""
+        if self.s.direct:
+            if upto[1] > 0:
+                raise GnaValueError(
+                    f"path='direct' has no receiver at stage {upto[1]} of block {upto[0]} "
+                    "(a head reading another mixer of its block): use path='all'"
+                )
+            return self.direct_run(upto[0], self.stack(self.s.clean[Site(SiteKind.RESID, upto[0])]), upto, capture, extra, keep)
         plan = self.plan(self.first[0])
         every = torch.ones((), dtype=torch.bool)
         for site in sorted(self.head_sites((self.first[0], 0), upto)):
@@ -278,7 +319,11 @@ class _Chunk:
                 before = {site: acts[site] for site in unpatched}
             patches += self.layer_patches(position, heads, before)
         end = (model.n_layers, 0)
-        if s.to_logits:
+        if s.to_logits and s.direct:  # the final norm reads C's residual plus the senders' writes
+            final = Site(SiteKind.RESID, model.n_layers)
+            resid = self.c_run(positions[0][0], patches, {final})[1][final] if positions else self.stack(s.clean[final])
+            logits, _ = self.direct_run(model.n_layers, resid, end, set(), (), logits_read(s.metric))
+        elif s.to_logits:
             if positions:
                 every = self.head_sites(positions[0], end)
                 _, acts = self.c_run(positions[0][0], patches, every)
@@ -313,7 +358,7 @@ class _Chunk:
         return edits
 
 
-def path_scores(setup: PathSetup, sender_sets: Sequence[Sequence[Head]]) -> list[float]:
+def path_scores(setup: PathSetup, sender_sets: Sequence[Sequence[Head | str]]) -> list[float]:
     """The metric of the final path-patched run for each sender set, from one stacked chain
     of forwards (``len(sender_sets)`` copies of the batch per forward)."""
     return _Chunk(setup, sender_sets).scores()

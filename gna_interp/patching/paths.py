@@ -42,6 +42,19 @@ sender plus ``"logits"`` as receivers gives plain activation patching of the sen
 one receiver layer gives exactly the IOI recipe above. Also, ``"any"`` equals the list
 of every stream (a head's output is a function of its streams).
 
+**Two definitions** (``path=``). The above is ``path="all"``, the default (the IOI paper's;
+it keeps every number this library gave before ``path`` existed, and the paper's G&A pairs):
+the MLPs and norms between sender and receiver are recomputed in D, so the senders' effect
+may reach a receiver through them. ``path="direct"`` is TransformerLens's
+(``patching.get_act_patch_direct_path``), EAP's and MIB's edge: D is replaced by the clean run
+from the receiver's block on, with the residual stream entering that block plus the
+senders' own writes (their corrupt-minus-clean output through their out-projection,
+`gna_interp.patching.direct`); every MLP and other reader sees the senders unchanged. The
+final run is the same. With ``"logits"`` the final norm reads the scored run's residual plus
+the writes. ``"embed"`` may be a sender there (the embedding's write). Without MLPs and with
+receivers in one layer the two agree. ``"all"`` stays the default because changing it would
+change existing results silently; ``"direct"`` is the one to compare with those tools.
+
 Input streams (``receiver_input``) come from the architecture table
 (`gna_interp.models.registry`): ``"q"``, ``"k"``, ``"v"`` for attention; ``"x"``,
 ``"B"``, ``"C"``, ``"dt"``, ``"gate"`` for Mamba-1 and Mamba-2; ``"any"`` for the whole
@@ -64,8 +77,10 @@ import torch
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head, refuse_string
 from ..core.interventions import Intervention
+from ..core.plan import Site, SiteKind
 from ..progress import progress_bar
 from .checks import clean_corrupt_batches
+from .direct import EMBED
 from .metrics import Metric, check_metric, logits_read, reduce_metric
 from .path_chain import PathSetup, path_scores, receiver_streams, setup_sites
 from .results import SweepResult
@@ -77,6 +92,18 @@ if TYPE_CHECKING:
 LOGITS = "logits"
 ANY = "any"
 Receivers = Literal["logits"] | Sequence[Head | str]
+PathKind = Literal["all", "direct"]
+PATHS = ("all", "direct")
+
+
+def check_path(path: object) -> bool:
+    """``path`` checked; True for ``"direct"``."""
+    if not isinstance(path, str) or path not in PATHS:
+        raise GnaValueError(
+            f"path={path!r}: expected 'all' (MLPs and norms between sender and receiver recomputed) "
+            "or 'direct' (the senders' own writes only)"
+        )
+    return path == "direct"
 
 
 def path_patching(
@@ -85,9 +112,10 @@ def path_patching(
     corrupt: Any,
     metric: Metric,
     *,
-    senders: Sequence[Head] | Head,
+    senders: Sequence[Head | str] | Head | str,
     receivers: Receivers,
     receiver_input: str | Sequence[str] = "any",
+    path: PathKind = "all",
     interventions: Sequence[Intervention] = (),
 ) -> float:
     """The metric of ``clean`` when ``senders`` change to their ``corrupt`` outputs and that
@@ -98,7 +126,8 @@ def path_patching(
         clean: inputs of the clean run.
         corrupt: inputs of the corrupted run: the same token length as ``clean`` (and rows, or one row).
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` (averaged).
-        senders: heads whose output changes from clean to corrupt.
+        senders: heads whose output changes from clean to corrupt; with ``path="direct"``
+            also ``"embed"``, the embedding (its write: the residual stream entering block 0).
         receivers: heads, ``"logits"`` (the direct path to the output), or a list mixing
             both. Every sender must sit before the last receiver: in an earlier layer,
             or earlier in the same block where a later mixer reads an earlier one's
@@ -109,13 +138,20 @@ def path_patching(
             streams from each receiver's mixer (``model.receiver_inputs(head)``;
             attention: ``"q"``, ``"k"``, ``"v"``; SSMs: ``"x"``, ``"B"``, ``"C"``, ``"dt"``,
             ``"gate"``), patched for the receivers only (see the module docs).
+        path: ``"all"`` (default; the IOI paper's path: the MLPs and norms between sender and
+            receiver are recomputed, so the senders' effect may reach a receiver through
+            them) or ``"direct"`` (TransformerLens's ``get_act_patch_direct_path``, EAP's
+            and MIB's edge: only the senders' own writes reach the receivers' inputs; every
+            MLP and other reader sees the senders unchanged). ``"all"`` is the default so
+            that the numbers of existing calls and of the paper's G&A pairs stay as they
+            were; ask for ``"direct"`` to compare with those tools (module docs).
         interventions: applied to every run (e.g. ``Truncate``), on top of active contexts.
 
     Returns:
         the metric of the final patched run (not a difference from clean).
     """
-    sender_list = check_senders(model, senders)
-    setup = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions)[0]
+    sender_list = check_senders(model, senders, embed=True)  # type: ignore[arg-type]
+    setup = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions, path)[0]
     return path_scores(setup, [sender_list])[0]
 
 
@@ -128,6 +164,7 @@ def path_patching_sweep(
     receivers: Receivers,
     senders: Sequence[Head] | None = None,
     receiver_input: str | Sequence[str] = "any",
+    path: PathKind = "all",
     interventions: Sequence[Intervention] = (),
     max_rows: int | None = None,
     memory_budget_mb: float | None = None,
@@ -153,7 +190,7 @@ def path_patching_sweep(
         sender_list = [head for head in model.heads if model.head_position(head) < last]
     else:
         sender_list = check_senders(model, senders)
-    setup, baseline, reference = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions)
+    setup, baseline, reference = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions, path)
     ordered = sorted(sender_list)  # by layer: chunks start late when their senders do
     per_chunk = max(1, rows_per_forward(model, setup.batch.n_pos, max_rows, memory_budget_mb) // setup.batch.n_rows)
     scores = torch.full((model.n_layers, model.n_heads), float("nan"))
@@ -164,21 +201,24 @@ def path_patching_sweep(
                 scores[head.layer, head.head] = score
             bar.update(len(chunk))
     streams = [ANY] if setup.whole_output else list(setup.streams)
-    meta = {"receivers": describe_receivers(setup), "receiver_input": streams, "n_prompts": setup.batch.n_rows}
+    meta = {"receivers": describe_receivers(setup), "receiver_input": streams, "path": path, "n_prompts": setup.batch.n_rows}
     return SweepResult(scores, ("layer", "head"), baseline, reference=reference, kind="path_patching", meta=meta)
 
 
 # ----- input checks ------------------------------------------------------------------------
 
 
-def check_senders(model: GnaModel, senders: Sequence[Head] | Head) -> list[Head]:
-    refuse_string(senders, "senders")
-    items = [senders] if isinstance(senders, Head) else list(senders)
+def check_senders(model: GnaModel, senders: Sequence[Head | str] | Head, embed: bool = False) -> list[Head]:
+    """The senders as a list; with ``embed``, ``"embed"`` (the embedding, path="direct") may be one."""
+    if not (embed and senders == EMBED):
+        refuse_string(senders, "senders")
+    items = [senders] if isinstance(senders, (Head, str)) else list(senders)
     if not items:
         raise GnaValueError("senders is empty: expected at least one gna_interp.Head")
     for head in items:
-        model.check_head(head)
-    return items
+        if not (embed and head == EMBED):
+            model.check_head(head)  # type: ignore[arg-type]
+    return items  # type: ignore[return-value]  # "embed" travels as a sender of path="direct"
 
 
 def parse_receivers(model: GnaModel, receivers: Receivers) -> tuple[dict[int, tuple[int, ...]], bool]:
@@ -240,6 +280,10 @@ def check_reach(model: GnaModel, senders: Sequence[Head], heads: dict[int, tuple
             )
 
 
+def embed_site(embed: bool) -> set[Site]:
+    return {Site(SiteKind.RESID, 0)} if embed else set()
+
+
 def describe_receivers(setup: PathSetup) -> list[str]:
     return [str(Head(layer, h)) for layer, hs in setup.receivers.items() for h in hs] + ([LOGITS] if setup.to_logits else [])
 
@@ -253,25 +297,35 @@ def prepare(
     metric: Metric,
     receiver_input: str | Sequence[str],
     interventions: Sequence[Intervention],
+    path: object = "all",
 ) -> tuple[PathSetup, float, float]:
     """Check the inputs, run clean and corrupt once, and return the shared `PathSetup`
     with the clean (baseline) and corrupt (reference) metrics."""
     check_metric(metric)
+    direct = check_path(path)
     heads, to_logits = parse_receivers(model, receivers)
     streams = parse_streams(model, receiver_input)
     whole_output = isinstance(receiver_input, str) and receiver_input == ANY
+    if direct and getattr(model.backend, "remote", False):
+        raise GnaValueError("path='direct' computes the senders' writes from the out-projection weights: load the model without remote=")
+    embed = EMBED in senders
+    if embed and not direct:
+        raise GnaValueError(
+            "senders has 'embed': the embedding is a sender with path='direct' only (path='all' freezes heads, not the embedding)"
+        )
+    senders = [s for s in senders if isinstance(s, Head)]
     check_reach(model, senders, heads, to_logits)
     if not whole_output:
         for layer, indices in heads.items():
             receiver_streams(model, layer, indices, streams)  # every receiver has a chosen stream
-    sender_layers = {head.layer for head in senders}
+    sender_layers = {head.layer for head in senders} or {0}
     clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "path patching")
     ambient = [*model.active_interventions, *interventions]
     base = model.compile_plan(clean_batch, ambient)
     keep = logits_read(metric)  # the positions the metric reads: logits computed there alone
-    clean_sites = setup_sites(model, heads, streams, sender_layers, whole_output)
+    clean_sites = setup_sites(model, heads, streams, sender_layers, whole_output, direct, to_logits) | embed_site(embed)
     clean_out = model.backend.run(clean_batch, base, capture=clean_sites, logits_to_keep=keep)
-    corrupt_sites = {model.head_site(head)[0] for head in senders}
+    corrupt_sites = {model.head_site(head)[0] for head in senders} | embed_site(embed)
     corrupt_out = model.backend.run(corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=corrupt_sites, logits_to_keep=keep)
     setup = PathSetup(
         model=model,
@@ -284,6 +338,7 @@ def prepare(
         clean=clean_out.acts,
         corrupt_heads=dict(corrupt_out.acts),
         metric=metric,
+        direct=direct,
     )
     clean_value = reduce_metric(metric(clean_out.logits), metric, clean_batch.n_rows)
     return setup, clean_value, reduce_metric(metric(corrupt_out.logits), metric, corrupt_batch.n_rows)
