@@ -108,4 +108,3 @@ def label_reading(model: GnaModel, task_shape: dict[str, Any], n: int, seed: int
         for name, shuffled in (("shuffled", True), ("in_order", False))
     }
     return {**accuracy, "n": n, "seed": seed}
-

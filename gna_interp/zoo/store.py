@@ -136,7 +136,8 @@ def _trained_on_gpu(card: dict[str, Any]) -> bool:
 def zoo_table_markdown() -> str:
     """One markdown table of every bundled card (``gna-interp zoo list --markdown``)."""
     lines = [
-        "| model | parameters | steps | training time | held-out accuracy | labels shuffled / in order | best single-head ablation | smallest collapsing sets |",
+        "| model | parameters | steps | training time | held-out accuracy | labels shuffled / in order "
+        "| best single-head ablation | smallest collapsing sets |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name in toy_names():
