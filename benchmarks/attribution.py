@@ -242,9 +242,9 @@ def main() -> None:
         f"{platform.machine()} with {os.cpu_count()} CPUs, {args.threads} torch thread(s), load average {loads[0]:.1f} at start "
         f"(other jobs share the machine: times are indicative); {args.prompts} prompts, best of {args.repeats}"
     )
-    cases = [toy_case("mamba2", args.prompts, args.seed), *random_models(args.prompts, args.seed)]
-    if "falcon_h1" in gna.toy_names():
-        cases.append(toy_case("falcon_h1", args.prompts, args.seed))
+    cases = [toy_case("mamba2_counting", args.prompts, args.seed), *random_models(args.prompts, args.seed)]
+    if "falcon_h1_counting" in gna.toy_names():
+        cases.append(toy_case("falcon_h1_counting", args.prompts, args.seed))
     rows = [row for case in cases for row in measure(*case, repeats=args.repeats, methods=methods)]
     columns = ("attr s", "patch s", "speed-up", "passes", "sweep", "saved MB", "max|eff|", "spearman")
     header = f"{'model':<30} {'estimate':<9} {'method':<11} {'heads':>5} {'live':>5} " + " ".join(f"{c:>8}" for c in columns) + " "

@@ -54,7 +54,7 @@ import gna_interp as gna
 # Private: gna_interp.models.tiny builds random untrained models of any shape (the library has no public builder).
 from gna_interp.models.tiny import HYBRIDS, tiny_model, word_tokenizer
 
-TOYS = ("mamba2", "falcon_h1")
+TOYS = ("mamba2_counting", "falcon_h1_counting")
 RANDOM = ("mamba", "falcon_mamba", "mamba2", *HYBRIDS)
 WIDE = {"mamba2-wide": ("mamba2", dict(hidden_size=512, num_heads=16, head_dim=64, num_hidden_layers=4, state_size=64, chunk_size=16))}
 """Larger random models, where compute rather than per-call overhead dominates."""

@@ -156,7 +156,7 @@ def prescreen_agreement(family: str, prompts: int, seed: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     arguments = parser(__doc__, threads=1)
     arguments.add_argument("--layers", type=int, nargs="+", default=[2, 8, 32])
-    arguments.add_argument("--families", nargs="+", default=["llama", "mamba2"], help="bundled toys or trained toys' folders")
+    arguments.add_argument("--families", nargs="+", default=["llama", "mamba2_counting"], help="bundled toys or trained toys' folders")
     arguments.add_argument("--width", type=int, default=None, help="Mamba-1 toys only: channels per layer (deep_toy's width)")
     arguments.add_argument("--prompts", type=int, default=200)
     arguments.add_argument("--seed", type=int, default=4242)

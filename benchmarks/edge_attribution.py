@@ -25,7 +25,7 @@ from _common import parser, set_threads, spearman, write_json
 
 import gna_interp as gna
 
-TOYS = ("llama", "mamba2", "falcon_h1")
+TOYS = ("llama", "mamba2_counting", "falcon_h1_counting")
 
 
 def measure(name: str, prompts: int, seed: int, curve: bool = False, method: str = "first_order", steps: int = 1) -> dict[str, Any]:

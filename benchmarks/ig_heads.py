@@ -188,7 +188,7 @@ def edge_nodes(model, clean, corrupt, metric, heads, first, score, rows) -> None
 
 def main() -> None:
     arguments = parser(__doc__, threads=1, json_file=False)
-    arguments.add_argument("--toy", default="falcon_h1")
+    arguments.add_argument("--toy", default="falcon_h1_counting")
     arguments.add_argument("--prompts", type=int, default=32)
     arguments.add_argument("--seed", type=int, default=0)
     arguments.add_argument("--draws", type=int, default=5, help="random draws of each randomised estimate")

@@ -46,7 +46,7 @@ def main() -> None:
     arguments.add_argument("--seed", type=int, default=0)
     args = arguments.parse_args()
     set_threads(args.threads)
-    _, model, clean, corrupt, metric = toy_case("falcon_h1", args.prompts, args.seed)
+    _, model, clean, corrupt, metric = toy_case("falcon_h1_counting", args.prompts, args.seed)
     exact = gna.patching_sweep(model, clean, corrupt, metric, progress=False).effects()
     run, source = model.to_batch(corrupt), model.to_batch(clean)  # denoise: run corrupt, patch clean values in
     heads = list(model.heads)

@@ -20,8 +20,8 @@ from gna_interp.zoo.deep import deep_toy
 LAYERS = int(os.environ.get("GNA_EXAMPLE_LAYERS", "8"))
 N = int(os.environ.get("GNA_EXAMPLE_N", "200"))
 
-model = deep_toy("mamba2", LAYERS)
-task = gna.toy_task("mamba2", N, seed=4242)
+model = deep_toy("mamba2_counting", LAYERS)
+task = gna.toy_task("mamba2_counting", N, seed=4242)
 warnings.simplefilter("ignore", gna.discovery.PositionalAnswerWarning)  # this toy answers by place (the circuit notes it)
 
 # %% What one sweep costs: every head, with prefix reuse (a head of layer l costs L - l blocks).

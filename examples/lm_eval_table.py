@@ -24,8 +24,8 @@ SEED = 2026
 H = gna.Head.parse
 CONDITIONS = {
     "llama": {"Gather": ["L0H0", "L0H1", "L0H3", "L0H2"], "Aggregate": ["L1H0"]},
-    "mamba2": {"Gather": ["L0H3", "L0H1", "L0H2", "L0H5", "L0H6", "L0H4"], "Aggregate": ["L1H6"]},
-    "falcon_h1": {  # attention heads 0-3, then Mamba-2 heads 4-11, in each layer
+    "mamba2_counting": {"Gather": ["L0H3", "L0H1", "L0H2", "L0H5", "L0H6", "L0H4"], "Aggregate": ["L1H6"]},
+    "falcon_h1_counting": {  # attention heads 0-3, then Mamba-2 heads 4-11, in each layer
         "Gather": ["L0H1", "L0H2", "L0H0", "L0H9", "L0H4", "L0H6", "L0H5", "L0H11", "L0H7"],
         "Aggregate": ["L1H2", "L1H0", "L1H1", "L1H5", "L1H7", "L1H9"],
     },
@@ -39,7 +39,7 @@ for name, roles in CONDITIONS.items():
     gna.harness.write_task(task, folder, f"toy_{name}")
     gather, aggregate = [H(h) for h in roles["Gather"]], [H(h) for h in roles["Aggregate"]]
     conditions = {"-Gather": [gna.Ablate(gather)], "-Aggregate": [gna.Ablate(aggregate)], "-both": [gna.Ablate(gather + aggregate)]}
-    if name == "falcon_h1":
+    if name == "falcon_h1_counting":
         conditions["mask final attention row"] = [gna.MaskAttentionRows(-1)]
     result = gna.lm_eval_table(model, f"toy_{name}", conditions, include_path=folder)
     print(f"toy-{name} ({model.backend_name}), {N} prompts, lm-eval accuracy:")

@@ -10,7 +10,7 @@
 import gna_interp as gna
 from gna_interp.core.plan import Site, SiteKind
 
-TOYS = {"mamba2": [gna.Head(0, 3), gna.Head(1, 6)], "falcon_h1": [gna.Head(0, 2), gna.Head(1, 1), gna.Head(1, 5)]}
+TOYS = {"mamba2_counting": [gna.Head(0, 3), gna.Head(1, 6)], "falcon_h1_counting": [gna.Head(0, 2), gna.Head(1, 1), gna.Head(1, 5)]}
 
 
 def where(model: gna.GnaModel, heads: list[gna.Head]) -> None:

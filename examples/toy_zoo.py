@@ -34,7 +34,7 @@ for name in gna.toy_names():
     )
 
 # %% Every head's ablation as a sweep, scored by candidate accuracy, on the Mamba-2 toy's own task.
-model, own_task = gna.load_toy("mamba2"), gna.toy_task("mamba2", N, seed=123)
+model, own_task = gna.load_toy("mamba2_counting"), gna.toy_task("mamba2_counting", N, seed=123)
 own = own_task.encode()
 metric = gna.candidate_accuracy(own.candidate_ids, own.correct)
 sweep = gna.ablation_sweep(model, own_task, metric, progress=False)

@@ -23,7 +23,7 @@ from gna_interp.models.tiny import tiny_model, word_tokenizer
 
 @pytest.fixture(scope="module")
 def mamba2():
-    return gna.load_toy("mamba2"), gna.toy_task("mamba2", 60, seed=4242)
+    return gna.load_toy("mamba2_counting"), gna.toy_task("mamba2_counting", 60, seed=4242)
 
 
 def _discover(model, task, **options):
@@ -113,7 +113,7 @@ def test_the_memo_keys_everything_that_changes_the_forward(mamba2):
         with gna.cost_meter(model) as again:
             assert memos.accuracy(model, task, [gna.Ablate(heads[::-1])]) == value
         assert first.forwards == 1 and again.forwards == 0 and memo.hits == 1
-        other = gna.toy_task("mamba2", 60, seed=7)
+        other = gna.toy_task("mamba2_counting", 60, seed=7)
         ends = encoded.segment_ends
         with gna.cost_meter(model) as distinct:
             at_ends = memos.accuracy(model, task, [gna.Ablate(heads, positions=ends)])
@@ -130,7 +130,7 @@ def test_the_memo_keys_everything_that_changes_the_forward(mamba2):
     assert ambient == reference != value
 
 
-@pytest.mark.parametrize("name", ["mamba", "mamba2", "llama", "falcon_h1"])
+@pytest.mark.parametrize("name", ["mamba", "mamba2_counting", "llama", "falcon_h1_counting"])
 def test_every_head_ablated_is_the_layer_skipped_exactly_where_discovery_takes_it_so(name):
     """Where `ablating_every_head_skips` says so (a block that is its one mixer, no
     out-projection bias: the Mamba toys), every head of a layer ablated gives the layer
@@ -200,7 +200,7 @@ def test_a_deferred_spread_search_finds_what_the_scan_would():
     assert (deferred.singles, deferred.screened) == (eager.singles, eager.screened)
 
 
-@pytest.mark.parametrize("name", ["llama", "mamba2"])
+@pytest.mark.parametrize("name", ["llama", "mamba2_counting"])
 def test_the_edge_check_takes_its_clean_and_corrupt_metric_from_path_patching(name):
     """`discover`'s Gather -> Aggregate check: its clean and corrupt metric (the candidate
     logit difference) equal those of separate final-position logits of the clean and the

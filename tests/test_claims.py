@@ -176,7 +176,7 @@ def test_each_need_figure_names_where_it_was_measured():
     heads give 0.355), re-measured here: a need's accuracy is its heads ablated at every
     position; the joint search's last step, its heads ablated only on the segments (or at
     the final position); the table's ``-gather``, the whole set at every position."""
-    model, task, circuit, _ = discovered("mamba2")
+    model, task, circuit, _ = discovered("mamba2_counting")
     encoded = task.encode()
     cols = torch.arange(encoded.batch.n_pos)
     where = {

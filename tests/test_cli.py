@@ -9,7 +9,7 @@ import pytest
 
 import gna_interp as gna
 from gna_interp.cli import main
-from gna_interp.commands import DEMO_SEED
+from gna_interp.commands import DEMO_MODELS, DEMO_SEED
 
 from .conftest import DEMO_TEST_PROMPTS
 
@@ -55,7 +55,9 @@ def test_demo_report_has_each_circuits_faithfulness(demo_run):
 
 
 def test_discover_json_and_report(tmp_path, capsys):
-    status, out, err = run(["discover", "--model", "mamba2", "--n", "48", "--json", "--out", str(tmp_path / "d"), "--quiet"], capsys)
+    status, out, err = run(
+        ["discover", "--model", "mamba2_counting", "--n", "48", "--json", "--out", str(tmp_path / "d"), "--quiet"], capsys
+    )
     assert status == 0, err[-2000:]
     data = json.loads(out[out.index("{") : out.rindex("}") + 1])
     assert data["family"] == "mamba2" and data["n_prompts"] == 48 and data["aggregate"]
@@ -65,7 +67,7 @@ def test_discover_json_and_report(tmp_path, capsys):
 def test_discover_stability_flag_records_the_samples(capsys):
     """`--stability K` re-runs the search on K prompt samples: the JSON holds K sets per
     role, each the set one re-run chose (checked against the library call's own record)."""
-    status, out, err = run(["discover", "--model", "mamba2", "--n", "24", "--stability", "2", "--json", "--quiet"], capsys)
+    status, out, err = run(["discover", "--model", "mamba2_counting", "--n", "24", "--stability", "2", "--json", "--quiet"], capsys)
     assert status == 0, err[-2000:]
     data = json.loads(out[out.index("{") : out.rindex("}") + 1])
     samples = data["stability"]["sets"]
@@ -74,11 +76,11 @@ def test_discover_stability_flag_records_the_samples(capsys):
 
 
 def test_ablate_prints_accuracy_before_and_after(capsys):
-    status, out, err = run(["ablate", "--model", "mamba2", "--head", "0.0", "--n", "100"], capsys)
+    status, out, err = run(["ablate", "--model", "mamba2_counting", "--head", "0.0", "--n", "100"], capsys)
     assert status == 0, err[-2000:]
     before, after = map(float, re.search(r"accuracy clean ([\d.]+) -> ([\d.]+)", out).groups())
-    model = gna.load_toy("mamba2")
-    task = gna.toy_task("mamba2", 100, seed=0)
+    model = gna.load_toy("mamba2_counting")
+    task = gna.toy_task("mamba2_counting", 100, seed=0)
     assert before == pytest.approx(gna.evaluate(model, task).accuracy, abs=1e-3)
     assert after == pytest.approx(gna.evaluate(model, task, [gna.Ablate([gna.Head(0, 0)])]).accuracy, abs=1e-3)
 
@@ -86,7 +88,7 @@ def test_ablate_prints_accuracy_before_and_after(capsys):
 @pytest.mark.parametrize("suffix", ["html", "png"])
 def test_patterns_file(tmp_path, suffix, capsys):
     out = tmp_path / "new folder" / f"p.{suffix}"  # a missing folder is created
-    args = ["patterns", "--model", "mamba2", "--head", "1.6", "--head", "L0H3"]
+    args = ["patterns", "--model", "mamba2_counting", "--head", "1.6", "--head", "L0H3"]
     args += ["--prompt", "A. apple lamp\nB. river stone\nQuery: apple\nAnswer:", "--out", str(out)]
     status, _, err = run(args, capsys)
     assert status == 0, err[-2000:]
@@ -97,17 +99,20 @@ def test_patterns_file(tmp_path, suffix, capsys):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["ablate", "--model", "mamba2", "--head", "1-4"], "cannot parse head '1-4'"),
-        (["ablate", "--model", "mamba2", "--head", "1.9"], "head L1H9 out of range"),
+        (["ablate", "--model", "mamba2_counting", "--head", "1-4"], "cannot parse head '1-4'"),
+        (["ablate", "--model", "mamba2_counting", "--head", "1.9"], "head L1H9 out of range"),
         (["ablate", "--model", "./no/such/model", "--head", "0.0"], "unknown model './no/such/model'"),
         (["ablate", "--model", "nosuchmodel", "--head", "0.0"], "unknown model 'nosuchmodel'"),
-        (["discover", "--model", "mamba2", "--n", "0"], "--n 0: expected a positive number"),
-        (["discover", "--model", "mamba2", "--stability", "0"], "--stability 0: expected a positive number of prompt samples"),
-        (["patterns", "--model", "mamba2", "--head", "0.0", "--out", "x.txt"], "expected a file name ending in .html or .png"),
-        (["discover", "--model", "mamba2", "--task", "mmlu", "--subjects", "astrology", "--mmlu-path", "."], "unknown MMLU subject"),
-        (["ablate", "--model", "mamba2", "--head", "0.0", "--device", "gpu"], "--device 'gpu': expected cpu, cuda, cuda:N"),
-        (["ablate", "--model", "mamba2", "--head", "0.0", "--dtype", "float16"], "--dtype float16 with toy 'mamba2'"),
-        (["discover", "--model", "mamba2", "--device", "cuda:7"], "--device 'cuda:7': this machine has"),
+        (["discover", "--model", "mamba2_counting", "--n", "0"], "--n 0: expected a positive number"),
+        (["discover", "--model", "mamba2_counting", "--stability", "0"], "--stability 0: expected a positive number of prompt samples"),
+        (["patterns", "--model", "mamba2_counting", "--head", "0.0", "--out", "x.txt"], "expected a file name ending in .html or .png"),
+        (
+            ["discover", "--model", "mamba2_counting", "--task", "mmlu", "--subjects", "astrology", "--mmlu-path", "."],
+            "unknown MMLU subject",
+        ),
+        (["ablate", "--model", "mamba2_counting", "--head", "0.0", "--device", "gpu"], "--device 'gpu': expected cpu, cuda, cuda:N"),
+        (["ablate", "--model", "mamba2_counting", "--head", "0.0", "--dtype", "float16"], "--dtype float16 with toy 'mamba2_counting'"),
+        (["discover", "--model", "mamba2_counting", "--device", "cuda:7"], "--device 'cuda:7': this machine has"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(args, message, capsys):
@@ -119,7 +124,7 @@ def test_bad_arguments_are_one_line_errors(args, message, capsys):
 def test_out_dir_that_is_a_file(tmp_path, capsys):
     file = tmp_path / "taken"
     file.write_text("x")
-    for args in (["demo", "--out", str(file)], ["discover", "--model", "mamba2", "--n", "40", "--out", str(file), "--quiet"]):
+    for args in (["demo", "--out", str(file)], ["discover", "--model", "mamba2_counting", "--n", "40", "--out", str(file), "--quiet"]):
         assert main(args) == 2
         assert "is an existing file" in capsys.readouterr().err
 
@@ -168,10 +173,9 @@ def test_demo_summary_fits_120_columns_and_leads_with_faithfulness(demo_run):
             assert head.split(" ")[0] in block, (model, head)
 
 
-def test_demo_names_the_counting_toys_counting(demo_run):
-    """The toys that answer by place (their shuffled-label accuracy falls to chance: the
-    mamba2 and falcon_h1 toys) are labelled counting in the table, their JSON and their
-    printed headline; the others G&A."""
+def test_demo_labels_each_toy_by_its_mechanism(demo_run):
+    """A toy that answers by place (its shuffled-label accuracy falls to chance) is labelled
+    counting in the table, its JSON and its printed headline; the others G&A."""
     result, folder = demo_run
     _, rows = summary_rows(result.stdout)
     for path in folder.glob("toy-*.json"):
@@ -181,7 +185,8 @@ def test_demo_names_the_counting_toys_counting(demo_run):
         assert data["mechanism"] == ("counting" if by_place else "g&a"), (data["model"], acc)
         assert next(r for r in rows if r.startswith(data["model"] + " ")).split()[1] == data["mechanism"]
         assert f"{data['model']}: {data['headline']}" in result.stdout
-    assert "mechanism counting: answers by the option's place" in result.stdout
+    # the demo's toys read the labels: the counting ones (mamba2_counting, falcon_h1_counting) are not in it
+    assert not any(name.endswith("_counting") for name in DEMO_MODELS)
 
 
 def test_summary_table_wraps_long_head_lists():
@@ -214,10 +219,12 @@ def test_summary_table_wraps_long_head_lists():
 def test_ablate_resample_uses_the_corrupted_prompts(capsys):
     """`--how resample`: each head's output on the task's corrupted prompts (options rotated),
     the library's own `Ablate(how="resample")` on `task.corrupted(seed)`."""
-    status, out, err = run(["ablate", "--model", "mamba2", "--head", "1.6", "--how", "resample", "--n", "64", "--seed", "3"], capsys)
+    status, out, err = run(
+        ["ablate", "--model", "mamba2_counting", "--head", "1.6", "--how", "resample", "--n", "64", "--seed", "3"], capsys
+    )
     assert status == 0, err[-2000:]
     after = float(re.search(r"-> ([\d.]+) with L1H6 resample-ablated", out).group(1))
-    model, task = gna.load_toy("mamba2"), gna.toy_task("mamba2", 64, seed=3)
+    model, task = gna.load_toy("mamba2_counting"), gna.toy_task("mamba2_counting", 64, seed=3)
     corrupted = task.corrupted(seed=3)
     expected = gna.evaluate(model, task, [gna.Ablate([gna.Head(1, 6)], how="resample", corrupt=corrupted)]).accuracy
     zero = gna.evaluate(model, task, [gna.Ablate([gna.Head(1, 6)])]).accuracy
@@ -227,7 +234,7 @@ def test_ablate_resample_uses_the_corrupted_prompts(capsys):
 def test_resample_without_a_corruption_rule_is_refused():
     from gna_interp.commands import corrupted_task
 
-    task = gna.tasks.Task("plain", list(gna.toy_task("mamba2", 4)), corrupter=None)
+    task = gna.tasks.Task("plain", list(gna.toy_task("mamba2_counting", 4)), corrupter=None)
     task._corrupter = None  # its examples' own rule, dropped: a task with no corruption rule
     with pytest.raises(ValueError, match="--how resample needs corrupted prompts of the same length: task 'plain'"):
         corrupted_task(task, 0)
@@ -244,7 +251,7 @@ def test_device_and_dtype_reach_load(monkeypatch, capsys):
         raise gna.core.errors.GnaValueError("stop here")
 
     monkeypatch.setattr("gna_interp.models.loading.load", fake_load)
-    folder = str(toy_path("mamba2"))
+    folder = str(toy_path("mamba2_counting"))
     status, _, err = run(["ablate", "--model", folder, "--head", "0.0", "--device", "cpu", "--dtype", "bfloat16"], capsys)
     assert status == 2 and "stop here" in err
     assert (seen["source"], seen["device"], seen["dtype"]) == (folder, "cpu", "bfloat16")
@@ -275,14 +282,14 @@ def test_a_bug_shows_its_traceback(monkeypatch, capsys):
 
         monkeypatch.setattr("gna_interp.commands.build_task", broken)
         with pytest.raises(type(bug)):
-            main(["ablate", "--model", "mamba2", "--head", "0.0"])
+            main(["ablate", "--model", "mamba2_counting", "--head", "0.0"])
         assert "error:" not in capsys.readouterr().err
 
     def refused(args):
         raise gna.core.errors.GnaValueError("n=-1: expected a positive number of prompts")
 
     monkeypatch.setattr("gna_interp.commands.build_task", refused)
-    assert main(["ablate", "--model", "mamba2", "--head", "0.0"]) == 2
+    assert main(["ablate", "--model", "mamba2_counting", "--head", "0.0"]) == 2
     assert capsys.readouterr().err == "gna-interp: error: n=-1: expected a positive number of prompts\n"
 
 
@@ -291,6 +298,6 @@ def test_a_missing_extra_is_a_one_line_error(monkeypatch, capsys):
         raise ModuleNotFoundError("No module named 'datasets'", name="datasets")
 
     monkeypatch.setattr("gna_interp.commands.build_task", no_datasets)
-    assert main(["ablate", "--model", "mamba2", "--head", "0.0"]) == 2
+    assert main(["ablate", "--model", "mamba2_counting", "--head", "0.0"]) == 2
     err = capsys.readouterr().err
     assert "datasets" in err and err.count("\n") == 1

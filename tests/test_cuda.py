@@ -107,9 +107,9 @@ def test_prefix_reuse_and_the_meter_on_the_gpu(handles):
 @pytest.mark.filterwarnings("ignore::gna_interp.discovery.stages.PositionalAnswerWarning")  # the toy Mamba-2 counts options
 def test_discover_on_the_toy_on_the_gpu():
     """The bundled toy Mamba-2 on the GPU: the circuit the CPU finds."""
-    task = gna.toy_task("mamba2", n=48, seed=4242)
+    task = gna.toy_task("mamba2_counting", n=48, seed=4242)
     settings = dict(stages=("heads", "entry", "roles", "joint", "confirm"), progress=False)
-    circuits = [gna.discover(gna.load_toy("mamba2", device=device), task, **settings) for device in ("cpu", GPU)]
+    circuits = [gna.discover(gna.load_toy("mamba2_counting", device=device), task, **settings) for device in ("cpu", GPU)]
     assert circuits[0].gather == circuits[1].gather and circuits[0].aggregate == circuits[1].aggregate
     assert circuits[0].accuracy == pytest.approx(circuits[1].accuracy, abs=1e-6)
 

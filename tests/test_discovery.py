@@ -29,8 +29,8 @@ def found(request):
 KNOWN_GAPS: dict[tuple[str, str], str] = {}
 PATTERN_GAPS: dict[tuple[str, str], str] = {  # since the pattern must clear its thresholds (issue 32), on seed 4242
     ("llama", "gather"): "L0H1's segment-end rows favour their own segment, not clearly: gather ratio 1.39 < 1.5",
-    ("mamba2", "gather"): "L0H1's segment-end rows favour their own segment, not clearly: gather ratio 1.33 < 1.5",
-    ("mamba2", "aggregate"): "L1H6's final row prefers the correct option, not clearly: lift 1.12 < 1.5",
+    ("mamba2_counting", "gather"): "L0H1's segment-end rows favour their own segment, not clearly: gather ratio 1.33 < 1.5",
+    ("mamba2_counting", "aggregate"): "L1H6's final row prefers the correct option, not clearly: lift 1.12 < 1.5",
 }
 
 
@@ -187,7 +187,7 @@ def test_json_round_trip(found, tmp_path):
 
 
 def test_bad_input():
-    model = gna.load_toy("mamba2")
+    model = gna.load_toy("mamba2_counting")
     one_option = gna.tasks.toy_mcq(4, n_options=2).examples
     no_segments = gna.tasks.Task("flat", [gna.tasks.Example("Query: apple\nAnswer:", (), 0, (" A",))], tokenizer=gna.tasks.toy_tokenizer())
     with pytest.raises(ValueError, match="has 0 segment"):
@@ -225,11 +225,11 @@ def test_multi_token_candidates_fall_back_to_the_patterns():
     move: no entry or joint stage, labels from the patterns, needs from the role's heads."""
     import dataclasses
 
-    base = gna.toy_task("mamba2", 40, seed=TASK_SEED)
+    base = gna.toy_task("mamba2_counting", 40, seed=TASK_SEED)
     examples = [dataclasses.replace(e, candidates=tuple(c + " ." for c in e.candidates)) for e in base.examples]
     task = gna.tasks.Task("toy_multi", examples, tokenizer=gna.tasks.toy_tokenizer())
     assert not task.encode().single_token
-    circuit = discover(gna.load_toy("mamba2"), task, stages=["heads", "entry", "roles", "joint", "confirm"], progress=False)
+    circuit = discover(gna.load_toy("mamba2_counting"), task, stages=["heads", "entry", "roles", "joint", "confirm"], progress=False)
     assert all(item.entry is None and not item.joint for item in circuit.heads)
     for role, need in circuit.needs.items():
         assert need.heads == getattr(circuit, role)[: len(need.heads)]
@@ -250,8 +250,8 @@ def test_joint_search_equals_a_brute_force_greedy():
     """`joint_set` against a loop written here: every step tries every remaining head."""
     from gna_interp.discovery.joint import joint_set
 
-    model = gna.load_toy("mamba2")
-    task = gna.toy_task("mamba2", 60, seed=77)
+    model = gna.load_toy("mamba2_counting")
+    task = gna.toy_task("mamba2_counting", 60, seed=77)
     pool = [gna.Head(1, h) for h in range(8)]
     final = task.encode().final
     chosen, accuracy, reached = joint_set(model, task, pool, final, threshold=0.3, max_heads=3, progress=False)

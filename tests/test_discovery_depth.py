@@ -35,13 +35,13 @@ def toy_and_deep():
 
 
 def test_the_deep_model_computes_the_toy():
-    toy, deep = gna.load_toy("mamba2"), deep_toy("mamba2", 6, at=2)
-    task = gna.toy_task("mamba2", 8, seed=1)
+    toy, deep = gna.load_toy("mamba2_counting"), deep_toy("mamba2_counting", 6, at=2)
+    task = gna.toy_task("mamba2_counting", 8, seed=1)
     assert deep.n_layers == 6 and torch.equal(deep.logits(task), toy.logits(task))
     with pytest.raises(ValueError, match="at=5"):
-        deep_toy("mamba2", 6, at=5)
+        deep_toy("mamba2_counting", 6, at=5)
     with pytest.raises(ValueError, match="n_layers=1"):
-        deep_toy("mamba2", 1)
+        deep_toy("mamba2_counting", 1)
 
 
 def test_discovery_at_depth_finds_the_toys_heads_shifted(toy_and_deep):

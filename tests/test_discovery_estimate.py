@@ -13,7 +13,7 @@ from gna_interp.discovery.estimate import RANGE, estimate_passes
 FACTOR = 1.6  # the stated factor: measured passes within [mid / FACTOR, mid * FACTOR]
 
 
-@pytest.mark.parametrize("name", ["llama", "mamba2", "mamba"])
+@pytest.mark.parametrize("name", ["llama", "mamba2_counting", "mamba"])
 def test_the_estimate_brackets_the_measured_passes(name):
     """On the bundled toys at 64 prompts (Llama: 2 x 4 heads, Mamba-2: 2 x 8, Mamba: 2 x 128
     channels through the prescreen and group testing) the measured passes (the cost meter's
@@ -32,7 +32,7 @@ def test_the_estimate_brackets_the_measured_passes(name):
 def test_the_estimate_follows_the_stages_and_the_heads():
     """Fewer stages, fewer passes; twice the heads per layer, more: the head scan term is
     each head's share of a pass, ``(L - l) / L`` (1 for layer 0, 1/2 for layer 1 of 2)."""
-    llama, mamba2 = gna.load_toy("llama"), gna.load_toy("mamba2")
+    llama, mamba2 = gna.load_toy("llama"), gna.load_toy("mamba2_counting")
     knobs = (16, 64, True, 64, 64, 32)
     full = estimate_passes(llama, 64, gna.discovery.STAGES, [0, 1], *knobs)
     wider = estimate_passes(mamba2, 64, gna.discovery.STAGES, [0, 1], *knobs)

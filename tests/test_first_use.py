@@ -83,7 +83,7 @@ def no_loading(monkeypatch):
     [
         (["ablate", "--model", "llama", "--head", "7.9"], "head L7H9: layer 7 out of range: llama has layers 0..1"),
         (["ablate", "--model", "llama", "--head", "1.9"], "head L1H9 out of range: layer 1 of llama has heads 0..3"),
-        (["patterns", "--model", "falcon_h1", "--head", "0.12", "--out", "p.png"], "head L0H12 out of range"),
+        (["patterns", "--model", "falcon_h1_counting", "--head", "0.12", "--out", "p.png"], "head L0H12 out of range"),
         (["ablate", "--model", "llama", "--head", "0.1", "--head", "L0H1"], "--head '0.1' and 'L0H1' all name head L0H1"),
         (["ablate", "--model", "llama", "--head", "0.1", "--task", "kv", "--kv-pairs", "0"], "--kv-pairs 0: expected 2..64"),
     ],
@@ -124,11 +124,11 @@ def test_out_folder_is_made_before_the_work(no_loading, tmp_path, capsys):
     one that cannot be created is a one-line error, before any model loads."""
     out = tmp_path / "new" / "deeper" / "p.html"
     with pytest.raises(AssertionError, match="loaded a model"):  # the arguments passed: the work would start
-        main(["patterns", "--model", "mamba2", "--head", "1.6", "--prompt", "Answer:", "--out", str(out)])
+        main(["patterns", "--model", "mamba2_counting", "--head", "1.6", "--prompt", "Answer:", "--out", str(out)])
     assert out.parent.is_dir()
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    for args in (["discover", "--model", "mamba2", "--out", str(blocker / "report")], ["demo", "--out", str(blocker / "r")]):
+    for args in (["discover", "--model", "mamba2_counting", "--out", str(blocker / "report")], ["demo", "--out", str(blocker / "r")]):
         assert main(args) == 2
         err = capsys.readouterr().err
         assert "cannot create this folder" in err and err.count("\n") == 1, err

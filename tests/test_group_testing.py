@@ -128,7 +128,7 @@ def _discover(model, task, **options):
 
 @pytest.fixture(scope="module")
 def mamba2():
-    return gna.load_toy("mamba2"), gna.toy_task("mamba2", 60, seed=4242)
+    return gna.load_toy("mamba2_counting"), gna.toy_task("mamba2_counting", 60, seed=4242)
 
 
 def test_a_role_wider_than_the_search_is_reported(mamba2, tmp_path):

@@ -220,6 +220,7 @@ def test_overhead_benchmark_runs(tmp_path, monkeypatch):
     out = tmp_path / "figures.json"
     argv = ["lm_eval_overhead.py", "--prompts", "8", "--repeats", "1", "--threads", "1", "--no-builtin-index", "--json", str(out)]
     monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # what `python benchmarks/x.py` puts first (it imports _common)
     with pytest.raises(SystemExit) as exit_code:
         runpy.run_path(str(ROOT / "benchmarks" / "lm_eval_overhead.py"), run_name="__main__")
     figures = json.loads(out.read_text())

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.skipif("falcon_h1" not in gna.toy_names(), reason="hybr
 
 @pytest.fixture(scope="module")
 def found():
-    model = gna.load_toy("falcon_h1")
-    task = gna.toy_task("falcon_h1", 200, seed=TASK_SEED)
+    model = gna.load_toy("falcon_h1_counting")
+    task = gna.toy_task("falcon_h1_counting", 200, seed=TASK_SEED)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warnings.simplefilter("ignore", gna.discovery.PositionalAnswerWarning)  # see test_answers_by_place

@@ -79,7 +79,7 @@ def test_a_model_that_answers_by_place_is_labelled_counting(tmp_path):
     """The bundled Mamba-2 toy falls to chance with its labels shuffled (the label check,
     measured here independently): its circuit's heads are named counting heads, never
     Gather / Aggregate, in the summary's role rows, the JSON and the report's headline."""
-    model, task = gna.load_toy("mamba2"), gna.toy_task("mamba2", 64, seed=5)
+    model, task = gna.load_toy("mamba2_counting"), gna.toy_task("mamba2_counting", 64, seed=5)
     clean = gna.evaluate(model, task, progress=False)
     shuffled = gna.evaluate(model, gna.tasks.shuffle_labels(task), progress=False).accuracy
     assert clean.accuracy > 0.9 and shuffled < clean.chance + 0.10, (clean.accuracy, shuffled)

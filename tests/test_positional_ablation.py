@@ -81,8 +81,8 @@ def test_bad_positions(pair):
 def test_evaluate_chunks_positional_interventions_like_one_forward():
     """Per-row positions are sliced with the rows: small batches give the scores of one
     whole-task forward, for per-row, [rows, k] and mask forms alike."""
-    model = gna.load_toy("mamba2")
-    task = gna.toy_task("mamba2", 23, seed=5)
+    model = gna.load_toy("mamba2_counting")
+    task = gna.toy_task("mamba2_counting", 23, seed=5)
     encoded = task.encode()
     n_rows, n_pos = encoded.batch.input_ids.shape
     ends_mask = torch.zeros(n_rows, n_pos, dtype=torch.bool).scatter_(1, encoded.segment_ends, True)

@@ -152,7 +152,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="trains from scratch"):
         build_model(recipe("mamba2_8heads"), init="somewhere")
     with pytest.raises(ValueError, match="init='somewhere': expected the folder of a trained toy"):
-        build_model(recipe("mamba2"), init="somewhere")
+        build_model(recipe("mamba2_counting"), init="somewhere")
     with pytest.raises(ValueError, match="starts from toy 'nowhere', which is not bundled"):
         build_model(dataclasses.replace(recipe("llama"), init_from="nowhere"))
     with pytest.raises(ValueError, match="is not a llama model of the recipe's config"):

@@ -74,14 +74,14 @@ def test_ranking_matches_an_ablation_sweep_of_candidate_accuracy(toy_llamas, lla
 
 
 def test_ssm_heads_are_ranked_and_other_kinds_left_out():
-    mamba = gna.load_toy("mamba2")
-    task = gna.toy_task("mamba2", 16, seed=SEED)
+    mamba = gna.load_toy("mamba2_counting")
+    task = gna.toy_task("mamba2_counting", 16, seed=SEED)
     ranking = gna.retrieval_ranking(mamba, task, kind="ssm", progress=False)
     clean = gna.evaluate(mamba, task, progress=False).accuracy
     for head in mamba.heads:
         assert ranking.drop[head.layer, head.head].item() == pytest.approx(clean - ablated_alone(mamba, task, head), abs=1e-12)
-    hybrid = gna.load_toy("falcon_h1")
-    task = gna.toy_task("falcon_h1", 16, seed=SEED)
+    hybrid = gna.load_toy("falcon_h1_counting")
+    task = gna.toy_task("falcon_h1_counting", 16, seed=SEED)
     ranking = gna.retrieval_ranking(hybrid, task, kind="attention", progress=False)
     kinds = {head: hybrid.layout.head_kind(head).value for head in hybrid.heads}
     assert set(ranking.order) == {head for head, kind in kinds.items() if kind == "attention"}
@@ -182,8 +182,8 @@ def test_keep_only_defaults_take_the_mean_over_the_inputs_it_runs_on(toy_llamas,
 
 
 def test_keep_only_leaves_other_kinds_alone():
-    hybrid = gna.load_toy("falcon_h1")
-    task = gna.toy_task("falcon_h1", 8, seed=SEED)
+    hybrid = gna.load_toy("falcon_h1_counting")
+    task = gna.toy_task("falcon_h1_counting", 8, seed=SEED)
     kinds = {head: hybrid.layout.head_kind(head).value for head in hybrid.heads}
     attention = [h for h, k in kinds.items() if k == "attention"]
     ssm = [h for h, k in kinds.items() if k == "ssm"]
@@ -242,8 +242,8 @@ def test_retention_curve_points_are_keep_only_by_hand(toy_llamas, llama_task):
 
 
 def test_retention_curve_on_a_hybrid_keeps_only_attention_heads():
-    hybrid = gna.load_toy("falcon_h1")
-    task = gna.toy_task("falcon_h1", 12, seed=SEED)
+    hybrid = gna.load_toy("falcon_h1_counting")
+    task = gna.toy_task("falcon_h1_counting", 12, seed=SEED)
     attention = [h for h in hybrid.heads if hybrid.layout.head_kind(h).value == "attention"]
     order = list(reversed(attention))
     curve = gna.retention_curve(hybrid, task, order, sizes=[2], seeds=1, progress=False)

@@ -22,10 +22,10 @@ N_PROMPTS = 40
 
 @pytest.fixture(scope="module")
 def pair():
-    local = deep_toy("mamba2", 4, backend="nnsight")  # the toy at layers 1, 2
+    local = deep_toy("mamba2_counting", 4, backend="nnsight")  # the toy at layers 1, 2
     remote = gna.load(copy.deepcopy(local.hf_model), tokenizer=local.tokenizer, remote="local")
     remote.name = local.name
-    return local, remote, gna.toy_task("mamba2", N_PROMPTS, seed=4242)
+    return local, remote, gna.toy_task("mamba2_counting", N_PROMPTS, seed=4242)
 
 
 def _metered(model, fn):

@@ -96,7 +96,7 @@ def test_wide_arguments_are_checked(toy_folder, tmp_path):
         deep_toy(toy_folder, 2, width=64)
     with pytest.raises(ValueError, match=r"filler_scale=-1: expected a finite number >= 0"):
         deep_toy(toy_folder, 2, width=256, filler_scale=-1)
-    with pytest.raises(ValueError, match=r"width=256: wide deep toys are Mamba-1 \('mamba'\) only; toy 'mamba2' is a 'mamba2'"):
-        deep_toy("mamba2", 4, width=256)
+    with pytest.raises(ValueError, match=r"width=256: wide deep toys are Mamba-1 \('mamba'\) only; toy 'mamba2_counting' is a 'mamba2'"):
+        deep_toy("mamba2_counting", 4, width=256)
     with pytest.raises(ValueError, match=r"unknown toy model '.*nowhere'"):
         deep_toy(tmp_path / "nowhere", 4)

@@ -13,7 +13,7 @@ from ..core.errors import GnaValueError
 from ..evaluation import evaluate
 from ..models.loading import load
 from ..tasks.toy import toy_mcq, toy_tokenizer
-from .card import CHANCE_MARGIN, ablation_facts
+from .card import CHANCE_MARGIN, ablation_facts, label_reading
 from .recipes import Recipe
 from .store import save_toy
 from .train import TrainResult, init_key, task_shape, train
@@ -95,6 +95,7 @@ def finish_toy(
         "device": device,
         "machine": f"{platform.machine()}, torch {torch.__version__}",
         "held_out_accuracy": facts.clean_accuracy,
+        "labels": label_reading(model, task_shape(recipe), HELD_OUT_PROMPTS, HELD_OUT_TASK_SEED),
         "held_out_n": HELD_OUT_PROMPTS,
         "held_out_seed": HELD_OUT_TASK_SEED,
         **({"ablation_n": recipe.ablation_prompts} if recipe.ablation_prompts is not None else {}),

@@ -90,3 +90,21 @@ def doubling_set(model: GnaModel, task: Task, ordered: list[Head], threshold: fl
             break
     last, accuracy = curve[-1]
     return {"heads": [str(h) for h in ordered[: int(last)]], "accuracy": accuracy, "reached_chance": accuracy <= threshold, "curve": curve}
+
+
+def label_reading(model: GnaModel, task_shape: dict[str, Any], n: int, seed: int) -> dict[str, Any]:
+    """Held-out accuracy on the toy's task with each prompt's labels shuffled and with
+    them in order (``A, B, C, D``): a toy that reads the labels answers both; one that
+    answers by the option's place falls to near chance on the shuffled ones.
+
+    Args:
+        task_shape: `toy_mcq`'s keyword arguments of the toy's task (its card's ``task``).
+        n, seed: the prompts (`toy_mcq` seed; the card's held-out seed).
+    """
+    from ..tasks.toy import toy_mcq
+
+    accuracy = {
+        name: evaluate(model, toy_mcq(n, seed=seed, **{**task_shape, "shuffle_labels": shuffled}), progress=False).accuracy
+        for name, shuffled in (("shuffled", True), ("in_order", False))
+    }
+    return {**accuracy, "n": n, "seed": seed}

@@ -136,8 +136,9 @@ def _trained_on_gpu(card: dict[str, Any]) -> bool:
 def zoo_table_markdown() -> str:
     """One markdown table of every bundled card (``gna-interp zoo list --markdown``)."""
     lines = [
-        "| model | parameters | steps | training time | held-out accuracy | best single-head ablation | smallest collapsing sets |",
-        "|---|---|---|---|---|---|---|",
+        "| model | parameters | steps | training time | held-out accuracy | labels shuffled / in order "
+        "| best single-head ablation | smallest collapsing sets |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name in toy_names():
         card = toy_card(name)
@@ -151,10 +152,22 @@ def zoo_table_markdown() -> str:
         gpu = " (GPU)" if _trained_on_gpu(card) else ""
         lines.append(
             f"| `{name}` ({card['family']}{origin}) | {card['parameters']:,} | {card['steps']:,} | {card['train_seconds']:.0f} s{gpu} | "
-            f"{card['held_out_accuracy']:.3f} | {facts['best_single_head']} -> "
+            f"{card['held_out_accuracy']:.3f} | {_labels_cell(card.get('labels'))} | {facts['best_single_head']} -> "
             f"{facts['best_single_head_accuracy']:.3f} | {sets} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _labels_cell(labels: dict[str, Any] | None) -> str:
+    return "-" if labels is None else f"{labels['shuffled']:.3f} / {labels['in_order']:.3f}"
+
+
+def _labels_row(labels: dict[str, Any]) -> str:
+    verdict = "reads the labels" if labels["shuffled"] >= 0.9 else "answers by the option's place, not its label"
+    return (
+        f"| labels shuffled / in order | {labels['shuffled']:.3f} / {labels['in_order']:.3f} held out "
+        f"({labels['n']} prompts each): {verdict} |"
+    )
 
 
 def card_markdown(card: dict[str, Any]) -> str:
@@ -186,6 +199,7 @@ def card_markdown(card: dict[str, Any]) -> str:
             else f"| training time | {card['train_seconds']:.0f} s on {card['threads']} CPU thread(s) |"
         ),
         f"| held-out accuracy | {card['held_out_accuracy']:.3f} on {card['held_out_n']} fresh prompts (seed {card['held_out_seed']}) |",
+        *([_labels_row(card["labels"])] if card.get("labels") else []),
         f"| chance | {facts['chance']:.3f} |",
         f"| best single-head ablation | {facts['best_single_head']} -> {facts['best_single_head_accuracy']:.3f} |",
         "",
