@@ -53,6 +53,9 @@ KV_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
                             max_position_embeddings=128, tie_word_embeddings=False, initializer_range=0.2)),
     "mamba2": ("mamba2", dict(hidden_size=64, num_hidden_layers=2, num_heads=16, head_dim=16, expand=4, state_size=64, n_groups=1,
                               chunk_size=32, conv_kernel=4, tie_word_embeddings=False)),
+    # The Llama at HF's default init (std 0.02), a second chance for the Transformer.
+    "llama_std002": ("llama", dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                   max_position_embeddings=128, tie_word_embeddings=False)),
 }  # fmt: skip
 
 
@@ -90,7 +93,8 @@ def kv_accuracy(model: Any, n_pairs: int, seed: int) -> float:
     return float((picked == answer).float().mean())
 
 
-def kv_part() -> dict[str, Any]:
+def kv_part(models: list[str] | None = None, stored: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train ``models`` (default: all of `KV_MODELS`) and keep the other models' rows of ``stored``."""
     import torch
     import torch.nn.functional as F
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -107,8 +111,9 @@ def kv_part() -> dict[str, Any]:
     assert toy_tokenizer()(text).input_ids == ids[0].tolist(), (text, words)
 
     tokens = dict(vocab_size=VOCAB_SIZE, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    rows: dict[str, Any] = {}
-    for name, (family, config) in KV_MODELS.items():
+    rows: dict[str, Any] = dict((stored or {}).get("models", {}))
+    for name in models or list(KV_MODELS):
+        family, config = KV_MODELS[name]
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **config, **tokens))
         optimiser = torch.optim.AdamW(model.parameters(), lr=KV_LR, weight_decay=0.0)
@@ -366,11 +371,12 @@ def main() -> None:
     arguments = parser(__doc__, threads=1, json_file=False)
     arguments.add_argument("--parts", nargs="+", default=sorted(PARTS), choices=sorted(PARTS))
     arguments.add_argument("--json", type=Path, default=RESULTS, help="the results file (each part replaces its key)")
+    arguments.add_argument("--kv-models", nargs="+", choices=sorted(KV_MODELS), help="part d: train only these (the others' rows are kept)")
     args = arguments.parse_args()
     set_threads(args.threads)
     for part in args.parts:
         figures = json.loads(args.json.read_text()) if args.json.exists() else {}
-        figures[part] = PARTS[part]()
+        figures[part] = kv_part(args.kv_models, figures.get("d")) if part == "d" else PARTS[part]()
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
 
