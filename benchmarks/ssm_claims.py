@@ -47,16 +47,19 @@ KV_STEPS = 2400
 KV_BATCH = 16
 KV_HELD_OUT = 300  # prompts per pair count
 KV_LR = 2e-3
+KV_STEPS_OF = {"llama_4x_steps": 4 * KV_STEPS}  # every other model: KV_STEPS
+_KV_LLAMA = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                 max_position_embeddings=128, tie_word_embeddings=False)  # fmt: skip
 KV_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     # The toy Llama's shape (2 layers x 4 heads of 16, width 64) against a 2-layer Mamba-2 of
     # width 64 made about as large (expand 4: 16 heads of 16, state 64): 156k against 146k.
-    "llama": ("llama", dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                            max_position_embeddings=128, tie_word_embeddings=False, initializer_range=0.2)),
+    "llama": ("llama", dict(_KV_LLAMA, initializer_range=0.2)),
     "mamba2": ("mamba2", dict(hidden_size=64, num_hidden_layers=2, num_heads=16, head_dim=16, expand=4, state_size=64, n_groups=1,
                               chunk_size=32, conv_kernel=4, tie_word_embeddings=False)),
+    # The same Llama with 4x the steps: whether it learns the task at all (not an equal budget).
+    "llama_4x_steps": ("llama", dict(_KV_LLAMA, initializer_range=0.2)),
     # The Llama at HF's default init (std 0.02), a second chance for the Transformer.
-    "llama_std002": ("llama", dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                                   max_position_embeddings=128, tie_word_embeddings=False)),
+    "llama_std002": ("llama", dict(_KV_LLAMA)),
 }  # fmt: skip
 
 
@@ -124,17 +127,18 @@ def kv_part(models: list[str] | None = None, stored: dict[str, Any] | None = Non
         generator = torch.Generator().manual_seed(1)
         start, curve = time.perf_counter(), []
         model.train()
-        for step in range(1, KV_STEPS + 1):
+        steps = KV_STEPS_OF.get(name, KV_STEPS)
+        for step in range(1, steps + 1):
             n_pairs = KV_PAIRS[int(torch.randint(len(KV_PAIRS), (1,), generator=generator))]
             ids, answer, _ = kv_ids(KV_BATCH, n_pairs, generator)
             for group in optimiser.param_groups:
-                group["lr"] = KV_LR * min(1.0, step / 100) * (1.0 if step < KV_STEPS * 0.6 else (KV_STEPS - step) / (KV_STEPS * 0.4))
+                group["lr"] = KV_LR * min(1.0, step / 100) * (1.0 if step < steps * 0.6 else (steps - step) / (steps * 0.4))
             loss = F.cross_entropy(model(input_ids=ids).logits[:, -1], answer)
             optimiser.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimiser.step()
-            if step % 400 == 0 or step == KV_STEPS:
+            if step % 400 == 0 or step == steps:
                 model.eval()
                 accuracy = {p: kv_accuracy(model, p, 900 + p) for p in KV_PAIRS}
                 model.train()
@@ -144,6 +148,7 @@ def kv_part(models: list[str] | None = None, stored: dict[str, Any] | None = Non
         model.eval()
         rows[name] = {
             "family": family,
+            "steps": steps,
             "parameters": sum(p.numel() for p in model.parameters()),
             "config": config,
             "accuracy": {str(p): kv_accuracy(model, p, 7000 + p) for p in (*KV_PAIRS, 24, 32)},
