@@ -36,10 +36,10 @@ import gna_interp as gna
 gna.set_progress(False)
 RESULTS = Path(__file__).resolve().parent / "results" / "ssm_claims.json"
 
-# The toys, switched in one line each when the label-reading toys are bundled.
+# The bundled label-reading toys (the Mamba-2 and the hybrid read their option labels; see their cards).
 TRANSFORMER = "llama"
-MAMBA2 = "/tmp/toys/mamba2_label_last"  # becomes "mamba2"
-HYBRID = "/tmp/toys/falcon_h1_wide_init"  # becomes "falcon_h1"
+MAMBA2 = "mamba2"
+HYBRID = "falcon_h1"
 
 # ---------------------------------------------------------------- (d) KV retrieval
 KV_PAIRS = (2, 4, 8, 16)
