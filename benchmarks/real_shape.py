@@ -256,6 +256,43 @@ def raw_hooked(hf: Any, path: str, head_dim: int, head: int, ids: torch.Tensor) 
         handle.remove()
 
 
+def raw_backward(hf: Any, out_proj: str, n_layers: int, ids: torch.Tensor, corrupt: torch.Tensor, good: int, bad: int) -> list[torch.Tensor]:
+    """Raw-hook attribution patching, the floor of the backward operations: a no-grad
+    corrupt forward capturing every layer's out-projection input, then a clean forward whose
+    out-projection inputs are leaves, and the backward of the final position's logit
+    difference to them. Returns each layer's ``(corrupt - clean) * grad`` ``[batch, pos, width]``."""
+    paths = [out_proj.replace(".0.", f".{layer}.", 1) for layer in range(n_layers)]
+    modules = []
+    for path in paths:
+        with contextlib.suppress(AttributeError):
+            modules.append(hf.get_submodule(path))
+    stored: list[torch.Tensor] = []
+    head = hf.get_output_embeddings()  # the final position's logits alone (Llamba's twin takes no logits_to_keep)
+    last = head.register_forward_pre_hook(lambda module, inputs: (inputs[0][:, -1:], *inputs[1:]))
+    handles = [m.register_forward_pre_hook(lambda module, inputs: stored.append(inputs[0].detach())) for m in modules]
+    try:
+        with torch.no_grad():
+            hf(input_ids=corrupt)
+    finally:
+        for handle in handles:
+            handle.remove()
+    leaves: list[torch.Tensor] = []
+
+    def leaf(module: Any, inputs: tuple) -> tuple:
+        leaves.append(inputs[0].detach().requires_grad_(True))
+        return (leaves[-1], *inputs[1:])
+
+    handles = [m.register_forward_pre_hook(leaf) for m in modules]
+    try:
+        logits = hf(input_ids=ids).logits
+    finally:
+        for handle in [*handles, last]:
+            handle.remove()
+    value = (logits[:, -1, good].float() - logits[:, -1, bad].float()).mean()
+    grads = torch.autograd.grad(value, leaves)
+    return [(c - x.detach()) * g for c, x, g in zip(stored, leaves, grads, strict=True)]
+
+
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     _, _, out_proj, head_dim = CONFIGS[name]
     start = time.perf_counter()
@@ -276,17 +313,27 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     heads = [gna.Head(0, h) for h in range(SWEEP_HEADS)]
     ablate = [gna.Ablate([gna.Head(0, 0)])]
+    one = dict(max_rows=args.prompts, progress=False)  # one copy of the batch per forward
+    budget = dict(memory_budget_mb=args.budget_mb, progress=False)  # stacked copies within the budget
+    edge_receivers = [gna.Head(1, 0)]
     operations: dict[str, Callable[[], Any]] = {
         "raw": lambda: raw_hooked(hf, out_proj, head_dim, 0, ids),
+        "raw backward": lambda: raw_backward(hf, out_proj, args.layers, ids, corrupt, good, bad),
         "forward": lambda: model.logits(ids),
         "ablation": lambda: model.logits(ids, ablate),
         "ablation, last logits": lambda: model.logits(ids, ablate, logits_to_keep=1),
-        "sweep": lambda: gna.ablation_sweep(model, ids, metric, heads=heads, progress=False),
-        "sweep, every position": lambda: gna.ablation_sweep(model, ids, undeclared, heads=heads, progress=False),
+        "sweep": lambda: gna.ablation_sweep(model, ids, metric, heads=heads, **one),
+        "sweep, every position": lambda: gna.ablation_sweep(model, ids, undeclared, heads=heads, **one),
+        "sweep, budget": lambda: gna.ablation_sweep(model, ids, metric, heads=heads, **budget),
+        "patching sweep": lambda: gna.patching_sweep(model, ids, corrupt, metric, heads=heads, **one),
+        "patching sweep, budget": lambda: gna.patching_sweep(model, ids, corrupt, metric, heads=heads, **budget),
         "path patching": lambda: gna.path_patching(model, ids, corrupt, metric, senders=[gna.Head(0, 0)], receivers=[gna.Head(1, 0)]),
         "final-row patterns": lambda: gna.attention_pattern(model, ids, [gna.Head(0, 0), gna.Head(1, 0)], query_positions=[-1]),
-        "attribution": lambda: gna.attribution_patching(model, ids, corrupt, metric),
+        "attribution": lambda: gna.attribution_patching(model, ids, corrupt, metric, **one),
+        "attribution, IG": lambda: gna.attribution_patching(model, ids, corrupt, metric, steps=2, **one),
+        "edge attribution": lambda: gna.edge_attribution(model, ids, corrupt, metric, receivers=edge_receivers, **one),
     }
+    backward = {"attribution", "attribution, IG", "edge attribution", "raw backward"}
     rows: dict[str, dict[str, float]] = {}
     results: dict[str, Any] = {}
     operations["raw"](), operations["ablation"]()  # warm-up: first-call costs (hook tables, allocator) are not timed
@@ -295,9 +342,11 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         rows[label] = {"seconds": seconds, "peak_mb": peak / 2**20}
         if args.verbose:
             print(f"  {name}: {label} {seconds:.3f} s", file=sys.stderr, flush=True)
-    for row in rows.values():
-        row["time_ratio"] = row["seconds"] / rows["raw"]["seconds"]
-        row["memory_ratio"] = row["peak_mb"] / max(rows["raw"]["peak_mb"], 1e-9)
+    for label, row in rows.items():
+        reference = rows["raw backward" if label in backward else "raw"]
+        row["reference"] = "raw backward" if label in backward else "raw"
+        row["time_ratio"] = row["seconds"] / reference["seconds"]
+        row["memory_ratio"] = row["peak_mb"] / max(reference["peak_mb"], 1e-9)
     # Numbers: the ablated logits against the raw twin's; the sweep against a raw-hook loop.
     raw = results["raw"]
     ablation_diff = float((results["ablation"][:, -1].float() - raw[:, -1].float()).abs().max())
@@ -328,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     arguments.add_argument("--prompts", type=int, default=2)
     arguments.add_argument("--seq-len", type=int, default=8)
     arguments.add_argument("--device", default="cpu")
+    arguments.add_argument("--budget-mb", type=float, default=400.0, help="memory_budget_mb of the ', budget' rows (their peak is checked against it)")
     arguments.add_argument("--tolerance", type=float, default=0.05, help="max |diff| of bf16 logits / metrics vs the raw-hook twin")
     arguments.add_argument("--verbose", action="store_true", help="each operation's time on stderr as it finishes")
     args = arguments.parse_args(argv)
