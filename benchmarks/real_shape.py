@@ -32,8 +32,8 @@ tokens:
 ``raw backward``
     the floor of the backward operations (their ratios are taken against it): a no-grad
     corrupt forward capturing every layer's out-projection input with raw hooks, then a
-    clean forward whose out-projection inputs are leaves (raw pre-hooks), the final
-    position's logits alone, and the backward of the logit difference to those leaves.
+    clean forward capturing them again (in the graph), the final position's logits alone,
+    and the backward of the logit difference to them (every path, as the library's gates).
 ``attribution``, ``attribution, IG``, ``edge attribution``
     `attribution_patching` over every head (first order; integrated gradients with
     ``steps=2``) and `edge_attribution` into head 0 of layer 1, one copy per forward.
@@ -276,40 +276,33 @@ def raw_backward(
     hf: Any, out_proj: str, n_layers: int, ids: torch.Tensor, corrupt: torch.Tensor, good: int, bad: int
 ) -> list[torch.Tensor]:
     """Raw-hook attribution patching, the floor of the backward operations: a no-grad
-    corrupt forward capturing every layer's out-projection input, then a clean forward whose
-    out-projection inputs are leaves, and the backward of the final position's logit
-    difference to them. Returns each layer's ``(corrupt - clean) * grad`` ``[batch, pos, width]``."""
-    paths = [out_proj.replace(".0.", f".{layer}.", 1) for layer in range(n_layers)]
+    corrupt forward capturing every layer's out-projection input, then a clean forward
+    capturing the same inputs (in the graph, as every head's gate is), and the backward of
+    the final position's logit difference to them: every path, through later mixers too.
+    Returns each layer's ``(corrupt - clean) * grad`` ``[batch, pos, width]``."""
     modules = []
-    for path in paths:
+    for layer in range(n_layers):
         with contextlib.suppress(AttributeError):
-            modules.append(hf.get_submodule(path))
-    stored: list[torch.Tensor] = []
+            modules.append(hf.get_submodule(out_proj.replace(".0.", f".{layer}.", 1)))
     head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else hf.lm_head  # Llamba's twin: lm_head
-    # the final position's logits alone (Llamba's twin takes no logits_to_keep)
-    last = head.register_forward_pre_hook(lambda module, inputs: (inputs[0][:, -1:], *inputs[1:]))
-    handles = [m.register_forward_pre_hook(lambda module, inputs: stored.append(inputs[0].detach())) for m in modules]
-    try:
-        with torch.no_grad():
-            hf(input_ids=corrupt)
-    finally:
-        for handle in handles:
-            handle.remove()
-    leaves: list[torch.Tensor] = []
 
-    def leaf(module: Any, inputs: tuple) -> tuple:
-        leaves.append(inputs[0].detach().requires_grad_(True))
-        return (leaves[-1], *inputs[1:])
+    def forward(inputs: torch.Tensor, grad: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        stored: list[torch.Tensor] = []
+        hooks = [m.register_forward_pre_hook(lambda module, args: stored.append(args[0])) for m in modules]
+        # the final position's logits alone (Llamba's twin takes no logits_to_keep)
+        hooks.append(head.register_forward_pre_hook(lambda module, args: (args[0][:, -1:], *args[1:])))
+        try:
+            with torch.set_grad_enabled(grad):
+                return hf(input_ids=inputs).logits, stored
+        finally:
+            for hook in hooks:
+                hook.remove()
 
-    handles = [m.register_forward_pre_hook(leaf) for m in modules]
-    try:
-        logits = hf(input_ids=ids).logits
-    finally:
-        for handle in [*handles, last]:
-            handle.remove()
+    _, source = forward(corrupt, False)
+    logits, acts = forward(ids, True)
     value = (logits[:, -1, good].float() - logits[:, -1, bad].float()).mean()
-    grads = torch.autograd.grad(value, leaves)
-    return [(c - x.detach()) * g for c, x, g in zip(stored, leaves, grads, strict=True)]
+    grads = torch.autograd.grad(value, acts)
+    return [(c - x.detach()) * g for c, x, g in zip(source, acts, grads, strict=True)]
 
 
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
