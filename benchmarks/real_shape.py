@@ -21,9 +21,25 @@ tokens:
     `ablation_sweep` over heads 0 and 1 of layer 0 with `logit_diff` (it declares that it reads
     the final position: logits computed there alone) and with the same metric as an
     undeclared lambda (every position's logits): issue 27 item 6 side by side.
-``path patching``, ``final-row patterns``, ``attribution``
+``sweep, budget``
+    the same `ablation_sweep` with ``memory_budget_mb=--budget-mb`` (stacked copies): its peak
+    must stay within that budget (else exit 1).
+``patching sweep`` / ``patching sweep, budget``
+    `patching_sweep` over the same heads, one copy per forward / within the budget.
+``path patching``, ``final-row patterns``
     `path_patching` (head 0 of layer 0 -> head 0 of layer 1), `attention_pattern` of both
-    heads at the final query row, `attribution_patching` over every head.
+    heads at the final query row.
+``raw backward``
+    the floor of the backward operations (their ratios are taken against it): a no-grad
+    corrupt forward capturing every layer's out-projection input with raw hooks, then a
+    clean forward capturing them again (in the graph), the final position's logits alone,
+    and the backward of the logit difference to them (every path, as the library's gates).
+``attribution``, ``attribution, IG``, ``edge attribution``
+    `attribution_patching` over every head (first order; integrated gradients with
+    ``steps=2``) and `edge_attribution` into head 0 of layer 1, one copy per forward.
+
+The sweeps, the attributions and edge attribution run one copy of the batch per forward
+(``max_rows`` = the batch) unless their label says ``budget``.
 
 Time is the best of ``--repeats`` calls; peak memory is the peak resident memory above
 what the process held before the call (a sampling thread, every 2 ms, after returning
@@ -256,6 +272,39 @@ def raw_hooked(hf: Any, path: str, head_dim: int, head: int, ids: torch.Tensor) 
         handle.remove()
 
 
+def raw_backward(
+    hf: Any, out_proj: str, n_layers: int, ids: torch.Tensor, corrupt: torch.Tensor, good: int, bad: int
+) -> list[torch.Tensor]:
+    """Raw-hook attribution patching, the floor of the backward operations: a no-grad
+    corrupt forward capturing every layer's out-projection input, then a clean forward
+    capturing the same inputs (in the graph, as every head's gate is), and the backward of
+    the final position's logit difference to them: every path, through later mixers too.
+    Returns each layer's ``(corrupt - clean) * grad`` ``[batch, pos, width]``."""
+    modules = []
+    for layer in range(n_layers):
+        with contextlib.suppress(AttributeError):
+            modules.append(hf.get_submodule(out_proj.replace(".0.", f".{layer}.", 1)))
+    head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else hf.lm_head  # Llamba's twin: lm_head
+
+    def forward(inputs: torch.Tensor, grad: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        stored: list[torch.Tensor] = []
+        hooks = [m.register_forward_pre_hook(lambda module, args: stored.append(args[0])) for m in modules]
+        # the final position's logits alone (Llamba's twin takes no logits_to_keep)
+        hooks.append(head.register_forward_pre_hook(lambda module, args: (args[0][:, -1:], *args[1:])))
+        try:
+            with torch.set_grad_enabled(grad):
+                return hf(input_ids=inputs).logits, stored
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    _, source = forward(corrupt, False)
+    logits, acts = forward(ids, True)
+    value = (logits[:, -1, good].float() - logits[:, -1, bad].float()).mean()
+    grads = torch.autograd.grad(value, acts)
+    return [(c - x.detach()) * g for c, x, g in zip(source, acts, grads, strict=True)]
+
+
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     _, _, out_proj, head_dim = CONFIGS[name]
     start = time.perf_counter()
@@ -276,17 +325,27 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     heads = [gna.Head(0, h) for h in range(SWEEP_HEADS)]
     ablate = [gna.Ablate([gna.Head(0, 0)])]
+    one = dict(max_rows=args.prompts, progress=False)  # one copy of the batch per forward
+    budget = dict(memory_budget_mb=args.budget_mb, progress=False)  # stacked copies within the budget
+    edge_receivers = [gna.Head(1, 0)]
     operations: dict[str, Callable[[], Any]] = {
         "raw": lambda: raw_hooked(hf, out_proj, head_dim, 0, ids),
+        "raw backward": lambda: raw_backward(hf, out_proj, args.layers, ids, corrupt, good, bad),
         "forward": lambda: model.logits(ids),
         "ablation": lambda: model.logits(ids, ablate),
         "ablation, last logits": lambda: model.logits(ids, ablate, logits_to_keep=1),
-        "sweep": lambda: gna.ablation_sweep(model, ids, metric, heads=heads, progress=False),
-        "sweep, every position": lambda: gna.ablation_sweep(model, ids, undeclared, heads=heads, progress=False),
+        "sweep": lambda: gna.ablation_sweep(model, ids, metric, heads=heads, **one),
+        "sweep, every position": lambda: gna.ablation_sweep(model, ids, undeclared, heads=heads, **one),
+        "sweep, budget": lambda: gna.ablation_sweep(model, ids, metric, heads=heads, **budget),
+        "patching sweep": lambda: gna.patching_sweep(model, ids, corrupt, metric, heads=heads, **one),
+        "patching sweep, budget": lambda: gna.patching_sweep(model, ids, corrupt, metric, heads=heads, **budget),
         "path patching": lambda: gna.path_patching(model, ids, corrupt, metric, senders=[gna.Head(0, 0)], receivers=[gna.Head(1, 0)]),
         "final-row patterns": lambda: gna.attention_pattern(model, ids, [gna.Head(0, 0), gna.Head(1, 0)], query_positions=[-1]),
-        "attribution": lambda: gna.attribution_patching(model, ids, corrupt, metric),
+        "attribution": lambda: gna.attribution_patching(model, ids, corrupt, metric, **one),
+        "attribution, IG": lambda: gna.attribution_patching(model, ids, corrupt, metric, steps=2, **one),
+        "edge attribution": lambda: gna.edge_attribution(model, ids, corrupt, metric, receivers=edge_receivers, **one),
     }
+    backward = {"attribution", "attribution, IG", "edge attribution", "raw backward"}
     rows: dict[str, dict[str, float]] = {}
     results: dict[str, Any] = {}
     operations["raw"](), operations["ablation"]()  # warm-up: first-call costs (hook tables, allocator) are not timed
@@ -295,9 +354,13 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         rows[label] = {"seconds": seconds, "peak_mb": peak / 2**20}
         if args.verbose:
             print(f"  {name}: {label} {seconds:.3f} s", file=sys.stderr, flush=True)
-    for row in rows.values():
-        row["time_ratio"] = row["seconds"] / rows["raw"]["seconds"]
-        row["memory_ratio"] = row["peak_mb"] / max(rows["raw"]["peak_mb"], 1e-9)
+    for label, row in rows.items():
+        reference = rows["raw backward" if label in backward else "raw"]
+        row["reference"] = "raw backward" if label in backward else "raw"
+        row["time_ratio"] = row["seconds"] / reference["seconds"]
+        row["memory_ratio"] = row["peak_mb"] / max(reference["peak_mb"], 1e-9)
+        if label.endswith(", budget"):
+            row["budget_mb"] = args.budget_mb
     # Numbers: the ablated logits against the raw twin's; the sweep against a raw-hook loop.
     raw = results["raw"]
     ablation_diff = float((results["ablation"][:, -1].float() - raw[:, -1].float()).abs().max())
@@ -328,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     arguments.add_argument("--prompts", type=int, default=2)
     arguments.add_argument("--seq-len", type=int, default=8)
     arguments.add_argument("--device", default="cpu")
+    arguments.add_argument("--budget-mb", type=float, default=600.0, help="memory_budget_mb of the ', budget' rows")
     arguments.add_argument("--tolerance", type=float, default=0.05, help="max |diff| of bf16 logits / metrics vs the raw-hook twin")
     arguments.add_argument("--verbose", action="store_true", help="each operation's time on stderr as it finishes")
     args = arguments.parse_args(argv)
@@ -358,6 +422,11 @@ def main(argv: list[str] | None = None) -> int:
             + f"; tolerance {args.tolerance}"
         )
         failed += [f"{name}: {key}" for key, value in checks.items() if key != "logit_scale" and not value <= args.tolerance]
+        failed += [
+            f"{name}: {label} peak over its budget"
+            for label, row in report["rows"].items()
+            if row["peak_mb"] > row.get("budget_mb", float("inf"))
+        ]
     if args.json:
         write_json(args.json, {"args": vars(args) | {"json": str(args.json)}, "models": reports}, indent=2)
     if failed:

@@ -17,6 +17,23 @@ each forward to every meter open on that model (nested meters all count). A mete
 ``passes(n_prompts)`` is ``block_rows / (n_prompts * L)``: the cost in full forward passes
 over the task.
 
+A meter also records the peak memory the block added, ``peak_memory_mb`` (MiB, above what
+was in use when the block began), and how, ``memory_source``:
+
+- ``"cuda"`` (a model on a GPU): ``torch.cuda.max_memory_allocated`` above
+  ``memory_allocated`` at entry, the allocator's exact peak of live tensors (not its cache).
+  Nested meters each keep their own peak (an inner one folds the peak so far into every open
+  meter before it resets the counter).
+- ``"rss"`` (CPU): the process's resident memory, sampled every ``SAMPLE_SECONDS`` (1 ms) by a
+  background thread from ``/proc/self/statm`` (Linux; elsewhere ``psutil`` if installed),
+  above the resident memory at entry (freed heap memory is first returned to the system,
+  glibc's ``malloc_trim``, so that reused free memory is not missed). Resolution: a page, and
+  the sampling period: memory held for less than a millisecond or two may be missed. It
+  counts the whole process (other threads' allocations too). ``resource.getrusage``'s
+  ``ru_maxrss`` cannot do this: it is the process's lifetime maximum, blind to a block
+  that follows a bigger one.
+- ``""``, ``peak_memory_mb`` ``None``: no way to read it (not Linux, no ``psutil``).
+
 Example::
 
     with gna.cost_meter(model) as cost:
@@ -26,7 +43,12 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import ctypes
+import gc
+import os
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +56,8 @@ from typing import Any
 from .core.errors import GnaTypeError, GnaValueError
 
 COUNTS = ("forwards", "rows", "block_rows", "requests", "backwards", "backward_block_rows")
+SAMPLE_SECONDS = 0.001
+"""How often the CPU meter samples resident memory."""
 
 
 @dataclass(eq=False)
@@ -47,6 +71,10 @@ class Cost:
     requests: int = 0
     backwards: int = 0
     backward_block_rows: int = 0
+    peak_memory_mb: float | None = None
+    """Peak memory added during the block, MiB (module docs); ``None`` while the block runs."""
+    memory_source: str = ""
+    """``"cuda"`` (allocator peak), ``"rss"`` (sampled resident memory) or ``""`` (none)."""
 
     def passes(self, n_prompts: int) -> float:
         """``block_rows / (n_prompts * n_layers)``: full forward passes over ``n_prompts`` rows."""
@@ -61,6 +89,8 @@ class Cost:
     def to_dict(self, n_prompts: int | None = None) -> dict[str, Any]:
         data: dict[str, Any] = {name: getattr(self, name) for name in COUNTS}
         data["n_layers"] = self.n_layers
+        data["peak_memory_mb"] = self.peak_memory_mb
+        data["memory_source"] = self.memory_source
         if n_prompts is not None:
             data["n_prompts"] = n_prompts
             data["passes"] = self.passes(n_prompts)
@@ -70,6 +100,8 @@ class Cost:
         text = f"{self.forwards} forwards, {self.rows} rows, {self.passes(n_prompts):.1f} passes, {self.requests} requests"
         if self.backwards:
             text += f", {self.backwards} backward(s) over {self.backward_block_rows / (n_prompts * max(1, self.n_layers)):.1f} passes"
+        if self.peak_memory_mb is not None:
+            text += f", peak memory +{self.peak_memory_mb:.0f} MiB ({self.memory_source})"
         return text
 
 
@@ -110,6 +142,76 @@ def cost_meter(model: Any) -> Iterator[Cost]:
     meters = _meters(backend)
     meters.append(meter)
     try:
-        yield meter
+        with _peak_memory(meter, str(getattr(model, "device", "cpu"))):
+            yield meter
     finally:
         meters[:] = [other for other in meters if other is not meter]
+
+
+_open_cuda: list[list[int]] = []
+"""``[peak so far]`` of every open CUDA meter (an inner meter's reset folds into them)."""
+
+
+@contextmanager
+def _peak_memory(meter: Cost, device: str) -> Iterator[None]:
+    """Set ``meter.peak_memory_mb`` / ``memory_source`` to the peak memory the block adds
+    (module docs), exceptions included."""
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize()
+        for peak in _open_cuda:  # fold the peak so far into the open meters before the reset
+            peak[0] = max(peak[0], torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
+        start, mine = torch.cuda.memory_allocated(), [0]
+        _open_cuda.append(mine)
+        try:
+            yield
+        finally:
+            torch.cuda.synchronize()
+            _open_cuda.remove(mine)
+            meter.peak_memory_mb = (max(mine[0], torch.cuda.max_memory_allocated()) - start) / 2**20
+            meter.memory_source = "cuda"
+        return
+    read = _rss_reader()
+    if read is None:
+        yield
+        return
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc: freed heap memory back to the system first
+    start = read()
+    peak = [start]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(SAMPLE_SECONDS):
+            peak[0] = max(peak[0], read())
+
+    sampler = threading.Thread(target=sample, name="gna-cost-meter-rss", daemon=True)
+    sampler.start()
+    try:
+        yield
+    finally:
+        done.set()
+        sampler.join()
+        meter.peak_memory_mb = max(0, max(peak[0], read()) - start) / 2**20
+        meter.memory_source = "rss"
+
+
+def _rss_reader() -> Callable[[], int] | None:
+    """A function returning the process's resident memory in bytes, or ``None``."""
+    if os.path.exists("/proc/self/statm"):
+        page = os.sysconf("SC_PAGE_SIZE")
+
+        def statm() -> int:
+            with open("/proc/self/statm", "rb") as handle:
+                return int(handle.read().split()[1]) * page
+
+        return statm
+    try:
+        import psutil  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    process = psutil.Process()
+    return lambda: int(process.memory_info().rss)

@@ -159,3 +159,41 @@ def test_truncation_from_the_cache_equals_the_uncached_truncation(llama_tlens):
         cached = [model.logits(batch, [gna.Truncate(k)]) for k in range(1, model.n_layers + 1)]
     for k, logits in enumerate(cached, start=1):
         assert (logits - model.logits(batch, [gna.Truncate(k)])).abs().max() < TOL
+
+
+def test_meter_records_the_peak_memory_a_block_adds(llama_tlens):
+    """A block that holds a 96 MiB tensor for 0.2 s shows at least that (resident memory on
+    the CPU, sampled), and a later block holding 24 MiB shows under 96: the peak is the block's
+    own, not the process's lifetime maximum (``ru_maxrss``)."""
+    import time
+
+    def hold(mib: int) -> None:
+        tensor = torch.ones(mib * 2**18)  # float32: mib MiB, every page written
+        time.sleep(0.2)  # the sampler runs every ms; a loaded machine may delay it
+        del tensor
+
+    with gna.cost_meter(llama_tlens) as big:
+        hold(96)
+    with gna.cost_meter(llama_tlens) as small:
+        hold(24)
+    assert big.memory_source == small.memory_source == "rss"
+    assert big.peak_memory_mb >= 96 > small.peak_memory_mb >= 24, (big.peak_memory_mb, small.peak_memory_mb)
+    assert big.to_dict()["peak_memory_mb"] == big.peak_memory_mb and "peak memory +" in big.describe(1)
+
+
+def test_a_given_memory_budget_counts_the_scan_states(mamba2, llama_tlens):
+    """``rows_per_forward`` with a budget the caller gives counts, besides the logits and the
+    residual-width activations, the largest mixer's float32 intermediates per position (a
+    Mamba-2 scan's ``[inner, state]`` states; attention's scores and pattern): by hand from the
+    HF configs. The default budget keeps its throughput estimate (no mixer term)."""
+    from gna_interp.patching.variants import DEFAULT_MEMORY_BUDGET_MB, rows_per_forward
+
+    n_pos, budget = 16, 1.0
+    for model in (mamba2, llama_tlens):
+        config = model.backend.config if model is mamba2 else model.backend.root.config
+        base = config.vocab_size + 8 * config.hidden_size * (config.num_hidden_layers + 1)
+        mixer = config.num_heads * config.head_dim * config.state_size if model is mamba2 else 2 * config.num_attention_heads * n_pos
+        assert rows_per_forward(model, n_pos, None, budget) == max(1, int(budget * 2**20 // (4 * n_pos * (base + mixer))))
+        default = int(DEFAULT_MEMORY_BUDGET_MB * 2**20 // (4 * n_pos * base))
+        assert rows_per_forward(model, n_pos, None, None) == default
+    assert rows_per_forward(mamba2, n_pos, None, budget) < rows_per_forward(mamba2, n_pos, None, DEFAULT_MEMORY_BUDGET_MB)

@@ -4,9 +4,10 @@ A model whose weights hold a NaN, or whose bf16 activations overflow at real wid
 returns logits that score as silently as good ones (one NaN weight in a tiny model scored
 accuracy 0.125 and said nothing). Every forward of both backends therefore checks its
 logits on the real tokens (padding positions are not scored and not checked) and raises
-`NonFiniteLogitsError` when one is NaN or infinite. Clean logits cost one float32 sum (NaN
-and inf carry into it, and finite logits cannot overflow it); only a non-finite sum looks
-at positions (padding may hold NaN in some models).
+`NonFiniteLogitsError` when one is NaN or infinite. Clean logits cost one min-and-max
+reduction in their own dtype (NaN carries into both, +inf shows in the max, -inf in the min;
+no copy: a float32 sum of bf16 logits made a float32 copy of them, twice their memory);
+only a non-finite extreme looks at positions (padding may hold NaN in some models).
 
 The error names where values first turn non-finite. The same forward (same plan, same
 batch) runs once more with the residual stream entering every block and every mixer's
@@ -70,7 +71,10 @@ def check_logits(
         run: the backend's unchecked forward; ``None``: do not locate (a remote job).
         root: the HF model whose parameters are scanned; ``None``: not scanned (remote).
     """
-    if bool(torch.isfinite(logits.detach().sum(dtype=torch.float32))):  # NaN and inf carry into the sum: the cheap common case
+    if logits.numel() == 0:
+        return
+    low, high = torch.aminmax(logits.detach())  # NaN and inf show in the extremes: the cheap common case, no copy
+    if bool(torch.isfinite(low) & torch.isfinite(high)):
         return
     real = batch.attention_mask[:, batch.n_pos - logits.shape[1] :].bool()
     where = first_bad(logits.detach(), real)

@@ -128,6 +128,7 @@ def attribution_patching(
     source_out = model.backend.run(source, model.compile_plan(source, ambient), capture=set(site_list), logits_to_keep=logits_read(metric))
     reference = reduce_metric(metric(source_out.logits), metric, source.n_rows)
     targets = {site: source_out.acts[site] for site in site_list}
+    del source_out  # its logits are read: not held through the forwards and backwards
     rows = rows_per_forward(model, target.n_pos, max_rows, memory_budget_mb)
     effects, baseline = integrated_effects(model, target, ambient, targets, metric, steps, rule, max_rows=rows, progress=progress)
     if not by_position:

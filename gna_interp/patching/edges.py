@@ -259,8 +259,12 @@ def edge_attribution(
             grads = dict(zip(receiver_order, _gradients(value, [point.acts[s] for s in receiver_order]), strict=True))
             charge(model.backend, backwards=1, backward_block_rows=clean_batch.n_rows * model.n_layers)
             acts = {site: act.detach() for site, act in point.acts.items()}
+            # The captured acts keep the forward's graph upstream of the receivers alive (the
+            # backward ran only down to them): dropped before the stacked forwards.
+            measured = float(value.detach())
+            del point, value
             if step == 0:
-                clean_acts, baseline = acts, float(value.detach())
+                clean_acts, baseline = acts, measured
             for offset in range(0, len(copies), per_chunk):
                 chunk = copies[offset : offset + per_chunk]
                 if direct:

@@ -137,14 +137,16 @@ def patching_sweep(
         layer_sites = {Site(SiteKind.RESID, layer) for layer in range(model.n_layers)}
     source_out = model.backend.run(source, source_base, capture=layer_sites, logits_to_keep=logits_read(metric))
     reference = reduce_metric(metric(source_out.logits), metric, source.n_rows)
+    source_acts = source_out.acts
+    del source_out  # its logits are read: not held through the sweep's forwards
     n_pos = target.n_pos
     shape: tuple[int, ...]
     dims: tuple[str, ...]
     if sites == "heads":
-        variants, cells = _head_variants(model, chosen, source_out.acts, n_pos, by_position)
+        variants, cells = _head_variants(model, chosen, source_acts, n_pos, by_position)
         shape, dims = (model.n_layers, model.n_heads), ("layer", "head")
     else:
-        variants, cells = _resid_variants(model, source_out.acts, n_pos, by_position)
+        variants, cells = _resid_variants(model, source_acts, n_pos, by_position)
         shape, dims = (model.n_layers,), ("layer",)
     if by_position:
         shape, dims = (*shape, n_pos), (*dims, "pos")

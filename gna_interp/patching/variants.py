@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ..backends.jobs import Job
+from ..core.dims import AttentionDims, Mamba1Dims, Mamba2Dims
 from ..core.errors import GnaValueError
 from ..core.inputs import Batch
 from ..core.plan import Edit, Plan, Ref, Site, SiteKind
@@ -51,7 +52,12 @@ class Variant:
 
 def rows_per_forward(model: GnaModel, n_pos: int, max_rows: int | None, memory_budget_mb: float | None) -> int:
     """How many rows one forward may hold. The estimate counts the logits and a few
-    residual-width activations per layer for every position (float32)."""
+    residual-width activations per layer for every position (float32); a budget the caller
+    gives also counts the largest mixer's per-position intermediates (`_mixer_floats`: a
+    PyTorch scan's discretized states, eager attention's scores), so that it is honoured on
+    SSMs too (measured: benchmarks/real_shape.py). The default budget's estimate leaves them
+    out: it sets throughput (chunk sizes), not a limit. One copy of the batch runs however
+    small the budget."""
     if max_rows is not None:
         if max_rows < 1:
             raise GnaValueError(f"max_rows={max_rows} must be >= 1")
@@ -59,8 +65,24 @@ def rows_per_forward(model: GnaModel, n_pos: int, max_rows: int | None, memory_b
     budget = DEFAULT_MEMORY_BUDGET_MB if memory_budget_mb is None else memory_budget_mb
     if budget <= 0:
         raise GnaValueError(f"memory_budget_mb={budget} must be > 0")
-    per_row = 4 * n_pos * (model.vocab_size + 8 * model.d_model * (model.n_layers + 1))
-    return max(1, int(budget * 2**20 // per_row))
+    per_position = model.vocab_size + 8 * model.d_model * (model.n_layers + 1)
+    if memory_budget_mb is not None:
+        per_position += max((_mixer_floats(mixer.dims, n_pos) for spec in model.layer_specs for mixer in spec.mixers), default=0)
+    return max(1, int(budget * 2**20 // (4 * n_pos * per_position)))
+
+
+def _mixer_floats(dims: Any, n_pos: int) -> int:
+    """Float32 intermediates per row and position of one mixer's forward on the PyTorch
+    path: Mamba-1's discretized ``A`` and ``B u`` and their scan (``[channels, state]`` each,
+    about 4), Mamba-2's states (``[inner, state]``), attention's scores and pattern
+    (``[heads, key]`` each); 0 for others."""
+    if isinstance(dims, Mamba1Dims):
+        return 4 * dims.channels * dims.state
+    if isinstance(dims, Mamba2Dims):
+        return dims.inner * dims.state
+    if isinstance(dims, AttentionDims):
+        return 2 * dims.heads * n_pos
+    return 0
 
 
 def run_variants(
@@ -88,17 +110,21 @@ def run_variants(
     keep = logits_read(metric)  # the positions the metric reads: logits computed there alone
     base_out = model.run_plan(batch, base, capture=prefix_sites, logits_to_keep=keep)  # from an open prefix cache, if any
     baseline = reduce_metric(metric(base_out.logits), metric, batch.n_rows)
+    prefix = base_out.acts
+    del base_out  # its logits are read: not held through the chunks' forwards
     scores = torch.empty(len(variants))
     with progress_bar(total=len(variants), show=progress, desc=desc) as bar:
         for indices in chunks:
             chunk = [variants[i] for i in indices]
             plan = stacked_plan(model, batch, base, chunk)
             start = Site(SiteKind.RESID, chunk[0].first_layer)
-            if start in base_out.acts:
-                plan.start = (start.layer, base_out.acts[start].repeat(len(chunk), 1, 1))
+            if start in prefix:
+                plan.start = (start.layer, prefix[start].repeat(len(chunk), 1, 1))
             logits = model.backend.run(batch.repeat(len(chunk)), plan, logits_to_keep=keep).logits
+            del plan  # its stacked edits and start residual, before the next chunk builds its own
             for i, rows in zip(indices, logits.split(batch.n_rows), strict=True):
                 scores[i] = reduce_metric(metric(rows), metric, batch.n_rows)
+            del logits, rows  # freed before the next chunk's forward, not after it
             bar.update(len(chunk))
     return baseline, scores
 
