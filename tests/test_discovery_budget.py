@@ -114,21 +114,22 @@ def test_a_spread_group_is_searched_only_where_its_effect_can_be_split(effect, s
 
 @pytest.mark.slow
 @pytest.mark.budget
-def test_the_mamba1_toy_costs_at_most_85_passes():
+def test_the_mamba1_toy_costs_at_most_102_passes():
     """The trained 2 x 128 Mamba-1 toy (every channel a head, both layers group-tested), 200
-    prompts: the toy's channels (Gather L0H70, L0H6, L0H1; Aggregate L1H22), in at most 85
-    passes (83.3 measured, 10.0 of them MIB's circuit score; 73.3 before it; 95.3 before the
-    accuracy memo, the spread search of the reported groups alone and path patching's own
-    clean and corrupt runs; 302 on the issue's model before group testing), with no
-    attribution (nothing left to rank)."""
+    prompts: the toy's channels (Gather L0H70, L0H6, L0H1; Aggregate L1H22 and L1H92, which
+    costs 0.035 alone in a half that costs nothing: found since group testing searches such
+    a half, `group_testing.masked_parts`), in at most 102 passes (MEASURED measured, about 10 of them MIB's circuit score; 89.8 before it;
+    73.3 while L1H92 was missed; 95.3 before the accuracy memo, the spread search of the reported
+    groups alone and path patching's own clean and corrupt runs; 302 on the issue's model
+    before group testing), with no attribution (nothing left to rank)."""
     if "mamba" not in gna.toy_names():
         pytest.skip("the Mamba-1 toy is not bundled yet")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gna.discovery.PositionalAnswerWarning)
         circuit = gna.discover(gna.load_toy("mamba"), gna.toy_task("mamba", 200, seed=4242), progress=False)
-    assert circuit.gather == [Head(0, 70), Head(0, 6), Head(0, 1)] and circuit.aggregate == [Head(1, 22)]
-    assert (circuit.accuracy["-gather"], circuit.accuracy["-aggregate"]) == (0.905, 0.895)
-    assert circuit.cost["passes"] <= 85 and circuit.cost["backwards"] == 0, circuit.cost
+    assert circuit.gather == [Head(0, 70), Head(0, 6), Head(0, 1)] and circuit.aggregate == [Head(1, 22), Head(1, 92)]
+    assert (circuit.accuracy["-gather"], circuit.accuracy["-aggregate"]) == (0.905, 0.825)
+    assert circuit.cost["passes"] <= 102 and circuit.cost["backwards"] == 0, circuit.cost
     assert set(circuit.settings["group_testing"]) == {"0", "1"}
 
 

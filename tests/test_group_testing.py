@@ -330,3 +330,80 @@ def test_the_group_testing_module_runs_no_model():
     tree = ast.parse(Path(module.__file__).read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
     assert imported == {"core.heads"}, imported
+
+
+def _cancelling_oracle(n: int, critical: int, masked: int, partner: int):
+    """The trained Mamba-1 toy's layer 1 in miniature: ``critical`` costs 0.1 alone,
+    ``masked`` 0.035 alone, and ``partner`` (nothing alone) cancels ``masked`` when both are
+    ablated, while adding 0.3 with ``critical`` (the layer's heads interact: the whole layer
+    costs more than its halves add up to). Bisection without the masked check clears the half
+    that holds ``masked`` and ``partner``."""
+    c, m, p = gna.Head(0, critical), gna.Head(0, masked), gna.Head(0, partner)
+
+    def accuracy(group):
+        g = set(group)
+        effect = 0.1 * (c in g) + 0.035 * (m in g and p not in g) + 0.3 * (c in g and p in g)
+        return 1.0 - effect
+
+    return lambda groups: [accuracy(g) for g in groups]
+
+
+@pytest.mark.parametrize(("critical", "masked", "partner", "n"), [(22, 92, 110, 128), (3, 40, 60, 64), (500, 2000, 1500, 4096)])
+def test_a_head_whose_cost_a_partner_cancels_is_found_like_brute_force(critical, masked, partner, n):
+    """No model: a head that costs 0.035 alone sits in a half that costs nothing (its partner
+    cancels it there). The split's halves do not add up to the group (`masked_parts`), so
+    the cleared half is searched anyway: the heads found are brute force's (every head
+    alone), with the same accuracies, in both designs; without the check the head is missed."""
+    measure, heads, clean = _cancelling_oracle(n, critical, masked, partner), _heads(n), 1.0
+    expected = _brute_force_singles(measure, heads, clean, 0.02)
+    assert set(expected) == {gna.Head(0, critical), gna.Head(0, masked)}
+    assert measure([[gna.Head(0, masked), gna.Head(0, partner)]]) == [clean]  # together they cost nothing
+    missed = group_testing(measure, heads, clean, 0.02, masked=False)
+    assert set(missed.singles) == {gna.Head(0, critical)}  # the miss, as before
+    found = group_testing(measure, heads, clean, 0.02)
+    assert found.singles == pytest.approx(expected) and set(found.singles) == set(expected)
+    assert set(found.screened) == set(heads) - set(expected)
+    assert found.tests <= missed.tests + 4 * math.ceil(math.log2(n)) < n
+    staged = staged_group_testing(measure, [heads], clean, 0.02)[0]
+    assert (staged.singles, staged.screened) == (found.singles, found.screened)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_masked_check_costs_nothing_on_additive_effects(seed):
+    """Where effects add up (the synthetic oracle of
+    `test_group_testing_alone_matches_brute_force_on_a_synthetic_oracle`), no split is
+    flagged: the same tests as without the check."""
+    generator = torch.Generator().manual_seed(seed)
+    heads = _heads(256)
+    effects = {h: float(e) for h, e in zip(heads, torch.rand(256, generator=generator) * 1e-4, strict=True)}
+    for index in torch.randperm(256, generator=generator)[: 1 + seed].tolist():
+        effects[heads[index]] = 0.05
+
+    def measure(groups):
+        return [1.0 - sum(effects[h] for h in group) for group in groups]
+
+    with_check, without = group_testing(measure, heads, 1.0, 0.02), group_testing(measure, heads, 1.0, 0.02, masked=False)
+    assert (with_check.tests, with_check.singles) == (without.tests, without.singles)
+
+
+@pytest.mark.slow
+def test_the_mamba1_toys_masked_channel_is_found_like_brute_force():
+    """The trained 2 x 128 Mamba-1 toy, 200 prompts (seed 4242), layer 1: every channel
+    ablated alone (brute force: L1H22 0.895, L1H92 0.965 cost at least 0.02) against
+    group testing, where the half L1H64-L1H127 costs nothing (L1H92's cost cancels there):
+    the same channels, with the same accuracies; without the masked check L1H92 is missed."""
+    if "mamba" not in gna.toy_names():
+        pytest.skip("the Mamba-1 toy is not bundled yet")
+    model, task = gna.load_toy("mamba"), gna.toy_task("mamba", 200, seed=4242)
+    clean = gna.evaluate(model, task).accuracy
+    exhaustive = head_scan(model, task, [1], screen_above=10**6, progress=False)
+    brute = {gna.Head(1, h): float(v) for h, v in enumerate(exhaustive.accuracy[1].tolist()) if clean - v >= 0.02}
+    assert set(brute) == {gna.Head(1, 22), gna.Head(1, 92)}
+    adaptive = head_scan(model, task, [1], screen_above=0, clean=clean, progress=False)
+    found = {
+        gna.Head(1, h): float(adaptive.accuracy[1, h])
+        for h in range(128)
+        if adaptive.verified[1, h] and clean - adaptive.accuracy[1, h] >= 0.02
+    }
+    assert found == pytest.approx(brute)
+    assert gna.evaluate(model, task, [gna.Ablate([gna.Head(1, h) for h in range(64, 128)])]).accuracy == clean

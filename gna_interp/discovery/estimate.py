@@ -5,9 +5,12 @@ A pass is the cost of one forward over every prompt through every layer
 (`gna_interp.cost`: ``block_rows / (n_prompts x n_layers)``); a forward that starts from a
 cached clean prefix at layer ``l`` costs ``(L - l) / L`` of one. The estimate counts:
 
-- fixed: the baseline, the label check, the truncation and layer scans (``(L + 1) / 2``
-  each, from cached prefixes), the pattern scores (one) and the confirmation (about six),
-  and MIB's circuit score (a clean and a corrupt forward, and a pass per circuit size);
+- fixed: the baseline, the label check, the truncation scan (nothing locally: each
+  truncation starts from the cached prefix at its last kept layer and runs no block;
+  ``(L + 1) / 2`` on a remote model, which has no prefix cache), the layer scan (``(L - 1)
+  / 2 + 1 / L`` locally, from cached prefixes; ``L - 1`` remotely), the pattern scores
+  (one), the confirmation (about six) and MIB's circuit score (a clean and a corrupt forward,
+  and a pass per circuit size);
 - the head scan: each head of the scanned layers ablated once, ``(L - l) / L`` per head;
   past ``prescreen_above`` heads only the ``prescreen_keep`` ranked heads (plus an
   attribution pass), and for each layer of more than ``screen_above`` heads about
@@ -15,7 +18,8 @@ cached clean prefix at layer ``l`` costs ``(L - l) / L`` of one. The estimate co
 - the candidates (at most ``max_candidates``): their entry scan, joint search and
   confirmation curves, about ``ENTRY_JOINT_PER_CANDIDATE`` weighted passes each.
 
-Calibrated on the bundled toys at 64 prompts (measured / middle 0.8 - 1.4: Llama 1.0, Mamba-2 1.2, FalconH1 1.35, Mamba 0.8); it is stated
+Calibrated on the bundled toys at 64 prompts (measured / middle 0.9 - 1.4: Llama 1.07, Mamba-2 1.20, FalconH1 1.39, Mamba 0.92)
+and the 32-layer deep toys at 200 prompts (Llama 0.67, Mamba-2 1.00); it is stated
 as a range, ``low = mid / RANGE`` to ``high = mid * RANGE``. A model at chance stops after
 the baseline (one pass), below the range.
 """
@@ -64,9 +68,11 @@ def estimate_passes(
     per: dict[str, float] = {"baseline": 1.0}
     if check_labels:
         per["label check"] = 1.0
-    for name in ("truncation", "layers"):
-        if name in stages:
-            per[name] = (n_layers + 1) / 2
+    cached = not getattr(model.backend, "remote", False)  # `GnaModel.prefix_cache`: local models only
+    if "truncation" in stages:
+        per["truncation"] = 0.0 if cached else (n_layers + 1) / 2
+    if "layers" in stages:
+        per["layers"] = (n_layers - 1) / 2 + 1 / n_layers if cached else n_layers - 1.0
     heads = [(layer, model.heads_per_layer[layer]) for layer in layers]
     total = sum(h for _, h in heads)
     if "heads" in stages:

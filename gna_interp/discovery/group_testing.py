@@ -9,7 +9,9 @@ accuracy is split in halves, recursively, down to single heads (groups of at mos
 nothing keep its accuracy (*screened*). Finding ``k`` critical heads among ``N`` costs
 about ``2 k log2(N / k) + 1`` group forwards instead of ``N``. A group whose effect
 neither half explains (a role spread over many heads) is kept, with the heads the effect
-needs (`SpreadGroup`). `StagedGroupTesting` gets the same findings in 2 or 3 rounds (the
+needs (`SpreadGroup`). A half that costs nothing is searched anyway where the halves do
+not add up to their group (`masked_parts`: its heads interact, and may cancel a costly
+head's cost). `StagedGroupTesting` gets the same findings in 2 or 3 rounds (the
 tree measured level after level in batches, every layer together), for a remote model.
 """
 
@@ -101,7 +103,9 @@ Measure = Callable[[list[list[Head]]], list[float]]
 """Task accuracy with each group of heads ablated (all of a group's heads together)."""
 
 
-def group_testing(measure: Measure, heads: Sequence[Head], clean: float, min_effect: float, search: bool = True) -> GroupTesting:
+def group_testing(
+    measure: Measure, heads: Sequence[Head], clean: float, min_effect: float, search: bool = True, masked: bool = True
+) -> GroupTesting:
     """Adaptive group testing for the heads whose single ablation costs at least
     ``min_effect`` accuracy below ``clean``.
 
@@ -129,6 +133,16 @@ def group_testing(measure: Measure, heads: Sequence[Head], clean: float, min_eff
     "needed" for recovering less than ``min_effect``, an amount the scan counts as no
     effect anywhere else (every part qualifies, and the search splits the whole group).
 
+    **Masked heads** (``masked``). Monotone effects fail where heads cancel: on the trained
+    Mamba-1 toy L1H92 costs 0.035 alone, but the half L1H64-L1H127 costs nothing (a
+    channel of L1H96-L1H127 cancels it there). Where one half of a split costs at least
+    ``min_effect`` and the halves' effects do not add up to the group's (by ``min_effect``
+    or more, `masked_parts`), the half that costs nothing is split as if it were costly,
+    and so on below it while its splits show the same; no test is spent to decide it (the
+    values are measured already). Additive effects never trigger it. Heads that cancel
+    where no measured split shows an interaction (a pair that stays together down to
+    groups whose halves add up) are still missed.
+
     Args:
         measure: accuracy with each group ablated (one call per round).
         heads: the heads to search (usually one layer's).
@@ -137,6 +151,8 @@ def group_testing(measure: Measure, heads: Sequence[Head], clean: float, min_eff
         search: search the spread groups' needed heads here; ``False``: leave it to the
             caller (`search_needed`, e.g. only for the groups a report shows), ``needed``
             empty until then.
+        masked: search a half that costs nothing where the split does not add up
+            (`masked_parts`); ``False``: clear it, as before issue 42.
 
     Returns:
         `GroupTesting`.
@@ -146,7 +162,8 @@ def group_testing(measure: Measure, heads: Sequence[Head], clean: float, min_eff
     spread: list[SpreadGroup] = []
     tests = rounds = 0
     pending: list[tuple[list[Head], tuple[int, int] | None]] = [(list(heads), None)] if heads else []
-    parents: list[tuple[list[Head], float]] = []  # costly groups split this round: (heads, accuracy)
+    parents: list[tuple[list[Head], float]] = []  # groups split this round: (heads, accuracy)
+    suspects: set[tuple[Head, ...]] = set()  # cleared groups searched anyway (`masked_parts`)
     while pending:
         values = measure([group for group, _ in pending])
         tests, rounds = tests + len(pending), rounds + 1
@@ -159,18 +176,23 @@ def group_testing(measure: Measure, heads: Sequence[Head], clean: float, min_eff
             costly = clean - value >= min_effect
             if len(group) == 1 and costly:
                 singles[group[0]] = value
+                screened.pop(group[0], None)  # in a cleared group searched anyway (`masked_parts`)
             elif not costly:
                 for head in group:
                     screened[head] = value
-            if costly and len(group) > 1:
+            if (costly or tuple(group) in suspects) and len(group) > 1:
                 next_parents.append((group, value))
-                parts = [[h] for h in group] if len(group) <= SINGLES_AT else _halves(group)
-                split += [(part, (len(next_parents) - 1, i)) for i, part in enumerate(parts)]
-        for index, measured in children.items():  # a costly parent its parts do not explain
-            effects = [clean - value for _, value in measured]
-            if max(effects) < min_effect or sum(max(e, 0.0) for e in effects) < 0.5 * (clean - parents[index][1]):
-                group, value = parents[index]
-                spread.append(SpreadGroup(group, value, tuple(v for _, v in measured)))
+                split += [(part, (len(next_parents) - 1, i)) for i, part in enumerate(_parts(group))]
+        for index, measured in children.items():
+            group, value = parents[index]
+            parts = [part for part, _ in measured]
+            effects = [clean - v for _, v in measured]
+            if clean - value >= min_effect and (max(effects) < min_effect or sum(max(e, 0.0) for e in effects) < 0.5 * (clean - value)):
+                spread.append(SpreadGroup(group, value, tuple(v for _, v in measured)))  # a costly parent its parts do not explain
+            for part in masked_parts(parts, effects, clean - value, min_effect) if masked else []:  # cleared, but may hide a costly head
+                suspects.add(tuple(part))
+                next_parents.append((part, clean - effects[parts.index(part)]))
+                split += [(sub, (len(next_parents) - 1, i)) for i, sub in enumerate(_parts(part))]
         pending, parents = split, next_parents
     for item in spread:
         item.searched = clean - item.accuracy >= 2 * min_effect
@@ -195,6 +217,21 @@ def block_size(n_heads: int) -> int:
     a layer of ``n_heads``: the power of two nearest ``sqrt(n_heads / 2)``, at least
     `SINGLES_AT` (8 for 128, 16 for 512, 64 for 8,192)."""
     return max(SINGLES_AT, 2 ** round(math.log2(max(1.0, math.sqrt(n_heads / 2)))))
+
+
+def masked_parts(parts: list[list[Head]], effects: Sequence[float], effect: float, min_effect: float) -> list[list[Head]]:
+    """The parts of a measured split that `group_testing` searches though they cost nothing:
+    where the split's halves (``parts``, ``effects`` below clean) do not add up to the
+    group's own ``effect`` (by ``min_effect`` or more, either way) and one half costs
+    ``min_effect``, the other half's heads interact, so its cost of nothing may hide a
+    head that costs ``min_effect`` alone (heads whose effects cancel: the trained Mamba-1
+    toy's L1H92, 0.035 alone, in a half that costs nothing). Decided from values already
+    measured; not for single heads (``parts`` of one head each: measured alone already)."""
+    if len(parts) < 2 or all(len(part) == 1 for part in parts) or max(effects) < min_effect:
+        return []
+    if abs(effect - sum(effects)) < min_effect:
+        return []
+    return [part for part, e in zip(parts, effects, strict=True) if e < min_effect and len(part) > 1]
 
 
 def _parts(group: list[Head]) -> list[list[Head]]:
@@ -260,8 +297,9 @@ class StagedGroupTesting:
         clean: float,
         min_effect: float,
         known: dict[tuple[Head, ...], float] | None = None,
+        masked: bool = True,
     ) -> None:
-        self.measure, self.clean, self.min_effect = measure, clean, min_effect
+        self.measure, self.clean, self.min_effect, self.masked = measure, clean, min_effect, masked
         self.memo = dict(known or {})
         self.layers = [list(heads) for heads in layers]
         self.counts = [[0, 0] for _ in self.layers]  # per layer: tests, rounds
@@ -270,7 +308,10 @@ class StagedGroupTesting:
         self._searches = self._start()  # spread groups found in the first stage: their search's first round with the second stage
         if frontier:
             self._run([(i, g) for i, group in frontier for g in _tree(group)[1:]] + self._pending())
-        self.results, _ = self._walk()
+        self.results, frontier = self._walk()
+        while frontier:  # a cleared group searched for a masked head (`masked_parts`) outside the trees measured
+            self._run([(i, g) for i, group in frontier for g in _tree(group)[1:]])
+            self.results, frontier = self._walk()
         self._searches = self._start()
 
     def _start(self) -> list[tuple[int, SpreadGroup, list[list[Head]], bool]]:
@@ -302,25 +343,28 @@ class StagedGroupTesting:
         out, frontier = [], []
         for i, heads in enumerate(self.layers):
             found = GroupTesting({}, {}, [], *self.counts[i])
-            level = [heads] if heads else []
+            level = [(heads, False)] if heads else []  # (group, searched though it costs nothing)
             while level:
                 below = []
-                for group in level:
+                for group, suspect in level:
                     value = self.memo[tuple(group)]
-                    if not self._costly(value):
+                    costly = self._costly(value)
+                    if not costly:
                         found.screened.update((h, value) for h in group)
-                        continue
-                    if len(group) == 1:
+                    elif len(group) == 1:
                         found.singles[group[0]] = value
+                        found.screened.pop(group[0], None)
+                    if (not costly and not suspect) or len(group) == 1:
                         continue
                     parts = _parts(group)
                     if any(tuple(p) not in self.memo for p in parts):
                         frontier.append((i, group))
                         continue
                     effects = [self.clean - self.memo[tuple(p)] for p in parts]
-                    if max(effects) < self.min_effect or sum(max(e, 0.0) for e in effects) < 0.5 * (self.clean - value):
+                    if costly and (max(effects) < self.min_effect or sum(max(e, 0.0) for e in effects) < 0.5 * (self.clean - value)):
                         found.spread.append(SpreadGroup(group, value, tuple(self.memo[tuple(p)] for p in parts)))
-                    below += parts
+                    masked = masked_parts(parts, effects, self.clean - value, self.min_effect) if self.masked else []
+                    below += [(part, any(part == m for m in masked)) for part in parts]
                 level = below
             for item in found.spread:
                 item.searched = self.clean - item.accuracy >= 2 * self.min_effect
@@ -380,11 +424,16 @@ class StagedGroupTesting:
 
 
 def staged_group_testing(
-    measure: Measure, layers: Sequence[Sequence[Head]], clean: float, min_effect: float, known: dict[tuple[Head, ...], float] | None = None
+    measure: Measure,
+    layers: Sequence[Sequence[Head]],
+    clean: float,
+    min_effect: float,
+    known: dict[tuple[Head, ...], float] | None = None,
+    masked: bool = True,
 ) -> list[GroupTesting]:
     """`StagedGroupTesting`'s findings (`group_testing`'s, for every layer of ``layers`` at
     once), its search included: one `GroupTesting` per layer."""
-    return StagedGroupTesting(measure, layers, clean, min_effect, known).finish()
+    return StagedGroupTesting(measure, layers, clean, min_effect, known, masked).finish()
 
 
 def _needed_heads(measure: Measure, group: list[Head], clean: float, min_effect: float) -> tuple[list[Head], tuple[int, int]]:
