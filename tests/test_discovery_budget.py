@@ -113,12 +113,14 @@ def test_a_spread_group_is_searched_only_where_its_effect_can_be_split(effect, s
 
 @pytest.mark.slow
 @pytest.mark.budget
-def test_the_mamba1_toy_costs_at_most_75_passes():
+def test_the_mamba1_toy_costs_at_most_80_passes():
     """The trained 2 x 128 Mamba-1 toy (every channel a head, both layers group-tested), 200
-    prompts: the toy's channels (Gather L0H70, L0H6, L0H1; Aggregate L1H22), in at most 75
-    passes (73.3 measured; 95.3 before the accuracy memo, the spread search of the reported
-    groups alone and path patching's own clean and corrupt runs; 302 on the issue's model
-    before group testing), with no attribution (nothing left to rank)."""
+    prompts: the toy's channels (Gather L0H70, L0H6, L0H1; Aggregate L1H22), in at most 80
+    passes (77.8 measured: 73.3 before the spread Aggregate role was sized, whose curve costs
+    4.5 passes and the 4 backwards of its ordering's attribution, 50 prompts each; 95.3 before the
+    accuracy memo, the spread search of the reported groups alone and path patching's own clean
+    and corrupt runs; 302 on the issue's model before group testing). Its size: 4 of 128
+    channels carry half of layer 1's effect at the final position."""
     if "mamba" not in gna.toy_names():
         pytest.skip("the Mamba-1 toy is not bundled yet")
     with warnings.catch_warnings():
@@ -126,7 +128,8 @@ def test_the_mamba1_toy_costs_at_most_75_passes():
         circuit = gna.discover(gna.load_toy("mamba"), gna.toy_task("mamba", 200, seed=4242), progress=False)
     assert circuit.gather == [Head(0, 70), Head(0, 6), Head(0, 1)] and circuit.aggregate == [Head(1, 22)]
     assert (circuit.accuracy["-gather"], circuit.accuracy["-aggregate"]) == (0.905, 0.895)
-    assert circuit.cost["passes"] <= 75 and circuit.cost["backwards"] == 0, circuit.cost
+    assert circuit.cost["passes"] <= 80 and circuit.cost["backwards"] == 4, circuit.cost
+    assert circuit.cost["size_curves"]["aggregate"]["passes"] <= 20 and circuit.spread["aggregate"].heads_for(0.5) == 4
     assert set(circuit.settings["group_testing"]) == {"0", "1"}
 
 

@@ -85,14 +85,24 @@ def test_heads_for_on_a_hand_built_curve():
 def test_a_spread_role_with_its_size_round_trips_through_json():
     need = RoleNeed([gna.Head(1, 22)], 0.965, False, [(gna.Head(1, 22), 0.965)], "final")
     role = SpreadRole("aggregate", "final", {1: 0.29}, 1, need, 8, [], [(0, 1.0), (1, 0.965), (5, 0.605), (128, 0.29)], [22, 92, 16])
-    role.size_cost = {"evaluations": 9.0, "forwards": 36.0, "backwards": 4.0, "passes": 5.0}
     circuit = GnaCircuit("toy", "mamba", "toy_mcq", 200, [], [], [], {"clean": 1.0, "chance": 0.25}, {})
     circuit.spread["aggregate"] = role
+    circuit.cost = {
+        "forwards": 381,
+        "passes": 77.8,
+        "n_prompts": 200,
+        "n_layers": 2,
+        "requests": 0,
+        "seconds": 1.0,
+        "size_curves": {"aggregate": {"evaluations": 8.0, "forwards": 36.0, "backwards": 4.0, "passes": 4.5}},
+    }
     back = GnaCircuit.from_json(circuit.to_json())
     assert back.spread["aggregate"] == role and back.spread["aggregate"].heads_for(0.5) == 5
     data = circuit.to_dict()["spread"]["aggregate"]
     assert data["heads_for_half"] == 5 and data["size"].startswith("the Aggregate role needs 5 of 128 heads")
+    assert back.cost == circuit.cost
     assert "size: the Aggregate role needs 5 of 128 channels for half" in circuit.summary()
+    assert "(layer 1 ablated at the final position: 1.000 -> 0.290); cost 4.5 passes, 4 backward(s)" in circuit.summary()
 
 
 @pytest.fixture(scope="module")

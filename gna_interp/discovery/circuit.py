@@ -47,7 +47,8 @@ class GnaCircuit:
             otherwise; see `discover`'s ``prescreen_above``).
         cost: what discovery ran (`gna_interp.cost.Cost`): ``forwards``, ``rows``,
             ``block_rows``, ``passes`` (block_rows / (prompts x layers)), ``requests``
-            (remote round trips), ``backwards``, ``seconds``.
+            (remote round trips), ``backwards``, ``seconds``; ``size_curves``: per spread role
+            sized (`SpreadRole.sizes`), what its curve and ordering cost (part of the totals).
         n_segments: the task's options (segments) per prompt: the pattern's chance is
             ``1 / n_segments`` (``None``: a circuit written before it was recorded).
         stability: how often discovery chose each head on other prompt samples
@@ -272,7 +273,9 @@ class GnaCircuit:
                 if spread.best is not None and spread.best.curve and role not in self.needs:
                     parts.append(f"            curve ({POSITIONS[spread.best.curve_positions]}): {spread.best.describe_curve()}")
                 if spread.sizes:  # the role's size (`discovery.sizes`)
-                    parts.append(f"            size: {spread.describe_size(unit=self.unit())}")
+                    spent = (self.cost or {}).get("size_curves", {}).get(role)
+                    paid = f"; cost {spent['passes']:.1f} passes, {spent['backwards']:.0f} backward(s)" if spent else ""
+                    parts.append(f"            size: {spread.describe_size(unit=self.unit())}{paid}")
                     parts.append(f"            size curve (k most important heads, accuracy): {spread.describe_curve()}")
         if self.gather or self.aggregate:
             parts.append(f"  evidence  {self.evidence_rule()}")

@@ -115,7 +115,9 @@ def spread_check(
             circuit.settings["group_testing"] = {str(layer): tests for layer, tests in scan.tests.items()}
         item = SpreadRole(role, name, measured, entry, best, max_heads, groups)
         if curve:
-            item.sizes, item.order, item.size_cost = curve, order, sizes.spent(cost, len(task), len(curve) - 2)
+            item.sizes, item.order = curve, order
+            spent = (circuit.cost or {}).get("size_curves", {}) | {role: sizes.spent(cost, len(task), len(curve) - 2)}
+            circuit.cost = {**(circuit.cost or {}), "size_curves": spent}  # `discover` adds its meter's counts
             circuit.settings["size_curve"] = {"ranked_by": sizes.RANKED_BY, "fractions": list(sizes.SIZE_FRACTIONS)}
         circuit.spread[role] = item
 

@@ -153,9 +153,8 @@ class SpreadRole:
             between are those the bisection measured. Empty: not measured (no entry layer,
             a remote model, or a circuit written before it was recorded).
         order: the entry layer's head indices by importance (`sizes.RANKED_BY`): the curve's
-            ``k`` heads are its first ``k``.
-        size_cost: what the curve and its ordering cost: ``evaluations``, ``forwards``,
-            ``backwards``, ``passes`` (over the task).
+            ``k`` heads are its first ``k``. What the curve and its ordering cost is in the
+            circuit's cost (``GnaCircuit.cost["size_curves"][role]``).
     """
 
     role: str
@@ -167,7 +166,6 @@ class SpreadRole:
     groups: list[SpreadGroup] = field(default_factory=list)
     sizes: list[tuple[int, float]] = field(default_factory=list)
     order: list[int] = field(default_factory=list)
-    size_cost: dict[str, float] = field(default_factory=dict)
 
     @property
     def width(self) -> int | None:
@@ -218,7 +216,6 @@ class SpreadRole:
             "groups": [group.to_dict() for group in self.groups],
             "sizes": [[k, accuracy] for k, accuracy in self.sizes],
             "order": list(self.order),
-            "size_cost": dict(self.size_cost),
             "size": self.describe_size(),  # words for readers; not read back
             "heads_for_half": self.heads_for(0.5) if self.sizes else None,  # not read back
         }
@@ -230,7 +227,7 @@ class SpreadRole:
         groups = [SpreadGroup.from_dict(group) for group in data.get("groups", [])]
         sizes = [(int(k), float(accuracy)) for k, accuracy in data.get("sizes", [])]
         item = cls(data["role"], data["positions"], layers, data["layer"], best, int(data["max_heads"]), groups, sizes)
-        item.order, item.size_cost = [int(h) for h in data.get("order", [])], dict(data.get("size_cost", {}))
+        item.order = [int(h) for h in data.get("order", [])]
         return item
 
     def describe(self) -> str:

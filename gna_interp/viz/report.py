@@ -418,4 +418,6 @@ def _cost_value(quantity: str, value: Any) -> Any:
     """A cost table's cell: the pass estimate as a range (``24-62 (mid 39)``), the rest as recorded."""
     if quantity == "estimate" and isinstance(value, dict) and {"low", "mid", "high"} <= set(value):
         return f"{passes_range(value)} (mid {value['mid']:.0f})"
+    if quantity == "size_curves" and isinstance(value, dict):  # per spread role sized: its curve's cost
+        return "; ".join(f"{role}: {c['passes']:.1f} passes, {c['backwards']:.0f} backward(s)" for role, c in value.items())
     return value
