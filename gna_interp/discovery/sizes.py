@@ -30,7 +30,11 @@ MAX_EVALUATIONS = 32
 """At most this many evaluations per role: the doubling grid (``log2`` of the width) plus
 the bisection (``log2`` of its bracket); 19 for 128 heads, 24 for 4,096."""
 ATTRIBUTION_ROWS = 50
-"""Prompts per forward-and-backward of the ordering's attribution."""
+"""At most this many prompts per forward-and-backward of the ordering's attribution."""
+ATTRIBUTION_ROW_HEADS = 16384
+"""...and at most this many prompts x heads of the entry layer (4 prompts at 4,096 channels): a
+backward keeps every later layer's activations, which grow with the width (a Mamba-1 of 32
+layers x 4,096 channels took 17.7 GB at 32 prompts at once, and was stopped for memory)."""
 
 RANKED_BY = (
     "heads costly alone (the head scan's single ablation, most harmful first), then the rest by the size of the "
@@ -101,7 +105,7 @@ def importance_order(
     """The heads of ``layer`` by importance (`RANKED_BY`): those the head scan measured alone
     at a cost of at least ``min_effect``, most harmful first; then the rest by first-order
     attribution of zero-ablating each at ``positions`` (the union of the rows' positions;
-    one forward and one backward per `ATTRIBUTION_ROWS` prompts), largest estimated change
+    one forward and one backward per `ATTRIBUTION_ROWS` prompts, fewer in a wide layer), largest estimated change
     of the candidate logit difference first, whatever its sign; ties (heads that reach
     nothing) by index, last. The size, not the sign: on the Mamba-1 toy (final
     position) the estimate's sign is wrong for L1H22 (+0.08 estimated, -0.49 measured, 32 prompts), and
@@ -118,8 +122,9 @@ def importance_order(
     at = sorted({int(p) for p in positions.flatten().tolist()})
     estimate = torch.zeros(width)
     n = encoded.batch.n_rows
-    for start in range(0, n, ATTRIBUTION_ROWS):
-        stop = min(start + ATTRIBUTION_ROWS, n)
+    rows = max(1, min(ATTRIBUTION_ROWS, ATTRIBUTION_ROW_HEADS // width))
+    for start in range(0, n, rows):
+        stop = min(start + rows, n)
         chunk = Batch(encoded.batch.input_ids[start:stop], encoded.batch.attention_mask[start:stop])
         metric = candidate_logit_diff(encoded.candidate_ids[start:stop], encoded.correct[start:stop])
         targets = {site: torch.zeros(()) for site in sites}
