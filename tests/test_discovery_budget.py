@@ -183,8 +183,8 @@ def test_the_wide_deep_mamba1_costs_under_100_passes():
     """The benchmark's wide deep Mamba-1 (the toy at layers 3-4 of 8, 512 channels a layer,
     live filler), 64 prompts: the toy's channels at their placed places (the toy's own
     discovery on the same prompts), in at most 100 passes (74.0 measured, 6.0 of them the spread
-    Aggregate role's size curve, with the 2 backwards of its ordering's attribution; 86.0 before
-    an earlier change, 119.0 before the layer scan cleared the filler layers). Its size: 5 of 512
+    Aggregate role's size curve, with the 2 backwards of its ordering's attribution; the record's
+    86.0 before it was on earlier code; 119.0 before the layer scan cleared the filler layers). Its size: 5 of 512
     channels carry half of layer 4's effect at the final position."""
     if "mamba" not in gna.toy_names():
         pytest.skip("the Mamba-1 toy is not bundled yet")
