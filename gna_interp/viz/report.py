@@ -43,7 +43,7 @@ from ..discovery.roles import entry_shares
 from . import figures
 from .report_curves import check_faithfulness, check_retention, faithfulness_html, retention_html
 from .report_html import DASH, STYLE, figure_html, slug_of, table
-from .summary import PARTIAL_BELOW, carry_rows
+from .summary import PARTIAL_BELOW, carries, carry_rows
 
 if TYPE_CHECKING:
     from ..discovery.circuit import GnaCircuit
@@ -290,6 +290,8 @@ def _section(
     parts.append(f"<h2>{html.escape(circuit.model)} <small>({html.escape(circuit.family)}, {html.escape(circuit.task)})</small></h2>")
     if circuit.mechanism is not None:
         parts.append(f'<p data-role="mechanism"><b>{html.escape(circuit.headline())}</b></p>')
+    if curve is not None or circuit.path_patching is not None:  # how much of the task it carries (`viz.summary.carries`)
+        parts.append(f'<p data-role="carries"><b>Carries: {html.escape(carries(circuit, curve))}</b></p>')
     parts += [f'<p class="note">{html.escape(w)}</p>' for w in circuit.warnings]
     parts += [
         f'<p class="note" data-role="spread">{role.capitalize()}: {html.escape(item.describe())}'

@@ -7,7 +7,7 @@ from typing import Any
 
 SUMMARY_WIDTH = 120
 """The demo's summary table fits this many columns (head lists wrap inside their cells)."""
-CARRIES_WIDTH = 14
+CARRIES_WIDTH = 10
 """The demo table's ``carries`` column wraps its words at this width."""
 PARTIAL_BELOW = 0.5
 """A circuit carries the task only in part (the demo table's ``carries``: ``partial``) when
@@ -96,7 +96,7 @@ def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, wid
     verdict = 4  # the `carries` column: its words wrap
     verdict_width = min(max(len(str(r[verdict])) for r in [names, *rows]), CARRIES_WIDTH)
     fixed = [verdict_width if i == verdict else max(len(str(r[i])) for r in [names, *rows]) for i in range(len(names) - 2)]
-    room = max(width - sum(fixed) - 2 * (len(names) - 1), 2 * len("aggregate"))  # what the two head lists share
+    room = max(width - sum(fixed) - (len(names) - 1), 2 * len("aggregate"))  # what the two head lists share (1-space gaps)
     full = [max(len(str(r[i])) for r in [names, *rows]) for i in (-2, -1)]
     gather_width = min(full[0], max(len("gather"), room - min(full[1], room // 2)))
     widths = [*fixed, gather_width, max(len("aggregate"), min(full[1], room - gather_width))]
@@ -124,7 +124,7 @@ def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, wid
         out = []
         for k in range(depth):
             values = [c[k] if k < len(c) else "" for c in cells]
-            out.append("  ".join(f"{v:{a}{w}}" for v, a, w in zip(values, aligned, widths, strict=True)).rstrip())
+            out.append(" ".join(f"{v:{a}{w}}" for v, a, w in zip(values, aligned, widths, strict=True)).rstrip())
         return out
 
     header = lines_of(names)[0]
