@@ -72,8 +72,8 @@ def spread_check(
     ablated only at the role's positions (Aggregate: the final position; Gather: the
     segment ends); the layer that costs most there (at least ``min_effect``). Best set: the
     role's need (joint or confirmation set, with its curve); for an empty role, the entry
-    layer's heads by importance (`sizes.importance_order`; on a remote model, by their scan
-    accuracy, unmeasured last), added one by one at the role's positions up to ``max_heads``
+    layer's heads by importance (`sizes.importance_order`; on a remote model, the heads the
+    scan measured alone, by their accuracy: none, no best set), added one by one at the role's positions up to ``max_heads``
     or chance. Size: for a role whose best set does not reach chance, on a local model, the
     entry layer's size curve (`sizes.size_curve`: ``SpreadRole.sizes``, with its cost). The layer measurements
     run together (`evaluate_many`: one request on a remote model), or come measured:
@@ -103,8 +103,10 @@ def spread_check(
             if entry is not None and local and (best is None or not best.reached_chance):
                 order = sizes.importance_order(model, task, encoded, entry, positions, scan, clean, min_effect)
             if best is None and entry is not None:
-                ranked = order or sorted(range(model.heads_per_layer[entry]), key=lambda h: (_nan_last(scan.accuracy[entry, h]), h))
-                best = _best_set(model, task, entry, ranked, positions, name, threshold, max_heads)
+                # remotely (no ordering): only the heads the scan measured alone, never padded by index
+                measured_alone = [h for h in range(model.heads_per_layer[entry]) if bool(scan.verified[entry, h])]
+                ranked = order or sorted(measured_alone, key=lambda h: (_nan_last(scan.accuracy[entry, h]), h))
+                best = _best_set(model, task, entry, ranked, positions, name, threshold, max_heads) if ranked else None
             curve: list[tuple[int, float]] = []
             if order and entry is not None and best is not None and not best.reached_chance:
                 width = model.heads_per_layer[entry]
