@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from .core.errors import GnaError, GnaValueError
-from .viz.summary import summary_table
 
 DEMO_PROMPTS = 200
 DEMO_SEED = 2026
@@ -231,6 +230,15 @@ def check_out_file(path: str, suffixes: tuple[str, ...]) -> Path:
         raise GnaValueError(f"--out {path!r}: expected a file name ending in {' or '.join(suffixes)}")
     check_out_dir(str(out.parent))
     return out
+
+
+def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, width: int | None = None) -> str:
+    """The demo's summary table (`viz.summary.summary_table`; imported here only when used: the
+    CLI's parser imports nothing heavy)."""
+    from .viz.summary import SUMMARY_WIDTH
+    from .viz.summary import summary_table as table
+
+    return table(circuits, curves, SUMMARY_WIDTH if width is None else width)
 
 
 def demo(args: argparse.Namespace) -> int:
