@@ -6,6 +6,7 @@ with the toy's heads (slow: 200 prompts each)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 
 import pytest
@@ -152,7 +153,8 @@ def test_the_mamba1_toy_remote_run_takes_at_most_10_requests():
         far = gna.discover(remote, task, progress=False)
     assert far.gather == local.gather and far.aggregate == local.aggregate and far.gather and far.aggregate
     assert far.head_scan == local.head_scan and far.accuracy == local.accuracy
-    assert far.spread == local.spread and far.needs == local.needs
+    unsized = {role: dataclasses.replace(item, sizes=[], order=[]) for role, item in local.spread.items()}
+    assert far.spread == unsized and far.needs == local.needs  # remotely, no size curve (no local backward)
     assert far.cost["requests"] <= 10 and local.cost["requests"] == 0, far.cost
 
 
