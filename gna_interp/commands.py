@@ -19,8 +19,6 @@ DEMO_MODELS = ("llama", "mamba2", "falcon_h1", "mamba")
 """The bundled toy models the demo runs: a Transformer, an SSM and a hybrid."""
 DTYPES = ("float32", "float16", "bfloat16")
 """``--dtype`` choices (names of torch dtypes)."""
-SUMMARY_WIDTH = 120
-"""The demo's summary table fits this many columns (head lists wrap inside their cells)."""
 
 USER_ERRORS: tuple[type[Exception], ...] = (GnaError, OSError)
 """What the CLI prints as one line: the library's own errors (`GnaError`: every error it
@@ -234,81 +232,13 @@ def check_out_file(path: str, suffixes: tuple[str, ...]) -> Path:
     return out
 
 
-def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, width: int = SUMMARY_WIDTH) -> str:
-    """One row per circuit, fitting ``width`` columns: first what the circuit carries alone
-    (accuracy with only its heads kept, every other head mean-ablated, and its share of the
-    clean accuracy, from ``curves``: the model's faithfulness curve), then the confirmation
-    accuracies, then its heads per role, wrapped inside their cells. In models with both
-    kinds of heads, each head is tagged ``(a)`` attention or ``(s)`` SSM."""
+def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, width: int | None = None) -> str:
+    """The demo's summary table (`viz.summary.summary_table`; imported here only when used: the
+    CLI's parser imports nothing heavy)."""
+    from .viz.summary import SUMMARY_WIDTH
+    from .viz.summary import summary_table as table
 
-    def heads(c: Any, role: str) -> str:
-        return c.named(getattr(c, role)).replace(" (attention)", "(a)").replace(" (ssm)", "(s)").replace(", ", ",")
-
-    def cell(acc: dict[str, float], key: str) -> str:
-        return f"{acc[key]:.3f}" if key in acc else "-"
-
-    def carried(c: Any) -> tuple[str, str]:
-        curve = (curves or {}).get(c.model)
-        if curve is None or curve.circuit_point is None:
-            return "-", "-"
-        alone = curve.circuit_point["accuracy"]
-        return f"{alone:.3f}", f"{curve.of_clean(alone):.0%}"
-
-    names = ("model", "mechanism", "alone", "share", "clean", "-gather", "-aggr", "-both", "shuffled", "gather", "aggregate")
-    rows = [
-        (
-            c.model,
-            c.mechanism or "-",
-            *carried(c),
-            *(cell(c.accuracy, k) for k in ("clean", "-gather", "-aggregate", "-both", "shuffled_labels")),
-            heads(c, "gather"),
-            heads(c, "aggregate"),
-        )
-        for c in circuits
-    ]
-    fixed = [max(len(str(r[i])) for r in [names, *rows]) for i in range(len(names) - 2)]
-    room = max(width - sum(fixed) - 2 * (len(names) - 1), 2 * len("aggregate"))  # what the two head lists share
-    full = [max(len(str(r[i])) for r in [names, *rows]) for i in (-2, -1)]
-    gather_width = min(full[0], max(len("gather"), room - min(full[1], room // 2)))
-    widths = [*fixed, gather_width, max(len("aggregate"), min(full[1], room - gather_width))]
-    aligned = ["<", "<", ">", ">", ">", ">", ">", ">", ">", "<", "<"]
-
-    def wrap(text: str, cell_width: int) -> list[str]:
-        """``text``'s comma-separated heads packed into lines of at most ``cell_width``."""
-        if len(text) <= cell_width:
-            return [text]
-        out = [""]
-        for head in text.split(","):
-            joined = f"{out[-1]},{head}" if out[-1] else head
-            if len(joined) < cell_width or not out[-1]:  # room for the comma that ends a wrapped line
-                out[-1] = joined
-            else:
-                out[-1] += ","
-                out.append(head)
-        return out
-
-    def lines_of(row: tuple[str, ...]) -> list[str]:
-        cells = [[str(v)] for v in row[:-2]] + [wrap(v, w) for v, w in zip(row[-2:], widths[-2:], strict=True)]
-        depth = max(len(c) for c in cells)
-        out = []
-        for k in range(depth):
-            values = [c[k] if k < len(c) else "" for c in cells]
-            out.append("  ".join(f"{v:{a}{w}}" for v, a, w in zip(values, aligned, widths, strict=True)).rstrip())
-        return out
-
-    header = lines_of(names)[0]
-    lines = [header, "-" * len(header), *(line for r in rows for line in lines_of(r))]
-    if any("(a)" in r[-2] + r[-1] or "(s)" in r[-2] + r[-1] for r in rows):
-        lines.append("(a) attention head, (s) SSM head")
-    lines.append("alone: accuracy with only the circuit's heads kept (every other head mean-ablated); share: of clean")
-    if any(r[1] == "counting" for r in rows):
-        lines.append("mechanism counting: answers by the option's place; its gather/aggregate cells hold counting heads")
-    if any(r[1] == "none" for r in rows):
-        lines.append("mechanism none: clean accuracy near chance, no retrieval to explain (no heads searched)")
-    if any(r[8] != "-" for r in rows):
-        lines.append("shuffled: clean accuracy with each prompt's labels in a random order (chance: answers by the option's place)")
-    lines.append("-gather, -aggr, -both: accuracy with every head of the set(s) ablated at every position")
-    return "\n".join(lines)
+    return table(circuits, curves, SUMMARY_WIDTH if width is None else width)
 
 
 def demo(args: argparse.Namespace) -> int:

@@ -157,16 +157,27 @@ def test_demo_log_has_no_progress_bars(demo_run):
 
 def test_demo_summary_fits_120_columns_and_leads_with_faithfulness(demo_run):
     """Every line of the summary table fits 120 columns (the falcon_h1 toy's 16 heads wrap
-    inside their cells), and each model's row leads with what its circuit carries alone:
-    the accuracy and the share of clean its faithfulness line prints."""
+    inside their cells), and each model's row leads with what its circuit carries: alone (the
+    accuracy its faithfulness line prints), share (the gap from every head ablated to clean it
+    recovers, from the same line), path (path patching's share of the gap, from its JSON) and
+    the verdict, partial under 0.5 on either share."""
     result, _ = demo_run
     table, rows = summary_rows(result.stdout)
     assert max(len(line) for line in table) <= 120, "\n".join(table)
-    printed = re.findall(r"(\S+): faithfulness: the circuit's \d+ heads alone .*? ([\d.]+), (\d+)% of clean ([\d.]+)", result.stdout)
+    printed = re.findall(
+        r"(\S+): faithfulness: the circuit's \d+ heads alone .*? ([\d.]+), \d+% of clean ([\d.]+) \(every head ablated ([\d.]+)\)",
+        result.stdout,
+    )
     assert len(rows) == len(printed) >= 2
     circuits = {json.loads(path.read_text())["model"]: json.loads(path.read_text()) for path in demo_run[1].glob("toy-*.json")}
-    for row, (model, alone, share, clean) in zip(rows, printed, strict=True):
-        assert row.split()[:5] == [model, circuits[model]["mechanism"], alone, f"{share}%", clean], row
+    for row, (model, alone, clean, ablated) in zip(rows, printed, strict=True):
+        cells = row.split()
+        share = (float(alone) - float(ablated)) / (float(clean) - float(ablated))
+        path = (circuits[model]["path_patching"] or {}).get("fraction_of_effect")
+        assert cells[:2] == [model, alone] and abs(int(cells[2].rstrip("%")) - 100 * share) <= 1.0, row
+        assert cells[3] == ("-" if path is None else f"{path:.2f}"), row
+        partial = share < 0.5 or (path is not None and path < 0.5)
+        assert cells[4].startswith("partial") == partial and cells[5] == circuits[model]["mechanism"], row
     for model, data in circuits.items():  # every head of the circuit appears in the table (wrapped or not)
         block = "\n".join(table[table.index(next(r for r in rows if r.startswith(model + " "))) :])
         for head in [*data["gather"], *data["aggregate"]]:
@@ -183,7 +194,7 @@ def test_demo_labels_each_toy_by_its_mechanism(demo_run):
         acc = data["accuracy"]
         by_place = acc.get("shuffled_labels", 1.0) < acc["chance"] + data["settings"]["chance_margin"]
         assert data["mechanism"] == ("counting" if by_place else "g&a"), (data["model"], acc)
-        assert next(r for r in rows if r.startswith(data["model"] + " ")).split()[1] == data["mechanism"]
+        assert next(r for r in rows if r.startswith(data["model"] + " ")).split()[5] == data["mechanism"]
         assert f"{data['model']}: {data['headline']}" in result.stdout
     # the demo's toys read the labels: the counting ones (mamba2_counting, falcon_h1_counting) are not in it
     assert not any(name.endswith("_counting") for name in DEMO_MODELS)
@@ -204,11 +215,11 @@ def test_summary_table_wraps_long_head_lists():
         accuracy={"clean": 1.0, "-gather": 0.25},
         named=lambda heads: ", ".join(map(str, heads)),
     )
-    curve = SimpleNamespace(circuit_point={"accuracy": 0.5}, of_clean=lambda a: a / 1.0)
+    curve = SimpleNamespace(circuit_point={"accuracy": 0.5}, recovered=lambda a: (a - 0.25) / 0.75)
     table = summary_table([circuit], {"toy-wide": curve})
     lines = table.splitlines()
     assert max(map(len, lines)) <= 120, table
-    assert lines[2].split()[:5] == ["toy-wide", "g&a", "0.500", "50%", "1.000"]
+    assert lines[2].split()[:7] == ["toy-wide", "0.500", "33%", "-", "partial", "g&a", "1.000"]
     body = table.replace("\n", " ")
     assert all(body.count(f"L0H{h},") + body.count(f"L0H{h} ") >= 2 for h in range(40)), table
 

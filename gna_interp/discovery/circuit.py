@@ -51,7 +51,8 @@ class GnaCircuit:
             otherwise; see `discover`'s ``prescreen_above``).
         cost: what discovery ran (`gna_interp.cost.Cost`): ``forwards``, ``rows``,
             ``block_rows``, ``passes`` (block_rows / (prompts x layers)), ``requests``
-            (remote round trips), ``backwards``, ``seconds``.
+            (remote round trips), ``backwards``, ``seconds``; ``size_curves``: per spread role
+            sized (`SpreadRole.sizes`), what its curve and ordering cost (part of the totals).
         n_segments: the task's options (segments) per prompt: the pattern's chance is
             ``1 / n_segments`` (``None``: a circuit written before it was recorded).
         stability: how often discovery chose each head on other prompt samples
@@ -229,6 +230,10 @@ class GnaCircuit:
         mixed = len({kind for kind in kinds.values() if kind}) > 1
         return ", ".join(f"{h} ({kinds[h]})" if mixed and kinds.get(h) else str(h) for h in heads) or "-"
 
+    def unit(self) -> str:
+        """What a head of the model is called: ``"channels"`` in a Mamba-1 model, else ``"heads"``."""
+        return "channels" if self.family in ("mamba", "falcon_mamba") else "heads"
+
     def role_name(self, role: str) -> str:
         """``role`` as the circuit's mechanism names it: ``"gather"`` / ``"aggregate"``, or for
         a counting circuit ``"count@seg"`` / ``"count@end"`` (where its heads act)."""
@@ -272,6 +277,11 @@ class GnaCircuit:
                 parts.append(f"            {spread.describe()}")
                 if spread.best is not None and spread.best.curve and role not in self.needs:
                     parts.append(f"            curve ({POSITIONS[spread.best.curve_positions]}): {spread.best.describe_curve()}")
+                if spread.sizes:  # the role's size (`discovery.sizes`)
+                    spent = (self.cost or {}).get("size_curves", {}).get(role)
+                    paid = f"; cost {spent['passes']:.1f} passes, {spent['backwards']:.0f} backward(s)" if spent else ""
+                    parts.append(f"            size: {spread.describe_size(unit=self.unit())}{paid}")
+                    parts.append(f"            size curve (k most important heads, accuracy): {spread.describe_curve()}")
         if self.gather or self.aggregate:
             parts.append(f"  evidence  {self.evidence_rule()}")
         parts.append("  accuracy  " + "  ".join(f"{k} {v:.3f}" for k, v in acc.items()))

@@ -13,12 +13,13 @@ from ..circuit_scores import circuit_score
 from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Ablate, Intervention
+from ..cost import cost_meter
 from ..evaluation import evaluate_many
 from ..models.jobs import is_batched_remote
 from ..patching.metrics import Metric, logit_diff, reduce_metric
 from ..patching.paths import ANY, check_senders, path_patching, path_scores, prepare
 from ..tasks.base import Task
-from . import memo, remote
+from . import memo, remote, sizes
 from .circuit import GnaCircuit
 from .evidence import ROLES, RoleNeed, SpreadRole
 from .head_scans import HeadScan
@@ -74,8 +75,10 @@ def spread_check(
     ablated only at the role's positions (Aggregate: the final position; Gather: the
     segment ends); the layer that costs most there (at least ``min_effect``). Best set: the
     role's need (joint or confirmation set, with its curve); for an empty role, the entry
-    layer's heads by their scan accuracy (most harmful first, unmeasured last), added one
-    by one at the role's positions up to ``max_heads`` or chance. The layer measurements
+    layer's heads by importance (`sizes.importance_order`; on a remote model, the heads the
+    scan measured alone, by their accuracy: none, no best set), added one by one at the role's positions up to ``max_heads``
+    or chance. Size: for a role whose best set does not reach chance, on a local model, the
+    entry layer's size curve (`sizes.size_curve`: ``SpreadRole.sizes``, with its cost). The layer measurements
     run together (`evaluate_many`: one request on a remote model), or come measured:
     ``premeasured`` keys and runs (`spread_check_runs`, a superset of the open roles) with their
     accuracies ``values``."""
@@ -91,28 +94,53 @@ def spread_check(
             values = [memo.accuracy(model, run_task, interventions) for run_task, interventions in premeasured[1]]
     by_key = dict(zip(premeasured[0], values, strict=True))
     where = {"aggregate": ("final", encoded.final), "gather": ("ends", encoded.segment_ends)}
+    local = not getattr(model.backend, "remote", False)  # the ordering's attribution needs a local backward
     for role in open_roles:
         name, positions = where[role]
         measured = {layer: value for (of, layer), value in by_key.items() if of == role}
         costly = [layer for layer, value in measured.items() if clean - value >= min_effect]
         entry = min(costly, key=lambda layer: (measured[layer], layer)) if costly else None
         best = circuit.needs.get(role)
-        if best is None and entry is not None:
-            ranked = sorted(range(model.heads_per_layer[entry]), key=lambda h: (_nan_last(scan.accuracy[entry, h]), h))
-            curve: list[tuple[Head, float]] = []
-            chosen: list[Head] = []
-            for h in ranked[:max_heads]:
-                chosen.append(Head(entry, h))
-                curve.append((chosen[-1], memo.accuracy(model, task, [Ablate(chosen, positions=positions)])))
-                if curve[-1][1] <= threshold:
-                    break
-            everywhere = memo.accuracy(model, task, [Ablate(chosen)])
-            best = RoleNeed(chosen, everywhere, everywhere <= threshold, curve, name)
+        order: list[int] = []
+        with cost_meter(model) as cost:
+            if entry is not None and local and (best is None or not best.reached_chance):
+                order = sizes.importance_order(model, task, encoded, entry, positions, scan, clean, min_effect)
+            if best is None and entry is not None:
+                # remotely (no ordering): only the heads the scan measured alone, never padded by index
+                measured_alone = [h for h in range(model.heads_per_layer[entry]) if bool(scan.verified[entry, h])]
+                ranked = order or sorted(measured_alone, key=lambda h: (_nan_last(scan.accuracy[entry, h]), h))
+                best = _best_set(model, task, entry, ranked, positions, name, threshold, max_heads) if ranked else None
+            curve: list[tuple[int, float]] = []
+            if order and entry is not None and best is not None and not best.reached_chance:
+                width = model.heads_per_layer[entry]
+                curve = sizes.size_curve(sizes.measure(model, task, entry, order, positions), width, clean, measured[entry])
         groups = [g for g in scan.spread if entry is not None and g.heads[0].layer == entry]
         scan.search_spread(groups)  # a local scan searches the needed heads of the groups shown, and only those
         if scan.tests:
             circuit.settings["group_testing"] = {str(layer): tests for layer, tests in scan.tests.items()}
-        circuit.spread[role] = SpreadRole(role, name, measured, entry, best, max_heads, groups)
+        item = SpreadRole(role, name, measured, entry, best, max_heads, groups)
+        if curve:
+            item.sizes, item.order = curve, order
+            spent = (circuit.cost or {}).get("size_curves", {}) | {role: sizes.spent(cost, len(task), len(curve) - 2)}
+            circuit.cost = {**(circuit.cost or {}), "size_curves": spent}  # `discover` adds its meter's counts
+            circuit.settings["size_curve"] = {"ranked_by": sizes.RANKED_BY, "fractions": list(sizes.SIZE_FRACTIONS)}
+        circuit.spread[role] = item
+
+
+def _best_set(
+    model: GnaModel, task: Task, layer: int, ranked: Sequence[int], positions: torch.Tensor, name: str, threshold: float, max_heads: int
+) -> RoleNeed:
+    """An empty role's best set: ``ranked``'s heads of ``layer`` added one by one, ablated at
+    ``positions``, up to ``max_heads`` or chance; its accuracy ablated at every position."""
+    curve: list[tuple[Head, float]] = []
+    chosen: list[Head] = []
+    for h in ranked[:max_heads]:
+        chosen.append(Head(layer, h))
+        curve.append((chosen[-1], memo.accuracy(model, task, [Ablate(chosen, positions=positions)])))
+        if curve[-1][1] <= threshold:
+            break
+    everywhere = memo.accuracy(model, task, [Ablate(chosen)])
+    return RoleNeed(chosen, everywhere, everywhere <= threshold, curve, name)
 
 
 def _nan_last(value: torch.Tensor) -> float:

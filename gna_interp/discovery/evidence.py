@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from ..core.errors import GnaValueError
 from ..core.heads import Head
 from .group_testing import SpreadGroup
 from .roles import RoleScores, scores_from_dict
@@ -146,6 +147,14 @@ class SpreadRole:
             one at ``positions``).
         max_heads: the search's bound (``max_heads_per_role``).
         groups: spread groups of the head scan's group testing (`group_testing.SpreadGroup`).
+        sizes: the role's size curve (`discovery.sizes`): ``(k, accuracy)`` with the ``k``
+            most important heads of the entry layer ablated at ``positions``, ``k``
+            increasing from 0 (clean) to the layer's width (the whole layer); the points
+            between are those the bisection measured. Empty: not measured (no entry layer,
+            a remote model, or a circuit written before it was recorded).
+        order: the entry layer's head indices by importance (`sizes.RANKED_BY`): the curve's
+            ``k`` heads are its first ``k``. What the curve and its ordering cost is in the
+            circuit's cost (``GnaCircuit.cost["size_curves"][role]``).
     """
 
     role: str
@@ -155,6 +164,46 @@ class SpreadRole:
     best: RoleNeed | None
     max_heads: int
     groups: list[SpreadGroup] = field(default_factory=list)
+    sizes: list[tuple[int, float]] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)
+
+    @property
+    def width(self) -> int | None:
+        """Heads in the entry layer (the curve's last ``k``; ``None``: no curve)."""
+        return self.sizes[-1][0] if self.sizes else None
+
+    def heads_for(self, fraction: float) -> int:
+        """The fewest heads (most important first) whose ablation at the role's positions
+        carries ``fraction`` (in ``(0, 1]``) of the whole layer's effect, where an effect is
+        clean accuracy minus accuracy with the heads ablated: the smallest measured ``k``
+        reaching it. Between measured points nothing is interpolated: this is the upper end of
+        the bracket the curve holds (exact where the bisection pinned it, `sizes.SIZE_FRACTIONS`;
+        else a doubling-grid point, at most twice the true count on a monotone curve)."""
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+            raise GnaValueError(f"heads_for: fraction={fraction!r}: expected a number in (0, 1]")
+        if not self.sizes:
+            raise GnaValueError(f"heads_for: the {self.role} role has no size curve (not measured)")
+        clean, whole = self.sizes[0][1], self.sizes[-1][1]
+        target = fraction * (clean - whole) - 1e-9
+        return min(k for k, accuracy in self.sizes if clean - accuracy >= target)
+
+    def describe_size(self, fraction: float = 0.5, unit: str = "heads") -> str | None:
+        """``"the Aggregate role needs 40 of 128 heads for half of the layer's effect (layer 1
+        ablated at the final position: 1.000 -> 0.290)"`` (``None``: no curve); ``unit``: what a
+        head is called (a Mamba-1 head is a channel)."""
+        if not self.sizes:
+            return None
+        share = {0.5: "half", 1.0: "all"}.get(fraction, f"{fraction:.0%}")
+        clean, whole = self.sizes[0][1], self.sizes[-1][1]
+        return (
+            f"the {self.role.capitalize()} role needs {self.heads_for(fraction)} of {self.width} {unit} for {share} of the "
+            f"layer's effect (layer {self.layer} "
+            f"ablated {POSITIONS[self.positions]}: {clean:.3f} -> {whole:.3f})"
+        )
+
+    def describe_curve(self) -> str:
+        """``"0: 1.000, 1: 0.965, 2: 0.950, ..., 128: 0.290"``: the size curve's points."""
+        return ", ".join(f"{k}: {accuracy:.3f}" for k, accuracy in self.sizes) or "-"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -165,6 +214,10 @@ class SpreadRole:
             "best": None if self.best is None else self.best.to_dict(),
             "max_heads": self.max_heads,
             "groups": [group.to_dict() for group in self.groups],
+            "sizes": [[k, accuracy] for k, accuracy in self.sizes],
+            "order": list(self.order),
+            "size": self.describe_size(),  # words for readers; not read back
+            "heads_for_half": self.heads_for(0.5) if self.sizes else None,  # not read back
         }
 
     @classmethod
@@ -172,7 +225,10 @@ class SpreadRole:
         best = None if data["best"] is None else RoleNeed.from_dict(data["best"])
         layers = {int(layer): value for layer, value in data["layers"].items()}
         groups = [SpreadGroup.from_dict(group) for group in data.get("groups", [])]
-        return cls(data["role"], data["positions"], layers, data["layer"], best, int(data["max_heads"]), groups)
+        sizes = [(int(k), float(accuracy)) for k, accuracy in data.get("sizes", [])]
+        item = cls(data["role"], data["positions"], layers, data["layer"], best, int(data["max_heads"]), groups, sizes)
+        item.order = [int(h) for h in data.get("order", [])]
+        return item
 
     def describe(self) -> str:
         """``"spread beyond the search: no set of up to 8 heads reaches chance (best: 8

@@ -148,7 +148,7 @@ def discover(
     with model.prefix_cache(), memo.accuracy_memo(model), cost_meter(model) as cost:
         started = time.perf_counter()
         circuit = _discover(model, task, progress=progress, meter=cost, **options)
-    circuit.cost = {**cost.to_dict(len(task)), "seconds": time.perf_counter() - started}
+    circuit.cost = {**cost.to_dict(len(task)), "seconds": time.perf_counter() - started, **(circuit.cost or {})}  # + size curves
     circuit.cost["estimate"] = {k: circuit.settings["estimate"][k] for k in ("low", "mid", "high")}
     if stability is not None:
         circuit.stability = _stability(model, _sample_tasks(task, stability, 0), options, progress)

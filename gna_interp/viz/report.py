@@ -43,6 +43,7 @@ from ..discovery.roles import entry_shares
 from . import figures
 from .report_curves import check_faithfulness, check_retention, faithfulness_html, retention_html
 from .report_html import DASH, STYLE, figure_html, slug_of, table
+from .summary import PARTIAL_BELOW, carries, carry_rows
 
 if TYPE_CHECKING:
     from ..discovery.circuit import GnaCircuit
@@ -304,10 +305,19 @@ def _section(
     parts.append(f"<h2>{html.escape(circuit.model)} <small>({html.escape(circuit.family)}, {html.escape(circuit.task)})</small></h2>")
     if circuit.mechanism is not None:
         parts.append(f'<p data-role="mechanism"><b>{html.escape(circuit.headline())}</b></p>')
+    if curve is not None or circuit.path_patching is not None:  # how much of the task it carries (`viz.summary.carries`)
+        parts.append(f'<p data-role="carries"><b>Carries: {html.escape(carries(circuit, curve))}</b></p>')
     parts += [f'<p class="note">{html.escape(w)}</p>' for w in circuit.warnings]
     parts += [
         f'<p class="note" data-role="spread">{role.capitalize()}: {html.escape(item.describe())}'
         + (f"; curve {html.escape(POSITIONS[item.best.curve_positions])}: {html.escape(item.best.describe_curve())}" if item.best else "")
+        + (
+            f'<br><b data-role="size">Size: {html.escape(item.describe_size(unit=circuit.unit()) or "")}</b>; size curve (k most '
+            f"important {circuit.unit()} ablated, accuracy; most important: costly alone, then by the size of their "
+            f"attribution): {html.escape(item.describe_curve())}"
+            if item.sizes
+            else ""
+        )
         + "</p>"
         for role, item in sorted(circuit.spread.items())
     ]
@@ -396,6 +406,15 @@ def write_report(
     items = [(with_need_curves(circuit, model, task), model, task) for circuit, model, task in items]
     circuits = [item[0] for item in items]
     body = ["<h1>Gather-and-Aggregate report</h1>"]
+    body.append("<h2>What each circuit carries</h2>")
+    body.append(
+        '<p class="caption">Per model: accuracy with only the circuit\'s heads kept (every other head mean-ablated), the share '
+        "of the gap from every head ablated to clean that it recovers, and the share of the clean &rarr; corrupt gap that path "
+        f"patching through its Gather &rarr; Aggregate edge moves. Under {PARTIAL_BELOW:g} on either, the circuit carries the "
+        "task only in part (partial), with each spread role's size: the most important heads of its entry layer that carry "
+        "half of that layer's effect, of the layer's heads.</p>"
+    )
+    body.append(f'<div data-role="carries">{table(carry_rows(circuits, curves))}</div>')
     body.append("<h2>Heads per role and sharpness</h2>")
     body.append(
         '<p class="caption">Per role, its set (the heads discovery put in it), the heads with the role outright '
@@ -418,4 +437,6 @@ def _cost_value(quantity: str, value: Any) -> Any:
     """A cost table's cell: the pass estimate as a range (``24-62 (mid 39)``), the rest as recorded."""
     if quantity == "estimate" and isinstance(value, dict) and {"low", "mid", "high"} <= set(value):
         return f"{passes_range(value)} (mid {value['mid']:.0f})"
+    if quantity == "size_curves" and isinstance(value, dict):  # per spread role sized: its curve's cost
+        return "; ".join(f"{role}: {c['passes']:.1f} passes, {c['backwards']:.0f} backward(s)" for role, c in value.items())
     return value

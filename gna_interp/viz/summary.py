@@ -1,0 +1,166 @@
+"""The demo's summary table (`summary_table`): one row per circuit, led by how much of the
+task the circuit carries (`carries`: whole, or partial with each spread role's size)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SUMMARY_WIDTH = 120
+"""The demo's summary table fits this many columns (head lists wrap inside their cells)."""
+CARRIES_WIDTH = 10
+"""The demo table's ``carries`` column wraps its words at this width."""
+PARTIAL_BELOW = 0.5
+"""A circuit carries the task only in part (the demo table's ``carries``: ``partial``) when
+its heads kept alone recover less than this share of the gap from every head ablated to
+clean (``share``), or its Gather -> Aggregate path patching moves less than this share of
+the clean -> corrupt gap (``path``)."""
+
+
+def carried_share(circuit: Any, curve: Any) -> float | None:
+    """``(alone - every head ablated) / (clean - every head ablated)``: how much of the task the
+    circuit's heads carry kept alone (``None``: no curve, or no circuit point)."""
+    if curve is None or curve.circuit_point is None:
+        return None
+    value = curve.recovered(curve.circuit_point["accuracy"])
+    return None if value != value else float(value)
+
+
+def carries(circuit: Any, curve: Any) -> str:
+    """The demo table's verdict: ``"whole"``, or ``"partial"`` (`PARTIAL_BELOW`) with the size
+    of each spread role whose curve was measured (``"partial: Aggregate spread, 5/128 for
+    half"``); ``"-"`` when neither share is known or there is nothing to carry."""
+    if circuit.mechanism == "none":
+        return "-"
+    path = (getattr(circuit, "path_patching", None) or {}).get("fraction_of_effect")
+    shares = [v for v in (carried_share(circuit, curve), path) if v is not None and v == v]
+    if not shares:
+        return "-"
+    if min(shares) >= PARTIAL_BELOW:
+        return "whole"
+    sized = [
+        f"{role.capitalize()} spread, {item.heads_for(0.5)}/{item.width} for half"
+        for role, item in sorted(getattr(circuit, "spread", {}).items())
+        if item.sizes
+    ]
+    return "partial" + (": " + "; ".join(sized) if sized else "")
+
+
+def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, width: int = SUMMARY_WIDTH) -> str:
+    """One row per circuit, fitting ``width`` columns: first how much of the task the circuit
+    carries (``alone``: accuracy with only its heads kept, every other head mean-ablated, and
+    ``share``, the gap from every head ablated to clean it recovers, from ``curves``: the
+    model's faithfulness curve; ``path``: path patching's share of the clean -> corrupt gap;
+    ``carries``: whole or partial, `carries`), then the mechanism and the confirmation
+    accuracies, then its heads per role, wrapped inside their cells. In models with both
+    kinds of heads, each head is tagged ``(a)`` attention or ``(s)`` SSM."""
+
+    def heads(c: Any, role: str) -> str:
+        return c.named(getattr(c, role)).replace(" (attention)", "(a)").replace(" (ssm)", "(s)").replace(", ", ",")
+
+    def cell(acc: dict[str, float], key: str) -> str:
+        return f"{acc[key]:.3f}" if key in acc else "-"
+
+    def carried(c: Any) -> tuple[str, str, str, str]:
+        curve = (curves or {}).get(c.model)
+        share = carried_share(c, curve)
+        alone = "-" if curve is None or curve.circuit_point is None else f"{curve.circuit_point['accuracy']:.3f}"
+        path = (getattr(c, "path_patching", None) or {}).get("fraction_of_effect")
+        return alone, "-" if share is None else f"{share:.0%}", "-" if path is None or path != path else f"{path:.2f}", carries(c, curve)
+
+    names = (
+        "model",
+        "alone",
+        "share",
+        "path",
+        "carries",
+        "mechanism",
+        "clean",
+        "-gather",
+        "-aggr",
+        "-both",
+        "shuffled",
+        "gather",
+        "aggregate",
+    )
+    rows = [
+        (
+            c.model,
+            *carried(c),
+            c.mechanism or "-",
+            *(cell(c.accuracy, k) for k in ("clean", "-gather", "-aggregate", "-both", "shuffled_labels")),
+            heads(c, "gather"),
+            heads(c, "aggregate"),
+        )
+        for c in circuits
+    ]
+    verdict = 4  # the `carries` column: its words wrap
+    verdict_width = min(max(len(str(r[verdict])) for r in [names, *rows]), CARRIES_WIDTH)
+    fixed = [verdict_width if i == verdict else max(len(str(r[i])) for r in [names, *rows]) for i in range(len(names) - 2)]
+    room = max(width - sum(fixed) - (len(names) - 1), 2 * len("aggregate"))  # what the two head lists share (1-space gaps)
+    full = [max(len(str(r[i])) for r in [names, *rows]) for i in (-2, -1)]
+    gather_width = min(full[0], max(len("gather"), room - min(full[1], room // 2)))
+    widths = [*fixed, gather_width, max(len("aggregate"), min(full[1], room - gather_width))]
+    aligned = ["<", ">", ">", ">", "<", "<", ">", ">", ">", ">", ">", "<", "<"]
+
+    def wrap(text: str, cell_width: int, by: str = ",") -> list[str]:
+        """``text``'s ``by``-separated items (heads, or words) packed into lines of at most ``cell_width``."""
+        if len(text) <= cell_width:
+            return [text]
+        glue = "," if by == "," else " "
+        out = [""]
+        for item in text.split(by):
+            joined = f"{out[-1]}{glue}{item}" if out[-1] else item
+            if len(joined) < cell_width + (glue == " ") or not out[-1]:  # a comma ending a wrapped line needs room
+                out[-1] = joined
+            else:
+                out[-1] += "," if glue == "," else ""
+                out.append(item)
+        return out
+
+    def lines_of(row: tuple[str, ...]) -> list[str]:
+        cells = [wrap(str(v), widths[i], " ") if i == verdict else [str(v)] for i, v in enumerate(row[:-2])]
+        cells += [wrap(v, w) for v, w in zip(row[-2:], widths[-2:], strict=True)]
+        depth = max(len(c) for c in cells)
+        out = []
+        for k in range(depth):
+            values = [c[k] if k < len(c) else "" for c in cells]
+            out.append(" ".join(f"{v:{a}{w}}" for v, a, w in zip(values, aligned, widths, strict=True)).rstrip())
+        return out
+
+    header = lines_of(names)[0]
+    lines = [header, "-" * len(header), *(line for r in rows for line in lines_of(r))]
+    if any("(a)" in r[-2] + r[-1] or "(s)" in r[-2] + r[-1] for r in rows):
+        lines.append("(a) attention head, (s) SSM head")
+    lines.append("alone: accuracy with only the circuit's heads kept (every other head mean-ablated); share: of the gap from")
+    lines.append("  every head ablated to clean; path: Gather -> Aggregate path patching's share of the clean -> corrupt gap")
+    lines.append(f"carries: partial when share or path is under {PARTIAL_BELOW:g}, with each spread role's size: the most important heads")
+    lines.append("  of its entry layer that carry half of that layer's effect, of the layer's heads")
+    if any(r[5] == "counting" for r in rows):
+        lines.append("mechanism counting: answers by the option's place; its gather/aggregate cells hold counting heads")
+    if any(r[5] == "none" for r in rows):
+        lines.append("mechanism none: clean accuracy near chance, no retrieval to explain (no heads searched)")
+    if any(r[10] != "-" for r in rows):
+        lines.append("shuffled: clean accuracy with each prompt's labels in a random order (chance: answers by the option's place)")
+    lines.append("-gather, -aggr, -both: accuracy with every head of the set(s) ablated at every position")
+    return "\n".join(lines)
+
+
+def carry_rows(circuits: list[Any], curves: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The report's first table: per circuit, how much of the task it carries (the demo
+    table's first columns: ``alone``, ``share``, ``path``, ``carries``) and its mechanism."""
+    rows = []
+    for c in circuits:
+        curve = (curves or {}).get(c.model)
+        share = carried_share(c, curve)
+        path = (getattr(c, "path_patching", None) or {}).get("fraction_of_effect")
+        rows.append(
+            {
+                "model": c.model,
+                "alone (only its heads kept)": None if curve is None or curve.circuit_point is None else curve.circuit_point["accuracy"],
+                "share of the gap from every head ablated to clean": share,
+                "path patching's share of the clean → corrupt gap": None if path is None or path != path else path,
+                "carries": carries(c, curve),
+                "mechanism": c.mechanism or "-",
+            }
+        )
+    return rows
