@@ -29,8 +29,8 @@ def found(request):
 KNOWN_GAPS: dict[tuple[str, str], str] = {}
 PATTERN_GAPS: dict[tuple[str, str], str] = {  # since the pattern must clear its thresholds (issue 32), on seed 4242
     ("llama", "gather"): "L0H1's segment-end rows favour their own segment, not clearly: gather ratio 1.39 < 1.5",
-    ("mamba2_counting", "gather"): "L0H1's segment-end rows favour their own segment, not clearly: gather ratio 1.33 < 1.5",
-    ("mamba2_counting", "aggregate"): "L1H6's final row prefers the correct option, not clearly: lift 1.12 < 1.5",
+    ("mamba2", "gather"): "L0H1's segment-end rows favour their own segment, not clearly: gather ratio 1.33 < 1.5",
+    ("mamba2", "aggregate"): "L1H6's final row prefers the correct option, not clearly: lift 1.12 < 1.5",
 }
 
 

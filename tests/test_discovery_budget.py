@@ -185,13 +185,15 @@ def test_a_wide_layer_the_layer_scan_clears_is_neither_ranked_nor_ablated():
 
 @pytest.mark.slow
 @pytest.mark.budget
-def test_the_wide_deep_mamba1_costs_under_100_passes():
+def test_the_wide_deep_mamba1_costs_at_most_110_passes():
     """The benchmark's wide deep Mamba-1 (the toy at layers 3-4 of 8, 512 channels a layer,
     live filler), 64 prompts: the toy's channels at their placed places (the toy's own
-    discovery on the same prompts), in at most 100 passes (74.0 measured, 6.0 of them the spread
-    Aggregate role's size curve, with the 2 backwards of its ordering's attribution; the record's
-    86.0 before it was on earlier code; 119.0 before the layer scan cleared the filler layers). Its size: 5 of 512
-    channels carry half of layer 4's effect at the final position."""
+    discovery on the same prompts), in at most 110 passes (103.0 measured with MIB's circuit
+    score and group testing's search of masked halves (issue 42, item 5); 74.0 before both, 6.0
+    of them the spread Aggregate role's size curve, with the 2 backwards of its ordering's
+    attribution; the record's 86.0 before it was on earlier code; 119.0 before the layer scan
+    cleared the filler layers). Its size: 5 of 512 channels carry half of layer 4's effect at
+    the final position."""
     if "mamba" not in gna.toy_names():
         pytest.skip("the Mamba-1 toy is not bundled yet")
     task = gna.toy_task("mamba", 64, seed=4242)
@@ -202,7 +204,7 @@ def test_the_wide_deep_mamba1_costs_under_100_passes():
         wide = gna.discover(deep_toy("mamba", 8, width=512), task, progress=False)
     assert wide.gather == [deep_head(h, 3, channels) for h in toy.gather] and wide.gather
     assert wide.aggregate == [deep_head(h, 3, channels) for h in toy.aggregate] and wide.aggregate
-    assert wide.cost["passes"] <= 100 and wide.cost["backwards"] == 2, wide.cost
+    assert wide.cost["passes"] <= 110 and wide.cost["backwards"] == 2, wide.cost
     assert wide.spread["aggregate"].heads_for(0.5) == 5 and wide.spread["aggregate"].width == 512
     assert set(wide.settings["group_testing"]) == {"3", "4"}
 

@@ -56,7 +56,7 @@ def test_toy_task_accepts_a_model_loaded_from_a_trained_folder(tmp_path):
 
 
 def test_toy_functions_name_what_they_were_given(llama_tlens, toy):
-    names = r"expected a toy name from gna.toy_names\(\) \(falcon_h1, llama, .*\) or a folder holding card.json"
+    names = r"expected a toy name from gna.toy_names\(\) \(falcon_h1, falcon_h1_counting, llama, .*\) or a folder holding card.json"
     in_memory = r"toy_task\(name=GnaModel\('LlamaForCausalLM'.*\)\): this GnaModel was not loaded from a toy's folder "
     with pytest.raises(TypeError, match=rf"{in_memory}.*{names}"):
         gna.toy_task(llama_tlens, 16)  # built in memory: it names no toy

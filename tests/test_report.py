@@ -23,6 +23,7 @@ import gna_interp as gna
 from gna_interp.discovery import Stability
 from gna_interp.discovery.picture import choose_prompt, role_picture
 from gna_interp.discovery.report_inputs import circuit_faithfulness, circuit_heads, circuit_ranking
+from gna_interp.viz.report_html import slug_of
 from gna_interp.viz.report import write_report
 from gna_interp.viz.views import bundle_script
 
@@ -118,7 +119,7 @@ def test_faithfulness_curve_is_drawn_with_its_numbers(report, items, curves):
         assert f"{alone:.3f}" in labels and f"clean {curve.clean['accuracy']:.3f}" in labels, labels
         assert f"n = 0, {', '.join(map(str, FAITH_SIZES))}, {len(model.heads)}" in figure
         assert "discovery&#x27;s own" in figure
-        table = (index.parent / f"{circuit.model}-faithfulness.csv").read_text().splitlines()
+        table = (index.parent / f"{slug_of(circuit.model)}-faithfulness.csv").read_text().splitlines()
         assert [float(line.split(",")[1]) for line in table[1:]] == pytest.approx(curve.accuracy.tolist())
 
 
@@ -275,7 +276,7 @@ def test_heads_needed_curves_are_recorded_and_named(report, items):
     and the role table names them too."""
     index, page = report
     for circuit, _, _ in items:
-        data = json.loads((index.parent / f"{circuit.model}.json").read_text())
+        data = json.loads((index.parent / f"{slug_of(circuit.model)}.json").read_text())
         for role, need in circuit.needs.items():
             curve, positions = data["needs"][role]["curve"], data["needs"][role]["curve_positions"]
             assert [point["head"] for point in curve] == [str(h) for h in need.heads]
@@ -298,7 +299,7 @@ def test_a_circuit_without_curves_gets_them_measured(items, tmp_path):
     for need in bare.needs.values():
         need.curve = []
     index = write_report([(bare, model, task)], tmp_path)
-    data = json.loads((index.parent / f"{circuit.model}.json").read_text())
+    data = json.loads((index.parent / f"{slug_of(circuit.model)}.json").read_text())
     for role, need in bare.needs.items():
         curve = data["needs"][role]["curve"]
         assert data["needs"][role]["curve_positions"] == "all" and not need.curve, "the circuit passed in is not changed"
