@@ -23,8 +23,8 @@ import gna_interp as gna
 from gna_interp.discovery import Stability
 from gna_interp.discovery.picture import choose_prompt, role_picture
 from gna_interp.discovery.report_inputs import circuit_faithfulness, circuit_heads, circuit_ranking
-from gna_interp.viz.report_html import slug_of
 from gna_interp.viz.report import write_report
+from gna_interp.viz.report_html import slug_of
 from gna_interp.viz.views import bundle_script
 
 from .toy_circuits import TOYS, discovered

@@ -111,9 +111,10 @@ def test_discover_remote_equals_local_in_twelve_requests(pair):
     """The whole pipeline, in 12 requests: 6 stage requests, the 4 forwards of path
     patching (`gna_interp.discovery.remote`) and 2 for MIB's circuit score (`circuit_score`:
     the corrupt capture, then its circuits in one). Every field of the circuit is equal, but the
-    cost, the pass estimate (a remote model has no prefix cache) and the pattern scores of heads the joint search pools: a remote run scores them
-    in the forward that scores the candidates (locally: a forward per pool), which moves
-    their float32 rounding (measured: relative differences of about 1e-7)."""
+    cost, the pass estimate (a remote model has no prefix cache) and the pattern scores of heads
+    the joint search pools: a remote run scores them in the forward that scores the candidates
+    (locally: a forward per pool), which moves their float32 rounding (measured: relative
+    differences of about 1e-7)."""
     local, remote, task = pair
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gna.discovery.PositionalAnswerWarning)
