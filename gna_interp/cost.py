@@ -27,7 +27,9 @@ was in use when the block began), and how, ``memory_source``:
 - ``"rss"`` (CPU): the process's resident memory, sampled every ``SAMPLE_SECONDS`` (1 ms) by a
   background thread from ``/proc/self/statm`` (Linux; elsewhere ``psutil`` if installed),
   above the resident memory at entry (freed heap memory is first returned to the system,
-  glibc's ``malloc_trim``, so that reused free memory is not missed). Resolution: a page, and
+  glibc's ``malloc_trim``, so that reused free memory is not missed; no ``gc.collect()``: it
+  takes about 0.6 s in a process that has imported transformers, and garbage cycles only raise
+  the baseline, not the peak above it). Resolution: a page, and
   the sampling period: memory held for less than a millisecond or two may be missed. It
   counts the whole process (other threads' allocations too). ``resource.getrusage``'s
   ``ru_maxrss`` cannot do this: it is the process's lifetime maximum, blind to a block
@@ -45,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -177,7 +178,6 @@ def _peak_memory(meter: Cost, device: str) -> Iterator[None]:
     if read is None:
         yield
         return
-    gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc: freed heap memory back to the system first
     start = read()
