@@ -322,13 +322,7 @@ def _direct_gradients(
         leaves[layer] = stack(clean[Site(SiteKind.RESID, layer)]).requires_grad_(True)
         plan.add(Site(SiteKind.RESID, layer), Edit(rows_of([c for c, (r, _) in enumerate(chunk) if r.layer == layer], 3), leaves[layer]))
     _hold_other_inputs(model, plan, chunk, clean, stack, rows_of)
-    receivers = {model.head_site(r)[0] for r, _ in chunk}
-    out = model.backend.run(batch.repeat(n_copies), plan, capture=receivers, grad=True, logits_to_keep=1)  # logits unread
-    total = torch.zeros(())
-    for c, (receiver, _) in enumerate(chunk):
-        site, index = model.head_site(receiver)
-        span = slice(c * n_rows, (c + 1) * n_rows)
-        total = total + (out.acts[site][span, :, index].float() * grads[site][:, :, index].float()).sum().cpu()
+    total = _receiver_contraction(model, batch, plan, chunk, grads, n_rows, n_copies)
     pulled = dict(zip(layers, _gradients(total, [leaves[layer] for layer in layers]), strict=True))
     charge(model.backend, backwards=1, backward_block_rows=n_rows * n_copies * (model.n_layers - layers[0]))
     result = torch.stack([pulled[r.layer].reshape(n_copies, n_rows, *pulled[r.layer].shape[1:])[c] for c, (r, _) in enumerate(chunk)])
@@ -390,13 +384,7 @@ def _chunk_gradients(
             leaves[site] = stack(clean[site]).requires_grad_(True)
             plan.add(site, Edit(rows_of(before), leaves[site]))
     _hold_other_inputs(model, plan, chunk, clean, stack, rows_of)
-    receivers = {model.head_site(r)[0] for r, _ in chunk}
-    out = model.backend.run(batch.repeat(n_copies), plan, capture=receivers, grad=True, logits_to_keep=1)  # logits unread
-    total = torch.zeros(())
-    for c, (receiver, _) in enumerate(chunk):
-        site, index = model.head_site(receiver)
-        span = slice(c * n_rows, (c + 1) * n_rows)
-        total = total + (out.acts[site][span, :, index].float() * grads[site][:, :, index].float()).sum().cpu()
+    total = _receiver_contraction(model, batch, plan, chunk, grads, n_rows, n_copies)
     order = sorted(leaves)
     if total.requires_grad:
         pulled = _gradients(total, [leaves[site] for site in order])
@@ -404,3 +392,17 @@ def _chunk_gradients(
         pulled = [torch.zeros_like(leaves[site]) for site in order]
     charge(model.backend, backwards=1, backward_block_rows=n_rows * n_copies * (model.n_layers - first))
     return {site: grad.reshape(n_copies, n_rows, *grad.shape[1:]) for site, grad in zip(order, pulled, strict=True)}
+
+
+def _receiver_contraction(model: Any, batch: Any, plan: Any, chunk: Any, grads: dict[Any, Tensor], n_rows: int, n_copies: int) -> Tensor:
+    """One stacked forward of ``n_copies`` copies of ``batch`` under ``plan``, and the sum over
+    the chunk's receivers of (copy c's receiver input) x (its metric gradient): a scalar whose
+    gradient with respect to the plan's leaves gives every edge of the chunk."""
+    receivers = {model.head_site(r)[0] for r, _ in chunk}
+    out = model.backend.run(batch.repeat(n_copies), plan, capture=receivers, grad=True, logits_to_keep=1)  # logits unread
+    total = torch.zeros(())
+    for c, (receiver, _) in enumerate(chunk):
+        site, index = model.head_site(receiver)
+        span = slice(c * n_rows, (c + 1) * n_rows)
+        total = total + (out.acts[site][span, :, index].float() * grads[site][:, :, index].float()).sum().cpu()
+    return total
