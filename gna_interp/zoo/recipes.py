@@ -35,6 +35,27 @@ _MAMBA2_2X8 = dict(
 )
 """The toy Mamba-2s' shape: 2 layers x 8 heads of 16, state 16, a 4-token conv (the query-last ones use 2)."""
 
+_FALCON_H1_2X12 = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=16,
+    mamba_d_ssm=128,
+    mamba_n_heads=8,
+    mamba_d_head=16,
+    mamba_expand=2,
+    mamba_n_groups=1,
+    mamba_d_state=16,
+    mamba_chunk_size=32,
+    mamba_d_conv=4,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+    **_TOKENS,
+)
+"""The toy hybrids' shape: 2 layers, each with 4 attention heads of 16 and 8 Mamba-2 heads of 16."""
+
 
 _LLAMA_PRUNED: dict[str, Any] = dict(
     family="llama",
@@ -326,25 +347,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="falcon_h1_counting",
             family="falcon_h1",
-            config=dict(
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=4,
-                head_dim=16,
-                mamba_d_ssm=128,
-                mamba_n_heads=8,
-                mamba_d_head=16,
-                mamba_expand=2,
-                mamba_n_groups=1,
-                mamba_d_state=16,
-                mamba_chunk_size=32,
-                mamba_d_conv=4,
-                max_position_embeddings=128,
-                tie_word_embeddings=False,
-                **_TOKENS,
-            ),
+            config=_FALCON_H1_2X12,
             seed=0,
             lr=3e-3,
             max_steps=16_000,
@@ -358,26 +361,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="falcon_h1",
             family="falcon_h1",
-            config=dict(
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=4,
-                head_dim=16,
-                mamba_d_ssm=128,
-                mamba_n_heads=8,
-                mamba_d_head=16,
-                mamba_expand=2,
-                mamba_n_groups=1,
-                mamba_d_state=16,
-                mamba_chunk_size=32,
-                mamba_d_conv=2,
-                initializer_range=0.1,
-                max_position_embeddings=128,
-                tie_word_embeddings=False,
-                **_TOKENS,
-            ),
+            config=dict(_FALCON_H1_2X12, mamba_d_conv=2, initializer_range=0.1),
             seed=0,
             lr=3e-3,
             max_steps=30_000,
