@@ -39,7 +39,7 @@ channels, every layer ``W`` wide); their heads are then expected at `deep_head`'
 and the accuracies within 0.02 of the toy's (the filler perturbs the logits a little).
 
 Run: ``python benchmarks/discover_scale.py [--layers 2 8 32] [--families llama mamba2]
-[--width 4096] [--prompts 200] [--no-remote] [--json PATH]``
+[--width 4096] [--prompts 200] [--no-remote] [--device cuda] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -114,6 +114,13 @@ def tensor_bytes(out: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
+def device_name(device: str) -> str:
+    """``"cpu"``, or the GPU's name (which card gave the figures)."""
+    import torch
+
+    return torch.cuda.get_device_name(device) if str(device).startswith("cuda") else str(device)
+
+
 def discover(model: gna.GnaModel, task: Any) -> tuple[gna.GnaCircuit, float]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a toy that answers by place warns; the circuit keeps the note
@@ -161,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     arguments.add_argument("--prompts", type=int, default=200)
     arguments.add_argument("--seed", type=int, default=4242)
     arguments.add_argument("--no-remote", action="store_true", help="skip the remote='local' runs")
+    arguments.add_argument("--device", default="cpu", help="where the deep models run (the 2-layer toys stay on the CPU)")
     args = arguments.parse_args(argv)
     set_threads(args.threads)
     rows, failed = [], False
@@ -171,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         channels = placed_channels(toy_model.heads_per_layer[0], args.width) if wide else None
         toy = None
         for n_layers in args.layers:
-            model = deep_toy(family, n_layers, width=args.width if wide else None)
+            model = deep_toy(family, n_layers, width=args.width if wide else None, device=args.device)
             at = max(0, n_layers // 2 - 1)
             circuit, seconds = discover(model, task)  # discover meters itself: circuit.cost
             toy = toy or (circuit if n_layers == toy_model.n_layers and not wide else discover(toy_model, task)[0])
@@ -200,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                 "group_tests": circuit.settings.get("group_testing"),
                 "seconds": seconds,
                 "hand_passes": 1 + 2 * n_layers + 2 * heads_per_layer,
+                "device": device_name(args.device),
             }
             if not args.no_remote:
                 remote = gna.load(copy.deepcopy(model.hf_model), tokenizer=model.tokenizer, remote="local")

@@ -41,7 +41,7 @@ tokens:
 The sweeps, the attributions and edge attribution run one copy of the batch per forward
 (``max_rows`` = the batch) unless their label says ``budget``.
 
-Time is the best of ``--repeats`` calls; peak memory is the peak resident memory above
+Time is the best of ``--repeats`` calls (on CUDA after one untimed call); peak memory is the peak resident memory above
 what the process held before the call (a sampling thread, every 2 ms, after returning
 freed memory to the system), or ``torch.cuda.max_memory_allocated`` above the weights on a
 GPU. Both are given as ratios to ``raw``'s.
@@ -239,7 +239,14 @@ class PeakMemory:
 
 
 def measure(fn: Callable[[], Any], repeats: int, device: str) -> tuple[float, float, Any]:
-    """(best seconds of ``repeats`` calls, peak bytes of the first, the last result)."""
+    """(best seconds of ``repeats`` calls, peak bytes of the first, the last result).
+
+    On CUDA one untimed call comes first: the first call of a process loads kernels and
+    sets up cuBLAS and autograd (an H100 run at best of 1 without it timed Llama's raw
+    backward at 1.39 s, 45x the attribution that followed it)."""
+    if device.startswith("cuda"):
+        fn()
+        torch.cuda.synchronize()
     with PeakMemory(device) as memory:
         start = time.perf_counter()
         result = fn()

@@ -72,6 +72,7 @@ def deep_toy(
     filler_scale: float = FILLER_SCALE,
     backend: str | None = None,
     seed: int = 0,
+    device: str | torch.device | None = None,
 ) -> Any:
     """A bundled toy's layers placed at depth in an ``n_layers``-layer model (module docs).
 
@@ -87,6 +88,7 @@ def deep_toy(
             columns (0 makes the wide model compute the toy exactly).
         backend: as `gna_interp.load`.
         seed: seed of the filler weights (and, with ``width``, of `placed_channels`).
+        device: as `gna_interp.load` (built on the CPU, then moved).
 
     Returns:
         a `GnaModel` named ``toy-<name>-deep<L>`` (``-w<width>`` when wide) with the
@@ -136,7 +138,7 @@ def deep_toy(
     deep.config.name_or_path = f"toy-{name}-deep{n_layers}{suffix}"
     deep.eval()
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    model = load(deep, tokenizer=tokenizer, backend=backend)
+    model = load(deep, tokenizer=tokenizer, backend=backend, device=device)
     model.name = f"toy-{name}-deep{n_layers}{suffix}"
     return model
 
