@@ -54,7 +54,7 @@ from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.inputs import Batch
 from ..core.plan import Edit, Plan, Site, SiteKind
-from .direct import sender_position, stacked_writes
+from .direct import MLP_STAGE, sender_position, stacked_writes
 from .metrics import Metric, logits_read, reduce_metric
 
 if TYPE_CHECKING:
@@ -63,8 +63,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class PathSetup:
-    """What every chunk of sender sets shares (all tensors have the clean batch's rows,
-    or one row)."""
+    """What every chunk of sender sets shares (all tensors have the clean batch's rows, or one row)."""
 
     model: GnaModel
     batch: Batch
@@ -86,6 +85,8 @@ class PathSetup:
     direct: bool = False
     """``path="direct"``: D is the clean run from the receiver's layer on, its residual
     stream there plus the senders' own writes (`sender_write`); see `gna_interp.patching.paths`."""
+    mlps: tuple[int, ...] = ()
+    """path="direct": the layers of the MLP receivers (their norm's input: clean plus the writes)."""
 
 
 def receiver_streams(model: GnaModel, layer: int, heads: Sequence[int], streams: Sequence[str]) -> dict[Site, list[int]]:
@@ -304,11 +305,15 @@ class _Chunk:
 
     def scores(self) -> list[float]:
         s, model = self.s, self.s.model
-        grouped = receiver_positions(model, s.receivers)
+        grouped = dict(sorted({**receiver_positions(model, s.receivers), **{(layer, MLP_STAGE): [] for layer in s.mlps}}.items()))
         positions = [p for p in grouped if p > self.first]  # earlier ones receive nothing
         patches: list[tuple[Site, Edit]] = []
         for j, position in enumerate(positions):
             layer, heads = position[0], grouped[position]
+            if position[1] == MLP_STAGE:  # an MLP receiver: its norm reads the clean input plus the writes before it
+                clean_in = self.stack(s.clean[Site(SiteKind.MLP_IN, layer)])
+                patches.append((Site(SiteKind.MLP_IN, layer), Edit(torch.ones((), dtype=torch.bool), clean_in + self.delta(position))))
+                continue
             unpatched = unpatched_sites(model, layer, heads, s.streams, s.whole_output)
             if j == 0:  # C is the clean run up to here
                 before = {site: self.stack(s.clean[site]) for site in unpatched}
