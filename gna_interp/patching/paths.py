@@ -233,9 +233,9 @@ def refuse_nodes(senders: Sequence[Head | str], receivers: Receivers, direct: bo
     items = [receivers] if isinstance(receivers, (str, Head)) else list(receivers)
     for where, node in [*(("senders", s) for s in senders), *(("receivers", r) for r in items)]:
         if not direct and (node == EMBED or mlp_layer(node) is not None):
-            what = "the embedding" if node == EMBED else "an MLP"
+            what = "the embedding is a sender" if node == EMBED else "an MLP is an edge's end"
             raise GnaValueError(
-                f"{where} has {node!r}: {what} is an edge's end with path='direct' only "
+                f"{where} has {node!r}: {what} with path='direct' only "
                 "(path='all' freezes heads and recomputes everything else); pass path='direct'"
             )
 
