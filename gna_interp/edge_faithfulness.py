@@ -216,8 +216,14 @@ def rank_edges(model: GnaModel, ranking: EdgeResult | Sequence[Edge]) -> tuple[l
             for j, receiver in enumerate(ranking.receivers):
                 for k, stream in enumerate(ranking.streams):
                     value = float(table[i, j, k])
-                    if value == value:
-                        listed.append((-abs(value), len(listed), (sender, receiver, stream)))
+                    if value != value:
+                        continue
+                    if not (isinstance(sender, Head) and isinstance(receiver, Head)):
+                        raise GnaValueError(
+                            f"ranking has the edge {sender} -> {receiver}: the faithfulness of an edge set takes edges "
+                            "between heads; score MLP, 'embed' and 'logits' ends with path_patching(path='direct')"
+                        )
+                    listed.append((-abs(value), len(listed), (sender, receiver, stream)))
         order = [edge for _, _, edge in sorted(listed)]
     else:
         if isinstance(ranking, (str, bytes)) or not isinstance(ranking, Sequence):

@@ -146,7 +146,9 @@ def _exact_upstream(
         "n_prompts": n,
         "receiver_input": list(names),
     }
-    return EdgeResult(scores, sender_list, receiver_list, names, baseline, reference, meta=meta)
+    sender_nodes: list[Head | str] = [*sender_list]
+    receiver_nodes: list[Head | str] = [*receiver_list]
+    return EdgeResult(scores, sender_nodes, receiver_nodes, names, baseline, reference, meta=meta)
 
 
 def _integrated_pullback(

@@ -291,7 +291,7 @@ def last_position(model: GnaModel, heads: dict[int, tuple[int, ...]], to_logits:
     """The ``(layer, stage)`` of the last receiver (``"logits"``: after the last block)."""
     if to_logits:
         return model.n_layers, 0
-    nodes = [*(Head(layer, h) for layer, hs in heads.items() for h in hs), *(mlp_name(layer) for layer in mlps)]
+    nodes: list[Head | str] = [*(Head(layer, h) for layer, hs in heads.items() for h in hs), *(mlp_name(layer) for layer in mlps)]
     return max(node_position(model, node) for node in nodes)
 
 
