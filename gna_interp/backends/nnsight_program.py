@@ -104,6 +104,8 @@ def apply_steps(
                 envoy.output = hidden if block_items == 0 else (hidden, *output[1:])
                 continue
             act = envoy.input
+            if op == 7 and grad:  # the block's residual add reads this tensor too: the norm gets its own copy
+                act = act.clone()
             flat_shape = act.shape
             if op == 1:
                 act = act.reshape(flat_shape[0], flat_shape[1], spec[0], spec[1])
