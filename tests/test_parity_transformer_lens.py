@@ -21,13 +21,15 @@ mapping. Tolerance: 1e-5 absolute, in float32 (no float64 needed: measured gaps 
 from __future__ import annotations
 
 import copy
+from importlib.metadata import version
 
 import pytest
 import torch
 from transformer_lens import patching as tl_patching
 from transformer_lens.model_bridge.generalized_components import ssm_mixer as tl_ssm_mixer
 from transformer_lens.model_bridge.generalized_components.ssm_protocol import find_ssm_mixer
-from transformer_lens.tools.analysis.attribution_patching import EdgeAttributionConfig, attribution_patch
+from transformer_lens.tools.analysis import attribution_patching as tl_attribution
+from transformer_lens.tools.analysis.attribution_patching import attribution_patch
 
 import gna_interp as gna
 from gna_interp.core.arch import LayerKind
