@@ -94,3 +94,113 @@ def test_sweep_into_mlps_equals_single_calls(models, name):
     assert [float(sweep.scores[h.layer, h.head]) for h in heads] == pytest.approx(singles, abs=TOL)
     assert torch.isnan(sweep.scores[2]).all()
     assert max(singles) - min(singles) > MIN_EFFECT
+
+
+# ----- edge_attribution(path="direct"): identities against raw hooks ----------------------------
+
+
+def _plain_grad(hf, batch, module, value):
+    """``d mean(METRIC) / d x`` of the plain HF forward of ``batch`` whose ``module`` reads
+    ``x = value`` as its first input (a pre-hook; nothing else changes): ``[batch, pos, d_model]``."""
+    leaf = value.detach().clone().requires_grad_(True)
+    handle = module.register_forward_pre_hook(lambda m, args: (leaf, *args[1:]))
+    try:
+        logits = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    finally:
+        handle.remove()
+    return torch.autograd.grad(METRIC(logits).mean(), leaf)[0]
+
+
+def _plain_input(hf, batch, module):
+    seen = {}
+    handle = module.register_forward_pre_hook(lambda m, args: seen.update(x=args[0].detach().clone()))
+    try:
+        with torch.no_grad():
+            hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    finally:
+        handle.remove()
+    return seen["x"]
+
+
+def every_sender(model):
+    mlps = [f"L{layer}MLP" for layer in range(model.n_layers)] if model.arch.mlp else []
+    return ["embed", *model.heads, *mlps]
+
+
+@pytest.mark.parametrize("name", ["llama-tlens", "llama-nnsight", "falcon_h1", "mamba2"])
+def test_first_order_edges_sum_to_the_readers_input_change(models, name):
+    """Every writer's direct edge into a reader, summed, is the reader's input change dotted
+    with the metric's gradient there: the final norm's input (``"logits"``) and an MLP
+    norm's input are the embedding plus every earlier write (heads through their
+    out-projection, MLPs), exactly. The right side is plain HF forwards with hooks."""
+    hfs, loaded = models
+    model, hf = loaded[name], hfs[key_of(name)]
+    clean_b, corrupt_b = model.to_batch(CLEAN), model.to_batch(CORRUPT)
+    readers = [("logits", path_twin.final_norm(hf))]
+    if model.arch.mlp:
+        readers.append(("L1MLP", path_twin._mlp_modules(hf, 1)[0]))
+    result = gna.edge_attribution(
+        model, CLEAN, CORRUPT, METRIC, senders=every_sender(model), receivers=[r for r, _ in readers], path="direct", progress=False
+    )
+    for reader, module in readers:
+        clean_in, corrupt_in = _plain_input(hf, clean_b, module), _plain_input(hf, corrupt_b, module)
+        expected = float((_plain_grad(hf, clean_b, module, clean_in) * (corrupt_in - clean_in)).sum())
+        column = result.scores[:, result.receivers.index(reader)]
+        assert abs(float(column.nan_to_num(0.0).sum()) - expected) < 1e-5, (reader, float(column.nansum()), expected)
+        assert abs(expected) > MIN_EFFECT and column.nan_to_num(0.0).abs().max() < 0.9 * column.nan_to_num(0.0).abs().sum()
+    assert result.to_frame()["receiver"].isin([r for r, _ in readers]).all()
+
+
+@pytest.mark.parametrize("name", ["llama-nnsight", "falcon_h1"])
+def test_integrated_gradient_edges_sum_to_the_readers_path_integral(models, name):
+    """``steps=3`` with every writer a sender: at ``alpha > 0`` each writer's output is set to
+    ``clean + alpha * delta`` (so every later writer is pinned and the final norm reads
+    ``clean + alpha * delta``); ``alpha = 0`` is the clean run, nothing pinned. The edges into
+    ``"logits"`` sum to the left Riemann sum of ``grad . delta`` at the final norm; the edges
+    into ``"L1MLP"`` to that of the MLP's input gradient (at ``alpha = 0`` the plain one; after,
+    the final-norm gradient pulled back through MLP 1 and its norm at ``clean_in + alpha *
+    delta_in``, plain modules) dotted with ``delta_in``."""
+    hfs, loaded = models
+    model, hf = loaded[name], hfs[key_of(name)]
+    clean_b, corrupt_b = model.to_batch(CLEAN), model.to_batch(CORRUPT)
+    final, (norm, mlp) = path_twin.final_norm(hf), path_twin._mlp_modules(hf, 1)
+    steps = 3
+    result = gna.edge_attribution(
+        model,
+        CLEAN,
+        CORRUPT,
+        METRIC,
+        senders=every_sender(model),
+        receivers=["L1MLP", "logits"],
+        steps=steps,
+        path="direct",
+        progress=False,
+    )
+    clean_n, corrupt_n = _plain_input(hf, clean_b, final), _plain_input(hf, corrupt_b, final)
+    clean_in, corrupt_in = _plain_input(hf, clean_b, norm), _plain_input(hf, corrupt_b, norm)
+    into_logits = into_mlp = 0.0
+    for alpha in [k / steps for k in range(steps)]:
+        grad_n = _plain_grad(hf, clean_b, final, clean_n + alpha * (corrupt_n - clean_n))
+        into_logits += float((grad_n * (corrupt_n - clean_n)).sum()) / steps
+        x = (clean_in + alpha * (corrupt_in - clean_in)).requires_grad_(True)
+        (pulled,) = torch.autograd.grad(mlp(norm(x)), x, grad_n) if alpha else (_plain_grad(hf, clean_b, norm, clean_in),)
+        into_mlp += float((pulled * (corrupt_in - clean_in)).sum()) / steps
+    sums = result.scores.nan_to_num(0.0).sum(0)
+    assert abs(float(sums[1]) - into_logits) < 1e-5, (float(sums[1]), into_logits)
+    assert abs(float(sums[0]) - into_mlp) < 1e-5, (float(sums[0]), into_mlp)
+    assert min(abs(into_logits), abs(into_mlp)) > MIN_EFFECT
+
+
+def test_edge_attribution_node_errors(models):
+    model = models[1]["llama-nnsight"]
+    kwargs = dict(progress=False)
+    with pytest.raises(ValueError, match="senders has 'embed': the embedding is a sender with path='direct' only"):
+        gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, senders=["embed"], receivers=[H(1, 0)], **kwargs)
+    with pytest.raises(ValueError, match="receivers has 'L1MLP': an MLP is an edge's end with path='direct' only"):
+        gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, receivers=["L1MLP"], **kwargs)
+    with pytest.raises(ValueError, match=r"receivers has 'L1MLP' with receiver_input=.*read the residual stream whole"):
+        gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, receivers=["L1MLP", H(2, 0)], receiver_input="q", path="direct", **kwargs)
+    with pytest.raises(ValueError, match="method='exact_upstream' with path='direct'"):
+        gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, receivers=["L1MLP"], method="exact_upstream", path="direct", **kwargs)
+    with pytest.raises(ValueError, match="'L0MLP': the mamba2 family has no MLP node"):
+        gna.edge_attribution(models[1]["mamba2"], CLEAN, CORRUPT, METRIC, receivers=["L0MLP"], path="direct", **kwargs)

@@ -76,7 +76,7 @@ from ..progress import progress_bar
 from .attribution import _gradients, _scalar
 from .checks import check_local, clean_corrupt_batches
 from .direct import LOGITS, mlp_name, node_position, node_write, write_sites
-from .edges_direct import _direct_gradients, _hold_other_inputs, _receiver_contraction, interpolated, node_site
+from .edges_direct import _direct_gradients, _hold_other_inputs, _receiver_contraction, interpolated, mlp_input_gradients, node_site
 from .edges_exact import _exact_upstream
 from .metrics import Metric, check_metric, logits_read, reduce_metric
 from .path_chain import norm_inputs, receiver_streams
@@ -246,9 +246,9 @@ def edge_attribution(
     frozen_sites = {site for site in frozen_sites if model.mixer(site).position < last}
     sender_sites = {model.head_site(head)[0] for head in head_senders}
     write_nodes = {site for s in sender_list if not isinstance(s, Head) for site in write_sites(model, s)}  # embed, MLPs
-    node_sites = {node_site(model, r) for r in nodes}  # what MLP and logits receivers read
+    node_reads = {site for r in nodes for site in node_site(model, r)}  # what MLP and logits receivers read, and their outputs
     norm_sites = set(norm_inputs(model, {site: [] for site in receiver_sites}))
-    capture = receiver_sites | stream_sites | frozen_sites | norm_sites | write_nodes | node_sites
+    capture = receiver_sites | stream_sites | frozen_sites | norm_sites | write_nodes | node_reads
     if first > 0:
         capture.add(Site(SiteKind.RESID, first))
     if direct:  # the receivers' own copies of the residual stream
@@ -260,7 +260,7 @@ def edge_attribution(
     )
     reference = reduce_metric(metric(corrupt_out.logits), metric, corrupt_batch.n_rows)
     per_chunk = max(1, rows_per_forward(model, clean_batch.n_pos, max_rows, memory_budget_mb) // clean_batch.n_rows)
-    receiver_order = sorted(receiver_sites | node_sites)
+    receiver_order = sorted(receiver_sites | {node_site(model, r)[1] for r in nodes})
     every: list[tuple[Head | str, str]] = [
         *copies,
         *((r, streams[0]) for r in nodes),
@@ -291,8 +291,11 @@ def edge_attribution(
             if step == 0:
                 clean_acts, baseline = acts, measured
                 writes = [node_write(model, s, clean_acts, corrupt_out.acts).float() for s in sender_list] if direct else []
+            mlp_layers = [int(site.layer) for site in sorted(node_reads) if site.kind is SiteKind.MLP_IN]
+            into_mlps = mlp_input_gradients(model, clean_batch, base, mlp_layers, acts, grads) if mlp_layers else {}
             for j, node in enumerate(nodes):  # [batch, pos, d_model] at the one site the node reads
-                grad = grads[node_site(model, node)].float()
+                read, out = node_site(model, node)
+                grad = (into_mlps[read.layer] if read.kind is SiteKind.MLP_IN else grads[out]).float()
                 for i, write in enumerate(writes):
                     flat[i, len(copies) + j] += (write.expand_as(grad) * grad).sum().cpu() / steps
             for offset in range(0, len(copies), per_chunk):

@@ -7,8 +7,8 @@ an MLP's output); a receiver reads its own copy of it (a head through one input 
 MLP through its norm's input, `SiteKind.MLP_IN`; ``"logits"`` through the final norm's
 input). The first-order score of ``s -> r`` is ``write_s . d metric / d (r's copy)`` at the
 run: for a head receiver, from a stacked forward with a leaf residual stream per copy
-(`_direct_gradients`); for an MLP or the logits, the gradient at the site itself, whose
-only reader is that node, from the point run's one backward.
+(`_direct_gradients`); for an MLP, the gradient at its output pulled back through it
+(`mlp_input_gradients`); for the logits, the gradient at the final norm's input.
 """
 
 from __future__ import annotations
@@ -32,13 +32,44 @@ if TYPE_CHECKING:
     from ..models.handle import GnaModel
 
 
-def node_site(model: GnaModel, node: str) -> Site:
-    """The site an MLP or ``"logits"`` receiver reads: ``[batch, pos, d_model]``, read by that node alone."""
+def node_site(model: GnaModel, node: str) -> tuple[Site, Site]:
+    """``(what the receiver reads, where its metric gradient is taken)`` for an MLP or
+    ``"logits"`` receiver: ``"logits"``, the final norm's input twice; an MLP, its norm's
+    input and its output (`mlp_input_gradients` carries the gradient back through the MLP)."""
     if node == LOGITS:
-        return Site(SiteKind.RESID, model.n_layers)
+        return Site(SiteKind.RESID, model.n_layers), Site(SiteKind.RESID, model.n_layers)
     layer = mlp_layer(node)
     assert layer is not None
-    return Site(SiteKind.MLP_IN, layer)
+    return Site(SiteKind.MLP_IN, layer), Site(SiteKind.MLP_OUT, layer)
+
+
+def mlp_input_gradients(
+    model: GnaModel, batch: Any, base: Plan, layers: Sequence[int], point: dict[Site, Tensor], grads: dict[Site, Tensor]
+) -> dict[int, Tensor]:
+    """``d metric / d (MLP l's own input)`` ``[batch, pos, d_model]`` for each layer of
+    ``layers``: the point run's gradient at the MLP's output (``grads``), pulled back through
+    the MLP and its norm at the point run's input (``point``), so that an MLP whose output
+    the point run sets (an interpolated sender) still passes its receiver's gradient on, as
+    `_direct_gradients` does for heads. One stacked forward, one copy per layer, each
+    copy's MLP input a leaf."""
+    n_rows, n_copies = batch.n_rows, len(layers)
+    plan = Plan()
+    plan.extend(base.tiled(n_rows, n_copies))
+    leaves = {}
+    for c, layer in enumerate(layers):
+        value = point[Site(SiteKind.MLP_IN, layer)]
+        leaves[layer] = value.expand(n_rows, *value.shape[1:]).repeat(n_copies, 1, 1).requires_grad_(True)
+        rows = (torch.arange(n_copies) == c).repeat_interleave(n_rows)[:, None, None]
+        plan.add(Site(SiteKind.MLP_IN, layer), Edit(rows, leaves[layer]))
+    outs = {Site(SiteKind.MLP_OUT, layer) for layer in layers}
+    out = model.backend.run(batch.repeat(n_copies), plan, capture=outs, grad=True, logits_to_keep=1)  # logits unread
+    total = torch.zeros(())
+    for c, layer in enumerate(layers):
+        site, span = Site(SiteKind.MLP_OUT, layer), slice(c * n_rows, (c + 1) * n_rows)
+        total = total + (out.acts[site][span].float() * grads[site].float()).sum().cpu()
+    pulled = _gradients(total, [leaves[layer] for layer in layers])
+    charge(model.backend, backwards=1, backward_block_rows=n_rows * n_copies * (model.n_layers - min(layers)))
+    return {layer: grad[c * n_rows : (c + 1) * n_rows] for c, (layer, grad) in enumerate(zip(layers, pulled, strict=True))}
 
 
 def interpolated(site: Site, clean: Tensor, corrupt: Tensor, alpha: float) -> tuple[Site, Edit]:
