@@ -14,7 +14,7 @@ import gna_interp as gna
 
 from . import path_twin
 from . import test_path_patching as base
-from .conftest import CLEAN, CORRUPT, TOL
+from .conftest import CLEAN, CORRUPT, TOL, no_hooks_left
 from .test_path_patching import METRIC, MIN_EFFECT, key_of
 
 models = base.models
@@ -58,6 +58,10 @@ def twin_and_ours(models, name, cases):
 @pytest.mark.parametrize("name", ["llama-tlens", "llama-nnsight", "falcon_h1"])
 def test_mlp_and_embed_nodes_match_raw_hook_twin(models, name):
     twin_and_ours(models, name, CASES)
+    model = models[1][name]
+    with pytest.raises(ValueError, match="no MLP node|senders must precede"):  # nor after a refused call
+        gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=["L2MLP"], receivers=["L1MLP"], path="direct")
+    assert no_hooks_left(model)
 
 
 def test_ssm_embed_and_logits_match_raw_hook_twin(models):
