@@ -37,8 +37,8 @@ from .core.plan import Edit
 from .edge_faithfulness import Edge, ablated_edges, edge_name, is_edge_ranking, rank_edges
 from .faithfulness import rank_heads
 from .models.handle import check_model
+from .patching.edge_sets import edge_set_logits
 from .patching.metrics import Metric, check_metric, logits_read, reduce_metric
-from .patching.path_chain import edge_set_logits
 from .patching.paths import prepare
 from .patching.results import EdgeResult, SweepResult
 from .patching.variants import Variant, run_variants

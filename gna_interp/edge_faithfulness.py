@@ -15,8 +15,8 @@ from .core.errors import GnaTypeError, GnaValueError
 from .core.heads import Head
 from .curve import FaithfulnessCurve, check_sizes, summary
 from .evaluation import Evaluation, check_task
+from .patching.edge_sets import edge_set_logits
 from .patching.metrics import Metric, check_metric, logits_read, reads_position, reduce_metric
-from .patching.path_chain import edge_set_logits
 from .patching.paths import PathKind, prepare
 from .patching.results import EdgeResult
 from .progress import progress_bar
@@ -90,7 +90,7 @@ def edge_faithfulness_curve(
     ablated edges' senders; the run scored is `path_patching`'s, with ``r``'s ``st`` taken
     from the D run of the senders ``S(r, st)`` (every other head frozen, MLPs and norms
     recomputed) and only the receivers' outputs changed (details:
-    `gna_interp.patching.path_chain.edge_set_logits`). Keeping every edge is the clean run;
+    `gna_interp.patching.edge_sets.edge_set_logits`). Keeping every edge is the clean run;
     keeping none is `path_patching` of every sender into every receiver stream at once;
     keeping all but one edge ``s -> (r, st)`` is `path_patching(s, [r], st)`.
 

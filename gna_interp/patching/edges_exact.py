@@ -48,8 +48,9 @@ from ..core.plan import Edit, Plan, Site, SiteKind
 from ..cost import charge
 from ..progress import progress_bar
 from .attribution import _gradients, _scalar
+from .edge_sets import _EdgeSets
 from .metrics import Metric, logits_read
-from .path_chain import _Chunk, _EdgeSets, _stack, held_sites, norm_inputs, receiver_positions, unit_mask
+from .path_chain import _Chunk, _stack, held_sites, norm_inputs, receiver_positions, unit_mask
 from .paths import ANY, Receivers, prepare
 from .results import EdgeResult, _table
 
