@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import gna_interp as gna
+from gna_interp.patching.direct import node_position
 
 from . import path_twin
 from . import test_path_patching as base
@@ -59,7 +60,7 @@ def twin_and_ours(models, name, cases):
 def test_mlp_and_embed_nodes_match_raw_hook_twin(models, name):
     twin_and_ours(models, name, CASES)
     model = models[1][name]
-    with pytest.raises(ValueError, match="no MLP node|senders must precede"):  # nor after a refused call
+    with pytest.raises(ValueError, match=r"no MLP node|senders must precede"):  # nor after a refused call
         gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=["L2MLP"], receivers=["L1MLP"], path="direct")
     assert no_hooks_left(model)
 
@@ -208,3 +209,39 @@ def test_edge_attribution_node_errors(models):
         gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, receivers=["L1MLP"], method="exact_upstream", path="direct", **kwargs)
     with pytest.raises(ValueError, match="'L0MLP': the mamba2 family has no MLP node"):
         gna.edge_attribution(models[1]["mamba2"], CLEAN, CORRUPT, METRIC, receivers=["L0MLP"], path="direct", **kwargs)
+
+
+# ----- edge sets with the other ends: the faithfulness curve and MIB's circuit score -------------
+
+
+@pytest.mark.parametrize("name", ["llama-tlens", "llama-nnsight", "falcon_h1", "mamba2"])
+def test_edge_sets_with_node_ends_against_the_twin(models, name):
+    """``edge_faithfulness_curve`` and ``circuit_score`` with ``path="direct"`` on every edge
+    from the writers (``"embed"``, heads, MLPs) into a layer-1 head's query (Mamba-2: ``x``),
+    MLP 1 and the logits: keeping no edge is the direct path of every writer into every reader
+    at once (each reader gets the writers before it), keeping all but one is that edge alone
+    (the raw-hook twin both times)."""
+    from gna_interp.tasks.base import Example
+
+    hfs, loaded = models
+    model, hf = loaded[name], hfs[key_of(name)]
+    readers = [(H(1, 0), "q" if model.arch.mlp else "x"), *((m, "any") for m in ["L1MLP"] if model.arch.mlp), ("logits", "any")]
+    senders = every_sender(model)
+    edges = [(s, r, stream) for r, stream in readers for s in senders if node_position(model, s) < node_position(model, r)]
+    clean_b, corrupt_b = model.to_batch(CLEAN), model.to_batch(CORRUPT)
+    clean_metric = float(METRIC(model.logits(CLEAN)).mean())
+    last = edges[-1]  # kept last: ablated alone at size n - 1
+    alone = path_twin.path_patch_direct(hf, clean_b, corrupt_b, [last[0]], [last[1]], [last[2]], METRIC)
+    every = path_twin.path_patch_direct(
+        hf, clean_b, corrupt_b, senders, [r for r, _ in readers], [s for _, s in readers if s != "any"], METRIC
+    )
+    task = gna.tasks.Task("words", [Example(text=text, segments=(), correct=0, candidates=(" w5", " w6")) for text in CLEAN])
+    curve = gna.edge_faithfulness_curve(
+        model, task, edges, sizes=[0, len(edges) - 1], corrupt=CORRUPT, metric=METRIC, path="direct", progress=False
+    )
+    assert curve.metric.tolist() == pytest.approx([every, alone, clean_metric], abs=TOL)
+    assert abs(every - clean_metric) > MIN_EFFECT and abs(alone - clean_metric) > 3 * TOL
+    score = gna.circuit_score(model, CLEAN, CORRUPT, METRIC, edges, fractions=[0.5, 1.0], path="direct", progress=False)
+    assert score.metric_empty == pytest.approx(every, abs=TOL) and score.metric_full == pytest.approx(clean_metric, abs=TOL)
+    with pytest.raises(ValueError, match=r"senders has '(embed|L0MLP)': .* with path='direct' only"):
+        gna.circuit_score(model, CLEAN, CORRUPT, METRIC, edges, progress=False)

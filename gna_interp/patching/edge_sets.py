@@ -5,6 +5,7 @@ rankings), on path patching's forwards (`gna_interp.patching.path_chain`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -12,6 +13,7 @@ from torch import Tensor
 from ..core.compile import head_mask
 from ..core.heads import Head
 from ..core.plan import Edit, Plan, Site, SiteKind
+from .direct import LOGITS, MLP_STAGE, mlp_name
 from .path_chain import (
     PathSetup,
     Position,
@@ -26,7 +28,7 @@ from .path_chain import (
 )
 
 
-def edge_set_logits(setup: PathSetup, edges: Mapping[tuple[Head, str], Sequence[Head]], keep: int = 1) -> Tensor:
+def edge_set_logits(setup: PathSetup, edges: Mapping[Any, Sequence[Head | str]], keep: int = 1) -> Tensor:
     """Logits ``[batch, keep | pos, vocab]`` of the clean run in which, for every
     ``(receiver, stream)`` of ``edges``, the receiver's ``stream`` takes its value in the D
     run whose senders are ``edges[(receiver, stream)]`` (every other head frozen, as in
@@ -45,14 +47,24 @@ def edge_set_logits(setup: PathSetup, edges: Mapping[tuple[Head, str], Sequence[
 
     Receivers at several positions chain as in `path_scores`: D runs at a later position
     freeze the heads to their values in the scored run patched so far.
+
+    path="direct" also takes the direct graph's other ends (`gna_interp.patching.direct`):
+    ``"embed"`` and MLP senders, and ``(MLP, "any")`` / ``("logits", "any")`` keys, whose
+    reader (the MLP's norm, the final norm) takes its clean input (the final norm: the
+    scored run's) plus the writes of its own sender set.
     """
     return _EdgeSets(setup, edges).logits(keep)
 
 
+def _order(node: Head | str) -> tuple[int, int, int, str]:
+    """Heads by layer and head, then the other nodes by name."""
+    return (0, node.layer, node.head, "") if isinstance(node, Head) else (1, 0, 0, node)
+
+
 class _EdgeSets:
-    def __init__(self, setup: PathSetup, edges: Mapping[tuple[Head, str], Sequence[Head]]) -> None:
+    def __init__(self, setup: PathSetup, edges: Mapping[Any, Sequence[Head | str]]) -> None:
         self.s = setup
-        live = {key: tuple(sorted(senders)) for key, senders in edges.items() if senders}
+        live = {key: tuple(sorted(senders, key=_order)) for key, senders in edges.items() if senders}
         self.sets = list(dict.fromkeys(live.values()))
         self.group = {key: self.sets.index(senders) for key, senders in live.items()}
         self.n_rows = setup.batch.n_rows
@@ -78,6 +90,8 @@ class _EdgeSets:
             for position, heads in receiver_positions(model, s.receivers).items()
             if any(Head(position[0], h) in live for h in heads)
         }
+        grouped.update({(layer, MLP_STAGE): [] for layer in s.mlps if mlp_name(layer) in live})  # path="direct"
+        grouped = dict(sorted(grouped.items()))
         positions = list(grouped)
         start = positions[0][0] if positions else 0
         patches: list[tuple[Site, Edit]] = []
@@ -85,6 +99,11 @@ class _EdgeSets:
         for j, position in enumerate(positions):
             assert self.d is not None  # a live receiver has a sender set
             layer, heads = position[0], grouped[position]
+            if position[1] == MLP_STAGE:  # the MLP's norm reads its clean input plus its senders' writes
+                mlp_in = Site(SiteKind.MLP_IN, layer)
+                value = s.clean[mlp_in] + self.writes(mlp_name(layer), position)
+                patches.append((mlp_in, Edit(torch.ones((), dtype=torch.bool), value)))
+                continue
             unpatched = unpatched_sites(model, layer, heads, s.streams, False)
             if j == 0:
                 before = {site: s.clean[site] for site in unpatched}
@@ -96,9 +115,22 @@ class _EdgeSets:
                 before = {site: acts[site] for site in unpatched}
             self.d.c_heads = {site: self.d.stack(value) for site, value in c_heads.items()}
             patches += self.receiver_patches(start, position, heads, before, patches)
+        if LOGITS in live:  # the final norm reads the scored run's residual plus the senders' writes
+            final = Site(SiteKind.RESID, model.n_layers)
+            resid = self.c_run(start, patches, {final}, 1)[final] if positions else s.clean[final]  # type: ignore[index]
+            plan = Plan()
+            plan.extend(s.base)
+            plan.start = (model.n_layers, resid + self.writes(LOGITS, (model.n_layers, 0)))
+            return s.model.backend.run(s.batch, plan, logits_to_keep=keep).logits
         logits = self.c_run(start, patches, set(), keep)
         assert isinstance(logits, Tensor)
         return logits
+
+    def writes(self, receiver: str, upto: Position) -> Tensor | int:
+        """The summed writes of the sender set of ``(receiver, "any")`` before ``upto``: ``[batch, pos, d_model]``."""
+        assert self.d is not None
+        total, group, n = self.d.delta(upto), self.group[(receiver, "any")], self.n_rows  # type: ignore[index]
+        return total if isinstance(total, int) else total[group * n : (group + 1) * n]
 
     def receiver_patches(
         self, start: int, position: Position, heads: Sequence[int], before: dict[Site, Tensor], patches: list[tuple[Site, Edit]]

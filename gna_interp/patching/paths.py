@@ -318,7 +318,7 @@ def prepare(
     model: GnaModel,
     clean: Any,
     corrupt: Any,
-    senders: Sequence[Head],
+    senders: Sequence[Head | str],
     receivers: Receivers,
     metric: Metric,
     receiver_input: str | Sequence[str],
@@ -338,11 +338,11 @@ def prepare(
         raise GnaValueError("path='direct' computes the senders' writes from the out-projection weights: load the model without remote=")
     check_reach(model, senders, heads, to_logits, mlps)
     nodes = {site for s in senders if not isinstance(s, Head) for site in write_sites(model, s)}  # embed, MLPs
-    all_senders, senders = senders, [s for s in senders if isinstance(s, Head)]
+    all_senders, head_senders = senders, [s for s in senders if isinstance(s, Head)]
     if not whole_output:
         for layer, indices in heads.items():
             receiver_streams(model, layer, indices, streams)  # every receiver has a chosen stream
-    sender_layers = {head.layer for head in senders} or {max(0, min(node_position(model, s)[0] for s in all_senders))}
+    sender_layers = {head.layer for head in head_senders} or {max(0, min(node_position(model, s)[0] for s in all_senders))}
     clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "path patching")
     ambient = [*model.active_interventions, *interventions]
     base = model.compile_plan(clean_batch, ambient)
@@ -350,7 +350,7 @@ def prepare(
     clean_sites = setup_sites(model, heads, streams, sender_layers, whole_output, direct, to_logits) | nodes
     clean_sites |= {Site(SiteKind.MLP_IN, layer) for layer in mlps} | {Site(SiteKind.RESID, layer) for layer in mlps if layer > 0}
     clean_out = model.backend.run(clean_batch, base, capture=clean_sites, logits_to_keep=keep)
-    corrupt_sites = {model.head_site(head)[0] for head in senders} | nodes
+    corrupt_sites = {model.head_site(head)[0] for head in head_senders} | nodes
     corrupt_out = model.backend.run(corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=corrupt_sites, logits_to_keep=keep)
     setup = PathSetup(
         model=model,
