@@ -33,6 +33,11 @@ CASES = [
     ([H(0, 1)], ["L0MLP", H(1, 0), "L1MLP", "logits"], "any"),
     (["embed", "L0MLP", H(1, 1)], ["L1MLP", H(2, 0)], "v"),
 ]
+FALCON_SSM_CASES = [  # FalconH1's Mamba-2 heads (4 .. 7 of a layer) read the MLPs' and the embedding's writes
+    (["L0MLP", "embed"], [H(1, 5)], "x"),
+    (["L0MLP", H(0, 6)], [H(1, 4), "L1MLP"], "B"),
+    ([H(0, 2)], ["L0MLP", H(1, 7)], "dt"),
+]
 SSM_CASES = [(["embed"], ["logits"], "any"), (["embed", H(0, 1)], ["logits", H(1, 2)], "x"), ([H(1, 0)], ["logits"], "any")]
 
 
@@ -58,7 +63,7 @@ def twin_and_ours(models, name, cases):
 
 @pytest.mark.parametrize("name", ["llama-tlens", "llama-nnsight", "falcon_h1"])
 def test_mlp_and_embed_nodes_match_raw_hook_twin(models, name):
-    twin_and_ours(models, name, CASES)
+    twin_and_ours(models, name, CASES + (FALCON_SSM_CASES if name == "falcon_h1" else []))
     model = models[1][name]
     with pytest.raises(ValueError, match=r"no MLP node|senders must precede"):  # nor after a refused call
         gna.path_patching(model, CLEAN, CORRUPT, METRIC, senders=["L2MLP"], receivers=["L1MLP"], path="direct")

@@ -122,9 +122,13 @@ def edge_attribution(
         steps: points of the integrated-gradients sum (``1``: first order; see the
             module docs). Cost: ``steps`` clean-sized and ``steps`` stacked forwards and
             backwards.
-        receivers: receiver heads (``"logits"`` is not a head and has no input stream).
-        senders: sender heads (default: every head before some receiver). An edge exists
-            where the sender sits before the receiver (`GnaModel.head_position`).
+        receivers: receiver heads; with ``path="direct"`` also MLPs (``"L0MLP"``: the input
+            of its norm) and ``"logits"`` (the final norm's input), scored with
+            ``receiver_input="any"`` (`gna_interp.patching.direct` lists the nodes).
+        senders: sender heads (default: every head before some receiver); with
+            ``path="direct"`` also ``"embed"`` and MLPs (their writes: the embedding, the MLP's
+            output). An edge exists where the sender sits before the receiver
+            (`GnaModel.head_position`; an MLP after every mixer of its block).
         receiver_input: ``"any"`` (one score per edge: the sum over every stream of the
             receiver's mixer), one stream name, or a list of names (``"q"``, ``"k"``,
             ``"v"``; ``"x"``, ``"B"``, ``"C"``, ``"dt"``, ``"gate"``).
