@@ -34,12 +34,12 @@ from .core.compile import ablation_values, head_mask, heads_by_site
 from .core.errors import GnaTypeError, GnaValueError
 from .core.heads import Head
 from .core.plan import Edit
-from .edge_faithfulness import Edge, ablated_edges, edge_name, is_edge_ranking, rank_edges
+from .edge_faithfulness import Edge, ablated_edges, edge_name, edge_senders, edge_streams, is_edge_ranking, rank_edges
 from .faithfulness import rank_heads
 from .models.handle import check_model
+from .patching.edge_sets import edge_set_logits
 from .patching.metrics import Metric, check_metric, logits_read, reduce_metric
-from .patching.path_chain import edge_set_logits
-from .patching.paths import prepare
+from .patching.paths import PathKind, prepare
 from .patching.results import EdgeResult, SweepResult
 from .patching.variants import Variant, run_variants
 from .progress import progress_bar
@@ -145,6 +145,7 @@ def circuit_score(
     fractions: Sequence[float] | None = None,
     max_rows: int | None = None,
     memory_budget_mb: float | None = None,
+    path: PathKind = "all",
     progress: bool = True,
 ) -> CircuitScore:
     """MIB's faithfulness of the top-k units of ``ranking`` at each size, with CPR and CMD.
@@ -187,6 +188,11 @@ def circuit_score(
             `MIB_FRACTIONS`: 0.1% to 100%).
         max_rows: rows per stacked forward (heads; default: from ``memory_budget_mb``).
         memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
+        path: for an edge ranking, which edge is ablated (as in `edge_faithfulness_curve`):
+            ``"all"`` (the default, `path_patching`'s) or ``"direct"`` (EAP's and MIB's: the
+            sender's own write into the receiver's input), which also takes the direct graph's
+            ``"embed"``, MLP (``"L0MLP"``) and ``"logits"`` ends; a ranking from
+            ``edge_attribution(..., path=p)`` is meant for the same ``p``. Unused for heads.
         progress: a bar over the sizes.
 
     Returns:
@@ -227,7 +233,7 @@ def circuit_score(
             )
         edges, universe = rank_edges(model, ranking)  # type: ignore[arg-type]
         sizes = realised_sizes(requested, len(edges))
-        values, n_rows = _edge_points(model, clean, corrupt, metric, edges, universe, sizes, progress, desc)
+        values, n_rows = _edge_points(model, clean, corrupt, metric, edges, universe, sizes, progress, desc, path)
         return scored(values, sizes, edges, how, "edge", requested, n_rows)
     heads = rank_heads(model, ranking)  # type: ignore[arg-type]
     sizes = realised_sizes(requested, len(heads))
@@ -349,13 +355,12 @@ def _edge_points(
     sizes: list[int],
     progress: bool,
     desc: str,
+    path: PathKind = "all",
 ) -> tuple[dict[int, float], int]:
     """``{size: m(C)}`` over edges: path patching's clean run is m(N); each smaller size is
     `edge_set_logits` with every ranked edge outside the top ``size`` ablated."""
     receivers = list(dict.fromkeys(receiver for _, receiver, _ in universe))
-    streams = list(dict.fromkeys(stream for _, _, stream in universe))
-    senders = sorted({sender for sender, _, _ in universe})
-    setup, full, _ = prepare(model, clean, corrupt, senders, receivers, metric, streams, ())
+    setup, full, _ = prepare(model, clean, corrupt, edge_senders(universe), receivers, metric, edge_streams(universe), (), path)
     keep = logits_read(metric)
     values = {len(order): full}
     for k in progress_bar([k for k in sizes if k < len(order)], show=progress, desc=desc):

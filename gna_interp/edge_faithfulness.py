@@ -15,8 +15,9 @@ from .core.errors import GnaTypeError, GnaValueError
 from .core.heads import Head
 from .curve import FaithfulnessCurve, check_sizes, summary
 from .evaluation import Evaluation, check_task
+from .patching.direct import check_mlp, mlp_layer, mlp_name, node_position
+from .patching.edge_sets import edge_set_logits
 from .patching.metrics import Metric, check_metric, logits_read, reads_position, reduce_metric
-from .patching.path_chain import edge_set_logits
 from .patching.paths import PathKind, prepare
 from .patching.results import EdgeResult
 from .progress import progress_bar
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
     from .models.handle import GnaModel
 
-Edge = tuple[Head, Head, str]
+Edge = tuple[Head | str, Head | str, str]
 """``(sender, receiver, stream)``; the stream ``"any"`` stands for every input stream of
 the receiver's mixer."""
 
@@ -90,7 +91,7 @@ def edge_faithfulness_curve(
     ablated edges' senders; the run scored is `path_patching`'s, with ``r``'s ``st`` taken
     from the D run of the senders ``S(r, st)`` (every other head frozen, MLPs and norms
     recomputed) and only the receivers' outputs changed (details:
-    `gna_interp.patching.path_chain.edge_set_logits`). Keeping every edge is the clean run;
+    `gna_interp.patching.edge_sets.edge_set_logits`). Keeping every edge is the clean run;
     keeping none is `path_patching` of every sender into every receiver stream at once;
     keeping all but one edge ``s -> (r, st)`` is `path_patching(s, [r], st)`.
 
@@ -116,7 +117,10 @@ def edge_faithfulness_curve(
         path: ``"all"`` (default: the D runs above) or ``"direct"`` (each receiver's stream
             reads the clean residual stream plus the ablated senders' own writes, as
             ``path_patching(..., path="direct")``; the definition of an
-            ``edge_attribution(..., path="direct")`` ranking). Edges are heads-only either way.
+            ``edge_attribution(..., path="direct")`` ranking). ``"direct"`` also takes the
+            direct graph's other ends (``"embed"`` and MLPs ``"L0MLP"`` as senders, MLPs and
+            ``"logits"`` as receivers, with the stream ``"any"``); a list ranking that has
+            one is completed with those writers too.
         progress: a bar over the sizes.
 
     Returns:
@@ -138,8 +142,8 @@ def edge_faithfulness_curve(
         raise GnaValueError("task has candidates of several tokens: edge_faithfulness_curve scores single-token candidates only")
     corrupt = task.corrupted() if corrupt is None else corrupt
     receivers = list(dict.fromkeys(receiver for _, receiver, _ in universe))
-    streams = list(dict.fromkeys(stream for _, _, stream in universe))
-    senders = sorted({sender for sender, _, _ in universe})
+    streams = edge_streams(universe)
+    senders = edge_senders(universe)
 
     def final_logit(logits: Tensor) -> Tensor:  # prepare's clean and corrupt runs need a metric; unread
         return logits[:, -1, 0]
@@ -177,15 +181,28 @@ def edge_faithfulness_curve(
     )
 
 
-def ablated_edges(model: GnaModel, order: Sequence[Edge], universe: Sequence[Edge], n: int) -> dict[tuple[Head, str], list[Head]]:
+def ablated_edges(
+    model: GnaModel, order: Sequence[Edge], universe: Sequence[Edge], n: int
+) -> dict[tuple[Head | str, str], list[Head | str]]:
     """``{(receiver, stream): senders}`` of every edge of ``universe`` outside the top ``n`` of
     ``order`` (`rank_edges`): the edges ablated with ``n`` kept (`edge_set_logits`'s ``edges``)."""
     kept = {edge for item in order[:n] for edge in _atoms(model, item)}
-    ablated: dict[tuple[Head, str], list[Head]] = {}
+    ablated: dict[tuple[Head | str, str], list[Head | str]] = {}
     for sender, receiver, stream in universe:
         if (sender, receiver, stream) not in kept:
             ablated.setdefault((receiver, stream), []).append(sender)
     return ablated
+
+
+def edge_senders(universe: Sequence[Edge]) -> list[Head | str]:
+    """The senders of ``universe``: heads in order, then the direct graph's other writers."""
+    ends = {sender for sender, _, _ in universe}
+    return [*sorted(e for e in ends if isinstance(e, Head)), *sorted(e for e in ends if isinstance(e, str))]
+
+
+def edge_streams(universe: Sequence[Edge]) -> list[str] | str:
+    """The receiver streams of ``universe`` (``"any"`` alone: MLP and logits receivers only)."""
+    return [name for name in dict.fromkeys(stream for _, _, stream in universe) if name != "any"] or "any"
 
 
 def is_edge_ranking(ranking: Any) -> bool:
@@ -195,13 +212,13 @@ def is_edge_ranking(ranking: Any) -> bool:
     if isinstance(ranking, (str, bytes)) or not isinstance(ranking, Sequence) or not ranking:
         return False
     first = ranking[0]
-    return isinstance(first, tuple) and len(first) == 3 and isinstance(first[0], Head)
+    return isinstance(first, tuple) and len(first) == 3 and isinstance(first[0], (Head, str))
 
 
 def _atoms(model: GnaModel, edge: Edge) -> list[Edge]:
     """``edge`` with ``"any"`` spelled out as every stream of the receiver's mixer."""
     sender, receiver, stream = edge
-    if stream == "any":
+    if stream == "any" and isinstance(receiver, Head):  # an MLP or the logits read the residual stream whole
         return [(sender, receiver, name) for name in model.receiver_inputs(receiver)]
     return [edge]
 
@@ -225,10 +242,12 @@ def rank_edges(model: GnaModel, ranking: EdgeResult | Sequence[Edge]) -> tuple[l
         order = [_check_edge(model, index, item) for index, item in enumerate(ranking)]
         pairs = list(dict.fromkeys((receiver, stream) for _, receiver, stream in order))
         seen = set(order)
+        nodes = any(not isinstance(end, Head) for edge in order for end in edge[:2])  # the direct graph: embed and MLPs too
+        writers: list[Head | str] = [*model.heads, *(direct_nodes(model) if nodes else [])]
         for receiver, stream in pairs:
-            for sender in model.heads:
+            for sender in writers:
                 edge = (sender, receiver, stream)
-                if model.head_position(sender) < model.head_position(receiver) and edge not in seen:
+                if node_position(model, sender) < node_position(model, receiver) and edge not in seen:
                     order.append(edge)
                     seen.add(edge)
     if not order:
@@ -239,19 +258,39 @@ def rank_edges(model: GnaModel, ranking: EdgeResult | Sequence[Edge]) -> tuple[l
     return order, universe
 
 
+def direct_nodes(model: GnaModel) -> list[str]:
+    """The direct graph's writers besides heads: ``"embed"`` and every MLP."""
+    return ["embed", *(mlp_name(layer) for layer in range(model.n_layers) if model.arch.mlp)]
+
+
+def _check_end(model: GnaModel, node: Any, writer: bool) -> bool:
+    """``node`` is a head of ``model`` or a node of the direct graph on that side (checked)."""
+    if isinstance(node, Head):
+        model.check_head(node)
+        return True
+    if mlp_layer(node) is not None:
+        check_mlp(model, node)
+        return True
+    return node == ("embed" if writer else "logits")
+
+
 def _check_edge(model: GnaModel, index: int, item: Any) -> Edge:
     shape_ok = isinstance(item, tuple) and len(item) == 3
-    if not (shape_ok and isinstance(item[0], Head) and isinstance(item[1], Head) and isinstance(item[2], str)):
-        raise GnaTypeError(f"ranking[{index}] is {item!r}: expected (sender Head, receiver Head, stream name)")
+    if not (shape_ok and _check_end(model, item[0], True) and _check_end(model, item[1], False) and isinstance(item[2], str)):
+        raise GnaTypeError(
+            f"ranking[{index}] is {item!r}: expected (sender Head, receiver Head, stream name); with path='direct' "
+            "also 'embed' and MLPs ('L0MLP') as senders, MLPs and 'logits' as receivers"
+        )
     sender, receiver, stream = item
-    model.check_head(sender)
-    model.check_head(receiver)
-    if stream != "any" and stream not in model.receiver_inputs(receiver):
+    if not isinstance(receiver, Head):
+        if stream != "any":
+            raise GnaValueError(f"ranking[{index}] has stream {stream!r} into {receiver!r}: it reads the residual stream whole ('any')")
+    elif stream != "any" and stream not in model.receiver_inputs(receiver):
         raise GnaValueError(
             f"ranking[{index}] has stream {stream!r}: receiver {receiver} has the input streams "
             f"{list(model.receiver_inputs(receiver))} (or 'any')"
         )
-    if model.head_position(sender) >= model.head_position(receiver):
+    if node_position(model, sender) >= node_position(model, receiver):
         raise GnaValueError(
             f"ranking[{index}] is {edge_name(item)}: sender {sender} does not precede receiver {receiver}, so there is no such edge"
         )

@@ -204,10 +204,13 @@ def path_patch_direct(hf, clean, corrupt, senders, receivers, streams, metric):
     each receiver block's input plus the senders' own writes (out-projection of their
     corrupt-minus-clean slice, times FalconH1's out multiplier); nothing is frozen, and the
     MLPs see the senders unchanged. C as in `path_patch`. With "logits", the final norm
-    reads C's residual stream plus every sender's write."""
+    reads C's residual stream plus every sender's write. MLP nodes (``"L0MLP"``): as a sender,
+    its write is its corrupt-minus-clean output; as a receiver, its norm reads the clean
+    input of that norm plus the writes of the senders before it (the heads of its own block
+    included), in C."""
     by_mixer: dict[tuple[int, int], list[int]] = {}
     for r in receivers:
-        if r != "logits":
+        if r != "logits" and not _is_mlp(r):
             i, index = locate(hf, r.layer, r.head)
             by_mixer.setdefault((r.layer, i), []).append(index)
     clean_store, _ = head_outputs(hf, clean)
@@ -216,6 +219,10 @@ def path_patch_direct(hf, clean, corrupt, senders, receivers, streams, metric):
     for s in senders:
         if s == "embed":  # what the embedding writes: the residual stream entering block 0
             writes.append((-1, _block0_input(hf, corrupt) - _block0_input(hf, clean)))
+            continue
+        if _is_mlp(s):  # an MLP writes its output, after the heads of its block
+            layer = int(s[1:-3])
+            writes.append((layer + 0.5, _mlp_io(hf, corrupt, layer)[1] - _mlp_io(hf, clean, layer)[1]))
             continue
         i, index = locate(hf, s.layer, s.head)
         m = mixers(hf, s.layer)[i]
@@ -264,12 +271,43 @@ def path_patch_direct(hf, clean, corrupt, senders, receivers, streams, metric):
         c_hooks += _capture_outputs(hf, c_next)
         if "logits" in receivers:
             c_hooks.append((final_norm(hf), "pre_kw", add_writes(n_layers, from_clean=False)))
+        for r in filter(_is_mlp, receivers):  # the MLP's norm reads its clean input plus the writes before it
+            layer = int(r[1:-3])
+            value = _mlp_io(hf, clean, layer)[0] + sum(w for at, w in writes if at < layer + 0.5)
+            c_hooks.append((_mlp_modules(hf, layer)[0], "pre", lambda module, args, value=value: (value, *args[1:])))
         c_logits = _run(hf, clean, c_hooks)
         settled = c_next.keys() == c_store.keys() and all(torch.equal(c_next[k], c_store[k]) for k in c_next)
         c_store = c_next
         if settled:
             break
     return float(metric(c_logits).mean())
+
+
+def _is_mlp(node) -> bool:
+    return isinstance(node, str) and node.startswith("L") and node.endswith("MLP")
+
+
+def _mlp_modules(hf, layer: int):
+    """(the norm before the MLP, the MLP) of block ``layer`` (Llama-like, FalconH1)."""
+    block = blocks(hf)[layer]
+    if hf.config.model_type == "falcon_h1":
+        return block.pre_ff_layernorm, block.feed_forward
+    return block.post_attention_layernorm, block.mlp
+
+
+def _mlp_io(hf, batch, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the input of block ``layer``'s MLP norm, the MLP's output) in the plain run of ``batch``."""
+    seen = {}
+    norm, mlp = _mlp_modules(hf, layer)
+
+    def keep_in(module, args):
+        seen["in"] = args[0].clone()
+
+    def keep_out(module, args, out):
+        seen["out"] = out.clone()
+
+    _run(hf, batch, [(norm, "pre", keep_in), (mlp, "post", keep_out)])
+    return seen["in"], seen["out"]
 
 
 def _block0_input(hf, batch) -> torch.Tensor:

@@ -21,12 +21,14 @@ mapping. Tolerance: 1e-5 absolute, in float32 (no float64 needed: measured gaps 
 from __future__ import annotations
 
 import copy
+from importlib.metadata import version
 
 import pytest
 import torch
 from transformer_lens import patching as tl_patching
 from transformer_lens.model_bridge.generalized_components import ssm_mixer as tl_ssm_mixer
 from transformer_lens.model_bridge.generalized_components.ssm_protocol import find_ssm_mixer
+from transformer_lens.tools.analysis import attribution_patching as tl_attribution
 from transformer_lens.tools.analysis.attribution_patching import attribution_patch
 
 import gna_interp as gna
@@ -244,3 +246,46 @@ def test_the_falcon_mamba_difference_is_the_second_norm(tokenizer, monkeypatch):
             mixer.eager_scan = False
     real = batch.attention_mask.bool()
     assert (eager - reference)[real].abs().max() < ATOL
+
+
+# ----- the direct graph's other nodes: embed, MLPs, logits --------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_edge_attribution_direct_nodes_equal_edge_granularity(mha_llamas, backend):
+    """``edge_attribution(path="direct")`` with the direct graph's other ends against
+    TransformerLens's ``attribution_patch(granularity="edge")``: writers ``embed``,
+    ``mlp_out`` (gna ``"L{l}MLP"``) and the heads; readers ``mlp_in`` (gna ``"L{l}MLP"``:
+    its norm's input) and ``logits``, summed over positions. Direction: TransformerLens
+    denoises (gradient at the corrupt run, clean-minus-corrupt writes), so gna runs with its
+    two inputs swapped (``clean=CORRUPT``)."""
+    model = mha_llamas[backend]
+    bridge = mha_llamas["tlens"].backend.bridge
+    if not hasattr(tl_attribution, "EdgeAttributionConfig"):
+        pytest.skip(f"TransformerLens {version('transformer-lens')} has no EdgeAttributionConfig (edge granularity)")
+    config = tl_attribution.EdgeAttributionConfig(granularity="edge")
+    try:
+        result = attribution_patch(bridge, tokens(model, CLEAN), tokens(model, CORRUPT), tl_metric, config)
+    except (NotImplementedError, ValueError, RuntimeError) as error:
+        pytest.skip(f"TransformerLens's attribution_patch(granularity='edge') cannot run here: {error}")
+    senders = ["embed", *model.heads, "L0MLP", "L1MLP"]
+    receivers = ["L0MLP", "L1MLP", "logits"]
+
+    def name(node) -> str | gna.Head:
+        if node.kind == "embed":
+            return "embed"
+        if node.kind == "attn_head_out":
+            return gna.Head(node.layer, node.head)
+        return "logits" if node.kind == "logits" else f"L{node.layer}MLP"
+
+    expected = torch.full((len(senders), len(receivers)), float("nan"))
+    for (src, dst), score in result.edge_scores.items():
+        if dst.kind in ("mlp_in", "logits"):
+            i, j = senders.index(name(src)), receivers.index(name(dst))
+            expected[i, j] = expected[i, j].nan_to_num(0.0) + score
+    ours = gna.edge_attribution(model, CORRUPT, CLEAN, METRIC, senders=senders, receivers=receivers, path="direct", progress=False)
+    assert ours.scores.shape == expected.shape
+    assert torch.equal(ours.scores.isnan(), expected.isnan()), "the two graphs have different edges"
+    gap = (ours.scores - expected).nan_to_num(0.0).abs().max()
+    assert gap < ATOL, gap
+    assert expected.nan_to_num(0.0).abs().max() > 100 * ATOL

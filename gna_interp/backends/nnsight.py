@@ -8,6 +8,8 @@ Sites map to module paths in exactly one place, `NNsightBackend.steps`:
   same way (`_HEAD_VIEWS` lists both);
 - residual stream entering block ``l``: the input of ``<layers>.l`` (``l == n_layers``:
   the input of the final norm);
+- block ``l``'s MLP (`SiteKind.MLP_IN` / `SiteKind.MLP_OUT`): the first input of its norm /
+  the MLP's output (`gna_interp.core.arch.ArchSpec.mlp`), after every mixer of the block;
 - a skipped block ``l``: its output (its hidden state, for blocks that return a tuple)
   is replaced by its input;
 - a plan that starts at block ``l``: blocks ``0 .. l-1`` are skipped (not computed) and
@@ -70,6 +72,8 @@ _NOT_RUN = program.NOT_RUN  # do not run a block; it outputs a given value
 _READ_OUTPUT = program.READ_OUTPUT  # a module's output (one item of a tuple output), index-selected
 _READ_PARAM = program.READ_PARAM  # a module's parameter, index-selected
 _STREAMS = program.STREAMS  # column blocks of a module's output or input, per unit
+_MODULE_INPUT = program.MODULE_INPUT  # an MLP norm's input, whole
+_MODULE_OUTPUT = program.MODULE_OUTPUT  # an MLP's output, whole
 
 nnsight.register(program)  # shipped by value: NDIF need not have gna_interp installed
 
@@ -120,6 +124,9 @@ class NNsightBackend:
                 steps.append((site.layer, self._stage(mixer, within), _READ_HEADS, path, edits, slot, None, shape))
             elif site.kind is SiteKind.RESID:
                 steps.append((site.layer, 0, _READ_INPUT, self._resid_path(site.layer), edits, slot, None, None))
+            elif site.kind in (SiteKind.MLP_IN, SiteKind.MLP_OUT):  # after every mixer of the block
+                op, part = (_MODULE_INPUT, 0) if site.kind is SiteKind.MLP_IN else (_MODULE_OUTPUT, 1)
+                steps.append((site.layer, 5 + part, op, self.spec.mlp_path(site.layer, part), edits, slot, None, None))
             else:
                 key, block = self._stream_block(site, edits, slot)
                 streams.setdefault(key, []).append(block)

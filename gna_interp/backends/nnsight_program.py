@@ -29,6 +29,8 @@ NOT_RUN = 3  # do not run a block; it outputs a given value
 READ_OUTPUT = 4  # a module's output (one item of a tuple output), index-selected
 READ_PARAM = 5  # a module's parameter, index-selected
 STREAMS = 6  # column blocks of a module's output or input, per unit
+MODULE_INPUT = 7  # a module's first input, whole (an MLP norm's): as READ_INPUT, no stash
+MODULE_OUTPUT = 8  # a module's output, whole (an MLP's)
 
 
 def apply_steps(
@@ -67,7 +69,16 @@ def apply_steps(
                     else:
                         envoy.output = new
                 continue
-            if op >= 4:
+            if op == 8:
+                act = envoy.output
+                for mask, value in edits:
+                    act = edited(act, mask, value)
+                if edits or grad:  # with grad: the captured tensor must be the one used downstream
+                    envoy.output = act
+                if slot >= 0:
+                    saved[slot] = act
+                continue
+            if op in (4, 5):
                 value = envoy.output if op == 4 else getattr(envoy, spec[1]).detach()
                 if spec[0] >= 0:
                     value = value[spec[0]]
@@ -93,6 +104,8 @@ def apply_steps(
                 envoy.output = hidden if block_items == 0 else (hidden, *output[1:])
                 continue
             act = envoy.input
+            if op == 7 and grad:  # the block's residual add reads this tensor too: the norm gets its own copy
+                act = act.clone()
             flat_shape = act.shape
             if op == 1:
                 act = act.reshape(flat_shape[0], flat_shape[1], spec[0], spec[1])

@@ -14,6 +14,8 @@ is the one function that turns a site into a hook:
   its module (``q_proj``: ``blocks.{l}.attn.q.hook_out``, alias ``attn.hook_q``;
   Mamba-2 ``in_proj``: ``blocks.{l}.mixer.in_proj.hook_out``; Mamba-1 ``x_proj``'s input:
   ``blocks.{l}.mixer.x_proj.hook_in``), viewed ``[batch, pos, unit, width]``;
+- block ``l``'s MLP (`SiteKind.MLP_IN` / `SiteKind.MLP_OUT`): the input of its norm
+  (``blocks.{l}.ln2.hook_in``) / the MLP's output (``blocks.{l}.mlp.hook_out``);
 - a skipped block ``l`` stashes the block's input and writes it over its output
   (``blocks.{l}.hook_in`` / ``hook_out``, aliases ``hook_resid_pre`` / ``hook_resid_post``);
 - a plan that starts at block ``l`` does not run blocks ``0 .. l-1``: for that one forward
@@ -108,6 +110,14 @@ def _resid(backend: TLensBackend, site: Site) -> tuple[str, str, View]:
     return path, "input", ("all", ())
 
 
+def _mlp_in(backend: TLensBackend, site: Site) -> tuple[str, str, View]:
+    return backend.spec.mlp_path(site.layer, 0), "input", ("all", ())
+
+
+def _mlp_out(backend: TLensBackend, site: Site) -> tuple[str, str, View]:
+    return backend.spec.mlp_path(site.layer, 1), "output", ("all", ())
+
+
 def _stream(backend: TLensBackend, site: Site) -> tuple[str, str, View]:
     mixer = backend.mixer(site.layer, site.mixer)
     stream = mixer.stream(site.stream)
@@ -119,6 +129,8 @@ TAPS: dict[SiteKind, Callable[[TLensBackend, Site], tuple[str, str, View]]] = {
     SiteKind.PRE_NORM: _pre_norm,
     SiteKind.RESID: _resid,
     SiteKind.STREAM: _stream,
+    SiteKind.MLP_IN: _mlp_in,
+    SiteKind.MLP_OUT: _mlp_out,
 }
 """Site kind -> ``(module path, "input" | "output", view)``: where a site lives. A new site
 kind is one entry here (and one in the nnsight backend's `steps`)."""

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..core.plan import Edit, Read, Site, apply_edits
+from ..core.plan import Edit, Read, Site, SiteKind, apply_edits
 
 HookFn = Callable[[Tensor], Tensor]
 View = tuple[str, tuple[int, ...]]
@@ -109,6 +109,8 @@ def _site_hook(site: Site, view: View, edits: list[Edit], keep: bool, captured: 
         else:
             piece = flat.reshape(*flat.shape[:2], *shape) if kind == "heads" else act
         piece = apply_edits(piece, edits)
+        if grad and site.kind is SiteKind.MLP_IN:  # the block's residual add reads this tensor too: the norm gets its own copy
+            piece = piece.clone()
         if keep:
             captured[site] = piece if grad else piece.detach()
         if kind != "columns":

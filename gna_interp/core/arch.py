@@ -298,6 +298,10 @@ class ArchSpec:
             nothing else, and reuses that value (`gna_interp.models.structure.mixer_is_the_block`).
             Every built-in row sets it; a registered row is taken as not pre-norm unless it says
             so (a post-norm block, or a norm with a bias after the mixer, breaks that equality).
+        mlp: ``(norm, mlp)``, the paths inside a block of the norm before its MLP and of the
+            MLP (Llama: ``("post_attention_layernorm", "mlp")``), where the block adds
+            ``mlp(norm(x))`` to its residual stream ``x``: the MLP nodes of the direct graph
+            (`SiteKind.MLP_IN` / `SiteKind.MLP_OUT`). Empty: no MLP node (pure SSMs have no MLP).
     """
 
     family: str
@@ -313,6 +317,7 @@ class ArchSpec:
     d_model_field: str = "hidden_size"
     takes_mask: bool = True
     pre_norm_residual: bool = False
+    mlp: tuple[str, str] | tuple[()] = ()
 
     def __post_init__(self) -> None:
         if self.default_backend not in ("tlens", "nnsight") or (self.default_backend == "tlens" and not self.tlens):
@@ -336,6 +341,12 @@ class ArchSpec:
 
     def block_path(self, layer: int) -> str:
         return f"{self.layers_path}.{layer}"
+
+    def mlp_path(self, layer: int, part: int) -> str:
+        """The path of block ``layer``'s MLP norm (``part=0``) or MLP (``part=1``), `mlp`."""
+        if not self.mlp:
+            raise GnaValueError(f"the {self.family!r} family has no MLP node (its architecture row names no MLP)")
+        return f"{self.block_path(layer)}.{self.mlp[part]}"
 
     def resolve(self, config: Any, n_layers: int) -> tuple[LayerSpec, ...]:
         """One `LayerSpec` per layer, sizes read from ``config``."""

@@ -22,6 +22,10 @@ the metric with respect to it, `gna_interp.patching.attribution`):
   the first input of the mixer's group norm (`gna_interp.core.arch.LayerMixer.norm_path`:
   Mamba-2's scan output ``y`` per head, before the gate and the normalisation, which
   couples the heads of a group). Only mixers with such a norm have this site.
+- `SiteKind.MLP_IN` / `SiteKind.MLP_OUT` at layer ``l``: ``act`` is ``[batch, pos, d_model]``,
+  the input of block ``l``'s MLP norm (the residual stream the MLP reads; editing it changes
+  what the MLP sees and nothing else) / the MLP's output (what it adds to the residual
+  stream). Only families whose table row names the MLP (`gna_interp.core.arch.ArchSpec.mlp`).
 
 A skip at layer ``l`` makes block ``l`` output its own input on the rows given.
 
@@ -47,6 +51,8 @@ class SiteKind(str, Enum):
     HEADS = "heads"
     STREAM = "stream"
     PRE_NORM = "pre_norm"
+    MLP_IN = "mlp_in"
+    MLP_OUT = "mlp_out"
 
 
 @dataclass(frozen=True, order=True)

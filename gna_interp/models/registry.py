@@ -159,6 +159,7 @@ def _llama_like(family: str) -> ArchSpec:
         tlens=True,
         default_backend="tlens",
         pre_norm_residual=True,
+        mlp=("post_attention_layernorm", "mlp"),
     )
 
 
@@ -168,7 +169,7 @@ def _mamba_like(family: str, mixer: MixerSpec) -> ArchSpec:
     )
 
 
-def _hybrid(family: str, final_norm: str, mixers: MixerTable, block_output: int = 0) -> ArchSpec:
+def _hybrid(family: str, final_norm: str, mixers: MixerTable, block_output: int = 0, mlp: tuple[str, str] | tuple[()] = ()) -> ArchSpec:
     return ArchSpec(
         family,
         (family,),
@@ -179,6 +180,7 @@ def _hybrid(family: str, final_norm: str, mixers: MixerTable, block_output: int 
         tlens=True,
         block_output=block_output,
         pre_norm_residual=True,
+        mlp=mlp,
     )
 
 
@@ -213,7 +215,13 @@ ARCHITECTURES: tuple[ArchSpec, ...] = (
     ),
     _hybrid("zamba2", "model.final_layernorm", zamba2_mixers),
     # FalconH1 runs the Mamba-2 mixer first, then attention, on the same normed input.
-    _hybrid("falcon_h1", "model.final_layernorm", by_layer_type("layers_block_type", {"hybrid": _FALCON_H1}), block_output=1),
+    _hybrid(
+        "falcon_h1",
+        "model.final_layernorm",
+        by_layer_type("layers_block_type", {"hybrid": _FALCON_H1}),
+        block_output=1,
+        mlp=("pre_ff_layernorm", "feed_forward"),
+    ),
     _hybrid("qwen3_next", "model.norm", by_layer_type("layer_types", _QWEN3_NEXT)),
     LLAMBA,
     HYBRID_STUDENT,

@@ -1,4 +1,9 @@
-"""``path="direct"``: what one head writes into the residual stream.
+"""``path="direct"``: what one node writes into the residual stream.
+
+The nodes of the direct graph (EAP's, MIB's, TransformerLens's edge granularity): heads
+(`Head`, printed ``"L1H0"``), ``"embed"`` (the embedding: a sender), ``"L{l}MLP"`` (block
+``l``'s MLP: a sender through its output, a receiver through its norm's input) and
+``"logits"`` (the final norm's residual input: a receiver).
 
 The edge of TransformerLens (``patching.get_act_patch_direct_path``), EAP and MIB: a
 receiver reads the residual stream of the run it belongs to *plus the senders' own writes*
@@ -8,6 +13,7 @@ the senders recomputed on the way (`gna_interp.patching.paths` teaches both defi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -57,11 +63,71 @@ def sender_write(model: GnaModel, head: Head, clean: Tensor, corrupt: Tensor) ->
 EMBED = "embed"
 """The embedding as a sender (path="direct" only): its write is the corrupt-minus-clean
 residual stream entering block 0."""
+LOGITS = "logits"
+"""The logits as a receiver: the final norm's residual input."""
+MLP_STAGE = 9
+"""A block's MLP runs after every mixer of the block (stages 0, 1): its position is ``(layer, 9)``."""
+_MLP_NAME = re.compile(r"^L(\d+)MLP$")
 
 
-def sender_position(model: GnaModel, sender: Head | str) -> tuple[int, int]:
-    """``GnaModel.head_position``, with the embedding before every block."""
-    return (-1, 0) if sender == EMBED else model.head_position(sender)  # type: ignore[arg-type]
+def mlp_name(layer: int) -> str:
+    """The node name of block ``layer``'s MLP: ``"L0MLP"`` (as `Head` prints ``"L0H1"``)."""
+    return f"L{layer}MLP"
+
+
+def mlp_layer(node: object) -> int | None:
+    """The layer of an MLP node name (``"L3MLP"`` -> 3); ``None`` for anything else."""
+    match = _MLP_NAME.match(node) if isinstance(node, str) else None
+    return int(match.group(1)) if match else None
+
+
+def check_mlp(model: GnaModel, node: str) -> int:
+    """The layer of the MLP node ``node``, checked against the model."""
+    layer = mlp_layer(node)
+    assert layer is not None
+    if not model.arch.mlp:
+        raise GnaValueError(
+            f"{node!r}: the {model.arch.family} family has no MLP node (pure SSMs have no MLP; "
+            "the architecture row names none): its direct graph has heads, 'embed' and 'logits'"
+        )
+    if layer >= model.n_layers:
+        raise GnaValueError(f"{node!r}: the model has {model.n_layers} layers (MLP nodes 'L0MLP' .. 'L{model.n_layers - 1}MLP')")
+    return layer
+
+
+def node_position(model: GnaModel, node: Head | str) -> tuple[int, int]:
+    """``GnaModel.head_position``, with the embedding before every block, a block's MLP
+    after its mixers (`MLP_STAGE`) and the logits after the last block."""
+    if node == EMBED:
+        return (-1, 0)
+    if node == LOGITS:
+        return (model.n_layers, 0)
+    layer = mlp_layer(node)
+    return (layer, MLP_STAGE) if layer is not None else model.head_position(node)  # type: ignore[arg-type]
+
+
+sender_position = node_position
+
+
+def write_sites(model: GnaModel, node: Head | str) -> set[Site]:
+    """The sites whose clean and corrupt values give ``node``'s write (`node_write`)."""
+    if node == EMBED:
+        return {Site(SiteKind.RESID, 0)}
+    layer = mlp_layer(node)
+    if layer is not None:
+        return {Site(SiteKind.MLP_OUT, layer)}
+    return {model.head_site(node)[0]}  # type: ignore[arg-type]
+
+
+def node_write(model: GnaModel, node: Head | str, clean: dict[Site, Tensor], corrupt: dict[Site, Tensor]) -> Tensor:
+    """What ``node`` adds to the residual stream, corrupt minus clean: ``[batch | 1, pos, d_model]``
+    (a head: `sender_write`; the embedding: the residual stream entering block 0; an MLP:
+    its output)."""
+    if isinstance(node, Head):
+        site = model.head_site(node)[0]
+        return sender_write(model, node, *torch.broadcast_tensors(clean[site], corrupt[site]))
+    (site,) = write_sites(model, node)
+    return corrupt[site] - clean[site]
 
 
 def stacked_writes(
@@ -73,13 +139,7 @@ def stacked_writes(
     writes = []
     for copy, senders in enumerate(sender_sets):
         for sender in senders:
-            if sender == EMBED:
-                site = Site(SiteKind.RESID, 0)
-                write = (corrupt[site] - clean[site]).expand(n_rows, -1, -1)
-            else:
-                assert isinstance(sender, Head)
-                site = model.head_site(sender)[0]
-                write = sender_write(model, sender, *torch.broadcast_tensors(clean[site], corrupt[site])).expand(n_rows, -1, -1)
+            write = node_write(model, sender, clean, corrupt).expand(n_rows, -1, -1)
             mask = (torch.arange(copies) == copy).repeat_interleave(n_rows)[:, None, None].to(write.device)
-            writes.append((sender_position(model, sender), torch.where(mask, write.repeat(copies, 1, 1), 0.0)))
+            writes.append((node_position(model, sender), torch.where(mask, write.repeat(copies, 1, 1), 0.0)))
     return writes

@@ -75,11 +75,12 @@ from ..cost import charge
 from ..progress import progress_bar
 from .attribution import _gradients, _scalar
 from .checks import check_local, clean_corrupt_batches
-from .direct import sender_write
-from .edges_exact import _exact_upstream, _unit
+from .direct import LOGITS, mlp_name, node_position, node_write, write_sites
+from .edges_direct import _direct_gradients, _hold_other_inputs, _receiver_contraction, interpolated, mlp_input_gradients, node_site
+from .edges_exact import _exact_upstream
 from .metrics import Metric, check_metric, logits_read, reduce_metric
-from .path_chain import held_sites, norm_inputs, receiver_streams
-from .paths import ANY, PathKind, Receivers, check_path, check_senders, parse_receivers, parse_streams
+from .path_chain import norm_inputs, receiver_streams
+from .paths import ANY, PathKind, Receivers, check_path, check_senders, parse_receivers, parse_streams, refuse_nodes
 from .results import EdgeResult, _table
 from .variants import rows_per_forward
 
@@ -121,9 +122,13 @@ def edge_attribution(
         steps: points of the integrated-gradients sum (``1``: first order; see the
             module docs). Cost: ``steps`` clean-sized and ``steps`` stacked forwards and
             backwards.
-        receivers: receiver heads (``"logits"`` is not a head and has no input stream).
-        senders: sender heads (default: every head before some receiver). An edge exists
-            where the sender sits before the receiver (`GnaModel.head_position`).
+        receivers: receiver heads; with ``path="direct"`` also MLPs (``"L0MLP"``: the input
+            of its norm) and ``"logits"`` (the final norm's input), scored with
+            ``receiver_input="any"`` (`gna_interp.patching.direct` lists the nodes).
+        senders: sender heads (default: every head before some receiver); with
+            ``path="direct"`` also ``"embed"`` and MLPs (their writes: the embedding, the MLP's
+            output). An edge exists where the sender sits before the receiver
+            (`GnaModel.head_position`; an MLP after every mixer of its block).
         receiver_input: ``"any"`` (one score per edge: the sum over every stream of the
             receiver's mixer), one stream name, or a list of names (``"q"``, ``"k"``,
             ``"v"``; ``"x"``, ``"B"``, ``"C"``, ``"dt"``, ``"gate"``).
@@ -173,22 +178,33 @@ def edge_attribution(
     direct = check_path(path)
     if direct and method != "first_order":
         raise GnaValueError(f"method={method!r} with path='direct': expected method='first_order' (the exact methods score path='all')")
-    heads, to_logits = parse_receivers(model, receivers)
-    if to_logits:
-        raise GnaValueError("receivers includes 'logits': edge attribution scores receiver heads' input streams; 'logits' has none")
-    receiver_list = [Head(layer, h) for layer, hs in heads.items() for h in hs]
+    refuse_nodes([] if senders is None else check_senders(model, senders, nodes=True), receivers, direct)
+    mlps: list[int] = []
+    heads, to_logits = parse_receivers(model, receivers, mlps if direct else None)
+    if to_logits and not direct:
+        raise GnaValueError(
+            "receivers includes 'logits': edge attribution with path='all' scores receiver heads' input streams; "
+            "'logits' has none (with path='direct' it is a receiver: the final norm's input)"
+        )
+    nodes = [*(mlp_name(layer) for layer in sorted(mlps)), *([LOGITS] if to_logits else [])]  # MLP and logits receivers
+    receiver_list: list[Head | str] = [*(Head(layer, h) for layer, hs in heads.items() for h in hs), *nodes]
     whole = isinstance(receiver_input, str) and receiver_input == ANY
     streams = parse_streams(model, receiver_input)
+    if nodes and not whole:
+        raise GnaValueError(
+            f"receivers has {nodes[0]!r} with receiver_input={receiver_input!r}: MLP and logits receivers read the "
+            "residual stream whole; pass receiver_input='any' (or score them in a call of their own)"
+        )
     if not whole:
         for layer, indices in heads.items():
             receiver_streams(model, layer, indices, streams)  # every receiver has a chosen stream
-    last = max(model.head_position(r) for r in receiver_list)
+    last = max(node_position(model, r) for r in receiver_list)
     if senders is None:
-        sender_list = [head for head in model.heads if model.head_position(head) < last]
+        sender_list: list[Head | str] = [head for head in model.heads if model.head_position(head) < last]
     else:
-        sender_list = check_senders(model, senders)
+        sender_list = list(check_senders(model, senders, nodes=direct))
         for head in sender_list:
-            if model.head_position(head) >= last:
+            if node_position(model, head) >= last:
                 raise GnaValueError(
                     f"senders has {head}, at or after every receiver (the last sits at layer {last[0]}): "
                     "a sender must precede a receiver (GnaModel.head_position)"
@@ -196,6 +212,8 @@ def edge_attribution(
     if not sender_list:
         raise GnaValueError(f"no head precedes the receivers {[str(r) for r in receiver_list]}: there are no edges to score")
 
+    head_receivers = [r for r in receiver_list if isinstance(r, Head)]
+    head_senders = [s for s in sender_list if isinstance(s, Head)]
     if method in ("exact_upstream", "exact_receiver"):
         for name, given in (("max_rows", max_rows), ("memory_budget_mb", memory_budget_mb)):
             if given is not None:
@@ -210,8 +228,8 @@ def edge_attribution(
             metric,
             steps,
             receivers,
-            receiver_list,
-            sender_list,
+            head_receivers,
+            head_senders,
             receiver_input,
             streams,
             whole,
@@ -222,27 +240,36 @@ def edge_attribution(
     clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "edge attribution")
     ambient = [*model.active_interventions, *interventions]
     base = model.compile_plan(clean_batch, ambient)
-    first = min(model.head_position(head) for head in sender_list)[0]
+    first = max(0, min(node_position(model, head) for head in sender_list)[0])
     # (receiver, stream) copies: each receiver with each chosen stream its mixer has.
-    copies = [(r, name) for r in receiver_list for name in model.mixer_of(r)[0].receiver_inputs if name in streams]
-    receiver_sites = {model.head_site(r)[0] for r in receiver_list}
-    mixers = [model.mixer_of(r)[0] for r in receiver_list]
+    copies = [(r, name) for r in head_receivers for name in model.mixer_of(r)[0].receiver_inputs if name in streams]
+    receiver_sites = {model.head_site(r)[0] for r in head_receivers}
+    mixers = [model.mixer_of(r)[0] for r in head_receivers]
     stream_sites = {Site(SiteKind.STREAM, m.layer, s.name, m.index) for m in mixers for s in m.spec.streams}
-    frozen_sites = {site for layer in range(first, last[0] + 1) for site in model.head_sites(layer) if model.mixer(site).position < last}
-    sender_sites = {model.head_site(head)[0] for head in sender_list}
+    frozen_sites = {site for layer in range(first, min(last[0] + 1, model.n_layers)) for site in model.head_sites(layer)}
+    frozen_sites = {site for site in frozen_sites if model.mixer(site).position < last}
+    sender_sites = {model.head_site(head)[0] for head in head_senders}
+    write_nodes = {site for s in sender_list if not isinstance(s, Head) for site in write_sites(model, s)}  # embed, MLPs
+    node_reads = {site for r in nodes for site in node_site(model, r)}  # what MLP and logits receivers read, and their outputs
     norm_sites = set(norm_inputs(model, {site: [] for site in receiver_sites}))
-    capture = receiver_sites | stream_sites | frozen_sites | norm_sites
+    capture = receiver_sites | stream_sites | frozen_sites | norm_sites | write_nodes | node_reads
     if first > 0:
         capture.add(Site(SiteKind.RESID, first))
     if direct:  # the receivers' own copies of the residual stream
-        capture |= {Site(SiteKind.RESID, r.layer) for r in receiver_list}
+        capture |= {Site(SiteKind.RESID, r.layer) for r in head_receivers}
 
     keep = logits_read(metric)  # the positions the metric reads: logits computed there alone
-    corrupt_out = model.backend.run(corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=sender_sites, logits_to_keep=keep)
+    corrupt_out = model.backend.run(
+        corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=sender_sites | write_nodes, logits_to_keep=keep
+    )
     reference = reduce_metric(metric(corrupt_out.logits), metric, corrupt_batch.n_rows)
     per_chunk = max(1, rows_per_forward(model, clean_batch.n_pos, max_rows, memory_budget_mb) // clean_batch.n_rows)
-    receiver_order = sorted(receiver_sites)
-    flat = torch.zeros((len(sender_list), len(copies)))  # sender -> one score per copy, summed over the points
+    receiver_order = sorted(receiver_sites | {node_site(model, r)[1] for r in nodes})
+    every: list[tuple[Head | str, str]] = [
+        *copies,
+        *((r, streams[0]) for r in nodes),
+    ]  # MLP and logits receivers last, scored from the point run
+    flat = torch.zeros((len(sender_list), len(every)))  # sender -> one score per copy, summed over the points
     clean_acts: dict[Site, Tensor] = {}
     baseline = float("nan")
     n_chunks = -(-len(copies) // per_chunk)
@@ -252,8 +279,10 @@ def edge_attribution(
             plan = Plan()
             plan.extend(base)
             for site in sorted(sender_sites) if step else []:  # the senders' outputs, interpolated
-                mask = head_mask(model.layout, site, [model.head_site(h)[1] for h in sender_list if model.head_site(h)[0] == site])
+                mask = head_mask(model.layout, site, [model.head_site(h)[1] for h in head_senders if model.head_site(h)[0] == site])
                 plan.add(site, Edit(mask, clean_acts[site] + alpha * (corrupt_out.acts[site] - clean_acts[site])))
+            for site in sorted(write_nodes) if step else []:
+                plan.add(*interpolated(site, clean_acts[site], corrupt_out.acts[site], alpha))
             point = model.backend.run(clean_batch, plan, capture=capture, grad=True, logits_to_keep=keep)
             value = _scalar(metric(point.logits), metric)
             grads = dict(zip(receiver_order, _gradients(value, [point.acts[s] for s in receiver_order]), strict=True))
@@ -265,88 +294,40 @@ def edge_attribution(
             del point, value
             if step == 0:
                 clean_acts, baseline = acts, measured
+                writes = [node_write(model, s, clean_acts, corrupt_out.acts).float() for s in sender_list] if direct else []
+            mlp_layers = [int(site.layer) for site in sorted(node_reads) if site.kind is SiteKind.MLP_IN]
+            into_mlps = mlp_input_gradients(model, clean_batch, base, mlp_layers, acts, grads) if mlp_layers else {}
+            for j, node in enumerate(nodes):  # [batch, pos, d_model] at the one site the node reads
+                read, out = node_site(model, node)
+                grad = (into_mlps[read.layer] if read.kind is SiteKind.MLP_IN else grads[out]).float()
+                for i, write in enumerate(writes):
+                    flat[i, len(copies) + j] += (write.expand_as(grad) * grad).sum().cpu() / steps
             for offset in range(0, len(copies), per_chunk):
                 chunk = copies[offset : offset + per_chunk]
                 if direct:
                     resid_grads = _direct_gradients(model, clean_batch, base, chunk, acts, grads)
-                    for i, head in enumerate(sender_list):
-                        site = model.head_site(head)[0]
-                        write = sender_write(model, head, clean_acts[site], corrupt_out.acts[site]).float()  # [batch, pos, d_model]
+                    for i, write in enumerate(writes):  # [batch, pos, d_model]
                         flat[i, offset : offset + len(chunk)] += (write.expand_as(resid_grads[0]) * resid_grads).sum(
                             (1, 2, 3)
                         ).cpu() / steps
                     bar.update(1)
                     continue
                 sender_grads = _chunk_gradients(model, clean_batch, base, chunk, acts, grads, first, frozen_sites)
-                for i, head in enumerate(sender_list):
+                for i, head in enumerate(head_senders):  # path="all": heads only
                     site, index = model.head_site(head)
                     delta = (corrupt_out.acts[site][:, :, index] - clean_acts[site][:, :, index]).float()  # [batch | 1, pos, d_head]
                     grad = sender_grads[site][:, :, :, index].float()  # [copy, batch, pos, d_head]
                     flat[i, offset : offset + len(chunk)] += (delta.expand_as(grad[0]) * grad).sum((1, 2, 3)).cpu() / steps
                 bar.update(1)
     for i, head in enumerate(sender_list):
-        for j, (receiver, _) in enumerate(copies):
-            if model.head_position(head) >= model.head_position(receiver):
+        for j, (receiver, _) in enumerate(every):
+            if node_position(model, head) >= node_position(model, receiver):
                 flat[i, j] = float("nan")
 
-    scores = _table(flat, copies, receiver_list, streams, whole, len(sender_list))
+    scores = _table(flat, every, receiver_list, streams, whole, len(sender_list))
     names = (ANY,) if whole else streams
     meta = {"method": "first_order", "steps": steps, "n_prompts": clean_batch.n_rows, "receiver_input": list(names), "path": path}
     return EdgeResult(scores, sender_list, receiver_list, names, baseline, reference, meta=meta)
-
-
-def _direct_gradients(
-    model: GnaModel, batch: Any, base: Plan, chunk: Sequence[tuple[Head, str]], clean: dict[Site, Tensor], grads: dict[Site, Tensor]
-) -> Tensor:
-    """path="direct": ``d metric / d resid`` through each ``(receiver, stream)`` of ``chunk``
-    alone, at the receiver's own copy of the residual stream entering its block:
-    ``[copy, batch, pos, d_model]``. As `_chunk_gradients`, with a leaf residual stream at
-    each receiver's block in place of the frozen heads."""
-    n_rows, n_copies = batch.n_rows, len(chunk)
-
-    def stack(tensor: Tensor) -> Tensor:
-        return tensor.expand(n_rows, *tensor.shape[1:]).repeat(n_copies, *([1] * (tensor.dim() - 1)))
-
-    def rows_of(copies: Sequence[int], dims: int = 4) -> Tensor:
-        mask = torch.zeros(n_copies, dtype=torch.bool)
-        mask[list(copies)] = True
-        return mask.repeat_interleave(n_rows).reshape(-1, *([1] * (dims - 1)))
-
-    layers = sorted({r.layer for r, _ in chunk})
-    plan = Plan()
-    plan.extend(base.tiled(n_rows, n_copies))
-    if layers[0] > 0:
-        plan.start = (layers[0], stack(clean[Site(SiteKind.RESID, layers[0])]))
-    leaves: dict[int, Tensor] = {}
-    for layer in layers:
-        leaves[layer] = stack(clean[Site(SiteKind.RESID, layer)]).requires_grad_(True)
-        plan.add(Site(SiteKind.RESID, layer), Edit(rows_of([c for c, (r, _) in enumerate(chunk) if r.layer == layer], 3), leaves[layer]))
-    _hold_other_inputs(model, plan, chunk, clean, stack, rows_of)
-    total = _receiver_contraction(model, batch, plan, chunk, grads, n_rows, n_copies)
-    pulled = dict(zip(layers, _gradients(total, [leaves[layer] for layer in layers]), strict=True))
-    charge(model.backend, backwards=1, backward_block_rows=n_rows * n_copies * (model.n_layers - layers[0]))
-    result = torch.stack([pulled[r.layer].reshape(n_copies, n_rows, *pulled[r.layer].shape[1:])[c] for c, (r, _) in enumerate(chunk)])
-    return result.float()
-
-
-def _hold_other_inputs(
-    model: GnaModel, plan: Plan, chunk: Sequence[tuple[Head, str]], clean: dict[Site, Tensor], stack: Any, rows_of: Any
-) -> None:
-    """In each copy, the receiver's other streams, the streams its stream holds and the
-    other heads' inputs to its group norm at their clean (detached) values."""
-    for c, (receiver, name) in enumerate(chunk):
-        mixer, index = model.mixer_of(receiver)
-        rows = rows_of([c])
-        live = Site(SiteKind.STREAM, receiver.layer, name, mixer.index)
-        held = set(held_sites(model, {live: [index]}))
-        for stream in mixer.spec.streams:
-            site = Site(SiteKind.STREAM, receiver.layer, stream.name, mixer.index)
-            if site != live or site in held:
-                plan.add(site, Edit(rows, stack(clean[site])))
-        head_site = model.head_site(receiver)[0]
-        for site in norm_inputs(model, {head_site: [index]}):  # the other heads' inputs to the group norm
-            others = ~(head_mask(model.layout, site, [index]) if site.kind is SiteKind.PRE_NORM else _unit(model, site, index))
-            plan.add(site, Edit(rows & others, stack(clean[site])))
 
 
 def _chunk_gradients(
@@ -392,17 +373,3 @@ def _chunk_gradients(
         pulled = [torch.zeros_like(leaves[site]) for site in order]
     charge(model.backend, backwards=1, backward_block_rows=n_rows * n_copies * (model.n_layers - first))
     return {site: grad.reshape(n_copies, n_rows, *grad.shape[1:]) for site, grad in zip(order, pulled, strict=True)}
-
-
-def _receiver_contraction(model: Any, batch: Any, plan: Any, chunk: Any, grads: dict[Any, Tensor], n_rows: int, n_copies: int) -> Tensor:
-    """One stacked forward of ``n_copies`` copies of ``batch`` under ``plan``, and the sum over
-    the chunk's receivers of (copy c's receiver input) x (its metric gradient): a scalar whose
-    gradient with respect to the plan's leaves gives every edge of the chunk."""
-    receivers = {model.head_site(r)[0] for r, _ in chunk}
-    out = model.backend.run(batch.repeat(n_copies), plan, capture=receivers, grad=True, logits_to_keep=1)  # logits unread
-    total = torch.zeros(())
-    for c, (receiver, _) in enumerate(chunk):
-        site, index = model.head_site(receiver)
-        span = slice(c * n_rows, (c + 1) * n_rows)
-        total = total + (out.acts[site][span, :, index].float() * grads[site][:, :, index].float()).sum().cpu()
-    return total

@@ -48,8 +48,9 @@ from ..core.plan import Edit, Plan, Site, SiteKind
 from ..cost import charge
 from ..progress import progress_bar
 from .attribution import _gradients, _scalar
+from .edge_sets import _EdgeSets
 from .metrics import Metric, logits_read
-from .path_chain import _Chunk, _EdgeSets, _stack, held_sites, norm_inputs, receiver_positions, unit_mask
+from .path_chain import _Chunk, _stack, held_sites, norm_inputs, receiver_positions, unit_mask
 from .paths import ANY, Receivers, prepare
 from .results import EdgeResult, _table
 
@@ -146,7 +147,9 @@ def _exact_upstream(
         "n_prompts": n,
         "receiver_input": list(names),
     }
-    return EdgeResult(scores, sender_list, receiver_list, names, baseline, reference, meta=meta)
+    sender_nodes: list[Head | str] = [*sender_list]
+    receiver_nodes: list[Head | str] = [*receiver_list]
+    return EdgeResult(scores, sender_nodes, receiver_nodes, names, baseline, reference, meta=meta)
 
 
 def _integrated_pullback(

@@ -80,7 +80,7 @@ from ..core.interventions import Intervention
 from ..core.plan import Site, SiteKind
 from ..progress import progress_bar
 from .checks import clean_corrupt_batches
-from .direct import EMBED
+from .direct import EMBED, LOGITS, check_mlp, mlp_layer, mlp_name, node_position, write_sites
 from .metrics import Metric, check_metric, logits_read, reduce_metric
 from .path_chain import PathSetup, path_scores, receiver_streams, setup_sites
 from .results import SweepResult
@@ -89,7 +89,6 @@ from .variants import rows_per_forward
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
 
-LOGITS = "logits"
 ANY = "any"
 Receivers = Literal["logits"] | Sequence[Head | str]
 PathKind = Literal["all", "direct"]
@@ -127,12 +126,15 @@ def path_patching(
         corrupt: inputs of the corrupted run: the same token length as ``clean`` (and rows, or one row).
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` (averaged).
         senders: heads whose output changes from clean to corrupt; with ``path="direct"``
-            also ``"embed"``, the embedding (its write: the residual stream entering block 0).
+            also ``"embed"``, the embedding (its write: the residual stream entering block 0),
+            and MLPs (``"L0MLP"``: block 0's MLP, its write: its output).
         receivers: heads, ``"logits"`` (the direct path to the output), or a list mixing
-            both. Every sender must sit before the last receiver: in an earlier layer,
-            or earlier in the same block where a later mixer reads an earlier one's
-            output (`GnaModel.head_position`; a Zamba2 hybrid layer's Mamba-2 heads read
-            its shared-attention heads). ``"logits"`` counts as after the last block.
+            both; with ``path="direct"`` also MLPs (``"L0MLP"``: block 0's MLP, through
+            the input of its norm; `gna_interp.patching.direct` lists the nodes). Every
+            sender must sit before the last receiver: in an earlier layer, or earlier in
+            the same block where a later mixer reads an earlier one's output
+            (`GnaModel.head_position`; a Zamba2 hybrid layer's Mamba-2 heads read its
+            shared-attention heads). ``"logits"`` counts as after the last block.
         receiver_input: what carries the change into the receiver heads: ``"any"``
             (their whole output, as in D), or one name or a list of names of input
             streams from each receiver's mixer (``model.receiver_inputs(head)``;
@@ -150,7 +152,7 @@ def path_patching(
     Returns:
         the metric of the final patched run (not a difference from clean).
     """
-    sender_list = check_senders(model, senders, embed=True)  # type: ignore[arg-type]
+    sender_list = check_senders(model, senders, nodes=True)  # type: ignore[arg-type]
     setup = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions, path)[0]
     return path_scores(setup, [sender_list])[0]
 
@@ -186,7 +188,9 @@ def path_patching_sweep(
         head was not scored), ``baseline`` the clean metric, ``reference`` the corrupt one.
     """
     if senders is None:
-        last = last_position(model, *parse_receivers(model, receivers))
+        mlps: list[int] = []
+        refuse_nodes([], receivers, check_path(path))
+        last = last_position(model, *parse_receivers(model, receivers, mlps), mlps)
         sender_list = [head for head in model.heads if model.head_position(head) < last]
     else:
         sender_list = check_senders(model, senders)
@@ -208,30 +212,52 @@ def path_patching_sweep(
 # ----- input checks ------------------------------------------------------------------------
 
 
-def check_senders(model: GnaModel, senders: Sequence[Head | str] | Head, embed: bool = False) -> list[Head]:
-    """The senders as a list; with ``embed``, ``"embed"`` (the embedding, path="direct") may be one."""
-    if not (embed and senders == EMBED):
+def check_senders(model: GnaModel, senders: Sequence[Head | str] | Head, nodes: bool = False) -> list[Head]:
+    """The senders as a list; with ``nodes``, ``"embed"`` and MLP names (``"L0MLP"``; the
+    direct graph's writers, `gna_interp.patching.direct`) may be among them."""
+    if not (nodes and (senders == EMBED or mlp_layer(senders) is not None)):
         refuse_string(senders, "senders")
     items = [senders] if isinstance(senders, (Head, str)) else list(senders)
     if not items:
         raise GnaValueError("senders is empty: expected at least one gna_interp.Head")
     for head in items:
-        if not (embed and head == EMBED):
+        if nodes and mlp_layer(head) is not None:
+            check_mlp(model, head)  # type: ignore[arg-type]
+        elif not (nodes and head == EMBED):
             model.check_head(head)  # type: ignore[arg-type]
-    return items  # type: ignore[return-value]  # "embed" travels as a sender of path="direct"
+    return items  # type: ignore[return-value]  # "embed" and MLPs travel as senders of path="direct"
 
 
-def parse_receivers(model: GnaModel, receivers: Receivers) -> tuple[dict[int, tuple[int, ...]], bool]:
-    """``(layer -> receiver head indices, whether "logits" is a receiver)``."""
+def refuse_nodes(senders: Sequence[Head | str], receivers: Receivers, direct: bool) -> None:
+    """``"embed"`` and MLP nodes are ends of path="direct" edges only."""
+    items = [receivers] if isinstance(receivers, (str, Head)) else list(receivers)
+    for where, node in [*(("senders", s) for s in senders), *(("receivers", r) for r in items)]:
+        if not direct and (node == EMBED or mlp_layer(node) is not None):
+            what = "the embedding is a sender" if node == EMBED else "an MLP is an edge's end"
+            raise GnaValueError(
+                f"{where} has {node!r}: {what} with path='direct' only "
+                "(path='all' freezes heads and recomputes everything else); pass path='direct'"
+            )
+
+
+def parse_receivers(model: GnaModel, receivers: Receivers, mlps: list[int] | None = None) -> tuple[dict[int, tuple[int, ...]], bool]:
+    """``(layer -> receiver head indices, whether "logits" is a receiver)``; with ``mlps``
+    (path="direct"), MLP receivers (``"L0MLP"``) are appended there, by layer."""
     items = [receivers] if isinstance(receivers, (str, Head)) else list(receivers)
     if not items:
         raise GnaValueError("receivers is empty: expected gna_interp.Head values and/or 'logits'")
     heads: dict[int, list[int]] = {}
     to_logits = False
     for item in items:
-        if isinstance(item, str):
+        if isinstance(item, str) and mlp_layer(item) is not None and mlps is not None:
+            layer = check_mlp(model, item)
+            mlps += [] if layer in mlps else [layer]
+        elif isinstance(item, str):
             if item != LOGITS:
-                raise GnaValueError(f"receivers has {item!r}: the only string receiver is 'logits' (the direct path to the output)")
+                raise GnaValueError(
+                    f"receivers has {item!r}: the string receivers are 'logits' (the direct path to the output) "
+                    "and, with path='direct', MLPs ('L0MLP')"
+                )
             to_logits = True
         elif isinstance(item, Head):
             model.check_head(item)
@@ -261,38 +287,38 @@ def parse_streams(model: GnaModel, receiver_input: str | Sequence[str]) -> tuple
     return tuple(dict.fromkeys(items))
 
 
-def last_position(model: GnaModel, heads: dict[int, tuple[int, ...]], to_logits: bool) -> tuple[int, int]:
+def last_position(model: GnaModel, heads: dict[int, tuple[int, ...]], to_logits: bool, mlps: Sequence[int] = ()) -> tuple[int, int]:
     """The ``(layer, stage)`` of the last receiver (``"logits"``: after the last block)."""
     if to_logits:
         return model.n_layers, 0
-    return max(model.head_position(Head(layer, h)) for layer, hs in heads.items() for h in hs)
+    nodes: list[Head | str] = [*(Head(layer, h) for layer, hs in heads.items() for h in hs), *(mlp_name(layer) for layer in mlps)]
+    return max(node_position(model, node) for node in nodes)
 
 
-def check_reach(model: GnaModel, senders: Sequence[Head], heads: dict[int, tuple[int, ...]], to_logits: bool) -> None:
+def check_reach(
+    model: GnaModel, senders: Sequence[Head | str], heads: dict[int, tuple[int, ...]], to_logits: bool, mlps: Sequence[int] = ()
+) -> None:
     """Every sender must sit before some receiver, or its output could reach none."""
-    last = last_position(model, heads, to_logits)
+    last = last_position(model, heads, to_logits, mlps)
     for head in senders:
-        if model.head_position(head) >= last:
+        if node_position(model, head) >= last:
             where = "'logits'" if to_logits else f"layer {last[0]}" + (f" (stage {last[1]} of its block)" if last[1] else "")
             raise GnaValueError(
-                f"sender {head} is in layer {head.layer}, at or after every receiver (the last is {where}): "
+                f"sender {head} is in layer {node_position(model, head)[0]}, at or after every receiver (the last is {where}): "
                 "its output cannot reach them; senders must precede a receiver"
             )
 
 
-def embed_site(embed: bool) -> set[Site]:
-    return {Site(SiteKind.RESID, 0)} if embed else set()
-
-
 def describe_receivers(setup: PathSetup) -> list[str]:
-    return [str(Head(layer, h)) for layer, hs in setup.receivers.items() for h in hs] + ([LOGITS] if setup.to_logits else [])
+    heads = [str(Head(layer, h)) for layer, hs in setup.receivers.items() for h in hs]
+    return heads + [mlp_name(layer) for layer in setup.mlps] + ([LOGITS] if setup.to_logits else [])
 
 
 def prepare(
     model: GnaModel,
     clean: Any,
     corrupt: Any,
-    senders: Sequence[Head],
+    senders: Sequence[Head | str],
     receivers: Receivers,
     metric: Metric,
     receiver_input: str | Sequence[str],
@@ -303,29 +329,28 @@ def prepare(
     with the clean (baseline) and corrupt (reference) metrics."""
     check_metric(metric)
     direct = check_path(path)
-    heads, to_logits = parse_receivers(model, receivers)
+    refuse_nodes(senders, receivers, direct)
+    mlps: list[int] = []
+    heads, to_logits = parse_receivers(model, receivers, mlps if direct else None)
     streams = parse_streams(model, receiver_input)
     whole_output = isinstance(receiver_input, str) and receiver_input == ANY
     if direct and getattr(model.backend, "remote", False):
         raise GnaValueError("path='direct' computes the senders' writes from the out-projection weights: load the model without remote=")
-    embed = EMBED in senders
-    if embed and not direct:
-        raise GnaValueError(
-            "senders has 'embed': the embedding is a sender with path='direct' only (path='all' freezes heads, not the embedding)"
-        )
-    senders = [s for s in senders if isinstance(s, Head)]
-    check_reach(model, senders, heads, to_logits)
+    check_reach(model, senders, heads, to_logits, mlps)
+    nodes = {site for s in senders if not isinstance(s, Head) for site in write_sites(model, s)}  # embed, MLPs
+    all_senders, head_senders = senders, [s for s in senders if isinstance(s, Head)]
     if not whole_output:
         for layer, indices in heads.items():
             receiver_streams(model, layer, indices, streams)  # every receiver has a chosen stream
-    sender_layers = {head.layer for head in senders} or {0}
+    sender_layers = {head.layer for head in head_senders} or {max(0, min(node_position(model, s)[0] for s in all_senders))}
     clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "path patching")
     ambient = [*model.active_interventions, *interventions]
     base = model.compile_plan(clean_batch, ambient)
     keep = logits_read(metric)  # the positions the metric reads: logits computed there alone
-    clean_sites = setup_sites(model, heads, streams, sender_layers, whole_output, direct, to_logits) | embed_site(embed)
+    clean_sites = setup_sites(model, heads, streams, sender_layers, whole_output, direct, to_logits) | nodes
+    clean_sites |= {Site(SiteKind.MLP_IN, layer) for layer in mlps} | {Site(SiteKind.RESID, layer) for layer in mlps if layer > 0}
     clean_out = model.backend.run(clean_batch, base, capture=clean_sites, logits_to_keep=keep)
-    corrupt_sites = {model.head_site(head)[0] for head in senders} | embed_site(embed)
+    corrupt_sites = {model.head_site(head)[0] for head in head_senders} | nodes
     corrupt_out = model.backend.run(corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=corrupt_sites, logits_to_keep=keep)
     setup = PathSetup(
         model=model,
@@ -339,6 +364,7 @@ def prepare(
         corrupt_heads=dict(corrupt_out.acts),
         metric=metric,
         direct=direct,
+        mlps=tuple(sorted(mlps)),
     )
     clean_value = reduce_metric(metric(clean_out.logits), metric, clean_batch.n_rows)
     return setup, clean_value, reduce_metric(metric(corrupt_out.logits), metric, corrupt_batch.n_rows)

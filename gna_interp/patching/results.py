@@ -89,8 +89,10 @@ class EdgeResult:
             ``[sender, receiver]``, or ``[sender, receiver, stream]`` when several streams
             were chosen. NaN where the edge does not exist (the sender does not precede
             the receiver, or the receiver's mixer has no such stream).
-        senders: the heads of the ``sender`` axis.
-        receivers: the heads of the ``receiver`` axis.
+        senders: the heads of the ``sender`` axis (with ``path="direct"`` also ``"embed"``
+            and MLPs, ``"L0MLP"``: `gna_interp.patching.direct`).
+        receivers: the heads of the ``receiver`` axis (with ``path="direct"`` also MLPs
+            and ``"logits"``).
         streams: the names of the ``stream`` axis (one name, or ``("any",)``, when there is
             no stream axis).
         baseline: the clean metric.
@@ -99,8 +101,8 @@ class EdgeResult:
     """
 
     scores: Tensor
-    senders: list[Head]
-    receivers: list[Head]
+    senders: list[Head | str]
+    receivers: list[Head | str]
     streams: tuple[str, ...]
     baseline: float
     reference: float
@@ -125,7 +127,7 @@ class EdgeResult:
                         rows.append({**names, "score": self.baseline + value, "effect": value})
         return pd.DataFrame(rows, columns=["sender", "receiver", "stream", "score", "effect"])
 
-    def top(self, k: int = 10) -> list[tuple[Head, Head, str, float]]:
+    def top(self, k: int = 10) -> list[tuple[Head | str, Head | str, str, float]]:
         """The ``k`` edges of largest magnitude: ``(sender, receiver, stream, effect)``."""
         frame = self.to_frame()
         frame = frame.reindex(frame["effect"].abs().sort_values(ascending=False).index)[:k]
@@ -134,7 +136,12 @@ class EdgeResult:
 
 
 def _table(
-    flat: Tensor, copies: Sequence[tuple[Head, str]], receivers: list[Head], streams: Sequence[str], whole: bool, n_senders: int
+    flat: Tensor,
+    copies: Sequence[tuple[Head | str, str]],
+    receivers: Sequence[Head | str],
+    streams: Sequence[str],
+    whole: bool,
+    n_senders: int,
 ) -> Tensor:
     """``[sender, copy]`` -> ``[sender, receiver]`` (``"any"``: summed over streams; one
     stream) or ``[sender, receiver, stream]``."""
