@@ -163,17 +163,18 @@ def test_first_order_edges_sum_to_the_readers_input_change(models, name):
 
 @pytest.mark.parametrize("name", ["llama-nnsight", "falcon_h1"])
 def test_integrated_gradient_edges_sum_to_the_readers_path_integral(models, name):
-    """``steps=3`` with every writer a sender: at ``alpha > 0`` each writer's output is set to
-    ``clean + alpha * delta`` (so every later writer is pinned and the final norm reads
-    ``clean + alpha * delta``); ``alpha = 0`` is the clean run, nothing pinned. The edges into
-    ``"logits"`` sum to the left Riemann sum of ``grad . delta`` at the final norm; the edges
-    into ``"L1MLP"`` to that of the MLP's input gradient (at ``alpha = 0`` the plain one; after,
-    the final-norm gradient pulled back through MLP 1 and its norm at ``clean_in + alpha *
-    delta_in``, plain modules) dotted with ``delta_in``."""
+    """``steps=3`` with every writer a sender: at ``alpha`` each writer's output is written
+    straight through at ``clean + alpha * delta`` (`tests.test_edges_ig.Twin`: raw hooks), so
+    the final norm and MLP 1's norm read ``clean + alpha * delta`` and the backward runs through
+    every writer. The edges into ``"logits"`` sum to the left Riemann sum of ``grad . delta``
+    at the final norm's input; those into ``"L1MLP"`` to that at MLP 1's norm input (its
+    gradient through MLP 1 and everything after it: layer 2's heads and MLP)."""
+    from .test_edges_ig import Twin
+
     hfs, loaded = models
     model, hf = loaded[name], hfs[key_of(name)]
     clean_b, corrupt_b = model.to_batch(CLEAN), model.to_batch(CORRUPT)
-    final, (norm, mlp) = path_twin.final_norm(hf), path_twin._mlp_modules(hf, 1)
+    final, (norm, _) = path_twin.final_norm(hf), path_twin._mlp_modules(hf, 1)
     steps = 3
     result = gna.edge_attribution(
         model,
@@ -186,15 +187,12 @@ def test_integrated_gradient_edges_sum_to_the_readers_path_integral(models, name
         path="direct",
         progress=False,
     )
-    clean_n, corrupt_n = _plain_input(hf, clean_b, final), _plain_input(hf, corrupt_b, final)
-    clean_in, corrupt_in = _plain_input(hf, clean_b, norm), _plain_input(hf, corrupt_b, norm)
-    into_logits = into_mlp = 0.0
-    for alpha in [k / steps for k in range(steps)]:
-        grad_n = _plain_grad(hf, clean_b, final, clean_n + alpha * (corrupt_n - clean_n))
-        into_logits += float((grad_n * (corrupt_n - clean_n)).sum()) / steps
-        x = (clean_in + alpha * (corrupt_in - clean_in)).requires_grad_(True)
-        (pulled,) = torch.autograd.grad(mlp(norm(x)), x, grad_n) if alpha else (_plain_grad(hf, clean_b, norm, clean_in),)
-        into_mlp += float((pulled * (corrupt_in - clean_in)).sum()) / steps
+    twin = Twin(hf, clean_b, corrupt_b, every_sender(model))
+    delta_n = _plain_input(hf, corrupt_b, final) - _plain_input(hf, clean_b, final)
+    delta_in = _plain_input(hf, corrupt_b, norm) - _plain_input(hf, clean_b, norm)
+    alphas = [k / steps for k in range(steps)]
+    into_logits = sum(float((twin.reader_gradient("logits", alpha) * delta_n).sum()) for alpha in alphas) / steps
+    into_mlp = sum(float((twin.reader_gradient("L1MLP", alpha) * delta_in).sum()) for alpha in alphas) / steps
     sums = result.scores.nan_to_num(0.0).sum(0)
     assert abs(float(sums[1]) - into_logits) < 1e-5, (float(sums[1]), into_logits)
     assert abs(float(sums[0]) - into_mlp) < 1e-5, (float(sums[0]), into_mlp)

@@ -102,7 +102,7 @@ class NNsightBackend:
 
     def steps(self, plan: Plan, capture: Collection[Site], reads: Sequence[Read] = ()) -> list[tuple]:
         """The plan as a list of plain tuples ``(op, path, edits, slot, tensor, spec, occurrence)``,
-        sorted in execution order. ``edits`` is a list of ``(mask, value)`` pairs;
+        sorted in execution order. ``edits`` is a list of ``(mask, value, straight_through)``;
         ``slot`` indexes the saved list (or -1); ``tensor`` is the skip's row mask
         (``_SKIP_BLOCK``) or the output of a block that is not run (``_NOT_RUN``);
         ``spec`` is ``(item, attribute, selects)`` for reads, ``(is_input, blocks)`` for
@@ -112,7 +112,7 @@ class NNsightBackend:
         steps: list[tuple] = []
         streams: dict[tuple[int, float, str, int], list[tuple]] = {}
         for site in sorted(set(plan.edits) | set(capture)):
-            edits = [(e.mask, e.value) for e in plan.edits.get(site, [])]
+            edits = [(e.mask, e.value, e.straight_through) for e in plan.edits.get(site, [])]
             slot = order.get(site, -1)
             if site.kind in _HEAD_VIEWS:
                 mixer = self._mixer(site.layer, site.mixer)
@@ -436,7 +436,7 @@ class NNsightBackend:
             return ("ref", local[value.job], slot, value.copies)
 
         op, path, edits, slot, rows, spec, occurrence = step
-        return (op, path, [(marker(m), marker(v)) for m, v in edits], slot, marker(rows), spec, occurrence)
+        return (op, path, [(marker(m), marker(v), through) for m, v, through in edits], slot, marker(rows), spec, occurrence)
 
 
 def _closure(jobs: Sequence[Job], index: int) -> list[int]:

@@ -54,8 +54,8 @@ def apply_steps(
                 touched = grad
                 for start, units, width, block_edits, block_slot in spec[1]:
                     piece = full[:, :, start : start + units * width].reshape(lead[0], lead[1], units, width)
-                    for mask, value in block_edits:
-                        piece = edited(piece, mask, value)
+                    for mask, value, through in block_edits:
+                        piece = edited(piece, mask, value, through)
                     touched = touched or len(block_edits) > 0
                     if block_slot >= 0:
                         saved[block_slot] = piece
@@ -71,8 +71,8 @@ def apply_steps(
                 continue
             if op == 8:
                 act = envoy.output
-                for mask, value in edits:
-                    act = edited(act, mask, value)
+                for mask, value, through in edits:
+                    act = edited(act, mask, value, through)
                 if edits or grad:  # with grad: the captured tensor must be the one used downstream
                     envoy.output = act
                 if slot >= 0:
@@ -109,8 +109,8 @@ def apply_steps(
             flat_shape = act.shape
             if op == 1:
                 act = act.reshape(flat_shape[0], flat_shape[1], spec[0], spec[1])
-            for mask, value in edits:
-                act = edited(act, mask, value)
+            for mask, value, through in edits:
+                act = edited(act, mask, value, through)
             if edits or grad:  # with grad: the captured tensor must be the one used downstream
                 envoy.input = act.reshape(flat_shape)
             if slot >= 0:
@@ -126,10 +126,13 @@ def apply_steps(
     return saved, logits
 
 
-def edited(act: Any, mask: Any, value: Any) -> Any:
+def edited(act: Any, mask: Any, value: Any, through: bool = False) -> Any:
     """One edit (`gna_interp.core.plan.Edit`; written out here, as this module is shipped
     alone): a bool ``mask`` selects ``value``, a floating one mixes it in,
-    ``act + mask * (value - act)`` (a gate of integrated gradients, local runs only)."""
+    ``act + mask * (value - act)`` (a gate of integrated gradients, local runs only);
+    ``through``: the same value, the gradient passed on to ``act`` whole (straight-through)."""
+    if through:
+        return edited(act.detach(), mask, value) + (act - act.detach())
     value = value.to(act.device, act.dtype)
     if mask.dtype.is_floating_point:
         return act + mask.to(act.device, act.dtype) * (value - act)
@@ -148,7 +151,7 @@ def resolve_steps(steps: list, results: list) -> list:
     """``steps`` with every reference (edit values, not-run residuals) replaced by its value."""
     out = []
     for op, path, edits, slot, rows, spec, occurrence in steps:
-        edits = [(resolve(mask, results), resolve(value, results)) for mask, value in edits]
+        edits = [(resolve(mask, results), resolve(value, results), through) for mask, value, through in edits]
         out.append((op, path, edits, slot, resolve(rows, results), spec, occurrence))
     return out
 

@@ -6,7 +6,9 @@ ints, so the nnsight backend can ship it to a remote server unchanged.
 At a site, every `Edit` applies ``act = torch.where(mask, value, act)`` in order (an edit
 whose ``mask`` is floating point is a *gate*: ``act = act + mask * (value - act)``, a
 mixing weight per element that may require grad; integrated gradients differentiate
-the metric with respect to it, `gna_interp.patching.attribution`):
+the metric with respect to it, `gna_interp.patching.attribution`; a *straight-through*
+edit writes the same value but passes the gradient on to ``act`` unchanged,
+`gna_interp.patching.edges`):
 
 - `SiteKind.HEADS` at layer ``l``, mixer ``m``: ``act`` is ``[batch, pos, head, d_head]``,
   the input of that mixer's out-projection viewed per head (``head`` indexes the mixer's
@@ -111,13 +113,19 @@ class Ref:
 class Edit:
     """``act = where(mask, value, act)`` for a bool ``mask``; for a floating ``mask`` ``w``
     (a gate), ``act = act + w * (value - act)``: ``w = 0`` keeps the activation, ``w = 1``
-    replaces it, and ``w`` may require grad. Both broadcast to the site's activation."""
+    replaces it, and ``w`` may require grad. Both broadcast to the site's activation.
+
+    ``straight_through=True``: the same forward value, but ``d result / d act`` is the
+    identity, as if the site were not edited (``value`` and a gate keep their own
+    gradients): a run moved to a point of an integration path whose backward still runs
+    through every node downstream of the site."""
 
     mask: Tensor
     value: Tensor
+    straight_through: bool = False
 
     def tiled(self, n_rows: int, copies: int) -> Edit:
-        return Edit(_tile_rows(self.mask, n_rows, copies), _tile_rows(self.value, n_rows, copies))
+        return Edit(_tile_rows(self.mask, n_rows, copies), _tile_rows(self.value, n_rows, copies), self.straight_through)
 
 
 def _tile_rows(tensor: Tensor, n_rows: int, copies: int) -> Tensor:
@@ -131,12 +139,14 @@ def _tile_rows(tensor: Tensor, n_rows: int, copies: int) -> Tensor:
 
 def apply_edits(act: Tensor, edits: list[Edit]) -> Tensor:
     for edit in edits:
-        act = apply_edit(act, edit.mask, edit.value)
+        act = apply_edit(act, edit.mask, edit.value, edit.straight_through)
     return act
 
 
-def apply_edit(act: Tensor, mask: Tensor, value: Tensor) -> Tensor:
+def apply_edit(act: Tensor, mask: Tensor, value: Tensor, straight_through: bool = False) -> Tensor:
     """One edit (see `Edit`): a bool ``mask`` selects, a floating one mixes."""
+    if straight_through:  # the edited value exactly (act - act.detach() is 0), the gradient to act whole
+        return apply_edit(act.detach(), mask, value) + (act - act.detach())
     value = value.to(act.device, act.dtype)
     if mask.dtype.is_floating_point:
         return act + mask.to(act.device, act.dtype) * (value - act)
@@ -192,7 +202,7 @@ class Plan:
 
         part = Plan()
         for site, edits in self.edits.items():
-            part.edits[site] = [Edit(cut(edit.mask), cut(edit.value)) for edit in edits]
+            part.edits[site] = [Edit(cut(edit.mask), cut(edit.value), edit.straight_through) for edit in edits]
         part.skips = {layer: cut(rows) for layer, rows in self.skips.items()}
         if self.start is not None:
             layer, resid = self.start

@@ -280,7 +280,8 @@ def edge_attribution(
             plan.extend(base)
             for site in sorted(sender_sites) if step else []:  # the senders' outputs, interpolated
                 mask = head_mask(model.layout, site, [model.head_site(h)[1] for h in head_senders if model.head_site(h)[0] == site])
-                plan.add(site, Edit(mask, clean_acts[site] + alpha * (corrupt_out.acts[site] - clean_acts[site])))
+                value = clean_acts[site] + alpha * (corrupt_out.acts[site] - clean_acts[site])
+                plan.add(site, Edit(mask, value, straight_through=True))  # gradients run through the sender as unedited
             for site in sorted(write_nodes) if step else []:
                 plan.add(*interpolated(site, clean_acts[site], corrupt_out.acts[site], alpha))
             point = model.backend.run(clean_batch, plan, capture=capture, grad=True, logits_to_keep=keep)

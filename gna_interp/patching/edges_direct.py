@@ -74,8 +74,9 @@ def mlp_input_gradients(
 
 def interpolated(site: Site, clean: Tensor, corrupt: Tensor, alpha: float) -> tuple[Site, Edit]:
     """The whole ``site`` moved ``alpha`` of the way from clean to corrupt (integrated
-    gradients: a non-head sender, ``"embed"`` or an MLP, along with the heads)."""
-    return site, Edit(torch.ones((), dtype=torch.bool), clean + alpha * (corrupt - clean))
+    gradients: a non-head sender, ``"embed"`` or an MLP, along with the heads), straight
+    through: the backward runs through the writer as if unedited."""
+    return site, Edit(torch.ones((), dtype=torch.bool), clean + alpha * (corrupt - clean), straight_through=True)
 
 
 def _direct_gradients(
