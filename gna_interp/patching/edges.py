@@ -49,7 +49,11 @@ gives ``J_s^T K_r^T g_r`` at every sender at once.
 factors are evaluated at ``k`` points ``alpha = 0, 1/k, ..., (k-1)/k`` (a left Riemann
 sum, so ``steps=1`` is the first-order score) and averaged; at ``alpha`` the run is the
 clean run with *every* sender's output set to ``clean + alpha * delta`` (MLPs, norms and
-every other head free), and heads are frozen at their values in that run. Cost: ``k``
+every other head free), and heads are frozen at their values in that run. The senders
+are set straight through (`Edit` with ``straight_through=True``): the forward value is
+the interpolated one, and the backward runs through every sender as in an unedited run,
+so ``g_r`` is at every point, ``alpha = 0`` included, the full gradient at ``r``'s output
+(paths through senders downstream of ``r`` too), as EAP-IG defines it. Cost: ``k``
 times the above. All senders move together, so this is the EAP-IG approximation: it does
 not integrate each edge's own path-patching curve, and the sum over senders need not
 match the sum of their separate path-patching effects (measured in docs/attribution.md, "Edge attribution").

@@ -48,10 +48,10 @@ def mlp_input_gradients(
 ) -> dict[int, Tensor]:
     """``d metric / d (MLP l's own input)`` ``[batch, pos, d_model]`` for each layer of
     ``layers``: the point run's gradient at the MLP's output (``grads``), pulled back through
-    the MLP and its norm at the point run's input (``point``), so that an MLP whose output
-    the point run sets (an interpolated sender) still passes its receiver's gradient on, as
-    `_direct_gradients` does for heads. One stacked forward, one copy per layer, each
-    copy's MLP input a leaf."""
+    the MLP and its norm at the point run's input (``point``), as `_direct_gradients` does
+    for heads (an MLP whose output the point run sets, an interpolated sender, is set
+    straight through: ``grads`` already runs through everything downstream). One stacked
+    forward, one copy per layer, each copy's MLP input a leaf."""
     n_rows, n_copies = batch.n_rows, len(layers)
     plan = Plan()
     plan.extend(base.tiled(n_rows, n_copies))
