@@ -180,7 +180,10 @@ def test_a_wide_layer_the_layer_scan_clears_is_neither_ranked_nor_ablated():
     assert circuit.cost["backwards"] == 0 and circuit.attribution is None
     assert "no attribution" in circuit.settings["prescreen"]
     assert all(v is None for v in circuit.head_scan[2]) and "group_testing" not in circuit.settings
-    assert circuit.cost["forwards"] == 1 + 1 + 3  # the clean run, the label check and the layer scan
+    # the clean run, the label check and the screened layer scan: layer 2 alone (the last
+    # layer: the truncation to 2 layers), the truncation to 1 layer (it costs), layers 1 and 0 alone
+    assert circuit.cost["forwards"] == 1 + 1 + 4
+    assert circuit.settings["layer_scan"] == {"skipped": [[0, 0], [1, 1], [2, 2]], "tests": 4}
 
 
 @pytest.mark.slow
@@ -227,7 +230,10 @@ def test_only_a_block_that_is_its_one_mixer_is_cleared_by_the_layer_scan(monkeyp
         grouped.append(list(kwargs.get("grouped", ())))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(layer_scans, "layer_scan", lambda model, task, progress=False: [1.0] * model.n_layers)  # clears every layer
+    def clears_every_layer(model, task, clean, min_effect, progress=False):
+        return layer_scans.LayerScan([1.0] * model.n_layers, [(layer, layer) for layer in range(model.n_layers)], 0)
+
+    monkeypatch.setattr(layer_scans, "screened_layer_scan", clears_every_layer)
     monkeypatch.setattr(head_scans, "prescreen", spy)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -7,8 +7,8 @@ cached clean prefix at layer ``l`` costs ``(L - l) / L`` of one. The estimate co
 
 - fixed: the baseline, the label check, the truncation scan (nothing locally: each
   truncation starts from the cached prefix at its last kept layer and runs no block;
-  ``(L + 1) / 2`` on a remote model, which has no prefix cache), the layer scan (``(L - 1)
-  / 2 + 1 / L`` locally, from cached prefixes; ``L - 1`` remotely), the pattern scores
+  ``(L + 1) / 2`` on a remote model, which has no prefix cache), the layer scan (locally
+  screened in groups from cached prefixes, `SCREEN_PASSES`; ``L - 1`` remotely), the pattern scores
   (one), the confirmation (about six) and MIB's circuit score (a clean and a corrupt forward,
   and a pass per circuit size);
 - the head scan: each head of the scanned layers ablated once, ``(L - l) / L`` per head;
@@ -41,6 +41,12 @@ ENTRY_JOINT_PER_CANDIDATE = 3.5
 """Passes per candidate head (weighted by its layer's prefix share) for the entry scan, the
 joint search and the confirmation curves."""
 
+SCREEN_PASSES = 2.0
+"""The screened layer scan's passes on a local model (`layer_scans.screen_layers`): about
+four forwards from cached prefixes near the middle (2.06 on the 32-layer deep toys; at most
+``(L - 1) / 2``, every layer alone). A model whose every layer costs accuracy takes up to
+twice ``(L - 1) / 2``."""
+
 RANGE = 1.6
 """The estimate's range: ``mid / RANGE`` to ``mid * RANGE`` (the stated factor)."""
 
@@ -72,7 +78,7 @@ def estimate_passes(
     if "truncation" in stages:
         per["truncation"] = 0.0 if cached else (n_layers + 1) / 2
     if "layers" in stages:
-        per["layers"] = (n_layers - 1) / 2 + 1 / n_layers if cached else n_layers - 1.0
+        per["layers"] = min(SCREEN_PASSES, (n_layers - 1) / 2) if cached else n_layers - 1.0
     heads = [(layer, model.heads_per_layer[layer]) for layer in layers]
     total = sum(h for _, h in heads)
     if "heads" in stages:

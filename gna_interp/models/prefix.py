@@ -57,13 +57,15 @@ class PrefixCache:
         return digest.digest()
 
     def layers_to_keep(self, batch: Batch) -> list[int]:
-        """Layers ``1 .. L`` at the smallest stride that keeps one entry within budget / 8."""
+        """Layers ``1 .. L`` at the smallest stride that keeps one entry within budget / 8,
+        and layer 0 (the embeddings) at stride 1: a forward that skips blocks ``0 .. k-1``
+        with nothing else before block ``k`` starts there (the layer scan's groups)."""
         n_layers = self.n_layers
         per_layer = batch.n_rows * batch.n_pos * self.d_model * 4
         stride = 1
         while stride < n_layers and per_layer * len(range(stride, n_layers + 1, stride)) > self.max_bytes // 8:
             stride += 1
-        return sorted({*range(stride, n_layers + 1, stride), n_layers})
+        return sorted({*range(stride, n_layers + 1, stride), n_layers} | ({0} if stride == 1 else set()))
 
     def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), logits_to_keep: int = 0) -> RunOutput:
         """``backend.run(batch, plan, capture, logits_to_keep=...)``, from the cached clean
@@ -74,7 +76,7 @@ class PrefixCache:
         if plan.start is not None:
             return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
         first, resume = plan.reusable_start(n_layers, capture)
-        if first == 0:
+        if resume == 0:
             return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
         key = self.key(batch)
         entry = self.entries.get(key)
@@ -89,8 +91,8 @@ class PrefixCache:
         if not plan and all(site.kind is SiteKind.RESID and site.layer in entry for site in capture):
             out = backend.run(batch, Plan(start=(n_layers, entry[n_layers])), logits_to_keep=keep)
             return RunOutput(logits=out.logits, acts={site: entry[site.layer] for site in capture})
-        source = max((layer for layer in entry if layer <= first), default=0)
-        if source == 0:
+        source = max((layer for layer in entry if layer <= first), default=None)
+        if source is None or (source == 0 and resume == 0):
             return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
         start = resume if source == first else source  # past fully skipped blocks only from `first` itself
         resumed = Plan(edits=plan.edits, skips=plan.skips, start=(start, entry[source]))
