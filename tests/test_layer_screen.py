@@ -120,8 +120,21 @@ def test_skipping_the_first_layers_starts_from_the_cached_embeddings(family):
     batch = task.encode().batch
     cases = {(SkipLayers([0, 1]),): 0.5, (Truncate(0),): 0.0, (SkipLayers([0]),): 0.75, (SkipLayers([0, 2]),): 0.75}
     expected = {case: model.logits(batch, list(case)) for case in cases}
-    with model.prefix_cache(), gna.cost_meter(model) as cost:
+    with model.prefix_cache() as cache, gna.cost_meter(model) as cost:
         model.logits(batch)
+        for case, passes in cases.items():
+            before = cost.block_rows
+            assert torch.equal(model.logits(batch, list(case)), expected[case]), case
+            assert (cost.block_rows - before) / (batch.n_rows * 4) == pytest.approx(passes), case
+        assert cache.layers_to_keep(batch) == [0, 1, 2, 3, 4]
+    # a cache that keeps every second layer keeps the embeddings too; a forward whose first
+    # touched block is 1 starts from scratch there, as before (no cached layer at 1)
+    per_layer = batch.n_rows * batch.n_pos * model.d_model * 4
+    cases |= {(SkipLayers([1]),): 1.0}
+    expected[SkipLayers([1]),] = model.logits(batch, [SkipLayers([1])])
+    with model.prefix_cache(max_mb=32 * per_layer / 2**20) as cache, gna.cost_meter(model) as cost:
+        model.logits(batch)
+        assert cache.layers_to_keep(batch) == [0, 2, 4]
         for case, passes in cases.items():
             before = cost.block_rows
             assert torch.equal(model.logits(batch, list(case)), expected[case]), case
