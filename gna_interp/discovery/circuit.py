@@ -31,7 +31,10 @@ class GnaCircuit:
             it ran, else the most harmful heads of the role, cumulatively. Its accuracy is
             with those heads ablated at every position; its ``curve``, accuracy as the set
             grew, with each head's name.
-        truncation, layer_scan: per layer, accuracy keeping layers ``0..l`` / skipping ``l``.
+        truncation, layer_scan: per layer, accuracy keeping layers ``0..l`` / skipping ``l``;
+            a layer the screened layer scan cleared in a group (`layer_scans.screen_layers`)
+            holds its group's accuracy, with the layers skipped in
+            ``settings["layer_scan"]["skipped"][l]`` (``[l, l]``: skipped alone).
         head_scan: ``[layer][head]`` single-ablation accuracy (``None``: not scanned).
         critical_layer: from the truncation scan (``None``: no jump found).
         path_patching: the Gather -> Aggregate edge, at the final position: the logit of

@@ -7,19 +7,21 @@ cached clean prefix at layer ``l`` costs ``(L - l) / L`` of one. The estimate co
 
 - fixed: the baseline, the label check, the truncation scan (nothing locally: each
   truncation starts from the cached prefix at its last kept layer and runs no block;
-  ``(L + 1) / 2`` on a remote model, which has no prefix cache), the layer scan (``(L - 1)
-  / 2 + 1 / L`` locally, from cached prefixes; ``L - 1`` remotely), the pattern scores
+  ``(L + 1) / 2`` on a remote model, which has no prefix cache), the layer scan (locally
+  screened in groups from cached prefixes, `SCREEN_PASSES`; ``2 (L - 1)`` remotely, every
+  range the screen may ask for in one request), the pattern scores
   (one), the confirmation (about six) and MIB's circuit score (a clean and a corrupt forward,
   and a pass per circuit size);
 - the head scan: each head of the scanned layers ablated once, ``(L - l) / L`` per head;
   past ``prescreen_above`` heads only the ``prescreen_keep`` ranked heads (plus an
-  attribution pass), and for each layer of more than ``screen_above`` heads about
+  attribution pass; each at the mean share ``(L + 1) / (2 L)``, its layer unknown), and for each layer of more than ``screen_above`` heads about
   ``2 k log2 N`` group tests (``k = 1``: one costly group);
 - the candidates (at most ``max_candidates``): their entry scan, joint search and
   confirmation curves, about ``ENTRY_JOINT_PER_CANDIDATE`` weighted passes each.
 
-Calibrated on the bundled toys at 64 prompts (measured / middle 0.9 - 1.4: Llama 1.07, Mamba-2 1.20, FalconH1 1.39, Mamba 0.92)
-and the 32-layer deep toys at 200 prompts (Llama 0.67, Mamba-2 1.00); it is stated
+Calibrated on the bundled toys at 64 prompts (measured / middle 0.9 - 1.4: Llama 1.07, Mamba-2 1.20, FalconH1 1.39, Mamba 0.92;
+measured before the screened layer scan, which takes half a pass off both at 2 layers)
+and the 32-layer deep toys at 200 prompts (Llama 0.76, Mamba-2 1.19, with the screened layer scan); it is stated
 as a range, ``low = mid / RANGE`` to ``high = mid * RANGE``. A model at chance stops after
 the baseline (one pass), below the range.
 """
@@ -40,6 +42,12 @@ if TYPE_CHECKING:
 ENTRY_JOINT_PER_CANDIDATE = 3.5
 """Passes per candidate head (weighted by its layer's prefix share) for the entry scan, the
 joint search and the confirmation curves."""
+
+SCREEN_PASSES = 2.0
+"""The screened layer scan's passes on a local model (`layer_scans.screen_layers`): about
+four forwards from cached prefixes near the middle (2.06 on the 32-layer deep toys; at most
+``(L - 1) / 2``, every layer alone). A model whose every layer costs accuracy takes up to
+twice ``(L - 1) / 2``."""
 
 RANGE = 1.6
 """The estimate's range: ``mid / RANGE`` to ``mid * RANGE`` (the stated factor)."""
@@ -72,7 +80,7 @@ def estimate_passes(
     if "truncation" in stages:
         per["truncation"] = 0.0 if cached else (n_layers + 1) / 2
     if "layers" in stages:
-        per["layers"] = (n_layers - 1) / 2 + 1 / n_layers if cached else n_layers - 1.0
+        per["layers"] = min(SCREEN_PASSES, (n_layers - 1) / 2) if cached else 2 * (n_layers - 1.0)
     heads = [(layer, model.heads_per_layer[layer]) for layer in layers]
     total = sum(h for _, h in heads)
     if "heads" in stages:
@@ -82,8 +90,9 @@ def estimate_passes(
         else:
             wide = [(layer, h) for layer, h in heads if h > screen_above]
             tests = sum(2 * math.log2(h) * share(layer) for layer, h in wide)
-            per["heads"] = 2.0 + prescreen_keep * 0.75 + tests  # attribution, ranked heads, group tests
-            candidates = min(max_candidates, 4) * 0.75  # past the prescreen, few heads stay harmful
+            anywhere = (n_layers + 1) / (2 * n_layers)  # a head's share of a pass, its layer unknown: the mean over layers
+            per["heads"] = 2.0 + prescreen_keep * anywhere + tests  # attribution, ranked heads, group tests
+            candidates = min(max_candidates, 4) * anywhere  # past the prescreen, few heads stay harmful
         if "entry" in stages or "joint" in stages or "confirm" in stages:
             per["entry, joint"] = ENTRY_JOINT_PER_CANDIDATE * candidates
     if "roles" in stages:

@@ -20,8 +20,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ..core.heads import Head
+
+Member = TypeVar("Member")
 
 
 @dataclass
@@ -219,14 +222,15 @@ def block_size(n_heads: int) -> int:
     return max(SINGLES_AT, 2 ** round(math.log2(max(1.0, math.sqrt(n_heads / 2)))))
 
 
-def masked_parts(parts: list[list[Head]], effects: Sequence[float], effect: float, min_effect: float) -> list[list[Head]]:
+def masked_parts(parts: list[list[Member]], effects: Sequence[float], effect: float, min_effect: float) -> list[list[Member]]:
     """The parts of a measured split that `group_testing` searches though they cost nothing:
     where the split's halves (``parts``, ``effects`` below clean) do not add up to the
     group's own ``effect`` (by ``min_effect`` or more, either way) and one half costs
     ``min_effect``, the other half's heads interact, so its cost of nothing may hide a
     head that costs ``min_effect`` alone (heads whose effects cancel: the trained Mamba-1
     toy's L1H92, 0.035 alone, in a half that costs nothing). Decided from values already
-    measured; not for single heads (``parts`` of one head each: measured alone already)."""
+    measured; not for single heads (``parts`` of one head each: measured alone already).
+    The members may be heads or layers (`layer_scans.screen_layers` splits groups of layers)."""
     if len(parts) < 2 or all(len(part) == 1 for part in parts) or max(effects) < min_effect:
         return []
     if abs(effect - sum(effects)) < min_effect:

@@ -25,6 +25,7 @@ from ..patching.sweeps import ablation_sweep
 from ..progress import progress_bar
 from .group_testing import Measure, SpreadGroup, StagedGroupTesting, group_testing, search_needed
 from .memo import accuracy as _accuracy
+from .memo import remember
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
@@ -273,5 +274,8 @@ def _single_ablations(model: GnaModel, task: Task, heads: list[Head], progress: 
     if encoded.single_token:  # one batched sweep, scored by candidate accuracy
         metric = candidate_accuracy(encoded.candidate_ids, encoded.correct)
         sweep = ablation_sweep(model, task, metric, heads=heads, progress=progress)
-        return {h: float(sweep.scores[h.layer, h.head]) for h in heads}
+        found = {h: float(sweep.scores[h.layer, h.head]) for h in heads}
+        for head, value in found.items():  # the share of prompts right, as `evaluate` states it (k / n)
+            remember(model, task, [Ablate([head])], round(value * len(task)) / len(task))
+        return found
     return {h: _accuracy(model, task, [Ablate([h])]) for h in progress_bar(heads, show=progress, desc="head scan")}

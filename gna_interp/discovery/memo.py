@@ -119,7 +119,8 @@ def accuracy(model: GnaModel, task: Task, interventions: Sequence[Intervention] 
 def remember(model: GnaModel, task: Task, interventions: Sequence[Intervention], value: float) -> bool:
     """Record ``value`` as the accuracy of ``interventions`` in the open `accuracy_memo` (a
     measurement known to give exactly what they would: ``discover`` records the layer scan's
-    value of a layer as its every head ablated, where the two are the same forward). Returns
+    value of a layer as its every head ablated, where the two are the same forward, and the
+    head scan's sweep of single ablations, the same prompts right in stacked copies). Returns
     whether it was recorded (no memo open for ``model``, or interventions it cannot key: no)."""
     memo = _MEMO.get()
     key = _memo_entry(memo, model, task, interventions)

@@ -323,7 +323,7 @@ def _stages(
         bar.stage("label check")
         stage.label_check(model, task, circuit, chance + chance_margin, evaluate_bars, None if first is None else first.shuffled)
     bar.stage("layer scans")
-    stage.layer_stages(model, task, circuit, stages, first, progress)
+    stage.layer_stages(model, task, circuit, stages, first, thresholds.min_effect, progress)
     if "heads" not in stages:
         return circuit
     only: list[Head] | None = None

@@ -36,11 +36,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..core.heads import Head
-from ..core.interventions import Ablate, Intervention, SkipLayers, Truncate
+from ..core.interventions import Ablate, Intervention, Truncate
 from ..core.plan import Plan, Site, SiteKind
 from ..evaluation import Evaluation, _single_token_chunks, evaluate_many, evaluate_with_logits
 from ..models.jobs import is_batched_remote
 from ..tasks.mcq import shuffle_labels
+from . import layer_scans
 from .circuit import GnaCircuit
 from .entry import segment_positions
 from .evidence import HeadEvidence, RoleNeed
@@ -64,7 +65,9 @@ class FirstScans:
     clean: Evaluation
     shuffled: float | None
     truncation: list[float] | None
-    layer_scan: list[float] | None
+    layer_ranges: dict[tuple[int, int], float]
+    """Accuracy with layers ``first..last`` skipped, for every range the screened layer scan
+    may ask for (`layer_scans.screen_ranges`)."""
     groups: dict[tuple[Head, ...], float]
     """Accuracy with each group of ``groups`` ablated (`group_testing.staged_group_testing`'s first stage)."""
 
@@ -90,8 +93,11 @@ def first_scans(model: GnaModel, task: Task, stages: Any, check_labels: bool, gr
     n_layers = model.n_layers
     if "truncation" in stages:
         runs += [(task, [Truncate(k)]) for k in range(1, n_layers + 1)]
-    if "layers" in stages:
-        runs += [(task, [SkipLayers([layer])]) for layer in range(n_layers)]
+    ranges = layer_scans.screen_ranges(n_layers) if "layers" in stages else []
+    if "truncation" in stages:  # the truncations are measured already
+        ranges = [(a, b) for a, b in ranges if a == 0 or b < n_layers - 1]
+    first_range = len(runs)
+    runs += [(task, layer_scans.skip_range(a, b, n_layers)) for a, b in ranges]
     first_group = len(runs)
     runs += [(task, [Ablate(list(group))]) for group in groups]
     evaluations = evaluate_many(model, runs)
@@ -99,9 +105,10 @@ def first_scans(model: GnaModel, task: Task, stages: Any, check_labels: bool, gr
     measured = {tuple(group): value for group, value in zip(groups, results[first_group:], strict=True)}
     at = 2 if relabelled is not None else 1
     truncation = results[at : at + n_layers] if "truncation" in stages else None
-    at += n_layers if "truncation" in stages else 0
-    layer_scan = results[at : at + n_layers] if "layers" in stages else None
-    return FirstScans(evaluations[0], results[1] if relabelled is not None else None, truncation, layer_scan, measured)
+    layer_ranges = dict(zip(ranges, results[first_range:first_group], strict=True))
+    if "layers" in stages and truncation is not None:
+        layer_ranges |= {(k, n_layers - 1): truncation[k - 1] for k in range(1, n_layers)}
+    return FirstScans(evaluations[0], results[1] if relabelled is not None else None, truncation, layer_ranges, measured)
 
 
 def pool_heads(model: GnaModel, harmful: list[Head], evidence: dict[Head, HeadEvidence], screen_above: int) -> list[Head]:

@@ -120,15 +120,24 @@ def baseline(model: GnaModel, task: Task, clean: Evaluation, chance_margin: floa
     )
 
 
-def layer_stages(model: GnaModel, task: Task, circuit: GnaCircuit, stages: Sequence[str], first: Any, progress: bool) -> None:
-    """The truncation scan with its critical layer, and the layer scan (measured in a remote
-    run's ``first`` request already)."""
+def layer_stages(
+    model: GnaModel, task: Task, circuit: GnaCircuit, stages: Sequence[str], first: Any, min_effect: float, progress: bool
+) -> None:
+    """The truncation scan with its critical layer, and the layer scan, screened in groups
+    (`layer_scans.screen_layers`; a remote run's ``first`` request measured every group it
+    may ask for). ``circuit.settings["layer_scan"]``: per layer, the layers skipped in the
+    forward that gave its ``circuit.layer_scan`` value, and the forwards the screen asked for."""
     clean, chance = circuit.accuracy["clean"], circuit.accuracy["chance"]
     if "truncation" in stages:
         circuit.truncation = layer_scans.truncation_scan(model, task, progress=progress) if first is None else first.truncation
         circuit.critical_layer = layer_scans.critical_layer(circuit.truncation, clean, chance)  # type: ignore[arg-type]
     if "layers" in stages:
-        circuit.layer_scan = layer_scans.layer_scan(model, task, progress=progress) if first is None else first.layer_scan
+        if first is None:
+            scan = layer_scans.screened_layer_scan(model, task, clean, min_effect, progress=progress)
+        else:
+            scan = layer_scans.screen_layers(model.n_layers, clean, min_effect, lambda a, b: first.layer_ranges[a, b])
+        circuit.layer_scan = scan.accuracy
+        circuit.settings["layer_scan"] = {"skipped": [list(pair) for pair in scan.skipped], "tests": scan.tests}
 
 
 def prescreen_stage(

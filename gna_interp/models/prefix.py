@@ -13,9 +13,10 @@ The numbers do not change: the cached stream is the one the full forward would c
 on that batch, and everything after it runs as before (tests compare to 1e-5).
 
 Memory: one entry holds ``rows x pos x d_model`` floats per cached layer. Entries keep
-every ``stride``-th layer, the smallest stride that keeps one entry under an eighth of
-``max_mb`` (a forward then starts at the latest cached layer at or before its first
-touched one); the least recently used entry is dropped beyond ``max_mb``. Remote models
+the embeddings (the stream entering block 0: a forward that skips blocks ``0 .. k-1``
+starts at block ``k`` from them) and every ``stride``-th layer, the smallest stride that
+keeps one entry under an eighth of ``max_mb`` (a forward then starts at the latest cached
+layer at or before its first touched one); the least recently used entry is dropped beyond ``max_mb``. Remote models
 (NDIF) get no cache: their residuals would travel both ways; sessions reuse the prefix
 on the server instead. The model must not change inside the block.
 """
@@ -57,13 +58,15 @@ class PrefixCache:
         return digest.digest()
 
     def layers_to_keep(self, batch: Batch) -> list[int]:
-        """Layers ``1 .. L`` at the smallest stride that keeps one entry within budget / 8."""
+        """Layer 0 (the embeddings: a forward that skips blocks ``0 .. k-1`` with nothing else
+        before block ``k`` starts there, as the layer scan's groups do) and layers ``1 .. L``
+        at the smallest stride that keeps one entry within budget / 8."""
         n_layers = self.n_layers
         per_layer = batch.n_rows * batch.n_pos * self.d_model * 4
         stride = 1
-        while stride < n_layers and per_layer * len(range(stride, n_layers + 1, stride)) > self.max_bytes // 8:
+        while stride < n_layers and per_layer * (1 + len(range(stride, n_layers + 1, stride))) > self.max_bytes // 8:
             stride += 1
-        return sorted({*range(stride, n_layers + 1, stride), n_layers})
+        return sorted({0, *range(stride, n_layers + 1, stride), n_layers})
 
     def run(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), logits_to_keep: int = 0) -> RunOutput:
         """``backend.run(batch, plan, capture, logits_to_keep=...)``, from the cached clean
@@ -74,7 +77,7 @@ class PrefixCache:
         if plan.start is not None:
             return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
         first, resume = plan.reusable_start(n_layers, capture)
-        if first == 0:
+        if resume == 0:
             return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
         key = self.key(batch)
         entry = self.entries.get(key)
@@ -89,8 +92,8 @@ class PrefixCache:
         if not plan and all(site.kind is SiteKind.RESID and site.layer in entry for site in capture):
             out = backend.run(batch, Plan(start=(n_layers, entry[n_layers])), logits_to_keep=keep)
             return RunOutput(logits=out.logits, acts={site: entry[site.layer] for site in capture})
-        source = max((layer for layer in entry if layer <= first), default=0)
-        if source == 0:
+        source = max((layer for layer in entry if layer <= first), default=None)
+        if source is None or (source == 0 and first > 0):  # the embeddings serve only a forward that skips block 0 on
             return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
         start = resume if source == first else source  # past fully skipped blocks only from `first` itself
         resumed = Plan(edits=plan.edits, skips=plan.skips, start=(start, entry[source]))
