@@ -14,7 +14,8 @@ cached clean prefix at layer ``l`` costs ``(L - l) / L`` of one. The estimate co
   and a pass per circuit size);
 - the head scan: each head of the scanned layers ablated once, ``(L - l) / L`` per head;
   past ``prescreen_above`` heads only the ``prescreen_keep`` ranked heads (plus an
-  attribution pass; each at the mean share ``(L + 1) / (2 L)``, its layer unknown), and for each layer of more than ``screen_above`` heads about
+  attribution pass; each at the mean share ``(L + 1) / (2 L)``, its layer unknown), and
+  for each layer of more than ``screen_above`` heads about
   ``2 k log2 N`` group tests (``k = 1``: one costly group);
 - the candidates (at most ``max_candidates``): their entry scan, joint search and
   confirmation curves, about ``ENTRY_JOINT_PER_CANDIDATE`` weighted passes each.
