@@ -33,7 +33,6 @@ from _common import parser, set_threads
 
 import gna_interp as gna
 
-gna.set_progress(False)
 RESULTS = Path(__file__).resolve().parent / "results" / "ssm_claims.json"
 
 # The bundled label-reading toys (the Mamba-2 and the hybrid read their option labels; see their cards).
@@ -377,6 +376,7 @@ def main() -> None:
     arguments.add_argument("--json", type=Path, default=RESULTS, help="the results file (each part replaces its key)")
     arguments.add_argument("--kv-models", nargs="+", choices=sorted(KV_MODELS), help="part d: train only these (the others' rows are kept)")
     args = arguments.parse_args()
+    gna.set_progress(False)  # here, not at import: the suite imports this file's building blocks
     set_threads(args.threads)
     for part in args.parts:
         figures = json.loads(args.json.read_text()) if args.json.exists() else {}

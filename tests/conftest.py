@@ -144,6 +144,18 @@ def no_hooks_left(model) -> bool:
     return no_hooks_anywhere(model.hf_model)
 
 
+@pytest.fixture(autouse=True)
+def _progress_switch_restored():
+    """`gna.set_progress` is process-wide: whatever a test (or a file it runs in-process, such
+    as a benchmark or an example) sets, the next test starts with the switch as it was.
+    benchmarks/ssm_claims.py turned it off at import and silenced `test_claims.py`'s bar."""
+    from gna_interp import progress
+
+    was = progress._enabled
+    yield
+    progress.set_progress(was)
+
+
 DEMO_TEST_PROMPTS = 48
 """Prompts per model in the suite's demo run (`gna-interp demo` uses 200): the same code, a
 quarter of the work."""
