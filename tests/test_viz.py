@@ -138,3 +138,16 @@ def test_inlined_scripts_run_headless(tmp_path, mamba, llama_tlens):
     assert all(f'<div id="{call["id"]}" style="margin: 15px 0;"></div>' in text for call in calls), "each view's element, closed"
     assert text.count(bundle_script()) == 1, "one bundle for both panels"
     assert calls[0]["tokens"] == ["<bos>", *PROMPTS[0].split()] and calls[1]["tokens"] == ["<bos>", *PROMPTS[1].split()]
+
+
+def test_the_scan_figure_marks_layers_cleared_in_a_group():
+    """A layer the screened layer scan cleared in a group holds its group's value: drawn
+    hollow and named as such, never as a layer skipped alone."""
+    from gna_interp.viz.figures import scan_figure
+
+    scan = [0.97, 0.97, 0.28, 0.23]
+    grouped = scan_figure(None, scan, 0.97, 0.25, [[0, 1], [0, 1], [2, 2], [3, 3]])
+    alone = scan_figure(None, scan, 0.97, 0.25, [[0, 0], [1, 1], [2, 2], [3, 3]])
+    assert grouped is not None and "cleared in a group" in grouped
+    assert alone is not None and "cleared in a group" not in alone
+    assert "cleared in a group" not in (scan_figure(None, scan, 0.97, 0.25) or "")

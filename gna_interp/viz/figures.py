@@ -153,20 +153,35 @@ def needs_figure(curves: Sequence[tuple[str, list[str], list[float], bool]], cle
     return to_svg(draw, (min(7.2, max(3.2, width)), 2.9))
 
 
-def scan_figure(truncation: list[float] | None, layer_scan: list[float] | None, clean: float, chance: float) -> str | None:
-    """Accuracy per layer: keeping layers ``0..l``, and skipping layer ``l``."""
+def scan_figure(
+    truncation: list[float] | None,
+    layer_scan: list[float] | None,
+    clean: float,
+    chance: float,
+    skipped: list[list[int]] | None = None,
+) -> str | None:
+    """Accuracy per layer: keeping layers ``0..l``, and skipping layer ``l``. ``skipped[l]``
+    (``settings["layer_scan"]["skipped"]``): the layers skipped in the forward that gave
+    layer ``l``'s value; a layer cleared in a group is drawn hollow (its group's value)."""
     if truncation is None and layer_scan is None:
         return None
+    grouped = [layer for layer, (first, last) in enumerate(skipped or []) if first != last]
 
     def draw(figure: Any) -> None:
         axes = figure.add_subplot(1, 1, 1)
         if truncation is not None:
             axes.plot(range(len(truncation)), truncation, "o-", label="keep layers 0..l")
         if layer_scan is not None:
-            axes.plot(range(len(layer_scan)), layer_scan, "s--", label="skip layer l")
+            alone = [layer for layer in range(len(layer_scan)) if layer not in grouped]
+            axes.plot(range(len(layer_scan)), layer_scan, "--", color="C1", lw=0.8)
+            axes.plot(alone, [layer_scan[layer] for layer in alone], "s", color="C1", label="skip layer l")
+            if grouped:
+                values = [layer_scan[layer] for layer in grouped]
+                axes.plot(grouped, values, "s", color="C1", mfc="none", label="cleared in a group (its value)")
         axes.axhline(clean, color="green", lw=0.8, label="clean")
         axes.axhline(chance, color="gray", lw=0.8, ls=":", label="chance")
-        axes.set_xticks(range(len(truncation or layer_scan or [])))
+        n_layers = len(truncation or layer_scan or [])
+        axes.set_xticks(range(0, n_layers, max(1, -(-n_layers // 16))))
         axes.set_xlabel("layer")
         axes.set_ylabel("accuracy")
         axes.set_ylim(0, 1.02)

@@ -357,7 +357,13 @@ def _section(
         parts.append("<h3>The G&amp;A picture, averaged over the task</h3>")
         parts.append(_picture_html(circuit, picture, model, task))
     scans = [
-        figures.scan_figure(circuit.truncation, circuit.layer_scan, circuit.accuracy["clean"], circuit.accuracy["chance"]),
+        figures.scan_figure(
+            circuit.truncation,
+            circuit.layer_scan,
+            circuit.accuracy["clean"],
+            circuit.accuracy["chance"],
+            circuit.settings.get("layer_scan", {}).get("skipped"),
+        ),
         figures.head_scan_figure(circuit.head_scan),
     ]
     if any(svg is not None for svg in scans):
