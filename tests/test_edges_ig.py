@@ -366,3 +366,20 @@ def test_straight_through_edit_against_raw_hooks(models, name):
         cut = runs[False][1].flatten(2)
         assert float((got - cut).abs().max()) > 10 * float((got - want).abs().max()) + 1e-4, site  # the cut differs
     assert no_hooks_left(model)
+
+
+def test_stacked_variants_refuse_a_straight_through_edit(models):
+    """`stacked_plan` merges a site's edits into one plain `Edit`: a straight-through one would
+    lose its flag there, so it is refused rather than silently turned into a plain edit."""
+    from gna_interp.core.plan import Edit, Plan
+    from gna_interp.patching.variants import Variant, stacked_plan
+
+    model = models[1]["llama-tlens"]
+    batch = model.to_batch(CLEAN)
+    site = model.head_site(gna.Head(0, 0))[0]
+    value = torch.zeros((batch.n_rows, batch.n_pos, *model.site_shape(site)))
+    mask = torch.ones((*value.shape[:-1], 1), dtype=torch.bool)
+    plain, through = Variant([(site, Edit(mask, value))]), Variant([(site, Edit(mask, value, straight_through=True))])
+    assert stacked_plan(model, batch, Plan(), [plain, plain]) is not None
+    with pytest.raises(NotImplementedError, match="straight-through"):
+        stacked_plan(model, batch, Plan(), [plain, through])

@@ -173,6 +173,9 @@ def score_table(
 
 def stacked_plan(model: GnaModel, batch: Batch, base: Plan, chunk: Sequence[Variant]) -> Plan:
     n_rows, n_pos, copies = batch.n_rows, batch.n_pos, len(chunk)
+    if any(edit.straight_through for variant in chunk for _, edit in variant.edits):
+        # the stacking below merges edits into one plain Edit per site: it would drop the flag
+        raise NotImplementedError("stacked variants with a straight-through Edit: not supported (nothing builds one)")
     plan = base.tiled(n_rows, copies)
     sites = sorted({site for variant in chunk for site, _ in variant.edits})
     device = model.device  # edit values are captured on the model's device (a GPU's)
