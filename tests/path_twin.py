@@ -123,8 +123,9 @@ def _columns(m: Mixer, heads: list[int]) -> list[int]:
     return [col for h in heads for col in range(h * m.head_dim, (h + 1) * m.head_dim)]
 
 
-def _run(hf, batch, hooks):
-    """Logits with ``hooks`` = [(module, "pre" | "pre_kw" | "post", fn)] registered; all removed after."""
+def _run(hf, batch, hooks, grad: bool = False):
+    """Logits with ``hooks`` = [(module, "pre" | "pre_kw" | "post", fn)] registered; all removed after.
+    ``grad``: keep the autograd graph (a twin that differentiates)."""
     handles = []
     try:
         for module, kind, fn in hooks:
@@ -132,7 +133,7 @@ def _run(hf, batch, hooks):
                 handles.append(module.register_forward_hook(fn))
             else:
                 handles.append(module.register_forward_pre_hook(fn, with_kwargs=kind == "pre_kw"))
-        with torch.no_grad():
+        with torch.set_grad_enabled(grad):
             return hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
     finally:
         for handle in handles:

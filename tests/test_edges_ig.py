@@ -62,17 +62,7 @@ def models(tokenizer):
 
 
 def _run(hf, batch, hooks):
-    handles = []
-    try:
-        for module, kind, fn in hooks:
-            if kind == "post":
-                handles.append(module.register_forward_hook(fn))
-            else:
-                handles.append(module.register_forward_pre_hook(fn, with_kwargs=kind == "pre_kw"))
-        return hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
-    finally:
-        for handle in handles:
-            handle.remove()
+    return path_twin._run(hf, batch, hooks, grad=True)
 
 
 def _hidden(args, kwargs):

@@ -274,8 +274,12 @@ def _single_ablations(model: GnaModel, task: Task, heads: list[Head], progress: 
     if encoded.single_token:  # one batched sweep, scored by candidate accuracy
         metric = candidate_accuracy(encoded.candidate_ids, encoded.correct)
         sweep = ablation_sweep(model, task, metric, heads=heads, progress=progress)
-        found = {h: float(sweep.scores[h.layer, h.head]) for h in heads}
-        for head, value in found.items():  # the share of prompts right, as `evaluate` states it (k / n)
-            remember(model, task, [Ablate([head])], round(value * len(task)) / len(task))
+        # the share of prompts right, as `evaluate` states it (k / n): the sweep's float32 mean
+        # differs in its last bit between devices (40 / 48: 0.83333331 on a CPU, 0.83333337 on
+        # an H100), which reordered tied heads
+        n = len(task)
+        found = {h: round(float(sweep.scores[h.layer, h.head]) * n) / n for h in heads}
+        for head, value in found.items():
+            remember(model, task, [Ablate([head])], value)
         return found
     return {h: _accuracy(model, task, [Ablate([h])]) for h in progress_bar(heads, show=progress, desc="head scan")}

@@ -364,9 +364,7 @@ def _stages(
     measured = role_scores(model, encoded, [*candidates, *ahead], pattern_prompts) if "roles" in stages and candidates else {}
     if "roles" in stages and candidates:
         stage.role_stage(model, task, evidence, candidates, harmful, measured, thresholds, clean.accuracy)
-    # Accuracies are k / n in float32: rounded, so that a CPU and a GPU run (whose means differ
-    # in the last bit: 0.83333331 vs 0.83333337 on an H100) list a role's heads in one order.
-    by_harm = sorted(evidence.values(), key=lambda e: (round(e.ablated_accuracy if e.ablated_accuracy is not None else 1.0, 6), e.head))
+    by_harm = sorted(evidence.values(), key=lambda e: (e.ablated_accuracy if e.ablated_accuracy is not None else 1.0, e.head))
     circuit.gather = [e.head for e in by_harm if e.role == "gather"]
     circuit.aggregate = [e.head for e in by_harm if e.role == "aggregate"]
     if "joint" in stages and "roles" in stages and encoded.single_token:  # positions need single-token scoring
