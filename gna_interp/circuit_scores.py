@@ -205,7 +205,8 @@ def circuit_score(
 
     Cost (heads): one forward of ``clean`` (m(N)), the ``corrupt`` forward the ablation
     reads (none for ``"zero"``), and one copy of the batch per distinct size below every
-    head, stacked (`run_variants`: ``max_rows``, prefix reuse). Edges: those of
+    head, stacked (`run_variants`: ``max_rows``, prefix reuse; circuits that corrupt the
+    same early layers share those layers' computation, `patching.shared_prefix`). Edges: those of
     `edge_faithfulness_curve` per size.
 
     Example::

@@ -235,7 +235,9 @@ def test_discover_scores_its_circuit_and_reports_it(tmp_path):
     assert circuit.cost["estimate"] is not None
     with gna.cost_meter(model) as cost:
         gna.circuit_score(model, task, corrupt, answer_metric(model, task, corrupt), ranking, progress=False)
-    assert cost.forwards == 3  # clean, corrupt, the three smaller circuits stacked in one forward
+    # clean, corrupt, two of the three smaller circuits stacked in one forward; the third corrupts
+    # layer 0 as one of them does, and starts at block 1 from that one's stream (`shared_prefix`)
+    assert (cost.forwards, cost.block_rows) == (4, 32 * (2 + 2 + 2 * 2 + 1))
     gna.write_report([(circuit, None, None)], tmp_path / "report")
     page = (tmp_path / "report" / "index.html").read_text()
     assert 'data-role="score"' in page and f"CPR {score['cpr']:.3f}" in page

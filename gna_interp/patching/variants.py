@@ -10,7 +10,9 @@ Prefix reuse: every block before the first one a variant touches computes exactl
 the baseline run computed. So variants are sorted by that first layer, and each chunk
 starts at its earliest one from the baseline's residual stream there
 (``Plan.start``); earlier blocks are not run again. The baseline run is the one
-forward every sweep needs anyway. On a remote nnsight model the baseline and every chunk
+forward every sweep needs anyway. Variants that also edit their early blocks alike
+branch where they part (`shared_prefix`): one runs from its first block and captures
+the stream there, the others start from it. On a remote nnsight model the baseline and every chunk
 go in one session request, the prefix captured and used on the server.
 """
 
@@ -31,6 +33,7 @@ from ..core.plan import Edit, Plan, Ref, Site, SiteKind
 from ..models.jobs import is_batched_remote, run_jobs
 from ..progress import progress_bar
 from .metrics import Metric, logits_read, reduce_metric
+from .shared_prefix import shared_prefix_groups
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
@@ -104,29 +107,56 @@ def run_variants(
     order = sorted(range(len(variants)), key=lambda i: variants[i].first_layer) if reuse_prefix else list(range(len(variants)))
     starts = {variants[i].first_layer for i in order} if reuse_prefix and base.start is None else set()
     prefix_sites = {Site(SiteKind.RESID, layer) for layer in starts if 0 < layer < model.n_layers}
-    chunks = [order[offset : offset + per_chunk] for offset in range(0, len(order), per_chunk)]
     if is_batched_remote(model):
+        chunks = [order[offset : offset + per_chunk] for offset in range(0, len(order), per_chunk)]
         return _run_remote(model, batch, base, variants, chunks, prefix_sites, metric)
     keep = logits_read(metric)  # the positions the metric reads: logits computed there alone
+    groups = shared_prefix_groups(variants, model.n_layers) if reuse_prefix and base.start is None else []
+    led = {group.leader: group for group in groups}
+    members = {i for group in groups for i in group.members}
+    order = [i for i in order if i not in members]  # they run after their leader, from its residual
+    chunks = [order[offset : offset + per_chunk] for offset in range(0, len(order), per_chunk)]
     base_out = model.run_plan(batch, base, capture=prefix_sites, logits_to_keep=keep)  # from an open prefix cache, if any
     baseline = reduce_metric(metric(base_out.logits), metric, batch.n_rows)
     prefix = base_out.acts
     del base_out  # its logits are read: not held through the chunks' forwards
     scores = torch.empty(len(variants))
+
+    def run(indices: list[int], plan: Plan, start: tuple[int, Tensor] | None, capture: set[Site]) -> dict[Site, Tensor]:
+        if start is not None:
+            plan.start = (start[0], start[1].repeat(len(indices), 1, 1))
+        out = model.backend.run(batch.repeat(len(indices)), plan, capture=capture, logits_to_keep=keep)
+        for i, rows in zip(indices, out.logits.split(batch.n_rows), strict=True):
+            scores[i] = reduce_metric(metric(rows), metric, batch.n_rows)
+        return out.acts
+
     with progress_bar(total=len(variants), show=progress, desc=desc) as bar:
         for indices in chunks:
             chunk = [variants[i] for i in indices]
-            plan = stacked_plan(model, batch, base, chunk)
             start = Site(SiteKind.RESID, chunk[0].first_layer)
-            if start in prefix:
-                plan.start = (start.layer, prefix[start].repeat(len(chunk), 1, 1))
-            logits = model.backend.run(batch.repeat(len(chunk)), plan, logits_to_keep=keep).logits
-            del plan  # its stacked edits and start residual, before the next chunk builds its own
-            for i, rows in zip(indices, logits.split(batch.n_rows), strict=True):
-                scores[i] = reduce_metric(metric(rows), metric, batch.n_rows)
-            del logits, rows  # freed before the next chunk's forward, not after it
+            branches = {Site(SiteKind.RESID, led[i].layer) for i in indices if i in led}
+            acts = run(
+                indices, stacked_plan(model, batch, base, chunk), (start.layer, prefix[start]) if start in prefix else None, branches
+            )
             bar.update(len(chunk))
+            for copy, i in enumerate(indices):  # members start where they part from their leader
+                if i in led:
+                    group = led[i]
+                    resid = acts[Site(SiteKind.RESID, group.layer)][copy * batch.n_rows : (copy + 1) * batch.n_rows]
+                    for offset in range(0, len(group.members), per_chunk):
+                        part = group.members[offset : offset + per_chunk]
+                        trimmed = [_from_layer(variants[m], group.layer) for m in part]
+                        run(part, stacked_plan(model, batch, base, trimmed), (group.layer, resid), set())
+                        bar.update(len(part))
+            del acts  # freed before the next chunk's forward, not after it
     return baseline, scores
+
+
+def _from_layer(variant: Variant, layer: int) -> Variant:
+    """``variant``'s edits and skips at block ``layer`` and after (a run starting there)."""
+    return Variant(
+        [(site, edit) for site, edit in variant.edits if site.layer >= layer], tuple(s for s in variant.skip_layers if s >= layer)
+    )
 
 
 def _run_remote(
