@@ -121,11 +121,11 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name(device) if str(device).startswith("cuda") else str(device)
 
 
-def discover(model: gna.GnaModel, task: Any) -> tuple[gna.GnaCircuit, float]:
+def discover(model: gna.GnaModel, task: Any, progress: bool = False) -> tuple[gna.GnaCircuit, float]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a toy that answers by place warns; the circuit keeps the note
         start = time.perf_counter()
-        circuit = gna.discover(model, task, progress=False)
+        circuit = gna.discover(model, task, progress=progress)
     return circuit, time.perf_counter() - start
 
 
@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     arguments.add_argument("--prompts", type=int, default=200)
     arguments.add_argument("--seed", type=int, default=4242)
     arguments.add_argument("--no-remote", action="store_true", help="skip the remote='local' runs")
+    arguments.add_argument("--progress", action="store_true", help="discover's stage bar (on stderr) for the local runs")
     arguments.add_argument("--device", default="cpu", help="where the deep models run (the 2-layer toys stay on the CPU)")
     args = arguments.parse_args(argv)
     set_threads(args.threads)
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         for n_layers in args.layers:
             model = deep_toy(family, n_layers, width=args.width if wide else None, device=args.device)
             at = max(0, n_layers // 2 - 1)
-            circuit, seconds = discover(model, task)  # discover meters itself: circuit.cost
+            circuit, seconds = discover(model, task, args.progress)  # discover meters itself: circuit.cost
             toy = toy or (circuit if n_layers == toy_model.n_layers and not wide else discover(toy_model, task)[0])
             found = circuit.gather == [deep_head(h, at, channels) for h in toy.gather] and circuit.aggregate == [
                 deep_head(h, at, channels) for h in toy.aggregate
