@@ -17,6 +17,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 $PY -c "import torch, transformers, nnsight; print('torch', torch.__version__, 'transformers', transformers.__version__, 'nnsight', nnsight.__version__)" | tee -a "$OUT/gpu.txt"
 wide() {  # its stage bar in discover.log; every 60 s the Python stacks in stacks.txt (where the time goes)
     timeout "${WIDE_SECONDS:-540}" $PY -c "import faulthandler, runpy, sys
+sys.path.insert(0, 'benchmarks')
 faulthandler.dump_traceback_later(60, repeat=True, file=open('$OUT/stacks.txt', 'w'))
 sys.argv = ['discover_scale.py', '--layers', '${WIDE_LAYERS:-64}', '--families', 'mamba', '--width', '${WIDE_WIDTH:-8192}', '--prompts', '32', '--no-remote',
             '--device', '${WIDE_DEVICE:-cuda}', '--threads', '4', '--progress', '--json', '$OUT/discover_64x8192.json']
