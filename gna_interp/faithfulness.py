@@ -175,7 +175,8 @@ def rank_heads(model: GnaModel, ranking: SweepResult | Sequence[Head]) -> list[H
     if isinstance(ranking, (str, bytes)) or not isinstance(ranking, Sequence):
         raise GnaTypeError(f"ranking={ranking!r}: expected a SweepResult of [layer, head] scores or a list of gna_interp.Head, best first")
     listed = _heads(model, ranking, "ranking")
-    return listed + [head for head in every if head not in set(listed)]
+    seen = set(listed)  # once: rebuilt per head, it took minutes at 64 x 8,192 heads (quadratic)
+    return listed + [head for head in every if head not in seen]
 
 
 def _heads(model: GnaModel, heads: Sequence[Head], what: str) -> list[Head]:
