@@ -1,0 +1,93 @@
+"""`discover`'s confirmation shares one corrupted forward between its Gather -> Aggregate path
+patching and its MIB circuit score, and path patching's clean run starts from the prefix cache."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import gna_interp as gna
+from gna_interp.discovery import confirm as confirm_module
+from gna_interp.discovery import stages
+from gna_interp.patching.metrics import logit_diff
+
+
+def _answer_metric(task, corrupt):
+    """The candidate logit difference, built from the encodings (not `confirm.answer_metric`)."""
+    clean_enc, corrupt_enc = task.encode(), corrupt.encode()
+    rows = torch.arange(len(task))
+    return logit_diff(clean_enc.candidate_ids[rows, clean_enc.correct], corrupt_enc.candidate_ids[rows, corrupt_enc.correct])
+
+
+@pytest.mark.parametrize("name", ["llama", "mamba2"])
+def test_the_confirmation_runs_the_corrupted_prompts_once(name, monkeypatch):
+    """Inside `discover`'s confirmation, exactly one forward reads the corrupted prompts (path
+    patching's, which also captures the score's head outputs); ``circuit.score`` equals
+    `gna.circuit_score` called on its own (its own corrupt forward) and ``circuit.path_patching``
+    equals `path_patching`'s value."""
+    model, task = gna.load_toy(name), gna.toy_task(name, 32, seed=4242)
+    corrupt = task.corrupted()
+    corrupt_ids = model.to_batch(corrupt).input_ids
+    inside, seen = [False], []  # seen: whether each forward inside the confirmation read the corrupted prompts
+    run, confirm = model.backend.run, stages.confirm
+
+    def counting_run(batch, plan, *args, **kwargs):
+        if inside[0]:
+            ids = batch.input_ids
+            seen.append(ids.shape[1] == corrupt_ids.shape[1] and any(torch.equal(rows, corrupt_ids) for rows in ids.split(len(task))))
+        return run(batch, plan, *args, **kwargs)
+
+    def confirming(*args, **kwargs):
+        inside[0] = True
+        try:
+            return confirm(*args, **kwargs)
+        finally:
+            inside[0] = False
+
+    monkeypatch.setattr(model.backend, "run", counting_run)
+    monkeypatch.setattr(stages, "confirm", confirming)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        circuit = gna.discover(model, task, progress=False)
+    monkeypatch.undo()
+    assert circuit.path_patching is not None and circuit.score is not None
+    assert len(seen) > 3 and sum(seen) == 1  # the one corrupted forward among the confirmation's
+
+    metric = _answer_metric(task, corrupt)
+    ranking = [gna.Head.parse(h) for h in circuit.score["ranking"]]
+    with gna.cost_meter(model) as alone:
+        direct = gna.circuit_score(model, task, corrupt, metric, ranking, progress=False)
+    assert alone.forwards == 3  # clean, corrupt, the smaller circuits stacked: the corrupt forward the confirmation saved
+    assert circuit.score["metric"] == pytest.approx(direct.metric.tolist(), abs=1e-6)
+    assert (circuit.score["cpr"], circuit.score["cmd"]) == pytest.approx((direct.cpr, direct.cmd), abs=1e-6)
+    assert circuit.score["metric_empty"] == pytest.approx(direct.metric_empty, abs=1e-6)
+    with gna.cost_meter(model) as own:  # without path patching's capture: its own corrupted forward, the same score
+        again = confirm_module.mib_score(model, task, circuit)
+    assert own.forwards == 3 and again is not None
+    assert again["metric"] == pytest.approx(circuit.score["metric"], abs=1e-6) and again["sizes"] == circuit.score["sizes"]
+    receivers = [h for h in circuit.aggregate if h.layer > max(g.layer for g in circuit.gather)]
+    path = gna.patching.path_patching(model, task, corrupt, metric, senders=circuit.gather, receivers=receivers)
+    assert circuit.path_patching["gather->aggregate"] == pytest.approx(path, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", ["llama", "mamba2"])
+def test_path_patchings_clean_run_starts_from_the_prefix_cache(name):
+    """Senders in layer 1: inside a `prefix_cache` holding the clean batch, path patching's clean
+    run starts at block 1 from the cached stream (one block fewer per row) and every number is
+    the one of a run without the cache."""
+    model, task = gna.load_toy(name), gna.toy_task(name, 16, seed=4242)
+    corrupt = task.corrupted()
+    metric = _answer_metric(task, corrupt)
+    senders = [gna.Head(1, 0), gna.Head(1, 1)]
+    arguments = dict(senders=senders, receivers="logits")
+    with gna.cost_meter(model) as plain:
+        expected = gna.patching.path_patching(model, task, corrupt, metric, **arguments)
+    with model.prefix_cache():
+        model.logits(task, logits_to_keep=1)  # the clean batch's stream, cached
+        with gna.cost_meter(model) as cached:
+            found = gna.patching.path_patching(model, task, corrupt, metric, **arguments)
+    assert found == pytest.approx(expected, abs=1e-6) and found != pytest.approx(metric(model.logits(task)).mean().item(), abs=1e-3)
+    assert plain.block_rows - cached.block_rows == len(task)  # block 0 of the clean run
+    assert cached.forwards == plain.forwards
