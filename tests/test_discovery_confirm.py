@@ -3,6 +3,7 @@ patching and its MIB circuit score, and path patching's clean run starts from th
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -21,51 +22,59 @@ def _answer_metric(task, corrupt):
     return logit_diff(clean_enc.candidate_ids[rows, clean_enc.correct], corrupt_enc.candidate_ids[rows, corrupt_enc.correct])
 
 
+@contextlib.contextmanager
+def corrupt_forwards(model, corrupt):
+    """Inside the block, ``reads`` lists for each forward whether it ran the ``corrupt`` prompts
+    (alone or as a copy in a stacked batch)."""
+    reads, run, ids = [], model.backend.run, model.to_batch(corrupt).input_ids
+
+    def counting_run(batch, plan, *args, **kwargs):
+        rows = batch.input_ids
+        reads.append(rows.shape[1] == ids.shape[1] and any(torch.equal(part, ids) for part in rows.split(len(ids))))
+        return run(batch, plan, *args, **kwargs)
+
+    model.backend.run = counting_run
+    try:
+        yield reads
+    finally:
+        del model.backend.run  # the class's method again
+
+
 @pytest.mark.parametrize("name", ["llama", "mamba2"])
 def test_the_confirmation_runs_the_corrupted_prompts_once(name, monkeypatch):
     """Inside `discover`'s confirmation, exactly one forward reads the corrupted prompts (path
     patching's, which also captures the score's head outputs); ``circuit.score`` equals
-    `gna.circuit_score` called on its own (its own corrupt forward) and ``circuit.path_patching``
-    equals `path_patching`'s value."""
+    `gna.circuit_score` called on its own (with its own corrupt forward), and
+    ``circuit.path_patching`` `path_patching`'s value."""
     model, task = gna.load_toy(name), gna.toy_task(name, 32, seed=4242)
     corrupt = task.corrupted()
-    corrupt_ids = model.to_batch(corrupt).input_ids
-    inside, seen = [False], []  # seen: whether each forward inside the confirmation read the corrupted prompts
-    run, confirm = model.backend.run, stages.confirm
-
-    def counting_run(batch, plan, *args, **kwargs):
-        if inside[0]:
-            ids = batch.input_ids
-            seen.append(ids.shape[1] == corrupt_ids.shape[1] and any(torch.equal(rows, corrupt_ids) for rows in ids.split(len(task))))
-        return run(batch, plan, *args, **kwargs)
+    seen: list[list[bool]] = []
+    confirm = stages.confirm
 
     def confirming(*args, **kwargs):
-        inside[0] = True
-        try:
+        with corrupt_forwards(model, corrupt) as reads:
+            seen.append(reads)
             return confirm(*args, **kwargs)
-        finally:
-            inside[0] = False
 
-    monkeypatch.setattr(model.backend, "run", counting_run)
     monkeypatch.setattr(stages, "confirm", confirming)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         circuit = gna.discover(model, task, progress=False)
     monkeypatch.undo()
     assert circuit.path_patching is not None and circuit.score is not None
-    assert len(seen) > 3 and sum(seen) == 1  # the one corrupted forward among the confirmation's
+    assert len(seen) == 1 and len(seen[0]) > 3 and sum(seen[0]) == 1  # the one corrupted forward among the confirmation's
 
     metric = _answer_metric(task, corrupt)
     ranking = [gna.Head.parse(h) for h in circuit.score["ranking"]]
-    with gna.cost_meter(model) as alone:
+    with corrupt_forwards(model, corrupt) as alone:
         direct = gna.circuit_score(model, task, corrupt, metric, ranking, progress=False)
-    assert alone.forwards == 3  # clean, corrupt, the smaller circuits stacked: the corrupt forward the confirmation saved
+    assert sum(alone) == 1  # its own corrupted forward: the one the confirmation shares
     assert circuit.score["metric"] == pytest.approx(direct.metric.tolist(), abs=1e-6)
     assert (circuit.score["cpr"], circuit.score["cmd"]) == pytest.approx((direct.cpr, direct.cmd), abs=1e-6)
     assert circuit.score["metric_empty"] == pytest.approx(direct.metric_empty, abs=1e-6)
-    with gna.cost_meter(model) as own:  # without path patching's capture: its own corrupted forward, the same score
+    with corrupt_forwards(model, corrupt) as own:  # without path patching's capture: its own corrupted forward, the same score
         again = confirm_module.mib_score(model, task, circuit)
-    assert own.forwards == 3 and again is not None
+    assert sum(own) == 1 and again is not None
     assert again["metric"] == pytest.approx(circuit.score["metric"], abs=1e-6) and again["sizes"] == circuit.score["sizes"]
     receivers = [h for h in circuit.aggregate if h.layer > max(g.layer for g in circuit.gather)]
     path = gna.patching.path_patching(model, task, corrupt, metric, senders=circuit.gather, receivers=receivers)
