@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from .core.compile import ablation_values, head_mask, heads_by_site
+from .core.compile import Sources, ablation_values, head_mask, heads_by_site
 from .core.errors import GnaTypeError, GnaValueError
 from .core.heads import Head
 from .core.plan import Edit
@@ -216,6 +216,35 @@ def circuit_score(
         score.cpr, score.cmd
         score.to_frame()
     """
+    return _circuit_score(model, clean, corrupt, metric, ranking, how, fractions, max_rows, memory_budget_mb, path, progress)
+
+
+def circuit_score_from(
+    model: GnaModel, clean: Any, corrupt: Any, metric: Metric, ranking: Sequence[Head], sources: Sources, *, progress: bool = False
+) -> CircuitScore:
+    """`circuit_score` of a head ranking (``how="corrupt"``, MIB's fractions) whose corrupt
+    head outputs come from ``sources(corrupt, sites) -> (batch, {site: [batch, pos, head,
+    d_head]})`` (e.g. a capture over ``corrupt`` already made, with no interventions) instead
+    of a forward over ``corrupt``: the same numbers, one corrupt forward fewer."""
+    return _circuit_score(model, clean, corrupt, metric, ranking, "corrupt", None, None, None, "all", progress, sources)
+
+
+def _circuit_score(
+    model: GnaModel,
+    clean: Any,
+    corrupt: Any,
+    metric: Metric,
+    ranking: SweepResult | Sequence[Head] | EdgeResult | Sequence[Edge],
+    how: str,
+    fractions: Sequence[float] | None,
+    max_rows: int | None,
+    memory_budget_mb: float | None,
+    path: PathKind,
+    progress: bool,
+    sources: Sources | None = None,
+) -> CircuitScore:
+    """`circuit_score`; ``sources``: where a head ranking's ablation reads ``corrupt``'s head
+    outputs (default `GnaModel.capture_sites`, one forward)."""
     check_model(model, "circuit_score")
     check_metric(metric, "circuit_score", clean=clean, corrupt=corrupt)
     if how not in HOW:
@@ -238,7 +267,8 @@ def circuit_score(
         return scored(values, sizes, edges, how, "edge", requested, n_rows)
     heads = rank_heads(model, ranking)  # type: ignore[arg-type]
     sizes = realised_sizes(requested, len(heads))
-    values, n_rows = _head_points(model, clean, corrupt, metric, heads, sizes, how, max_rows, memory_budget_mb, progress, desc)
+    chunking = (max_rows, memory_budget_mb, progress, desc)
+    values, n_rows = _head_points(model, clean, corrupt, metric, heads, sizes, how, *chunking, sources=sources or model.capture_sites)
     return scored(values, sizes, heads, how, "head", requested, n_rows)
 
 
@@ -325,12 +355,15 @@ def _head_points(
     memory_budget_mb: float | None,
     progress: bool,
     desc: str,
+    *,
+    sources: Sources,
 ) -> tuple[dict[int, float], int]:
     """``{size: m(C)}``: the clean run is m(N); each smaller size is one copy of the batch
-    whose heads outside the top ``size`` take their ablation values (`run_variants`)."""
+    whose heads outside the top ``size`` take their ablation values (`run_variants`), read
+    from ``corrupt`` through ``sources``."""
     batch = model.to_batch(clean)
     base = model.compile_plan(batch, list(model.active_interventions))
-    values = ablation_values(batch, sorted(heads_by_site(model.layout, order)), HOW[how], corrupt, model.capture_sites)
+    values = ablation_values(batch, sorted(heads_by_site(model.layout, order)), HOW[how], corrupt, sources)
     below = [k for k in sizes if k < len(order)]
     variants = [
         Variant(

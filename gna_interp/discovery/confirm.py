@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..circuit_scores import circuit_score
+from ..circuit_scores import circuit_score, circuit_score_from
 from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Ablate, Intervention
+from ..core.plan import Site
 from ..cost import cost_meter
 from ..evaluation import evaluate_many
 from ..models.jobs import is_batched_remote
@@ -202,33 +203,58 @@ def confirm(
             model, task, heads, threshold, max_heads, clean, evaluate_progress=evaluate_bars, curve=curve
         )
         circuit.needs[role] = RoleNeed(chosen, accuracy, reached, curve, "all")
-    circuit.path_patching = gather_to_aggregate(model, task, circuit, logits)
-    circuit.score = mib_score(model, task, circuit)
+    corrupt = task.corrupted() if circuit_heads(circuit) else None  # made once, for both (none without a head)
+    # a local run's score reads its corrupt head outputs from path patching's corrupt run (one forward for both)
+    shared: dict[Site, torch.Tensor] | None = {} if _can_share(model, circuit) else None
+    circuit.path_patching = gather_to_aggregate(model, task, circuit, logits, corrupt=corrupt, captured=shared)
+    circuit.score = mib_score(model, task, circuit, corrupt=corrupt, captured=shared or None)
+    del shared  # the score is done: its corrupt captures go
     return spread_values if logits is not None else None
 
 
+def _can_share(model: GnaModel, circuit: GnaCircuit) -> bool:
+    """Whether `mib_score` may read path patching's corrupt run: a local model (a remote one's
+    capture would travel) with no ambient interventions (the score's capture runs without
+    them) and a circuit to score."""
+    return not getattr(model.backend, "remote", False) and not model.active_interventions and bool(circuit_heads(circuit))
+
+
 def gather_to_aggregate(
-    model: GnaModel, task: Task, circuit: GnaCircuit, logits: list[torch.Tensor] | None = None
+    model: GnaModel,
+    task: Task,
+    circuit: GnaCircuit,
+    logits: list[torch.Tensor] | None = None,
+    *,
+    corrupt: Task | None = None,
+    captured: dict[Site, torch.Tensor] | None = None,
 ) -> dict[str, float] | None:
     """Path patching of the edge: the Gather heads switched to a corrupted prompt (another
     correct option), their change allowed to reach the output only through the Aggregate
     heads of later layers. Metric: logit of the clean answer minus the corrupted one.
     ``logits``: the clean and corrupt final logits, if already measured (a remote run: in the
     confirmation's request); else the clean and corrupt metric are those of path patching's own
-    clean and corrupt runs (`patching.paths.prepare`: the same numbers, two forwards fewer)."""
+    clean and corrupt runs (`patching.paths.prepare`: the same numbers, two forwards fewer).
+    ``corrupt``: ``task.corrupted()``, if already made. ``captured``: a dict that path
+    patching's corrupt run (local, no ``logits``) fills with every head site's output on
+    ``corrupt`` (``[batch, pos, head, d_head]``), for `mib_score`; left empty otherwise."""
     if not circuit.gather or not circuit.aggregate:
         return None
     last_gather = max(model.head_position(h) for h in circuit.gather)
     receivers = [h for h in circuit.aggregate if model.head_position(h) > last_gather]
     if not receivers:
         return None
-    corrupt = task.corrupted()
+    corrupt = task.corrupted() if corrupt is None else corrupt
     metric = answer_metric(model, task, corrupt)
     if metric is None:
         return None
     if logits is None:  # path patching's own clean and corrupt runs give the clean and corrupt metric
-        setup, clean_value, corrupt_value = prepare(model, task, corrupt, check_senders(model, circuit.gather), receivers, metric, ANY, [])
+        extra = {model.head_site(head)[0] for head in model.heads} if captured is not None else set()
+        senders = check_senders(model, circuit.gather)
+        setup, clean_value, corrupt_value = prepare(model, task, corrupt, senders, receivers, metric, ANY, [], corrupt_sites_extra=extra)
         path = path_scores(setup, [list(circuit.gather)])[0]
+        if captured is not None:
+            captured.update({site: setup.corrupt_heads[site] for site in extra})
+        del setup  # its clean captures go before the score's forwards
     else:
         clean_value, corrupt_value = reduce_metric(metric(logits[0])), reduce_metric(metric(logits[1]))
         path = path_patching(model, task, corrupt, metric, senders=circuit.gather, receivers=receivers)
@@ -253,18 +279,23 @@ def answer_metric(model: GnaModel, task: Task, corrupt: Task) -> Metric | None:
     return logit_diff(clean_enc.candidate_ids[rows, clean_enc.correct], corrupt_enc.candidate_ids[rows, corrupt_enc.correct])
 
 
-def mib_score(model: GnaModel, task: Task, circuit: GnaCircuit) -> dict[str, Any] | None:
+def mib_score(
+    model: GnaModel, task: Task, circuit: GnaCircuit, *, corrupt: Task | None = None, captured: dict[Site, torch.Tensor] | None = None
+) -> dict[str, Any] | None:
     """`GnaCircuit.score`: MIB's CPR and CMD (`gna.circuit_score`, MIB's fractions, every head
     outside a circuit on its corrupted prompt) of discovery's ranking: the circuit's heads,
     then every other measured head by its drop (`report_inputs.circuit_ranking`), then the
     unmeasured ones; metric `answer_metric`. None for a circuit without heads, a task without
-    one token per answer or with corrupted prompts of another length. Cost: a clean and a
-    corrupt forward, and one copy of the batch per size below every head (at most 9); on a
-    remote model two requests (the corrupt capture, then the rest in one)."""
+    one token per answer or with corrupted prompts of another length. ``corrupt``:
+    ``task.corrupted()``, if already made; ``captured``: every head site's output on it (no
+    interventions; `gather_to_aggregate` fills it), read instead of a corrupt forward. Cost: a
+    clean and a corrupt forward (none with ``captured``), and one copy of the batch per size
+    below every head (at most 9); on a remote model two requests (the corrupt capture, then
+    the rest in one)."""
     heads = circuit_heads(circuit)
     if not heads:
         return None
-    corrupt = task.corrupted()
+    corrupt = task.corrupted() if corrupt is None else corrupt
     metric = answer_metric(model, task, corrupt)
     if metric is None:
         return None
@@ -272,7 +303,11 @@ def mib_score(model: GnaModel, task: Task, circuit: GnaCircuit) -> dict[str, Any
     ranking = [h for h in measured if h in heads] + [h for h in heads if h not in measured]
     ranking += [h for h in measured if h not in heads]
     try:
-        score = circuit_score(model, task, corrupt, metric, ranking, progress=False)
+        if captured:
+            ref = model.to_batch(corrupt)  # the batch `GnaModel.capture_sites` would build
+            score = circuit_score_from(model, task, corrupt, metric, ranking, lambda _, sites: (ref, {s: captured[s] for s in sites}))
+        else:
+            score = circuit_score(model, task, corrupt, metric, ranking, progress=False)
     except GnaValueError:  # m(N) == m(∅): undefined
         return None
     data = score.to_dict()

@@ -69,7 +69,7 @@ mixer with ``h * units // n_heads == u``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -87,6 +87,9 @@ from .results import SweepResult
 from .variants import rows_per_forward
 
 if TYPE_CHECKING:
+    from ..backends.base import RunOutput
+    from ..core.inputs import Batch
+    from ..core.plan import Plan
     from ..models.handle import GnaModel
 
 ANY = "any"
@@ -324,9 +327,16 @@ def prepare(
     receiver_input: str | Sequence[str],
     interventions: Sequence[Intervention],
     path: object = "all",
+    corrupt_sites_extra: Collection[Site] = (),
 ) -> tuple[PathSetup, float, float]:
     """Check the inputs, run clean and corrupt once, and return the shared `PathSetup`
-    with the clean (baseline) and corrupt (reference) metrics."""
+    with the clean (baseline) and corrupt (reference) metrics.
+
+    The clean run goes through `GnaModel.run_plan`: inside an open `prefix_cache` that holds
+    the clean batch it starts from the cached clean stream at (or before) the first layer it
+    captures (the same numbers). ``corrupt_sites_extra``: further sites the corrupt run
+    captures too, in ``setup.corrupt_heads`` (``[batch, pos, ...]`` each; e.g. every head site,
+    for a circuit score that reads the same corrupted prompts)."""
     check_metric(metric)
     direct = check_path(path)
     refuse_nodes(senders, receivers, direct)
@@ -349,8 +359,8 @@ def prepare(
     keep = logits_read(metric)  # the positions the metric reads: logits computed there alone
     clean_sites = setup_sites(model, heads, streams, sender_layers, whole_output, direct, to_logits) | nodes
     clean_sites |= {Site(SiteKind.MLP_IN, layer) for layer in mlps} | {Site(SiteKind.RESID, layer) for layer in mlps if layer > 0}
-    clean_out = model.backend.run(clean_batch, base, capture=clean_sites, logits_to_keep=keep)
-    corrupt_sites = {model.head_site(head)[0] for head in head_senders} | nodes
+    clean_out = _clean_run(model, clean_batch, base, clean_sites, keep)
+    corrupt_sites = {model.head_site(head)[0] for head in head_senders} | nodes | set(corrupt_sites_extra)
     corrupt_out = model.backend.run(corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=corrupt_sites, logits_to_keep=keep)
     setup = PathSetup(
         model=model,
@@ -368,3 +378,13 @@ def prepare(
     )
     clean_value = reduce_metric(metric(clean_out.logits), metric, clean_batch.n_rows)
     return setup, clean_value, reduce_metric(metric(corrupt_out.logits), metric, corrupt_batch.n_rows)
+
+
+def _clean_run(model: GnaModel, batch: Batch, base: Plan, capture: set[Site], keep: int) -> RunOutput:
+    """Path patching's clean run: from the open prefix cache's clean stream when the plan is
+    unedited (every captured site at layer ``>= k``: blocks ``0 .. k-1`` are the cached run's;
+    without a cached entry, the one forward it would run anyway, which fills it); an edited
+    plan runs whole, as a cache miss would cost an extra clean forward there."""
+    if base:
+        return model.backend.run(batch, base, capture=capture, logits_to_keep=keep)  # type: ignore[no-any-return]
+    return model.run_plan(batch, base, capture=capture, logits_to_keep=keep)
