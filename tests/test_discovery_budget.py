@@ -1,6 +1,6 @@
 """Discovery's budget (issue 27, item 4): the prescreen runs integrated gradients only where
 their ranking decides which heads are ablated, with the same estimates as
-`ablation_attribution` where it does; the 32-layer deep toys stay within 36 and 57 passes
+`ablation_attribution` where it does; the 32-layer deep toys stay within 34 and 55 passes
 with the toy's heads (slow: 200 prompts each)."""
 
 from __future__ import annotations
@@ -74,10 +74,12 @@ def test_the_prescreen_ranks_nothing_it_need_not(toy):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("family", "budget"), [("llama", 36.0), ("mamba2_counting", 57.0)])
+@pytest.mark.parametrize(("family", "budget"), [("llama", 34.0), ("mamba2_counting", 55.0)])
 def test_the_deep_toys_stay_within_their_budget(family, budget):
     """32 layers, 200 prompts (the benchmark's setting): the toy's heads shifted to layers
-    15 and 16, in at most 36 (Llama) and 57 (Mamba-2) passes (34.0 and 54.6 measured with the
+    15 and 16, in at most 34 (Llama) and 55 (Mamba-2) passes (33.0 and 53.6 measured since the
+    prefix cache serves the head scan's 200-prompt baseline from `evaluate`'s 64-prompt chunks
+    row by row, a pass less; 34.0 and 54.6 with the
     screened layer scan, 2.06 passes where the layer-by-layer scan took 15.53; 48.0 and 68.5
     before it, MIB's circuit score's 7.4 and 8.4 included); the prescreen at first order (the
     filler layers' heads reach nothing); layers 0-13 cleared together, 17-31 by their

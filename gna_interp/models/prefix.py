@@ -12,6 +12,14 @@ then costs the final norm and unembedding alone.
 The numbers do not change: the cached stream is the one the full forward would compute
 on that batch, and everything after it runs as before (tests compare to 1e-5).
 
+Rows: a batch whose rows are all held by cached entries, whatever chunking filled them
+(`evaluate`'s 64-prompt chunks, then a sweep over all the prompts; or the reverse), is
+served too: each row is matched by content (its ids and mask, with the batch's width) and
+its stream is gathered from an entry that holds it, at the layers every contributing entry
+kept. The gathered streams are not stored (they would duplicate the entries): each lookup
+gathers the layer its forward starts from (and those it captures), a transient copy. A batch with a
+row no entry holds runs in full and is stored, as before.
+
 Memory: one entry holds ``rows x pos x d_model`` floats per cached layer. Entries keep
 the embeddings (the stream entering block 0: a forward that skips blocks ``0 .. k-1``
 starts at block ``k`` from them) and every ``stride``-th layer, the smallest stride that
@@ -24,9 +32,10 @@ on the server instead. The model must not change inside the block.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
-from collections.abc import Collection
+from collections import Counter, OrderedDict
+from collections.abc import Collection, Iterator, Mapping
 
+import torch
 from torch import Tensor
 
 from ..backends.base import Backend, RunOutput
@@ -48,6 +57,8 @@ class PrefixCache:
         self.max_bytes = int(max_mb * 2**20)
         self.entries: OrderedDict[bytes, dict[int, Tensor]] = OrderedDict()
         self.used = 0
+        self.rows_of: dict[bytes, list[bytes]] = {}  # entry key -> its rows' keys (`row_keys`)
+        self.holders: dict[bytes, dict[bytes, int]] = {}  # row key -> {entry key: its index there}
 
     @staticmethod
     def key(batch: Batch) -> bytes:
@@ -56,6 +67,42 @@ class PrefixCache:
             digest.update(str(tuple(tensor.shape)).encode())
             digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
         return digest.digest()
+
+    @staticmethod
+    def row_keys(batch: Batch) -> list[bytes]:
+        """One key per row: its token ids and mask, with the batch's width (a row padded to
+        another width is another row: its positions differ)."""
+        ids = batch.input_ids.detach().cpu().contiguous().numpy()
+        mask = batch.attention_mask.detach().cpu().contiguous().numpy()
+        head = f"{batch.n_pos} {ids.dtype} {mask.dtype}".encode()
+        return [hashlib.sha1(head + ids[row].tobytes() + mask[row].tobytes()).digest() for row in range(batch.n_rows)]
+
+    def lookup(self, batch: Batch) -> Mapping[int, Tensor] | None:
+        """The cached stream of ``batch`` by layer: its own entry, else one assembled row by
+        row from the entries that hold its rows (`AssembledRows`), else ``None``."""
+        key = self.key(batch)
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+            return entry
+        if not self.entries:
+            return None
+        held: list[dict[bytes, int]] = []
+        for row_key in self.row_keys(batch):
+            holders = self.holders.get(row_key)
+            if not holders:
+                return None  # a row no entry holds
+            held.append(holders)
+        counts = Counter(key for holders in held for key in holders)
+        parts: dict[bytes, tuple[list[int], list[int]]] = {}
+        for row, holders in enumerate(held):
+            source = max(holders, key=lambda key: counts[key])  # the entry holding most of the batch's rows
+            into, taken = parts.setdefault(source, ([], []))
+            into.append(row)
+            taken.append(holders[source])
+        for source in parts:
+            self.entries.move_to_end(source)
+        return AssembledRows([(self.entries[source], into, taken) for source, (into, taken) in parts.items()], batch.n_rows)
 
     def layers_to_keep(self, batch: Batch) -> list[int]:
         """Layer 0 (the embeddings: a forward that skips blocks ``0 .. k-1`` with nothing else
@@ -79,16 +126,14 @@ class PrefixCache:
         first, resume = plan.reusable_start(n_layers, capture)
         if resume == 0:
             return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
-        key = self.key(batch)
-        entry = self.entries.get(key)
+        entry = self.lookup(batch)
         if entry is None:
             layers = self.layers_to_keep(batch)
             sites = {Site(SiteKind.RESID, layer) for layer in layers}
             clean = backend.run(batch, Plan(), capture=sites | set(capture) if not plan else sites, logits_to_keep=keep if not plan else 1)
-            entry = self._store(key, {layer: clean.acts[Site(SiteKind.RESID, layer)] for layer in layers})
+            entry = self._store(batch, {layer: clean.acts[Site(SiteKind.RESID, layer)] for layer in layers})
             if not plan:
                 return RunOutput(logits=clean.logits, acts={site: clean.acts[site] for site in capture})
-        self.entries.move_to_end(key)
         if not plan and all(site.kind is SiteKind.RESID and site.layer in entry for site in capture):
             out = backend.run(batch, Plan(start=(n_layers, entry[n_layers])), logits_to_keep=keep)
             return RunOutput(logits=out.logits, acts={site: entry[site.layer] for site in capture})
@@ -99,12 +144,55 @@ class PrefixCache:
         resumed = Plan(edits=plan.edits, skips=plan.skips, start=(start, entry[source]))
         return backend.run(batch, resumed, capture=capture, logits_to_keep=keep)
 
-    def _store(self, key: bytes, entry: dict[int, Tensor]) -> dict[int, Tensor]:
+    def _store(self, batch: Batch, entry: dict[int, Tensor]) -> dict[int, Tensor]:
         size = sum(t.numel() * t.element_size() for t in entry.values())
         while self.entries and self.used + size > self.max_bytes:
-            _, dropped = self.entries.popitem(last=False)
+            dropped_key, dropped = self.entries.popitem(last=False)
             self.used -= sum(t.numel() * t.element_size() for t in dropped.values())
+            for row in self.rows_of.pop(dropped_key):
+                holders = self.holders[row]
+                del holders[dropped_key]
+                if not holders:
+                    del self.holders[row]
         if size <= self.max_bytes:
+            key = self.key(batch)
             self.entries[key] = entry
             self.used += size
+            self.rows_of[key] = rows = self.row_keys(batch)
+            for index, row in enumerate(rows):
+                self.holders.setdefault(row, {}).setdefault(key, index)  # a repeated row: its first index
         return entry
+
+
+class AssembledRows(Mapping[int, Tensor]):
+    """A batch's cached stream gathered row by row from entries that hold its rows: the
+    layers every one of them kept; ``self[layer]`` is ``[rows, pos, d_model]``, a view where
+    the rows are one contiguous run of one entry, else a copy (made on each access)."""
+
+    def __init__(self, parts: list[tuple[dict[int, Tensor], list[int], list[int]]], n_rows: int) -> None:
+        """``parts``: ``(entry, rows of the batch, their indices in the entry)``."""
+        self.parts, self.n_rows = parts, n_rows
+        self.layers = sorted(set.intersection(*(set(entry) for entry, _, _ in parts)))
+
+    def __contains__(self, layer: object) -> bool:
+        return layer in self.layers
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.layers)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, layer: int) -> Tensor:
+        if layer not in self.layers:
+            raise KeyError(layer)
+        if len(self.parts) == 1:
+            entry, _, taken = self.parts[0]
+            if taken == list(range(taken[0], taken[0] + self.n_rows)):
+                return entry[layer][taken[0] : taken[0] + self.n_rows]
+        first = self.parts[0][0][layer]
+        out = first.new_empty((self.n_rows, *first.shape[1:]))
+        for entry, into, taken in self.parts:
+            stream = entry[layer]
+            out[torch.tensor(into, device=out.device)] = stream[torch.tensor(taken, device=stream.device)]
+        return out
