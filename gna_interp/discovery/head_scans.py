@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -111,6 +112,7 @@ def prescreen(
     rows: int = 64,
     steps: int = PRESCREEN_STEPS,
     grouped: Sequence[int] = (),
+    first: FirstOrder | None = None,
 ) -> Prescreen:
     """Which heads of ``layers`` to ablate one by one when there are too many: every head of
     ``harmful_layers`` (from the layer scan: removing the layer costs accuracy), and the
@@ -130,15 +132,12 @@ def prescreen(
     be structural, 0 along the whole path, as for zeroed out-projection columns). With
     nothing to rank (no gated head outside ``harmful_layers``), no attribution runs.
     Otherwise the remaining points complete the integral: the same estimates as
-    `ablation_attribution` with ``steps`` points.
+    `ablation_attribution` with ``steps`` points. ``first``: that first point, measured
+    already (`first_order`, before the baseline), used where it covers every ranked head.
 
     Returns:
         `Prescreen`.
     """
-    from ..core.compile import heads_by_site
-    from ..patching.attribution import integrated_effects
-    from ..patching.metrics import candidate_logit_diff
-
     harmful, skipped = set(harmful_layers), set(grouped)
     scanned = [Head(layer, h) for layer in layers if layer not in skipped for h in range(model.heads_per_layer[layer])]
     chosen = {head for head in scanned if head.layer in harmful}
@@ -146,29 +145,18 @@ def prescreen(
         return Prescreen(sorted(chosen), None, prescreen_method(model, steps))
     if all(head.layer in harmful for head in scanned):
         return Prescreen(sorted(chosen), None, "every head of the costly layers (nothing else to rank: no attribution)")
-    encoded = task.encode(task.tokenizer_for(model.tokenizer))
-    sites = sorted(heads_by_site(model.layout, scanned))
-    ambient = list(model.active_interventions)
-    chunks = []
-    for start in range(0, encoded.batch.n_rows, rows):  # gradients of `rows` prompts at a time
-        stop = min(start + rows, encoded.batch.n_rows)
-        chunk = Batch(encoded.batch.input_ids[start:stop], encoded.batch.attention_mask[start:stop])
-        metric = candidate_logit_diff(encoded.candidate_ids[start:stop], encoded.correct[start:stop])
-        chunks.append((chunk, metric, (stop - start) / encoded.batch.n_rows))
+    chunks = _chunks(model, task, rows)
 
     def integrate(points: Sequence[int], baselines: list[float | None]) -> tuple[Tensor, list[float | None]]:
-        estimates = torch.zeros(model.n_layers, model.n_heads)
-        measured: list[float | None] = []
-        for (chunk, metric, weight), baseline in zip(chunks, baselines, strict=True):
-            targets = {site: torch.zeros(()) for site in sites}
-            effects, value = integrated_effects(model, chunk, ambient, targets, metric, steps, "left", points=points, baseline=baseline)
-            measured.append(value)
-            for head in scanned:
-                site, index = model.head_site(head)
-                estimates[head.layer, head.head] += float(effects[site][:, index].sum()) * weight
-        return estimates, measured
+        return _integrate(model, chunks, scanned, points, baselines, steps)
 
-    estimates, baselines = integrate([0], [None] * len(chunks))  # alpha = 0: first order, divided by `steps`
+    if first is not None and first.rows == rows and first.steps == steps and set(scanned) <= first.heads:
+        estimates = torch.zeros(model.n_layers, model.n_heads)  # measured before the baseline (`first_order`)
+        for head in scanned:
+            estimates[head.layer, head.head] = first.estimates[head.layer, head.head]
+        baselines = first.baselines
+    else:
+        estimates, baselines = integrate([0], [None] * len(chunks))  # alpha = 0: first order, divided by `steps`
     live = [head for head in scanned if float(estimates[head.layer, head.head]) != 0.0]
     if len(live) <= keep or steps == 1:
         method = prescreen_method(model, 1)
@@ -180,6 +168,92 @@ def prescreen(
     order = sorted(scanned, key=lambda h: (-abs(float(estimates[h.layer, h.head])), h))
     chosen |= {h for h in order[:keep] if float(estimates[h.layer, h.head]) != 0.0}
     return Prescreen(sorted(chosen), estimates, prescreen_method(model, steps))
+
+
+@dataclass
+class FirstOrder:
+    """`prescreen`'s first point, ``alpha = 0``, measured early by `first_order`.
+
+    Attributes:
+        heads: the heads it gated.
+        estimates: ``[layer, head]``, each gated head's first-order estimate divided by ``steps``.
+        baselines: the candidate logit difference of each chunk of ``rows`` prompts (clean).
+        rows, steps: `prescreen`'s, for which it holds.
+    """
+
+    heads: frozenset[Head]
+    estimates: Tensor
+    baselines: list[float | None]
+    rows: int
+    steps: int
+
+
+def first_order(model: GnaModel, task: Task, heads: Sequence[Head], rows: int = 64, steps: int = PRESCREEN_STEPS) -> FirstOrder:
+    """`prescreen`'s first point for ``heads``, run before discovery's baseline: its gated
+    forward at ``alpha = 0`` is the clean forward of each chunk (gates at 0 change nothing),
+    so it also gives an open prefix cache the chunks' clean streams (`GnaModel.remember_prefix`)
+    and `evaluate`'s baseline over the same chunks then runs no block: the prescreen's forward
+    and the baseline's are one. Gating more heads than the prescreen ranks changes no
+    estimate (each gate's gradient at 0 is its own), so `prescreen` reads those it ranks."""
+    chunks = _chunks(model, task, rows)
+    estimates, baselines = _integrate(model, chunks, list(heads), [0], [None] * len(chunks), steps, prime=True)
+    return FirstOrder(frozenset(heads), estimates, baselines, rows, steps)
+
+
+def _chunks(model: GnaModel, task: Task, rows: int) -> list[tuple[Batch, Any, float]]:
+    """The task in chunks of ``rows`` prompts: ``(batch, candidate logit difference, share of the task)``."""
+    from ..patching.metrics import candidate_logit_diff
+
+    encoded = task.encode(task.tokenizer_for(model.tokenizer))
+    chunks = []
+    for start in range(0, encoded.batch.n_rows, rows):  # gradients of `rows` prompts at a time
+        stop = min(start + rows, encoded.batch.n_rows)
+        chunk = Batch(encoded.batch.input_ids[start:stop], encoded.batch.attention_mask[start:stop])
+        metric = candidate_logit_diff(encoded.candidate_ids[start:stop], encoded.correct[start:stop])
+        chunks.append((chunk, metric, (stop - start) / encoded.batch.n_rows))
+    return chunks
+
+
+def _integrate(
+    model: GnaModel,
+    chunks: list[tuple[Batch, Any, float]],
+    heads: list[Head],
+    points: Sequence[int],
+    baselines: list[float | None],
+    steps: int,
+    prime: bool = False,
+) -> tuple[Tensor, list[float | None]]:
+    """``[layer, head]`` zero-ablation estimates of ``heads`` at ``points`` (of ``steps``),
+    weighted over the chunks, and each chunk's clean metric; ``prime``: hand each chunk's
+    clean streams to an open prefix cache (point 0 only)."""
+    from ..core.compile import heads_by_site
+    from ..patching.attribution import integrated_effects
+
+    sites = sorted(heads_by_site(model.layout, heads))
+    ambient = list(model.active_interventions)
+    estimates = torch.zeros(model.n_layers, model.n_heads)
+    measured: list[float | None] = []
+    for (chunk, metric, weight), baseline in zip(chunks, baselines, strict=True):
+        targets = {site: torch.zeros(()) for site in sites}
+        capture, remember = (model.prefix_sites(chunk), partial(model.remember_prefix, chunk)) if prime else (set(), None)
+        effects, value = integrated_effects(
+            model,
+            chunk,
+            ambient,
+            targets,
+            metric,
+            steps,
+            "left",
+            points=points,
+            baseline=baseline,
+            clean_capture=capture,
+            on_clean=remember,
+        )
+        measured.append(value)
+        for head in heads:
+            site, index = model.head_site(head)
+            estimates[head.layer, head.head] += float(effects[site][:, index].sum()) * weight
+    return estimates, measured
 
 
 def head_scan(

@@ -300,6 +300,8 @@ def _stages(
     batched = remote.batched(model)  # a remote model: each stage in one request (`remote`)
     wide = [layer for layer in scan_layers if model.heads_per_layer[layer] > screen_above] if "heads" in stages else []
     first = stage.first_request(model, task, stages, check_labels, wide) if batched else None
+    # the prescreen's first-order forward is the clean one: run first, it fills the prefix cache for the baseline
+    early = None if batched else stage.early_first_order(model, task, stages, scan_layers, screen_above, prescreen_above)
     clean = first.clean if first is not None else evaluate(model, task, progress=evaluate_bars)
     settings = {
         "stages": list(stages),
@@ -330,7 +332,9 @@ def _stages(
     adaptive: list[int] = []
     if sum(model.heads_per_layer[layer] for layer in scan_layers) > prescreen_above:
         bar.stage("prescreen")
-        only, adaptive = stage.prescreen_stage(model, task, circuit, scan_layers, wide, thresholds, screen_above, prescreen_keep, batched)
+        only, adaptive = stage.prescreen_stage(
+            model, task, circuit, scan_layers, wide, thresholds, screen_above, prescreen_keep, batched, early
+        )
     bar.stage("head scan")
     scan = head_scans.head_scan(
         model,

@@ -150,6 +150,7 @@ def prescreen_stage(
     screen_above: int,
     prescreen_keep: int,
     batched: bool,
+    early: head_scans.FirstOrder | None = None,
 ) -> tuple[list[Head], list[int]]:
     """Too many heads to ablate one by one: the heads the head scan ablates alone
     (`head_scans.prescreen`) and the costly wide layers it scans by group testing."""
@@ -168,11 +169,31 @@ def prescreen_stage(
         if ablating_every_head_skips(model, layer):
             every = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
             memo.remember(model, task, [Ablate(every)], circuit.layer_scan[layer])  # type: ignore[index]
-    screened = head_scans.prescreen(model, task, scan_layers, narrow, prescreen_keep, grouped=[*adaptive, *cleared])
+    screened = head_scans.prescreen(model, task, scan_layers, narrow, prescreen_keep, grouped=[*adaptive, *cleared], first=early)
     circuit.settings["prescreen"] = screened.method
     if screened.estimates is not None:
         circuit.attribution = [[head_float(v) for v in row] for row in screened.estimates]
     return screened.heads, adaptive
+
+
+def early_first_order(
+    model: GnaModel, task: Task, stages: Sequence[str], scan_layers: list[int], screen_above: int, prescreen_above: int
+) -> head_scans.FirstOrder | None:
+    """`head_scans.first_order` of every head of the narrow scan layers, before the baseline,
+    where the prescreen will run (more heads than ``prescreen_above``) and can read it: a
+    local model without active interventions (its forward must be the clean one) and a task
+    of one-token answers. Its forward is the baseline's (`first_order`): one pass fewer. A
+    discovery that stops at the baseline (no retrieval) has spent its backwards for nothing."""
+    narrow = [
+        Head(layer, h) for layer in scan_layers if model.heads_per_layer[layer] <= screen_above for h in range(model.heads_per_layer[layer])
+    ]
+    if "heads" not in stages or sum(model.heads_per_layer[layer] for layer in scan_layers) <= prescreen_above or not narrow:
+        return None
+    if model.active_interventions or getattr(model.backend, "remote", False):
+        return None
+    if not task.encode(task.tokenizer_for(model.tokenizer)).single_token:
+        return None
+    return head_scans.first_order(model, task, narrow)
 
 
 def entry_stage(

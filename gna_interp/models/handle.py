@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -17,7 +17,7 @@ from ..core.heads import Head, Resid, Target, refuse_string
 from ..core.inputs import Batch, check_token_ids, make_batch
 from ..core.interventions import Ablate, Intervention, as_interventions
 from ..core.layout import ModelLayout
-from ..core.plan import Plan, Site
+from ..core.plan import Plan, Site, SiteKind
 from .prefix import DEFAULT_PREFIX_MB, PrefixCache
 from .swap_block import swapped_in_layers
 
@@ -265,6 +265,19 @@ class GnaModel:
         if self._prefix is None:
             return self.backend.run(batch, plan, capture=capture, logits_to_keep=logits_to_keep)  # type: ignore[no-any-return]
         return self._prefix.run(batch, plan, capture, logits_to_keep)
+
+    def prefix_sites(self, batch: Batch) -> set[Site]:
+        """The residual sites an open `prefix_cache` keeps of ``batch`` (empty when none is open):
+        a caller whose forward computes the clean run captures them for `remember_prefix`."""
+        if self._prefix is None:
+            return set()
+        return {Site(SiteKind.RESID, layer) for layer in self._prefix.layers_to_keep(batch)}
+
+    def remember_prefix(self, batch: Batch, acts: Mapping[Site, Tensor]) -> None:
+        """Give an open `prefix_cache` ``batch``'s clean residual streams (`prefix_sites`,
+        captured by a forward equal to the clean one); nothing without an open cache."""
+        if self._prefix is not None:
+            self._prefix.remember(batch, {site.layer: act for site, act in acts.items() if site.kind is SiteKind.RESID})
 
     @contextmanager
     def prefix_cache(self, max_mb: float = DEFAULT_PREFIX_MB) -> Iterator[PrefixCache | None]:

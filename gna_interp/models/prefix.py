@@ -144,6 +144,16 @@ class PrefixCache:
         resumed = Plan(edits=plan.edits, skips=plan.skips, start=(start, entry[source]))
         return backend.run(batch, resumed, capture=capture, logits_to_keep=keep)
 
+    def remember(self, batch: Batch, streams: Mapping[int, Tensor]) -> None:
+        """Store ``batch``'s clean residual streams, ``layer -> [rows, pos, d_model]`` at every
+        layer of `layers_to_keep`, measured by a forward of the caller's that computed the clean
+        run (e.g. attribution's gated forward at ``alpha = 0``: its gates change nothing), as
+        if a forward here had filled the cache. Detached; a batch already held is left alone."""
+        layers = self.layers_to_keep(batch)
+        if self.key(batch) in self.entries or any(layer not in streams for layer in layers):
+            return
+        self._store(batch, {layer: streams[layer].detach() for layer in layers})
+
     def _store(self, batch: Batch, entry: dict[int, Tensor]) -> dict[int, Tensor]:
         size = sum(t.numel() * t.element_size() for t in entry.values())
         while self.entries and self.used + size > self.max_bytes:

@@ -36,7 +36,7 @@ plus the estimated effect, so ``effects()``, ``top()``, ``normalized()`` and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -212,6 +212,8 @@ def integrated_effects(
     baseline: float | None = None,
     max_rows: int | None = None,
     progress: bool = False,
+    clean_capture: Collection[Site] = (),
+    on_clean: Callable[[dict[Site, Tensor]], None] | None = None,
 ) -> tuple[dict[Site, Tensor], float]:
     """Integrated gradients of ``metric`` on ``batch`` along the gate path that moves every
     site of ``targets`` towards its target value at once (module docs).
@@ -231,6 +233,10 @@ def integrated_effects(
             metric of the whole batch with the other rows' logits held (exact: a row's
             logits depend on that row alone).
         progress: show a bar over the points (and chunks).
+        clean_capture, on_clean: at ``alpha = 0`` (``"left"``, point 0, one chunk) the gated
+            forward is the clean forward (gates at 0 change nothing): it also captures
+            ``clean_capture`` and passes them, detached, to ``on_clean`` (e.g.
+            `GnaModel.remember_prefix`, so that a later clean forward need not run).
 
     Returns:
         site -> ``[pos, head]`` (head sites) or ``[pos]`` (residual) effects, float32 on
@@ -253,8 +259,9 @@ def integrated_effects(
     effects = {site: torch.zeros(_gate_shape(model, site, batch.n_pos)[1:-1]) for site in sites}
     offset = 0.5 if rule == "midpoint" else 0.0
 
-    def gated(c: slice, alpha: float, grad: bool) -> tuple[Tensor, dict[Site, Tensor]]:
-        """Chunk ``c``'s logits at ``alpha`` and its gates (leaves when ``grad``)."""
+    def gated(c: slice, alpha: float, grad: bool, capture: Collection[Site] = ()) -> tuple[Tensor, dict[Site, Tensor]]:
+        """Chunk ``c``'s logits at ``alpha`` and its gates (leaves when ``grad``); ``capture``
+        handed to ``on_clean``, detached."""
         gates = {site: torch.full(_gate_shape(model, site, batch.n_pos), alpha, requires_grad=grad) for site in sites}
         whole = len(cuts) == 1
         if whole:
@@ -267,7 +274,9 @@ def integrated_effects(
             if not whole and target.dim() > 0 and target.shape[0] == n:
                 target = target[c]
             plan.add(site, Edit(gates[site], target))
-        out = model.backend.run(batch if whole else batch.rows(c), plan, grad=grad, logits_to_keep=keep)
+        out = model.backend.run(batch if whole else batch.rows(c), plan, grad=grad, logits_to_keep=keep, capture=capture)
+        if capture and on_clean is not None:
+            on_clean({site: act.detach() for site, act in out.acts.items()})
         return out.logits, gates
 
     with progress_bar(total=len(points) * len(cuts), show=progress, desc="attribution") as bar:
@@ -280,7 +289,8 @@ def integrated_effects(
                 if j == 0 and baseline is None:
                     baseline = float(_scalar(metric(held), metric, need_grad=False))
             for c in cuts:
-                logits, gates = gated(c, alpha, True)
+                clean_run = alpha == 0 and len(cuts) == 1 and on_clean is not None
+                logits, gates = gated(c, alpha, True, clean_capture if clean_run else ())
                 if held is not None:
                     logits = torch.cat([held[: c.start], logits, held[c.stop :]])
                 value = _scalar(metric(logits), metric)
