@@ -51,6 +51,18 @@ def llama_nnsight(llama_hf, tokenizer):
 
 
 @pytest.fixture(scope="session")
+def mamba2(tokenizer):
+    """A tiny 3-layer Mamba-2 on nnsight (files that need another define their own)."""
+    return gna.load(tiny_model("mamba2", seed=4, num_hidden_layers=3), tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="session", params=["tlens", "nnsight", "mamba2"])
+def any_model(request, llama_models, mamba2):
+    """The tiny Llama on both backends, and `mamba2`."""
+    return mamba2 if request.param == "mamba2" else llama_models[request.param]
+
+
+@pytest.fixture(scope="session")
 def llama_models(llama_tlens, llama_nnsight):
     return {"tlens": llama_tlens, "nnsight": llama_nnsight}
 

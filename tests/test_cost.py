@@ -10,21 +10,10 @@ import torch
 
 import gna_interp as gna
 from gna_interp.core.plan import Plan, Site, SiteKind
-from gna_interp.models.tiny import tiny_model
 
 from .conftest import CLEAN, CORRUPT, PROMPTS, no_hooks_anywhere
 
 TOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def mamba2(tokenizer):
-    return gna.load(tiny_model("mamba2", seed=4, num_hidden_layers=3), tokenizer=tokenizer)
-
-
-@pytest.fixture(scope="module", params=["tlens", "nnsight", "mamba2"])
-def any_model(request, llama_models, mamba2):
-    return mamba2 if request.param == "mamba2" else llama_models[request.param]
 
 
 def test_meter_counts_a_forward_and_a_sweep_by_hand(any_model):

@@ -3,29 +3,17 @@ same metric as running each variant alone, fewer blocks (hand counts), both back
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import gna_interp as gna
 from gna_interp.core.compile import head_mask, heads_by_site
 from gna_interp.core.plan import Edit, Site, SiteKind
-from gna_interp.models.tiny import tiny_model
 from gna_interp.patching.shared_prefix import shared_prefix_groups
 from gna_interp.patching.variants import Variant, run_variants
 
 from .conftest import PROMPTS
 
 TOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def mamba2(tokenizer):
-    return gna.load(tiny_model("mamba2", seed=4, num_hidden_layers=3), tokenizer=tokenizer)
-
-
-@pytest.fixture(scope="module", params=["tlens", "nnsight", "mamba2"])
-def any_model(request, llama_models, mamba2):
-    return mamba2 if request.param == "mamba2" else llama_models[request.param]
 
 
 def complement_variants(model, kept_sets):
