@@ -14,7 +14,6 @@ import gna_interp as gna
 from gna_interp.core.inputs import Batch
 from gna_interp.core.plan import Plan, Site, SiteKind
 from gna_interp.models.prefix import AssembledRows
-from gna_interp.models.tiny import tiny_model
 from gna_interp.zoo.deep import deep_toy
 
 from .conftest import assert_close_on_tokens
@@ -24,11 +23,6 @@ TOL = 1e-5
 PROMPTS = ["w5 w6 w7", "w8 w9 w10 w11 w12 w13", "w14 w15", "w16 w17 w18 w19", "w20", "w21 w22 w23 w24 w25", "w26 w27 w28", "w29 w30"]
 NEW = "w40 w41 w42"  # a prompt no cached batch holds
 PERMUTATION = [5, 2, 7, 0, 3, 6, 1, 4]
-
-
-@pytest.fixture(scope="module")
-def mamba2(tokenizer):
-    return gna.load(tiny_model("mamba2", seed=4, num_hidden_layers=3), tokenizer=tokenizer)
 
 
 @pytest.fixture(scope="module", params=["tlens", "mamba2"])
