@@ -1,6 +1,6 @@
 """Discovery's budget (issue 27, item 4): the prescreen runs integrated gradients only where
 their ranking decides which heads are ablated, with the same estimates as
-`ablation_attribution` where it does; the 32-layer deep toys stay within 30 and 50 passes
+`ablation_attribution` where it does; the 32-layer deep toys stay within 30 passes
 with the toy's heads (slow: 200 prompts each)."""
 
 from __future__ import annotations
@@ -74,11 +74,12 @@ def test_the_prescreen_ranks_nothing_it_need_not(toy):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("family", "budget"), [("llama", 30.0), ("mamba2_counting", 50.0)])
+@pytest.mark.parametrize(("family", "budget"), [("llama", 30.0), ("mamba2_counting", 30.0)])
 def test_the_deep_toys_stay_within_their_budget(family, budget):
     """32 layers, 200 prompts (the benchmark's setting): the toy's heads shifted to layers
-    15 and 16, in at most 30 (Llama: issue 42's goal) and 50 (Mamba-2) passes. Measured: 29.13
-    and 49.23; before this stop 34.01 and 54.57 (the circuit score's variants sharing their
+    15 and 16, in at most 30 passes (issue 42's goal). Measured: 25.63 and 29.35 (the joint
+    search's ordered sets, the entry scan measuring what the labels read, the quiet heads of
+    layer 16 cleared together); 29.13 and 49.23 before; before the stop of 2026-11-27, 34.01 and 54.57 (the circuit score's variants sharing their
     corrupted early layers -1.41 / -1.88, one corrupted forward for path patching and the
     score and path patching's clean run from the prefix cache -1.47, the sweep's baseline
     assembled row by row from `evaluate`'s chunks -1.0, the prescreen's first-order forward

@@ -92,7 +92,12 @@ def test_first_scans_sweep_and_entry_each_take_one_request(pair):
 
 
 def _same(actual, expected, path=""):
-    """Equal, except pattern scores: equal to float32 rounding (see the test below)."""
+    """Equal, except pattern scores: equal to float32 rounding (see the test below); and a
+    head's entry scan, which a remote run measures at all three position sets in its one
+    request, and a local run only where a label reads it: the local values are the remote's."""
+    if isinstance(expected, dict) and path.endswith("/entry"):
+        assert set(expected) <= set(actual) and "segments" in expected, path
+        actual = {key: actual[key] for key in expected}
     if isinstance(expected, dict):
         assert set(actual) == set(expected), path
         for key in expected:

@@ -210,7 +210,9 @@ def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, lis
     - ``roles``: dicts with ``pool``, ``members`` (head ids), ``where``, ``threshold``,
       ``max_heads``, ``start_accuracy``, and ``after`` / ``bound``: a role searched after
       another drops that role's chosen heads from its pool and keeps only heads before
-      the last of ``bound`` and the chosen heads' positions (or its members);
+      the last of ``bound`` and the chosen heads' positions (or its members); ``search``:
+      ``"greedy"`` (`joint_set`, the default) or ``"ordered"`` (`ordered_set` over the pool
+      in its order, keeping a head that lowers accuracy by ``min_drop``);
     - ``n_rows``;
     - ``unembed`` (optional): the ``lm_head`` path; logits are then computed at the final
       position alone.
@@ -255,8 +257,17 @@ def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, lis
         chosen: list = []
         curve: list = []
         current = role["start_accuracy"]
-        remaining = list(pool)
-        for _ in range(min(role["max_heads"], len(remaining))):
+        ordered = role.get("search", "greedy") == "ordered"
+        remaining = [] if ordered else list(pool)
+        for h in pool if ordered else []:  # each head once, in the pool's order
+            if len(chosen) >= role["max_heads"] or current <= role["threshold"]:
+                break
+            value = accuracy([*chosen, h], role["where"])
+            if current - value >= role["min_drop"]:
+                chosen.append(h)
+                current = value
+                curve.append(current)
+        for _ in range(min(role["max_heads"], len(remaining))):  # greedy: every remaining head at each step
             trials = [(accuracy([*chosen, h], role["where"]), h) for h in remaining]
             best_accuracy, best = min(trials)
             if best_accuracy >= current:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Ablate
 from ..evaluation import evaluate_many
@@ -20,6 +21,10 @@ from .memo import accuracy as _accuracy
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
     from ..tasks.base import EncodedTask, Task
+
+
+ENTRY_POSITIONS = ("final", "segments", "ends")
+"""The entry scan's position sets, in the order it measures them."""
 
 
 def segment_positions(encoded: EncodedTask) -> Tensor:
@@ -38,6 +43,7 @@ def entry_scan(
     progress: bool = True,
     extra: Sequence[list[Head]] = (),
     extra_values: list[float] | None = None,
+    where: Sequence[str] = ENTRY_POSITIONS,
 ) -> dict[Head, dict[str, float]]:
     """Per head: task accuracy with it ablated only at each prompt's ``final`` position,
     only on its ``segments`` (`segment_positions`), and only at the segment ``ends`` (the
@@ -46,20 +52,25 @@ def entry_scan(
     candidates span several tokens: their continuation batches are re-padded, so
     positions move. ``extra``: groups ablated at every position, measured in the same
     request on a remote model (a remote head scan's search), their accuracies appended to
-    ``extra_values`` (nothing measured when the scan measures nothing)."""
+    ``extra_values`` (nothing measured when the scan measures nothing). ``where``: which of
+    the three to measure (locally: `discover` measures only what its labels read)."""
     if not encoded.single_token or not heads:
         return {}
-    where = {"final": encoded.final, "segments": segment_positions(encoded), "ends": encoded.segment_ends}
+    unknown = [name for name in where if name not in ENTRY_POSITIONS]
+    if unknown:
+        raise GnaValueError(f"where={list(where)!r}: {unknown[0]!r} is not an entry position set; expected some of {list(ENTRY_POSITIONS)}")
+    every = {"final": encoded.final, "segments": segment_positions(encoded), "ends": encoded.segment_ends}
+    chosen = {name: every[name] for name in where}
     if is_batched_remote(model):  # every evaluation in one request
-        runs = [(task, [Ablate([head], positions=positions)]) for head in heads for positions in where.values()]
+        runs = [(task, [Ablate([head], positions=positions)]) for head in heads for positions in chosen.values()]
         results = [result.accuracy for result in evaluate_many(model, [*runs, *((task, [Ablate(g)]) for g in extra)])]
         if extra_values is not None:
             extra_values += results[len(runs) :]
         values = iter(results)
-        return {head: {name: next(values) for name in where} for head in heads}
+        return {head: {name: next(values) for name in chosen} for head in heads}
     if extra_values is not None:
         extra_values += [_accuracy(model, task, [Ablate(g)]) for g in extra]
     out: dict[Head, dict[str, float]] = {}
     for head in progress_bar(list(heads), show=progress, desc="entry scan"):
-        out[head] = {name: _accuracy(model, task, [Ablate([head], positions=positions)]) for name, positions in where.items()}
+        out[head] = {name: _accuracy(model, task, [Ablate([head], positions=positions)]) for name, positions in chosen.items()}
     return out

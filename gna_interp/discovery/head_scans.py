@@ -51,6 +51,8 @@ class HeadScan:
     (``head_scan(search_spread=False)``): `search_spread`."""
     measure: Measure | None = None
     """What measured the groups (for `search_spread`)."""
+    cleared: list[Head] = field(default_factory=list)
+    """``quiet`` heads cleared together (`head_scan`): each holds its group's accuracy, unverified."""
     clean: float | None = None
     min_effect: float = 0.02
 
@@ -270,6 +272,7 @@ def head_scan(
     known: dict[tuple[Head, ...], float] | None = None,
     defer_search: bool = False,
     search_spread: bool = True,
+    quiet: Collection[Head] = (),
 ) -> HeadScan:
     """Single-head zero-ablation accuracy for every head of ``layers`` (see module docs):
     layers of more than ``screen_above`` heads by adaptive group testing (`group_testing`,
@@ -286,6 +289,11 @@ def head_scan(
         search_spread: locally, search the spread groups' needed heads in the scan;
             ``False``: only when asked (`HeadScan.search_spread`: ``discover`` searches
             those of the groups its spread report shows). A remote scan searches them all.
+        quiet: heads to be ablated alone whose prescreen estimate is exactly 0 (nothing the
+            metric reads depends on their output: `prescreen`). Those of a layer (two or more)
+            are first ablated together: a group costing less than ``min_effect`` clears them
+            (each holds the group's accuracy, not verified: `HeadScan.cleared`); otherwise
+            each is ablated alone, as without it.
     """
     accuracy = torch.full((model.n_layers, model.n_heads), float("nan"))
     verified = torch.zeros(model.n_layers, model.n_heads, dtype=torch.bool)
@@ -320,10 +328,23 @@ def head_scan(
                 verified[head.layer, head.head] = measured
         spread += found.spread
         tests[layer] = found.tests
+    cleared: list[Head] = []
+    for layer in sorted({h.layer for h in quiet}):
+        group = sorted(h for h in quiet if h.layer == layer and h in set(direct))
+        if len(group) < 2:
+            continue
+        if clean is None:
+            clean = _accuracy(model, task)
+        value = _accuracy(model, task, [Ablate(group)])
+        if clean - value < min_effect:  # cleared together (monotone effects, as group testing assumes)
+            for head in group:
+                accuracy[head.layer, head.head] = value
+            cleared += group
+    direct = [h for h in direct if h not in set(cleared)]
     for head, value in _single_ablations(model, task, direct, progress).items():
         accuracy[head.layer, head.head] = value
         verified[head.layer, head.head] = True
-    scan = HeadScan(accuracy, verified, spread, tests, search if defer_search else None)
+    scan = HeadScan(accuracy, verified, spread, tests, search if defer_search else None, cleared=cleared)
     if search is None and not search_spread:
         scan.unsearched = [group for group in spread if group.searched]
         scan.measure, scan.clean, scan.min_effect = measure, float(clean) if clean is not None else None, min_effect

@@ -1,7 +1,9 @@
-"""The joint stage of discovery: per role, the smallest set of heads whose ablation
-together takes accuracy to chance (`JointSearch`), run locally by `pipeline` and in one
-request by `remote`; its searches: `joint_set` (greedy, heads that matter together) and
-`collapsing_set` (a ranking ablated cumulatively)."""
+"""The joint stage of discovery: per role, a small set of heads whose ablation together
+takes accuracy to chance (`JointSearch`), run locally by `pipeline` and in one request by
+`remote`; its searches: `ordered_set` (the default: the pool ranked by each head's own
+effect at the role's positions, ablated cumulatively), `joint_set` (greedy: re-ranked after
+each head, for heads that matter only together) and `collapsing_set` (a ranking ablated
+cumulatively at every position)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Ablate
 from ..progress import progress_bar
@@ -25,14 +28,28 @@ from .roles import RoleScores, RoleThresholds, pattern_agrees, role_scores
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
 
+JOINT_SEARCHES = ("ordered", "greedy")
+"""`discover`'s ``joint_search``: ``"ordered"`` (`ordered_set`: ``k + 1`` forwards for a set
+of ``k`` heads) or ``"greedy"`` (`joint_set`: one forward per pool head at each step)."""
+
+ROLE_POSITIONS = {"aggregate": "final", "gather": "segments"}
+"""Where each role's joint search ablates its heads (the entry scan's position sets)."""
+
+
+def check_joint_search(method: object) -> str:
+    """``method`` if it names a joint search (`JOINT_SEARCHES`), else a `GnaValueError`."""
+    if method not in JOINT_SEARCHES:
+        raise GnaValueError(f"joint_search={method!r}: expected one of {list(JOINT_SEARCHES)}")
+    return method  # type: ignore[return-value]
+
 
 class JointSearch:
-    """The joint stage: per role, `joint_set` over the heads of the role's layers
-    (only the examined ones in layers of more than ``screen_above`` heads), minus heads
-    of the other role. An Aggregate pool head must read the options from the final row
-    (``aggregate_mass``) and sit after the first Gather head's position; a Gather pool
-    head must sit before the last Aggregate head's position (positions: `_gather_before_aggregate`).
-    Heads it adds get the role with ``joint=True``."""
+    """The joint stage: per role, `ordered_set` (or `joint_set`, ``method="greedy"``) over
+    the heads of the role's layers (only the examined ones in layers of more than
+    ``screen_above`` heads), minus heads of the other role. An Aggregate pool head must read
+    the options from the final row (``aggregate_mass``) and sit after the first Gather
+    head's position; a Gather pool head must sit before the last Aggregate head's position
+    (positions: `_gather_before_aggregate`). Heads it adds get the role with ``joint=True``."""
 
     def __init__(
         self,
@@ -45,23 +62,28 @@ class JointSearch:
         pattern_prompts: int,
         screen_above: int,
         progress: bool,
+        method: str = "ordered",
     ) -> None:
         self.model, self.task, self.encoded, self.evidence, self.scan = model, task, encoded, evidence, scan
         self.thresholds, self.pattern_prompts, self.screen_above, self.progress = thresholds, pattern_prompts, screen_above, progress
+        self.method = check_joint_search(method)
         self.scored: dict[Head, RoleScores] = {}
         """Pattern scores measured ahead (a remote run measures every head it may need in one request)."""
 
-    def pool(self, circuit: GnaCircuit, role: str, bounded: bool = True) -> list[Head]:
+    def pool(self, circuit: GnaCircuit, role: str, bounded: bool = True, more_aggregate: Sequence[Head] = ()) -> list[Head]:
         """The role's pool (module docs); ``bounded=False``: a Gather pool without the bound
-        of the last Aggregate position (a remote search applies it on the server)."""
+        of the last Aggregate position (a remote greedy search applies it on the server);
+        ``more_aggregate``: heads taken to be Aggregate heads besides the circuit's (a remote
+        ordered search's Gather pool for each outcome of the Aggregate search)."""
         members: list[Head] = getattr(circuit, role)
         other = "gather" if role == "aggregate" else "aggregate"
+        assumed = set(more_aggregate) if role == "gather" else set()
         pool = []
         for layer in sorted({h.layer for h in members}):
             layer_heads = [h for h in self.model.heads if h.layer == layer]
             if len(layer_heads) > self.screen_above:
                 layer_heads = [h for h in layer_heads if h in self.evidence]
-            pool += [h for h in layer_heads if h not in self.evidence or self.evidence[h].role != other]
+            pool += [h for h in layer_heads if h not in assumed and (h not in self.evidence or self.evidence[h].role != other)]
         unscored = [h for h in pool if h not in self.evidence or self.evidence[h].scores is None]
         measured = {h: self.scored[h] for h in unscored if h in self.scored}
         missing = [h for h in unscored if h not in measured]
@@ -84,8 +106,24 @@ class JointSearch:
                     and (first_gather is None or position(h) > first_gather)
                 )
             ]
-        last_aggregate = max((position(h) for h in circuit.aggregate), default=(self.model.n_layers, 0))
+        last_aggregate = max((position(h) for h in [*circuit.aggregate, *assumed]), default=(self.model.n_layers, 0))
         return [h for h in pool if h in members or position(h) < last_aggregate or not bounded]
+
+    def ranked(self, pool: Sequence[Head], role: str) -> list[Head]:
+        """``pool`` in `ordered_set`'s order: heads the entry scan measured at the role's
+        positions by that accuracy (lowest first), then the others by their head-scan
+        accuracy (unmeasured last), ties by head."""
+        where = ROLE_POSITIONS[role]
+
+        def key(head: Head) -> tuple:
+            item = self.evidence.get(head)
+            entry = None if item is None or item.entry is None else item.entry.get(where)
+            if entry is not None:
+                return (0, entry, head)
+            alone = None if item is None else item.ablated_accuracy
+            return (1, 2.0 if alone is None else alone, head)
+
+        return sorted(pool, key=key)
 
     def run(self, circuit: GnaCircuit, role: str, threshold: float, max_heads: int) -> RoleNeed | None:
         """The role's joint set (``None`` if no head lowers accuracy at the role's positions:
@@ -93,18 +131,26 @@ class JointSearch:
         positions = self.encoded.final if role == "aggregate" else segment_positions(self.encoded)
         pool = self.pool(circuit, role)
         curve: list[tuple[Head, float]] = []
-        chosen, _, _ = joint_set(
-            self.model,
-            self.task,
-            pool,
-            positions,
-            threshold,
-            max_heads,
-            progress=self.progress,
-            desc=f"joint {role}",
-            clean=circuit.accuracy["clean"],
-            curve=curve,
-        )
+        clean = circuit.accuracy["clean"]
+        if self.method == "ordered":
+            ranked, min_drop = self.ranked(pool, role), self.thresholds.min_effect
+            chosen, _, _ = ordered_set(
+                self.model, self.task, ranked, positions, threshold, max_heads,
+                min_drop=min_drop, progress=self.progress, desc=f"joint {role}", clean=clean, curve=curve,
+            )  # fmt: skip
+        else:
+            chosen, _, _ = joint_set(
+                self.model,
+                self.task,
+                pool,
+                positions,
+                threshold,
+                max_heads,
+                progress=self.progress,
+                desc=f"joint {role}",
+                clean=clean,
+                curve=curve,
+            )
         if not chosen:
             return None
         accuracy = _accuracy(self.model, self.task, [Ablate(chosen)])
@@ -171,6 +217,55 @@ def joint_set(
         accuracy = trials[best]
         if curve is not None:
             curve.append((best, accuracy))
+        if accuracy <= threshold:
+            return chosen, accuracy, True
+    return chosen, accuracy, False
+
+
+def ordered_set(
+    model: GnaModel,
+    task: Task,
+    ranked: Sequence[Head],
+    positions: Tensor,
+    threshold: float,
+    max_heads: int,
+    *,
+    min_drop: float = 0.02,
+    progress: bool = True,
+    desc: str = "joint search",
+    clean: float | None = None,
+    curve: list[tuple[Head, float]] | None = None,
+) -> tuple[list[Head], float, bool]:
+    """Try ``ranked``'s heads in order, each ablated at ``positions`` together with those
+    kept: keep it if that lowers accuracy by at least ``min_drop``; stop at ``threshold``,
+    at ``max_heads`` kept, or at the end of ``ranked``. One forward per head tried (against
+    `joint_set`'s one per pool head at each step). A head that matters only once another is
+    ablated (a backup) is kept if it comes after that one (it costs little alone, so ranks
+    low); one ranked before it is passed over, where `joint_set` would come back to it.
+
+    Args:
+        ranked: the pool, most harmful first (`JointSearch.ranked`).
+        min_drop: the least fall in accuracy for which a head is kept (`discover`: the
+            thresholds' ``min_effect``).
+        clean: the accuracy with nothing ablated, if already known (else measured).
+        curve: if given, ``(head, accuracy)`` of each head kept is appended to it.
+
+    Returns:
+        the heads kept (in ``ranked``'s order), the accuracy with them ablated at
+        ``positions``, and whether it reached ``threshold``.
+    """
+    chosen: list[Head] = []
+    accuracy = _accuracy(model, task) if clean is None else clean
+    for head in progress_bar(list(ranked), show=progress, desc=desc):
+        if len(chosen) >= max_heads:
+            break
+        value = _accuracy(model, task, [Ablate([*chosen, head], positions=positions)])
+        if accuracy - value < min_drop:
+            continue
+        chosen.append(head)
+        accuracy = value
+        if curve is not None:
+            curve.append((head, value))
         if accuracy <= threshold:
             return chosen, accuracy, True
     return chosen, accuracy, False

@@ -52,7 +52,7 @@ from . import stages as stage
 from .circuit import GnaCircuit
 from .estimate import StageBar, estimate_passes
 from .evidence import ROLES, HeadEvidence, Stability
-from .joint import JointSearch
+from .joint import JointSearch, check_joint_search
 from .roles import RoleThresholds, role_scores
 from .stages import SEARCH_STAGES, STAGES
 
@@ -77,6 +77,7 @@ def discover(
     prescreen_above: int = 64,
     prescreen_keep: int | None = None,
     search_at_chance: bool = False,
+    joint_search: str = "ordered",
     progress: bool = True,
     stability: int | Sequence[Task] | None = None,
 ) -> GnaCircuit:
@@ -114,6 +115,11 @@ def discover(
             note) stops discovery after the baseline: the circuit's ``mechanism`` is
             ``"none"``, it names no role heads, and its summary, JSON and report say "no
             retrieval to explain" with the numbers.
+        joint_search: how the joint stage grows each role's set (`joint.JOINT_SEARCHES`):
+            ``"ordered"`` adds the pool's heads in the order of their own effect at the
+            role's positions (the entry scan's), one forward per set; ``"greedy"`` re-ranks
+            the rest after each head, one forward per pool head at each step (it finds
+            heads that matter only together sooner, at several times the forwards).
         progress: progress bars: one per scan, and `evaluate`'s per-batch bars (its
             default: tasks of more than 4 batches) for the single evaluations of the
             baseline, the label check and the confirmation. ``False``: no bar at all.
@@ -131,6 +137,7 @@ def discover(
     """
     if stability is not None:
         _check_samples(stability, "stability")
+    check_joint_search(joint_search)
     options: dict[str, Any] = {
         "stages": stages,
         "layers": layers,
@@ -144,6 +151,7 @@ def discover(
         "prescreen_above": prescreen_above,
         "prescreen_keep": 2 * max_candidates if prescreen_keep is None else prescreen_keep,
         "search_at_chance": search_at_chance,
+        "joint_search": joint_search,
     }
     with model.prefix_cache(), memo.accuracy_memo(model), cost_meter(model) as cost:
         started = time.perf_counter()
@@ -208,6 +216,7 @@ def stability(
     merged = {**defaults, **options}
     if merged["prescreen_keep"] is None:
         merged["prescreen_keep"] = 2 * merged["max_candidates"]
+    check_joint_search(merged["joint_search"])
     return _stability(model, _sample_tasks(task, samples, seed) if isinstance(task, Task) else (list(task), None), merged, progress)
 
 
@@ -287,6 +296,7 @@ def _stages(
     prescreen_above: int,
     prescreen_keep: int,
     search_at_chance: bool,
+    joint_search: str,
     progress: bool,
 ) -> GnaCircuit:
     """`discover`'s stages in order (module docs), each a function of its own below, each
@@ -315,6 +325,7 @@ def _stages(
         "prescreen_above": prescreen_above,
         "prescreen_keep": prescreen_keep,
         "search_at_chance": search_at_chance,
+        "joint_search": joint_search,
         "estimate": estimate,
     }
     circuit = stage.baseline(model, task, clean, chance_margin, settings)
@@ -330,9 +341,10 @@ def _stages(
         return circuit
     only: list[Head] | None = None
     adaptive: list[int] = []
+    quiet: list[Head] = []
     if sum(model.heads_per_layer[layer] for layer in scan_layers) > prescreen_above:
         bar.stage("prescreen")
-        only, adaptive = stage.prescreen_stage(
+        only, adaptive, quiet = stage.prescreen_stage(
             model, task, circuit, scan_layers, wide, thresholds, screen_above, prescreen_keep, batched, early
         )
     bar.stage("head scan")
@@ -349,31 +361,42 @@ def _stages(
         known=None if first is None else first.groups,
         defer_search=batched and "entry" in stages,  # the spread groups' search travels with the entry scan
         search_spread=batched,  # locally, only the groups the spread report shows are searched (`spread_check`)
+        quiet=quiet,
     )
     circuit.head_scan = [[None if v != v else float(v) for v in row] for row in scan.accuracy.tolist()]
-    candidates = stage.candidates(scan.accuracy, scan.verified, max_candidates)
+    candidates = stage.candidates(scan.accuracy, scan.verified, max_candidates, scan.cleared)
     evidence = {h: HeadEvidence(h, None, float(scan.accuracy[h.layer, h.head]), bool(scan.verified[h.layer, h.head])) for h in candidates}
     encoded = task.encode(task.tokenizer_for(model.tokenizer))
     harmful = [
         h for h, e in evidence.items() if e.ablated_accuracy is not None and clean.accuracy - e.ablated_accuracy >= thresholds.min_effect
     ]
+    # locally the patterns come first: the entry scan then measures only what the labels read
+    labels = None
+    if not batched and "roles" in stages and candidates:
+        bar.stage("roles")
+        labels = stage.LabelInputs(role_scores(model, encoded, candidates, pattern_prompts), thresholds, clean.accuracy)
     if "entry" in stages:
         bar.stage("entry")
-        stage.entry_stage(model, task, encoded, evidence, harmful, scan, progress)
+        stage.entry_stage(model, task, encoded, evidence, harmful, scan, progress, labels)
     scan.record_search()
     if scan.tests:
         circuit.settings["group_testing"] = {str(layer): tests for layer, tests in scan.tests.items()}
     ahead = remote.pool_heads(model, harmful, evidence, screen_above) if batched and "joint" in stages else []
-    bar.stage("roles")
-    measured = role_scores(model, encoded, [*candidates, *ahead], pattern_prompts) if "roles" in stages and candidates else {}
+    if labels is not None:
+        measured = labels.scores
+    else:
+        bar.stage("roles")
+        measured = role_scores(model, encoded, [*candidates, *ahead], pattern_prompts) if "roles" in stages and candidates else {}
     if "roles" in stages and candidates:
         stage.role_stage(model, task, evidence, candidates, harmful, measured, thresholds, clean.accuracy)
+        if labels is not None and "entry" in stages:
+            stage.entry_ends(model, task, encoded, evidence, progress)
     by_harm = sorted(evidence.values(), key=lambda e: (e.ablated_accuracy if e.ablated_accuracy is not None else 1.0, e.head))
     circuit.gather = [e.head for e in by_harm if e.role == "gather"]
     circuit.aggregate = [e.head for e in by_harm if e.role == "aggregate"]
     if "joint" in stages and "roles" in stages and encoded.single_token:  # positions need single-token scoring
         bar.stage("joint")
-        search = JointSearch(model, task, encoded, evidence, scan, thresholds, pattern_prompts, screen_above, progress)
+        search = JointSearch(model, task, encoded, evidence, scan, thresholds, pattern_prompts, screen_above, progress, joint_search)
         search.scored = {h: measured[h] for h in ahead}
         stage.joint_stage(search, circuit, chance + chance_margin, max_heads_per_role, batched)
     for item in evidence.values():

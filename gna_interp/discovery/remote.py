@@ -13,8 +13,8 @@ payload, with the clean prefix captured and used on the server:
    only where a spread group of more than `group_testing.SEARCH_AT_ONCE` heads needs a part);
 4. the pattern scores of the candidates and of every head the joint search may pool (the
    heads of the harmful candidates' layers): one request;
-5. the joint search of both roles: one request, its greedy steps decided on the server
-   (`gna_interp.backends.nnsight_program.greedy_joint`);
+5. the joint search of both roles: one request, its steps decided on the server
+   (`gna_interp.backends.nnsight_program.greedy_joint`, ordered or greedy as ``joint_search``);
 6. the confirmation's accuracies (and, for a role without a joint set, every cumulative
    set up to ``max_heads_per_role``: the first that reaches chance is the one the
    sequential search stops at) and the clean and corrupt logits of the path-patching
@@ -121,12 +121,15 @@ def pool_heads(model: GnaModel, harmful: list[Head], evidence: dict[Head, HeadEv
 
 
 def joint_search(search: JointSearch, circuit: GnaCircuit, threshold: float, max_heads: int) -> dict[str, RoleNeed]:
-    """Request 5: `joint.joint_set` for both roles on the server (`greedy_joint`)."""
+    """Request 5: `joint.ordered_set` (or `joint.joint_set`, ``search.method == "greedy"``)
+    for both roles on the server (`greedy_joint`)."""
     model, encoded = search.model, search.encoded
     roles = [role for role in ("aggregate", "gather") if getattr(circuit, role)]
     if not roles:
         return {}
     pools = {role: search.pool(circuit, role, bounded=False) for role in roles}
+    if search.method == "ordered":  # the server keeps each pool's order
+        pools = {role: search.ranked(pool, role) for role, pool in pools.items()}
     members = {role: list(getattr(circuit, role)) for role in roles}
     heads = sorted({h for role in roles for h in [*pools[role], *members[role]]})
     ids = {head: i for i, head in enumerate(heads)}
@@ -191,6 +194,8 @@ def joint_search(search: JointSearch, circuit: GnaCircuit, threshold: float, max
                 "start_accuracy": circuit.accuracy["clean"],
                 "after": roles.index("aggregate") if role == "gather" and "aggregate" in roles else None,
                 "bound": bound if role == "gather" else [],
+                "search": search.method,
+                "min_drop": search.thresholds.min_effect,
             }
             for role in roles
         ],

@@ -244,23 +244,32 @@ def _lift(per_option: Tensor, correct: Tensor) -> Tensor:
     return torch.stack(right).sum(0) / torch.stack(wrong).sum(0).clamp_min(1e-30)
 
 
-def entry_shares(clean: float, ablated: float, entry: dict[str, float]) -> tuple[float, float] | None:
+def entry_shares(clean: float, ablated: float, entry: dict[str, float]) -> tuple[float | None, float] | None:
     """``(share_final, share_segments)``: the fractions of a head's ablation effect
     (``clean - ablated``) that ablating it only at the final position / on the segments
-    reproduces; ``None`` for a head whose ablation does not lower accuracy."""
+    reproduces; ``None`` for a head whose ablation does not lower accuracy. ``share_final``
+    is ``None`` where the entry scan did not measure the final position (`discover` skips
+    it where no label reads it: `stages.LabelInputs.needs_final`)."""
     effect = clean - ablated
     if effect <= 0:
         return None
-    return (clean - entry["final"]) / effect, (clean - entry["segments"]) / effect
+    final = entry.get("final")
+    return None if final is None else (clean - final) / effect, (clean - entry["segments"]) / effect
 
 
-def label(scores: RoleScores, thresholds: RoleThresholds, shares: tuple[float, float] | None = None) -> str | None:
+def label(scores: RoleScores, thresholds: RoleThresholds, shares: tuple[float | None, float] | None = None) -> str | None:
     """``"aggregate"``, ``"gather"`` or ``None`` from a head's entry shares (see
     `entry_shares`) and pattern scores, or from the pattern alone when ``shares`` is
     ``None``. The minimum effect and the layer order are applied by `discover`."""
     reads_options = scores.aggregate_mass >= thresholds.aggregate_mass
     if shares is not None:
         final, segments = shares
+        if final is None:  # read below only for a head that reads the options or reaches the share
+            if reads_options or segments >= thresholds.entry_share:
+                raise GnaValueError(
+                    f"entry shares {shares!r}: this head's label depends on its final-position share, which was not measured"
+                )
+            return None
         if final >= segments:
             return "aggregate" if final >= thresholds.entry_share and reads_options else None
         return "gather" if segments >= thresholds.entry_share else None

@@ -1,13 +1,15 @@
 """The stages of `discover` (`pipeline`), one function each, in the order it runs them:
 `check_arguments`, `first_request` (a remote run's first request), `baseline` and
 `label_check`, `layer_stages` (truncation and layer scans), `prescreen_stage`, the head scan
-(`head_scans.head_scan`), `entry_stage`, `role_stage`, `joint_stage` and `confirm_stage`."""
+(`head_scans.head_scan`), `entry_stage` (`LabelInputs`), `role_stage`, `entry_ends`,
+`joint_stage` and `confirm_stage`."""
 
 from __future__ import annotations
 
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,7 +24,7 @@ from ..tasks.mcq import shuffle_labels
 from . import head_scans, layer_scans, memo, remote
 from .circuit import GnaCircuit
 from .confirm import confirm, roles_left_open, spread_check, spread_check_runs
-from .entry import entry_scan
+from .entry import ENTRY_POSITIONS, entry_scan
 from .evidence import HeadEvidence
 from .group_testing import stage_one
 from .joint import JointSearch, head_float
@@ -151,9 +153,11 @@ def prescreen_stage(
     prescreen_keep: int,
     batched: bool,
     early: head_scans.FirstOrder | None = None,
-) -> tuple[list[Head], list[int]]:
+) -> tuple[list[Head], list[int], list[Head]]:
     """Too many heads to ablate one by one: the heads the head scan ablates alone
-    (`head_scans.prescreen`) and the costly wide layers it scans by group testing."""
+    (`head_scans.prescreen`), the costly wide layers it scans by group testing, and the
+    quiet heads among the first: those of the costly narrow layers whose estimate is
+    exactly 0 (`head_scans.head_scan`'s ``quiet``: ablated together first)."""
     clean = circuit.accuracy["clean"]
     costly = [layer for layer, accuracy in enumerate(circuit.layer_scan or []) if clean - accuracy >= thresholds.min_effect]
     costly = [layer for layer in costly if layer in scan_layers]
@@ -173,7 +177,9 @@ def prescreen_stage(
     circuit.settings["prescreen"] = screened.method
     if screened.estimates is not None:
         circuit.attribution = [[head_float(v) for v in row] for row in screened.estimates]
-    return screened.heads, adaptive
+    estimates = screened.estimates
+    quiet = [] if estimates is None else [h for h in screened.heads if h.layer in narrow and float(estimates[h.layer, h.head]) == 0.0]
+    return screened.heads, adaptive, quiet
 
 
 def early_first_order(
@@ -204,16 +210,55 @@ def entry_stage(
     harmful: list[Head],
     scan: head_scans.HeadScan,
     progress: bool,
+    labels: LabelInputs | None = None,
 ) -> None:
     """Where each harmful head's effect enters (`entry_scan`); a remote scan's spread-group
-    search travels in the same request."""
+    search travels in the same request. With ``labels`` (a local search whose pattern
+    scores are measured first), only what the role labels read: every head on the
+    segments, then at the final position only the heads whose label depends on it
+    (`needs_final`); the segment ends of the heads labelled Gather come after the labels
+    (`entry_ends`). Without, all three for every head (one request remotely)."""
     local = [h for h in harmful if acts_where_it_writes(model, h)]
     pending = scan.search.pending if scan.search is not None else []
     searched: list[float] = []
-    for head, entry in entry_scan(model, task, encoded, local, progress=progress, extra=pending, extra_values=searched).items():
+    where = ("segments",) if labels is not None else ENTRY_POSITIONS
+    found = entry_scan(model, task, encoded, local, progress=progress, extra=pending, extra_values=searched, where=where)
+    for head, entry in found.items():
         evidence[head].entry = entry
     if scan.search is not None and searched:
         scan.search.finish(searched)
+    if labels is not None:
+        finals = [h for h in local if h in evidence and evidence[h].entry is not None and labels.needs_final(evidence[h])]
+        for head, entry in entry_scan(model, task, encoded, finals, progress=progress, where=("final",)).items():
+            evidence[head].entry = {"final": entry["final"], **(evidence[head].entry or {})}
+
+
+@dataclass
+class LabelInputs:
+    """What the role labels read besides the entry scan: the pattern scores (measured
+    before it), the thresholds and the clean accuracy."""
+
+    scores: dict[Head, RoleScores]
+    thresholds: RoleThresholds
+    clean: float
+
+    def needs_final(self, item: HeadEvidence) -> bool:
+        """Whether ``item``'s label (`roles.label`) reads its accuracy ablated at the final
+        position: it reads the options (it may be an Aggregate head), or its segments
+        share reaches ``entry_share`` (a Gather head unless the final share is larger).
+        Otherwise the label is ``None`` whatever that accuracy is."""
+        scores = self.scores.get(item.head)
+        reads = scores is not None and scores.aggregate_mass >= self.thresholds.aggregate_mass
+        shares = None if item.entry is None else entry_shares(self.clean, item.ablated_accuracy or 0.0, item.entry)
+        return shares is not None and (reads or shares[1] >= self.thresholds.entry_share)
+
+
+def entry_ends(model: GnaModel, task: Task, encoded: EncodedTask, evidence: dict[Head, HeadEvidence], progress: bool) -> None:
+    """The segment-ends accuracy (`entry_scan`'s ``"ends"``: where the paper's Gather
+    writes its summary) of the heads labelled Gather that the entry scan measured without it."""
+    heads = [h for h, item in evidence.items() if item.role == "gather" and item.entry is not None and "ends" not in item.entry]
+    for head, entry in entry_scan(model, task, encoded, heads, progress=progress, where=("ends",)).items():
+        evidence[head].entry = {**(evidence[head].entry or {}), "ends": entry["ends"]}
 
 
 def role_stage(
@@ -293,9 +338,11 @@ def label_check(
         warnings.warn(circuit.warnings[-1], PositionalAnswerWarning, stacklevel=4)
 
 
-def candidates(accuracy: torch.Tensor, verified: torch.Tensor, limit: int) -> list[Head]:
-    """Verified heads, most harmful first, at most ``limit``."""
+def candidates(accuracy: torch.Tensor, verified: torch.Tensor, limit: int, cleared: Sequence[Head] = ()) -> list[Head]:
+    """Verified heads and the narrow head scan's ``cleared`` ones (`head_scans.HeadScan.cleared`:
+    each measured in its group), most harmful first, at most ``limit``."""
     found = [(float(accuracy[layer, head]), Head(layer, head)) for layer, head in verified.nonzero().tolist()]
+    found += [(float(accuracy[h.layer, h.head]), h) for h in cleared]
     return sorted(head for _, head in sorted(found)[:limit])
 
 

@@ -232,6 +232,8 @@ def _entry(clean: float, ablated: float | None, entry: dict[str, float] | None) 
     if shares is None:
         return "no effect"
     final, segments = shares
+    if final is None:  # not measured: no label read it (`discover` measures it where one does)
+        return f"segments ({segments:.0%}; final position not measured)"
     return f"final position ({final:.0%})" if final >= segments else f"segments ({segments:.0%})"
 
 

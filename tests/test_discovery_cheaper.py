@@ -1,0 +1,138 @@
+"""The joint search's ordered sets, the entry scan that measures what the labels read, and
+the quiet heads a costly narrow layer clears together: each against a reference computed
+here with `evaluate` (brute force) or with every measurement the old search made."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import gna_interp as gna
+from gna_interp.core.errors import GnaValueError
+from gna_interp.discovery.entry import ENTRY_POSITIONS, entry_scan, segment_positions
+from gna_interp.discovery.joint import ordered_set
+from gna_interp.discovery.roles import entry_shares, label
+from gna_interp.zoo.deep import deep_toy
+
+
+@pytest.mark.parametrize("max_heads,threshold,min_drop", [(8, 0.35, 0.02), (3, 0.35, 0.02), (8, 0.05, 0.02), (8, 0.35, 0.1)])
+def test_ordered_set_equals_a_loop_over_evaluate(max_heads, threshold, min_drop):
+    """`ordered_set` against a loop written here with `evaluate` (no memo, no prefix cache):
+    each head in order, kept if it lowers accuracy by ``min_drop``."""
+    model = gna.load_toy("mamba2_counting")
+    task = gna.toy_task("mamba2_counting", 60, seed=77)
+    ranked = [gna.Head(1, h) for h in (6, 4, 3, 2, 1, 7, 0, 5)]
+    segments = segment_positions(task.encode())
+    clean = gna.evaluate(model, task).accuracy
+    curve: list = []
+    found = ordered_set(model, task, ranked, segments, threshold, max_heads, min_drop=min_drop, clean=clean, curve=curve, progress=False)
+
+    kept: list = []
+    current, steps = clean, []
+    for head in ranked:
+        if len(kept) >= max_heads or current <= threshold:
+            break
+        value = gna.evaluate(model, task, [gna.Ablate([*kept, head], positions=segments)]).accuracy
+        if current - value >= min_drop:
+            kept.append(head)
+            current = value
+            steps.append(value)
+    assert found[0] == kept
+    assert found[1] == pytest.approx(current)
+    assert found[2] == (current <= threshold)
+    assert [h for h, _ in curve] == kept
+    assert [a for _, a in curve] == pytest.approx(steps)
+    if (max_heads, threshold, min_drop) == (8, 0.35, 0.1):
+        assert len(kept) < 4  # a drop of 0.1 passes heads over: the case tests the skip
+
+
+@pytest.fixture(scope="module")
+def deep_mamba2():
+    return deep_toy("mamba2_counting", 12), gna.toy_task("mamba2_counting", 64, seed=4242)  # 96 heads: the prescreen runs
+
+
+def _found(model, task, **options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the toy's spread roles warn
+        return gna.discover(model, task, progress=False, **options)
+
+
+@pytest.fixture(scope="module")
+def both_searches(deep_mamba2):
+    model, task = deep_mamba2
+    return _found(model, task), _found(model, task, joint_search="greedy")
+
+
+def test_the_entry_scan_measures_what_the_labels_read(deep_mamba2, both_searches):
+    """Every label equals the label from all three position sets measured (here, by
+    `entry_scan` on every harmful head); the values measured equal those."""
+    model, task = deep_mamba2
+    circuit = both_searches[0]
+    encoded = task.encode()
+    clean = circuit.accuracy["clean"]
+    scanned = [e for e in circuit.heads if e.entry is not None]
+    assert scanned
+    full = entry_scan(model, task, encoded, [e.head for e in scanned], progress=False)
+    thresholds = circuit.thresholds
+    skipped = 0
+    for item in scanned:
+        assert set(item.entry) <= set(ENTRY_POSITIONS) and "segments" in item.entry
+        for name, value in item.entry.items():
+            assert value == pytest.approx(full[item.head][name])
+        skipped += len(ENTRY_POSITIONS) - len(item.entry)
+        # the label from every position set, before the joint search and the layer order
+        own = label(item.scores, thresholds, entry_shares(clean, item.ablated_accuracy, full[item.head]))
+        lazy = label(item.scores, thresholds, entry_shares(clean, item.ablated_accuracy, item.entry))
+        assert own == lazy
+        if "final" not in item.entry:
+            assert own is None
+        if item.role == "gather" and not item.joint:
+            assert "ends" in item.entry
+    assert skipped > 0  # something was left unmeasured: the test shows the saving is real
+
+
+def test_ordered_and_greedy_find_the_same_heads_on_the_deep_toy(both_searches):
+    ordered, greedy = both_searches
+    assert set(ordered.gather) == set(greedy.gather)
+    assert set(ordered.aggregate) == set(greedy.aggregate)
+    assert ordered.cost["passes"] < greedy.cost["passes"]
+    assert ordered.settings["joint_search"] == "ordered" and greedy.settings["joint_search"] == "greedy"
+
+
+def test_quiet_heads_are_cleared_by_their_group(deep_mamba2, both_searches):
+    """The heads a costly narrow layer cleared together: their prescreen estimate is exactly
+    0, their group's accuracy is `evaluate`'s with them ablated, and (the premise) each
+    alone costs less than the minimum effect."""
+    model, task = deep_mamba2
+    circuit = both_searches[0]
+    cleared = [e for e in circuit.heads if not e.verified and e.ablated_accuracy is not None]
+    assert cleared
+    clean = circuit.accuracy["clean"]
+    for layer in sorted({e.head.layer for e in cleared}):
+        group = [e.head for e in cleared if e.head.layer == layer]
+        assert len(group) >= 2
+        assert all(circuit.attribution[h.layer][h.head] == 0.0 for h in group)
+        together = gna.evaluate(model, task, [gna.Ablate(group)]).accuracy
+        assert all(e.ablated_accuracy == pytest.approx(together) for e in cleared if e.head.layer == layer)
+        assert clean - together < circuit.thresholds.min_effect
+        for head in group:
+            assert clean - gna.evaluate(model, task, [gna.Ablate([head])]).accuracy < circuit.thresholds.min_effect
+
+
+def test_joint_search_is_checked():
+    model = gna.load_toy("llama")
+    with pytest.raises(GnaValueError, match=r"joint_search='best'.*'ordered', 'greedy'"):
+        gna.discover(model, gna.toy_task("llama", 8), joint_search="best", progress=False)
+
+
+def test_a_label_that_reads_an_unmeasured_final_share_raises():
+    from gna_interp.discovery.roles import RoleScores, RoleThresholds
+
+    nan = float("nan")
+    scores = RoleScores(**{name: nan for name in RoleScores.__dataclass_fields__})
+    with pytest.raises(GnaValueError, match="final-position share"):
+        label(scores, RoleThresholds(), (None, 0.9))
+    assert label(scores, RoleThresholds(), (None, 0.1)) is None
+    assert torch.isnan(torch.tensor(scores.aggregate_mass))
