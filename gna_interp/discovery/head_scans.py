@@ -329,8 +329,9 @@ def head_scan(
         spread += found.spread
         tests[layer] = found.tests
     cleared: list[Head] = []
+    alone = set(direct)
     for layer in sorted({h.layer for h in quiet}):
-        group = sorted(h for h in quiet if h.layer == layer and h in set(direct))
+        group = sorted(h for h in quiet if h.layer == layer and h in alone)
         if len(group) < 2:
             continue
         if clean is None:
@@ -340,7 +341,8 @@ def head_scan(
             for head in group:
                 accuracy[head.layer, head.head] = value
             cleared += group
-    direct = [h for h in direct if h not in set(cleared)]
+    done = set(cleared)
+    direct = [h for h in direct if h not in done]
     for head, value in _single_ablations(model, task, direct, progress).items():
         accuracy[head.layer, head.head] = value
         verified[head.layer, head.head] = True

@@ -1,9 +1,9 @@
 """The joint stage of discovery: per role, a small set of heads whose ablation together
 takes accuracy to chance (`JointSearch`), run locally by `pipeline` and in one request by
 `remote`; its searches: `ordered_set` (the default: the pool ranked by each head's own
-effect at the role's positions, ablated cumulatively), `joint_set` (greedy: re-ranked after
-each head, for heads that matter only together) and `collapsing_set` (a ranking ablated
-cumulatively at every position)."""
+effect at the role's positions, each head kept if it lowers the set's accuracy), `joint_set`
+(greedy: re-ranked after each head, for heads that matter only together) and
+`collapsing_set` (a ranking ablated cumulatively at every position)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from ..models.handle import GnaModel
 
 JOINT_SEARCHES = ("ordered", "greedy")
-"""`discover`'s ``joint_search``: ``"ordered"`` (`ordered_set`: ``k + 1`` forwards for a set
-of ``k`` heads) or ``"greedy"`` (`joint_set`: one forward per pool head at each step)."""
+"""`discover`'s ``joint_search``: ``"ordered"`` (`ordered_set`: one forward per head tried)
+or ``"greedy"`` (`joint_set`: one forward per pool head at each step)."""
 
 ROLE_POSITIONS = {"aggregate": "final", "gather": "segments"}
 """Where each role's joint search ablates its heads (the entry scan's position sets)."""
@@ -70,20 +70,17 @@ class JointSearch:
         self.scored: dict[Head, RoleScores] = {}
         """Pattern scores measured ahead (a remote run measures every head it may need in one request)."""
 
-    def pool(self, circuit: GnaCircuit, role: str, bounded: bool = True, more_aggregate: Sequence[Head] = ()) -> list[Head]:
+    def pool(self, circuit: GnaCircuit, role: str, bounded: bool = True) -> list[Head]:
         """The role's pool (module docs); ``bounded=False``: a Gather pool without the bound
-        of the last Aggregate position (a remote greedy search applies it on the server);
-        ``more_aggregate``: heads taken to be Aggregate heads besides the circuit's (a remote
-        ordered search's Gather pool for each outcome of the Aggregate search)."""
+        of the last Aggregate position (a remote search applies it on the server)."""
         members: list[Head] = getattr(circuit, role)
         other = "gather" if role == "aggregate" else "aggregate"
-        assumed = set(more_aggregate) if role == "gather" else set()
         pool = []
         for layer in sorted({h.layer for h in members}):
             layer_heads = [h for h in self.model.heads if h.layer == layer]
             if len(layer_heads) > self.screen_above:
                 layer_heads = [h for h in layer_heads if h in self.evidence]
-            pool += [h for h in layer_heads if h not in assumed and (h not in self.evidence or self.evidence[h].role != other)]
+            pool += [h for h in layer_heads if h not in self.evidence or self.evidence[h].role != other]
         unscored = [h for h in pool if h not in self.evidence or self.evidence[h].scores is None]
         measured = {h: self.scored[h] for h in unscored if h in self.scored}
         missing = [h for h in unscored if h not in measured]
@@ -106,7 +103,7 @@ class JointSearch:
                     and (first_gather is None or position(h) > first_gather)
                 )
             ]
-        last_aggregate = max((position(h) for h in [*circuit.aggregate, *assumed]), default=(self.model.n_layers, 0))
+        last_aggregate = max((position(h) for h in circuit.aggregate), default=(self.model.n_layers, 0))
         return [h for h in pool if h in members or position(h) < last_aggregate or not bounded]
 
     def ranked(self, pool: Sequence[Head], role: str) -> list[Head]:
@@ -135,9 +132,18 @@ class JointSearch:
         if self.method == "ordered":
             ranked, min_drop = self.ranked(pool, role), self.thresholds.min_effect
             chosen, _, _ = ordered_set(
-                self.model, self.task, ranked, positions, threshold, max_heads,
-                min_drop=min_drop, progress=self.progress, desc=f"joint {role}", clean=clean, curve=curve,
-            )  # fmt: skip
+                self.model,
+                self.task,
+                ranked,
+                positions,
+                threshold,
+                max_heads,
+                min_drop=min_drop,
+                progress=self.progress,
+                desc=f"joint {role}",
+                clean=clean,
+                curve=curve,
+            )
         else:
             chosen, _, _ = joint_set(
                 self.model,
