@@ -136,3 +136,21 @@ def test_a_label_that_reads_an_unmeasured_final_share_raises():
         label(scores, RoleThresholds(), (None, 0.9))
     assert label(scores, RoleThresholds(), (None, 0.1)) is None
     assert torch.isnan(torch.tensor(scores.aggregate_mass))
+
+
+def test_an_ordered_search_short_of_chance_gives_the_greedy_search():
+    """The Llama toy's Gather: in order, L0H0 (0.400), +L0H1 passed over, +L0H2 (0.375), +L0H3 rose (0.395): the
+    ordered search ends short of chance and the greedy search runs: its set, its curve and the
+    circuit are the greedy search's alone, field for field but the settings and the cost."""
+    model, task = gna.load_toy("llama"), gna.toy_task("llama", 200, seed=4242)
+    ordered, greedy = _found(model, task), _found(model, task, joint_search="greedy")
+    assert greedy.needs["gather"].heads == [gna.Head(0, 0), gna.Head(0, 3)]
+    a, b = ordered.to_dict(), greedy.to_dict()
+    for data in (a, b):
+        data.pop("cost")
+        data["settings"].pop("joint_search")
+    assert a == b
+    in_order = [gna.Head(0, h) for h in (0, 2, 3)]  # the ranking's first three, as the search tried them
+    segments = segment_positions(task.encode())
+    tried = [gna.evaluate(model, task, [gna.Ablate(in_order[:k], positions=segments)]).accuracy for k in (1, 2, 3)]
+    assert tried[1] < tried[0] - 0.02 and tried[2] > tried[1] > ordered.accuracy["chance"] + 0.10

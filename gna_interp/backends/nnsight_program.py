@@ -212,7 +212,8 @@ def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, lis
       another drops that role's chosen heads from its pool and keeps only heads before
       the last of ``bound`` and the chosen heads' positions (or its members); ``search``:
       ``"greedy"`` (`joint_set`, the default) or ``"ordered"`` (`ordered_set` over the pool
-      in its order, keeping a head that lowers accuracy by ``min_drop``);
+      in its order, keeping a head that lowers accuracy by ``min_drop``; short of
+      ``threshold``, then `joint_set`, each set measured once);
     - ``n_rows``;
     - ``unembed`` (optional): the ``lm_head`` path; logits are then computed at the final
       position alone.
@@ -229,7 +230,15 @@ def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, lis
         prefix.append(run_trace(model, ids, mask, resolve_steps(steps, prefix), n_saved, block_items, unembed, 1))
         cost = [cost[0] + 1, cost[1] + ids.shape[0], cost[2] + ids.shape[0] * n_layers]
 
+    measured: dict = {}  # each set once, as the client's accuracy memo
+
     def accuracy(heads: list, where: str) -> float:
+        key = (frozenset(heads), where)
+        if key not in measured:
+            measured[key] = _accuracy(heads, where)
+        return measured[key]
+
+    def _accuracy(heads: list, where: str) -> float:
         start = min(problem["head_layer"][h] for h in heads)
         found = []
         for c, (ids, mask, candidate_ids, correct) in enumerate(problem["chunks"]["plain" if where == "all" else "positional"]):
@@ -257,16 +266,20 @@ def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, lis
         chosen: list = []
         curve: list = []
         current = role["start_accuracy"]
-        ordered = role.get("search", "greedy") == "ordered"
-        remaining = [] if ordered else list(pool)
-        for h in pool if ordered else []:  # each head once, in the pool's order
-            if len(chosen) >= role["max_heads"] or current <= role["threshold"]:
-                break
-            value = accuracy([*chosen, h], role["where"])
-            if current - value >= role["min_drop"]:
-                chosen.append(h)
-                current = value
-                curve.append(current)
+        remaining = list(pool)
+        if role.get("search", "greedy") == "ordered":
+            for h in pool:  # each head once, in the pool's order
+                if len(chosen) >= role["max_heads"] or current <= role["threshold"]:
+                    break
+                value = accuracy([*chosen, h], role["where"])
+                if current - value >= role["min_drop"]:
+                    chosen.append(h)
+                    current = value
+                    curve.append(current)
+            if current <= role["threshold"]:
+                remaining = []
+            else:  # short of chance: the greedy search, from scratch
+                chosen, curve, current = [], [], role["start_accuracy"]
         for _ in range(min(role["max_heads"], len(remaining))):  # greedy: every remaining head at each step
             trials = [(accuracy([*chosen, h], role["where"]), h) for h in remaining]
             best_accuracy, best = min(trials)

@@ -29,8 +29,9 @@ if TYPE_CHECKING:
     from ..models.handle import GnaModel
 
 JOINT_SEARCHES = ("ordered", "greedy")
-"""`discover`'s ``joint_search``: ``"ordered"`` (`ordered_set`: one forward per head tried)
-or ``"greedy"`` (`joint_set`: one forward per pool head at each step)."""
+"""`discover`'s ``joint_search``: ``"ordered"`` (`ordered_set`: one forward per head tried;
+where it falls short of chance, `joint_set` then, the sets it measured answered by the
+accuracy memo) or ``"greedy"`` (`joint_set` alone: one forward per pool head at each step)."""
 
 ROLE_POSITIONS = {"aggregate": "final", "gather": "segments"}
 """Where each role's joint search ablates its heads (the entry scan's position sets)."""
@@ -44,8 +45,8 @@ def check_joint_search(method: object) -> str:
 
 
 class JointSearch:
-    """The joint stage: per role, `ordered_set` (or `joint_set`, ``method="greedy"``) over
-    the heads of the role's layers (only the examined ones in layers of more than
+    """The joint stage: per role, `ordered_set`, and `joint_set` where it does not reach
+    chance (``method="greedy"``: `joint_set` alone), over the heads of the role's layers (only the examined ones in layers of more than
     ``screen_above`` heads), minus heads of the other role. An Aggregate pool head must read
     the options from the final row (``aggregate_mass``) and sit after the first Gather
     head's position; a Gather pool head must sit before the last Aggregate head's position
@@ -129,9 +130,11 @@ class JointSearch:
         pool = self.pool(circuit, role)
         curve: list[tuple[Head, float]] = []
         clean = circuit.accuracy["clean"]
+        reached = False
         if self.method == "ordered":
             ranked, min_drop = self.ranked(pool, role), self.thresholds.min_effect
-            chosen, _, _ = ordered_set(
+            ordered_curve: list[tuple[Head, float]] = []
+            chosen, _, reached = ordered_set(
                 self.model,
                 self.task,
                 ranked,
@@ -142,9 +145,10 @@ class JointSearch:
                 progress=self.progress,
                 desc=f"joint {role}",
                 clean=clean,
-                curve=curve,
+                curve=ordered_curve,
             )
-        else:
+            curve += ordered_curve if reached else []
+        if not reached:  # greedy (after an ordered search short of chance, its sets come from the memo)
             chosen, _, _ = joint_set(
                 self.model,
                 self.task,
@@ -263,7 +267,7 @@ def ordered_set(
     chosen: list[Head] = []
     accuracy = _accuracy(model, task) if clean is None else clean
     for head in progress_bar(list(ranked), show=progress, desc=desc):
-        if len(chosen) >= max_heads:
+        if len(chosen) >= max_heads or accuracy <= threshold:
             break
         value = _accuracy(model, task, [Ablate([*chosen, head], positions=positions)])
         if accuracy - value < min_drop:
@@ -272,9 +276,7 @@ def ordered_set(
         accuracy = value
         if curve is not None:
             curve.append((head, value))
-        if accuracy <= threshold:
-            return chosen, accuracy, True
-    return chosen, accuracy, False
+    return chosen, accuracy, accuracy <= threshold
 
 
 def collapsing_set(
