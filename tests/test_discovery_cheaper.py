@@ -119,6 +119,11 @@ def test_quiet_heads_are_cleared_by_their_group(deep_mamba2, both_searches):
         assert clean - together < circuit.thresholds.min_effect
         for head in group:
             assert clean - gna.evaluate(model, task, [gna.Ablate([head])]).accuracy < circuit.thresholds.min_effect
+    from gna_interp.viz.report import examined_rows
+
+    shown = {row["head"]: row["accuracy, ablated alone at every position"] for row in examined_rows(circuit)}
+    assert all(shown[str(e.head)] == f"{e.ablated_accuracy:.3f} (cleared in a group)" for e in cleared)
+    assert all(isinstance(shown[str(e.head)], float) for e in circuit.heads if e.verified)
 
 
 def test_joint_search_is_checked():

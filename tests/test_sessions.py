@@ -132,3 +132,24 @@ def test_discover_remote_equals_local_in_twelve_requests(pair):
         data.pop("cost")
         data["settings"].pop("estimate")  # a remote model has no prefix cache: its scans cost more passes
     _same(a, b)
+
+
+def test_the_servers_ordered_search_falls_back_to_greedy_as_the_local_one():
+    """The deep Llama toy at 4 layers: its Gather search in order ends short of chance
+    (L1H0 0.400, +L1H2 0.375, +L1H3 rose), so both runs take the greedy search (the server
+    with its own memo): the same circuit, field for field (as above), in 12 requests."""
+    local = deep_toy("llama", 4, backend="nnsight")
+    remote = gna.load(copy.deepcopy(local.hf_model), tokenizer=local.tokenizer, remote="local")
+    remote.name = local.name
+    task = gna.toy_task("llama", 200, seed=4242)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gna.discovery.PositionalAnswerWarning)
+        expected = gna.discover(local, task, progress=False)
+        actual = gna.discover(remote, task, progress=False)
+    assert actual.cost["requests"] == 12
+    assert expected.needs["gather"].heads == [gna.Head(1, 0), gna.Head(1, 3)]  # the greedy search's, not the order's
+    a, b = actual.to_dict(), expected.to_dict()
+    for data in (a, b):
+        data.pop("cost")
+        data["settings"].pop("estimate")
+    _same(a, b)

@@ -127,12 +127,18 @@ def examined_rows(circuit: GnaCircuit) -> list[dict[str, Any]]:
                 "head": str(item.head),
                 "kind": item.kind or DASH,
                 "role": role,
-                "accuracy, ablated alone at every position": item.ablated_accuracy,
+                "accuracy, ablated alone at every position": _alone(item.ablated_accuracy, item.verified),
                 "effect enters at": _entry(clean, item.ablated_accuracy, item.entry),
                 "pattern shows the role": _pattern(standing),
             }
         )
     return rows
+
+
+def _alone(accuracy: float | None, verified: bool) -> float | str | None:
+    """A head's accuracy ablated alone; for a head cleared in a group (not verified: the head
+    scan's quiet heads, `head_scans.HeadScan.cleared`) its group's, said so."""
+    return accuracy if verified or accuracy is None else f"{accuracy:.3f} (cleared in a group)"
 
 
 def _pattern(standing: Standing | None) -> str:
