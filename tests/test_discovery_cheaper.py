@@ -159,3 +159,32 @@ def test_an_ordered_search_short_of_chance_gives_the_greedy_search():
     segments = segment_positions(task.encode())
     tried = [gna.evaluate(model, task, [gna.Ablate(in_order[:k], positions=segments)]).accuracy for k in (1, 2, 3)]
     assert tried[1] < tried[0] - 0.02 and tried[2] > tried[1] > ordered.accuracy["chance"] + 0.10
+
+
+def test_the_ordered_search_tries_only_heads_that_cost_alone():
+    """`JointSearch.ranked`: heads whose ablation alone costs at least ``min_effect``, those the
+    entry scan measured at the role's positions first (by that accuracy), then the others by
+    their head-scan accuracy; a head that costs nothing alone is the greedy search's."""
+    from gna_interp.discovery.evidence import HeadEvidence
+    from gna_interp.discovery.joint import JointSearch
+    from gna_interp.discovery.roles import RoleThresholds
+
+    def item(name, alone, entry=None):
+        found = HeadEvidence(gna.Head.parse(name), None, alone, True)
+        found.entry = entry
+        return found
+
+    evidence = {
+        e.head: e
+        for e in (
+            item("L0H0", 0.90, {"segments": 0.95}),
+            item("L0H1", 0.80, {"segments": 0.85, "final": 0.97}),
+            item("L0H2", 0.70),  # costly, not entry-scanned: after the scanned ones
+            item("L0H3", 0.985),  # costs 0.005 alone: left out
+            item("L0H4", 0.60, {"final": 0.6}),  # no segments value: ranked by its scan
+        )
+    }
+    search = JointSearch(None, None, None, evidence, None, RoleThresholds(), 64, 64, False)  # type: ignore[arg-type]
+    pool = [*evidence, gna.Head(0, 5)]  # L0H5: never measured
+    assert search.ranked(pool, "gather", clean=0.99) == [gna.Head.parse(n) for n in ("L0H1", "L0H0", "L0H4", "L0H2")]
+    assert search.ranked(pool, "aggregate", clean=0.99) == [gna.Head.parse(n) for n in ("L0H4", "L0H1", "L0H2", "L0H0")]

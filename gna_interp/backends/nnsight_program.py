@@ -211,9 +211,10 @@ def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, lis
       ``max_heads``, ``start_accuracy``, and ``after`` / ``bound``: a role searched after
       another drops that role's chosen heads from its pool and keeps only heads before
       the last of ``bound`` and the chosen heads' positions (or its members); ``search``:
-      ``"greedy"`` (`joint_set`, the default) or ``"ordered"`` (`ordered_set` over the pool
-      in its order, keeping a head that lowers accuracy by ``min_drop``; short of
-      ``threshold``, then `joint_set`, each set measured once);
+      ``"greedy"`` (`joint_set`, the default) or ``"ordered"`` (`ordered_set` over ``order``,
+      the pool heads it tries in its order, keeping a head that lowers accuracy by
+      ``min_drop``; short of ``threshold``, then `joint_set` over the pool, each set
+      measured once);
     - ``n_rows``;
     - ``unembed`` (optional): the ``lm_head`` path; logits are then computed at the final
       position alone.
@@ -268,7 +269,7 @@ def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, lis
         current = role["start_accuracy"]
         remaining = list(pool)
         if role.get("search", "greedy") == "ordered":
-            for h in pool:  # each head once, in the pool's order
+            for h in [h for h in role["order"] if h in pool]:  # each head once, in its order
                 if len(chosen) >= role["max_heads"] or current <= role["threshold"]:
                     break
                 value = accuracy([*chosen, h], role["where"])

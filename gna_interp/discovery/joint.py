@@ -107,21 +107,25 @@ class JointSearch:
         last_aggregate = max((position(h) for h in circuit.aggregate), default=(self.model.n_layers, 0))
         return [h for h in pool if h in members or position(h) < last_aggregate or not bounded]
 
-    def ranked(self, pool: Sequence[Head], role: str) -> list[Head]:
-        """``pool`` in `ordered_set`'s order: heads the entry scan measured at the role's
-        positions by that accuracy (lowest first), then the others by their head-scan
-        accuracy (unmeasured last), ties by head."""
-        where = ROLE_POSITIONS[role]
+    def ranked(self, pool: Sequence[Head], role: str, clean: float) -> list[Head]:
+        """What `ordered_set` tries, in its order: the heads of ``pool`` whose ablation alone
+        (the head scan's, at every position) costs at least ``min_effect`` below ``clean``,
+        those the entry scan measured at the role's positions by that accuracy (lowest
+        first), then the others by their head-scan accuracy, ties by head. A head that costs
+        nothing alone is left to the greedy search (`joint_set`), which runs where these
+        fall short of chance: it is what that search is for."""
+        where, floor = ROLE_POSITIONS[role], self.thresholds.min_effect
+
+        def costly(head: Head) -> bool:
+            item = self.evidence.get(head)
+            return item is not None and item.ablated_accuracy is not None and clean - item.ablated_accuracy >= floor
 
         def key(head: Head) -> tuple:
-            item = self.evidence.get(head)
-            entry = None if item is None or item.entry is None else item.entry.get(where)
-            if entry is not None:
-                return (0, entry, head)
-            alone = None if item is None else item.ablated_accuracy
-            return (1, 2.0 if alone is None else alone, head)
+            item = self.evidence[head]
+            entry = None if item.entry is None else item.entry.get(where)
+            return (0, entry, head) if entry is not None else (1, item.ablated_accuracy, head)
 
-        return sorted(pool, key=key)
+        return sorted((h for h in pool if costly(h)), key=key)
 
     def run(self, circuit: GnaCircuit, role: str, threshold: float, max_heads: int) -> RoleNeed | None:
         """The role's joint set (``None`` if no head lowers accuracy at the role's positions:
@@ -132,7 +136,7 @@ class JointSearch:
         clean = circuit.accuracy["clean"]
         reached = False
         if self.method == "ordered":
-            ranked, min_drop = self.ranked(pool, role), self.thresholds.min_effect
+            ranked, min_drop = self.ranked(pool, role, clean), self.thresholds.min_effect
             ordered_curve: list[tuple[Head, float]] = []
             chosen, _, reached = ordered_set(
                 self.model,

@@ -128,8 +128,8 @@ def joint_search(search: JointSearch, circuit: GnaCircuit, threshold: float, max
     if not roles:
         return {}
     pools = {role: search.pool(circuit, role, bounded=False) for role in roles}
-    if search.method == "ordered":  # the server keeps each pool's order
-        pools = {role: search.ranked(pool, role) for role, pool in pools.items()}
+    clean = circuit.accuracy["clean"]
+    order = {role: search.ranked(pool, role, clean) if search.method == "ordered" else [] for role, pool in pools.items()}
     members = {role: list(getattr(circuit, role)) for role in roles}
     heads = sorted({h for role in roles for h in [*pools[role], *members[role]]})
     ids = {head: i for i, head in enumerate(heads)}
@@ -195,6 +195,7 @@ def joint_search(search: JointSearch, circuit: GnaCircuit, threshold: float, max
                 "after": roles.index("aggregate") if role == "gather" and "aggregate" in roles else None,
                 "bound": bound if role == "gather" else [],
                 "search": search.method,
+                "order": [ids[h] for h in order[role]],
                 "min_drop": search.thresholds.min_effect,
             }
             for role in roles
