@@ -50,7 +50,7 @@ def test_ordered_set_equals_a_loop_over_evaluate(max_heads, threshold, min_drop)
 
 @pytest.fixture(scope="module")
 def deep_mamba2():
-    return deep_toy("mamba2_counting", 12), gna.toy_task("mamba2_counting", 64, seed=4242)  # 96 heads: the prescreen runs
+    return deep_toy("mamba2_counting", 9), gna.toy_task("mamba2_counting", 64, seed=4242)  # 72 heads: the prescreen runs
 
 
 def _found(model, task, **options):

@@ -134,6 +134,7 @@ def test_discover_remote_equals_local_in_twelve_requests(pair):
     _same(a, b)
 
 
+@pytest.mark.slow
 def test_the_servers_ordered_search_falls_back_to_greedy_as_the_local_one():
     """The deep Llama toy at 4 layers: its Gather search in order ends short of chance
     (L1H0 0.400, +L1H2 0.375, +L1H3 rose), so both runs take the greedy search (the server
