@@ -79,13 +79,14 @@ def test_the_deep_toys_stay_within_their_budget(family, budget):
     """32 layers, 200 prompts (the benchmark's setting): the toy's heads shifted to layers
     15 and 16, in at most 30 passes (issue 42's goal). Measured: 26.16 and 29.35 (the joint
     search's ordered sets, the entry scan measuring what the labels read, the quiet heads of
-    layer 16 cleared together); 29.13 and 49.23 before; before the stop of 2026-11-27, 34.01 and 54.57 (the circuit score's variants sharing their
-    corrupted early layers -1.41 / -1.88, one corrupted forward for path patching and the
-    score and path patching's clean run from the prefix cache -1.47, the sweep's baseline
-    assembled row by row from `evaluate`'s chunks -1.0, the prescreen's first-order forward
-    run before the baseline and serving it -1.0); 48.0 and 68.5 before the screened layer
-    scan. The prescreen at first order (the filler layers' heads reach nothing); layers 0-13
-    cleared together, 17-31 by their truncations, 14-16 measured alone."""
+    layer 16 cleared together); 29.13 and 49.23 before; before the stop of 2026-11-27,
+    34.01 and 54.57 (the circuit score's variants sharing their corrupted early layers
+    -1.41 / -1.88, one corrupted forward for path patching and the score and path
+    patching's clean run from the prefix cache -1.47, the sweep's baseline assembled row by
+    row from `evaluate`'s chunks -1.0, the prescreen's first-order forward run before the
+    baseline and serving it -1.0); 48.0 and 68.5 before the screened layer scan. The
+    prescreen at first order (the filler layers' heads reach nothing); layers 0-13 cleared
+    together, 17-31 by their truncations, 14-16 measured alone."""
     task = gna.toy_task(family, 200, seed=4242)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gna.discovery.PositionalAnswerWarning)
