@@ -145,6 +145,21 @@ def test_equals_hand_first_order_twin(models, name):
     assert compared >= 2 * len(streams) and largest > MIN_EFFECT
 
 
+@pytest.mark.parametrize("name", ["llama-tlens", "falcon_h1"])
+def test_senders_scored_in_blocks_give_the_same_scores(models, monkeypatch, name):
+    """`edges.SENDER_BLOCK` only bounds each product's size: blocks of 3 heads (several per
+    site, the last one short) give the scores of one block per site, to float rounding."""
+    from gna_interp.patching import edges
+
+    model = models[1][name]
+    receivers = receivers_of(model)
+    whole = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, receivers=receivers, progress=False)
+    monkeypatch.setattr(edges, "SENDER_BLOCK", 3)
+    blocked = gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, receivers=receivers, progress=False)
+    assert torch.equal(whole.scores.isnan(), blocked.scores.isnan()) and whole.scores.isnan().sum() < whole.scores.numel()
+    assert torch.allclose(whole.scores, blocked.scores, rtol=1e-6, atol=1e-9, equal_nan=True)
+
+
 def test_backends_agree(models):
     loaded = models[1]
     receivers = [H(2, 0), H(2, 3), H(1, 5)]

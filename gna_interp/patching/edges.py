@@ -93,6 +93,11 @@ if TYPE_CHECKING:
 
 METHODS = ("first_order", "exact_upstream", "exact_receiver")
 
+SENDER_BLOCK = 4096
+"""Senders of one site scored by one product (``[copy, batch, pos, block, d_head]``): a site's
+heads at once, not one by one (a Python loop of small GPU kernels, each read back to the CPU,
+over the 8,192 channels of each Falcon-Mamba-7B layer), in blocks that bound its size."""
+
 
 def edge_attribution(
     model: GnaModel,
@@ -274,6 +279,11 @@ def edge_attribution(
         *((r, streams[0]) for r in nodes),
     ]  # MLP and logits receivers last, scored from the point run
     flat = torch.zeros((len(sender_list), len(every)))  # sender -> one score per copy, summed over the points
+    by_site: dict[Site, list[tuple[int, int]]] = {}  # site -> (row of ``flat``, head index) of each sender there
+    for i, head in enumerate(head_senders):
+        site, index = model.head_site(head)
+        by_site.setdefault(site, []).append((i, index))
+    senders_by_site = {site: (torch.tensor([i for i, _ in pairs]), torch.tensor([h for _, h in pairs])) for site, pairs in by_site.items()}
     clean_acts: dict[Site, Tensor] = {}
     baseline = float("nan")
     n_chunks = -(-len(copies) // per_chunk)
@@ -318,11 +328,13 @@ def edge_attribution(
                     bar.update(1)
                     continue
                 sender_grads = _chunk_gradients(model, clean_batch, base, chunk, acts, grads, first, frozen_sites)
-                for i, head in enumerate(head_senders):  # path="all": heads only
-                    site, index = model.head_site(head)
-                    delta = (corrupt_out.acts[site][:, :, index] - clean_acts[site][:, :, index]).float()  # [batch | 1, pos, d_head]
-                    grad = sender_grads[site][:, :, :, index].float()  # [copy, batch, pos, d_head]
-                    flat[i, offset : offset + len(chunk)] += (delta.expand_as(grad[0]) * grad).sum((1, 2, 3)).cpu() / steps
+                for site, (flat_rows, sender_indices) in senders_by_site.items():  # path="all": heads only, a site's at once
+                    for block in range(0, len(sender_indices), SENDER_BLOCK):  # bounds the product's size
+                        at = sender_indices[block : block + SENDER_BLOCK]
+                        delta = (corrupt_out.acts[site][:, :, at] - clean_acts[site][:, :, at]).float()  # [batch | 1, pos, k, d_head]
+                        grad = sender_grads[site][:, :, :, at].float()  # [copy, batch, pos, k, d_head]
+                        found = (delta.expand_as(grad[0]) * grad).sum((1, 2, 4)).cpu() / steps  # [copy, k]
+                        flat[flat_rows[block : block + SENDER_BLOCK], offset : offset + len(chunk)] += found.T
                 bar.update(1)
     for i, head in enumerate(sender_list):
         for j, (receiver, _) in enumerate(every):
