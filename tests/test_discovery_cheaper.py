@@ -188,3 +188,9 @@ def test_the_ordered_search_tries_only_heads_that_cost_alone():
     pool = [*evidence, gna.Head(0, 5)]  # L0H5: never measured
     assert search.ranked(pool, "gather", clean=0.99) == [gna.Head.parse(n) for n in ("L0H1", "L0H0", "L0H4", "L0H2")]
     assert search.ranked(pool, "aggregate", clean=0.99) == [gna.Head.parse(n) for n in ("L0H4", "L0H1", "L0H2", "L0H0")]
+
+
+def test_the_entry_scan_refuses_an_unknown_position_set():
+    model, task = gna.load_toy("llama"), gna.toy_task("llama", 8)
+    with pytest.raises(GnaValueError, match=r"where=\['final', 'start'\]: 'start' is not an entry position set; expected some of"):
+        entry_scan(model, task, task.encode(), [gna.Head(0, 0)], progress=False, where=("final", "start"))

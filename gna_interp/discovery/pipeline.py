@@ -116,10 +116,11 @@ def discover(
             ``"none"``, it names no role heads, and its summary, JSON and report say "no
             retrieval to explain" with the numbers.
         joint_search: how the joint stage grows each role's set (`joint.JOINT_SEARCHES`):
-            ``"ordered"`` adds the pool's heads in the order of their own effect at the
-            role's positions (the entry scan's), one forward per set; ``"greedy"`` re-ranks
-            the rest after each head, one forward per pool head at each step (it finds
-            heads that matter only together sooner, at several times the forwards).
+            ``"ordered"`` tries the pool's heads that cost accuracy alone, in the order of
+            their own effect at the role's positions (the entry scan's), one forward per head
+            tried, and where they fall short of chance runs the greedy search over the whole
+            pool; ``"greedy"`` runs only that search, which re-ranks the rest after each head,
+            one forward per pool head at each step.
         progress: progress bars: one per scan, and `evaluate`'s per-batch bars (its
             default: tasks of more than 4 batches) for the single evaluations of the
             baseline, the label check and the confirmation. ``False``: no bar at all.
