@@ -342,7 +342,7 @@ def ablate_command(args: argparse.Namespace) -> int:
     task = build_task(args)
 
     from .core.interventions import Ablate
-    from .evaluation import evaluate
+    from .scoring.evaluation import evaluate
 
     # mean: over the task's own tokens; resample: each head's output on the corrupted prompts
     corrupt = task if args.how == "mean" else corrupted_task(task, args.seed) if args.how == "resample" else None

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.circuit_scores import MIB_FRACTIONS, CircuitScore, realised_sizes
 from gna_interp.models.tiny import tiny_model
+from gna_interp.scoring.circuit_scores import MIB_FRACTIONS, CircuitScore, realised_sizes
 
 from . import path_twin
 from .conftest import CLEAN, CORRUPT, TOL, no_hooks_anywhere

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.edge_faithfulness import EdgeFaithfulnessCurve, rank_edges
+from gna_interp.scoring.edge_faithfulness import EdgeFaithfulnessCurve, rank_edges
 from gna_interp.tasks.base import Example
 from gna_interp.viz.faithfulness import faithfulness_figure
 
@@ -277,7 +277,7 @@ def test_head_options_with_an_edge_ranking_are_refused(models, task):
 
 
 def test_edge_name_spells_an_edge():
-    from gna_interp.edge_faithfulness import edge_name
+    from gna_interp.scoring.edge_faithfulness import edge_name
 
     assert edge_name((H(0, 1), H(1, 3), "k")) == "L0H1->L1H3.k"
     assert edge_name((H(2, 0), H(3, 5), "any")) == "L2H0->L3H5.any"

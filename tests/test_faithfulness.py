@@ -17,8 +17,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import gna_interp as gna
-from gna_interp.faithfulness import FaithfulnessCurve, rank_heads
 from gna_interp.patching.metrics import candidate_logit_diff
+from gna_interp.scoring.faithfulness import FaithfulnessCurve, rank_heads
 from gna_interp.zoo.store import toy_path
 
 from .conftest import raw_logits

@@ -22,7 +22,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("backends", "tasks"),
     ("models",),
     ("patching", "attention"),
-    ("evaluation", "curve", "faithfulness", "edge_faithfulness", "circuit_scores", "retention"),
+    ("scoring",),
     ("discovery",),
     ("viz", "zoo"),
     ("harness", "commands", "cli", "_smoke", ""),  # "": the top-level namespace
@@ -126,7 +126,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_reader_sees_lazy_and_function_level_imports():
     graph = import_graph()
     assert "gna_interp.core.heads" in graph["gna_interp.core.arch"]  # module level
-    assert "gna_interp.models.jobs" in graph["gna_interp.evaluation"]  # inside a function
+    assert "gna_interp.models.jobs" in graph["gna_interp.scoring.evaluation"]  # inside a function
     assert "gna_interp.models.handle" in graph["gna_interp.discovery.picture"]  # under TYPE_CHECKING
     assert "gna_interp.viz.report" in graph["gna_interp"]  # the lazy namespace's write_report
     assert "gna_interp.core.interventions" in graph["gna_interp.core"]  # a lazy subpackage's table

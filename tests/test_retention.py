@@ -259,7 +259,7 @@ class Boom(RuntimeError):
 
 
 def test_no_hook_or_cache_outlives_a_failed_curve(toy_llamas, llama_task, monkeypatch):
-    import gna_interp.faithfulness as faithfulness
+    import gna_interp.scoring.faithfulness as faithfulness
 
     model = toy_llamas["nnsight"]
     before = logits(model, llama_task)
@@ -281,7 +281,7 @@ def test_no_hook_or_cache_outlives_a_failed_curve(toy_llamas, llama_task, monkey
 
 
 def test_no_hook_outlives_a_failed_ranking(toy_llamas, monkeypatch):
-    import gna_interp.retention as retention
+    import gna_interp.scoring.retention as retention
 
     task = gna.toy_task("llama", 6, seed=SEED)
     toy = toy_llamas["tlens"]

@@ -13,8 +13,8 @@ import torch
 import gna_interp as gna
 from gna_interp.backends.jobs import Job
 from gna_interp.core.plan import Plan, Ref, Site, SiteKind
-from gna_interp.evaluation import evaluate_many
 from gna_interp.models.jobs import run_jobs
+from gna_interp.scoring.evaluation import evaluate_many
 from gna_interp.zoo.deep import deep_toy
 
 N_PROMPTS = 40

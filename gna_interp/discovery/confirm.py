@@ -9,16 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..circuit_scores import circuit_score, circuit_score_from
 from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Ablate, Intervention
 from ..core.plan import Site
 from ..cost import cost_meter
-from ..evaluation import evaluate_many
 from ..models.jobs import is_batched_remote
 from ..patching.metrics import Metric, logit_diff, reduce_metric
 from ..patching.paths import ANY, check_senders, path_patching, path_scores, prepare
+from ..scoring.circuit_scores import circuit_score, circuit_score_from
+from ..scoring.evaluation import evaluate_many
 from ..tasks.base import Task
 from . import memo, remote, sizes
 from .circuit import GnaCircuit

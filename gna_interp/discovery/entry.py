@@ -13,9 +13,9 @@ from torch import Tensor
 from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Ablate
-from ..evaluation import evaluate_many
 from ..models.jobs import is_batched_remote
 from ..progress import progress_bar
+from ..scoring.evaluation import evaluate_many
 from .memo import accuracy as _accuracy
 
 if TYPE_CHECKING:

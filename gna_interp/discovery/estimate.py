@@ -33,8 +33,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..circuit_scores import MIB_FRACTIONS, realised_sizes
 from ..progress import progress_bar
+from ..scoring.circuit_scores import MIB_FRACTIONS, realised_sizes
 
 if TYPE_CHECKING:
     from ..cost import Cost

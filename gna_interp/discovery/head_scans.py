@@ -19,11 +19,11 @@ from torch import Tensor
 from ..core.heads import Head
 from ..core.inputs import Batch
 from ..core.interventions import Ablate
-from ..evaluation import evaluate_many
 from ..models.jobs import is_batched_remote
 from ..patching.metrics import candidate_accuracy
 from ..patching.sweeps import ablation_sweep
 from ..progress import progress_bar
+from ..scoring.evaluation import evaluate_many
 from .group_testing import Measure, SpreadGroup, StagedGroupTesting, group_testing, search_needed
 from .memo import accuracy as _accuracy
 from .memo import remember

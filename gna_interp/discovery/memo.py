@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..core.errors import GnaTypeError
 from ..core.interventions import Ablate, Intervention, SkipLayers, Truncate
-from ..evaluation import evaluate
+from ..scoring.evaluation import evaluate
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel

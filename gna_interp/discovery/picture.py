@@ -38,7 +38,7 @@ from torch import Tensor
 
 from ..core.heads import Head
 from ..core.interventions import Ablate
-from ..evaluation import evaluate
+from ..scoring.evaluation import evaluate
 from .roles import RoleMasses, role_masses
 
 if TYPE_CHECKING:

@@ -44,8 +44,8 @@ import torch
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
 from ..cost import cost_meter
-from ..evaluation import evaluate
 from ..progress import progress_bar
+from ..scoring.evaluation import evaluate
 from ..tasks.base import Task
 from . import head_scans, memo, remote
 from . import stages as stage

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 from ..core.heads import Head
 from ..core.interventions import Ablate, Intervention, Truncate
 from ..core.plan import Plan, Site, SiteKind
-from ..evaluation import Evaluation, _single_token_chunks, evaluate_many, evaluate_with_logits
 from ..models.jobs import is_batched_remote
+from ..scoring.evaluation import Evaluation, _single_token_chunks, evaluate_many, evaluate_with_logits
 from ..tasks.mcq import shuffle_labels
 from . import layer_scans
 from .circuit import GnaCircuit

@@ -9,12 +9,12 @@ import copy
 import math
 from typing import TYPE_CHECKING, Any
 
-from ..faithfulness import faithfulness_curve
+from ..scoring.faithfulness import faithfulness_curve
 from .picture import need_curve
 
 if TYPE_CHECKING:
     from ..core.heads import Head
-    from ..faithfulness import FaithfulnessCurve
+    from ..scoring.faithfulness import FaithfulnessCurve
     from .circuit import GnaCircuit
 
 

@@ -17,8 +17,8 @@ import torch
 from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Ablate
-from ..evaluation import Evaluation, check_task, evaluate
 from ..models.structure import ablating_every_head_skips, acts_where_it_writes, mixer_is_the_block
+from ..scoring.evaluation import Evaluation, check_task, evaluate
 from ..tasks.base import Task
 from ..tasks.mcq import shuffle_labels
 from . import head_scans, layer_scans, memo, remote

@@ -1,4 +1,4 @@
-"""A faithfulness curve (`gna_interp.faithfulness.FaithfulnessCurve`) as a figure.
+"""A faithfulness curve (`gna_interp.scoring.faithfulness.FaithfulnessCurve`) as a figure.
 
 `faithfulness_figure` draws accuracy against the number of heads kept (every other head
 ablated), with the clean and chance accuracies as lines and, when the curve has one, the
@@ -19,8 +19,8 @@ from .figures import to_svg
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..faithfulness import FaithfulnessCurve
-    from ..retention import RetentionCurve
+    from ..scoring.faithfulness import FaithfulnessCurve
+    from ..scoring.retention import RetentionCurve
 
 CURVE, CLEAN, CHANCE, CIRCUIT = "#2166ac", "#1a9850", "#888888", "#d73027"
 
@@ -81,7 +81,7 @@ def draw_faithfulness(figure: Any, curve: FaithfulnessCurve, *, title: str | Non
 
 
 def _check(curve: Any) -> None:
-    from ..faithfulness import FaithfulnessCurve
+    from ..scoring.faithfulness import FaithfulnessCurve
 
     if not isinstance(curve, FaithfulnessCurve):
         raise GnaTypeError(f"curve={type(curve).__name__}: expected a FaithfulnessCurve (gna.faithfulness_curve)")
@@ -133,7 +133,7 @@ def draw_retention(figure: Any, curve: RetentionCurve, *, title: str | None = No
 
 
 def _check_retention(curve: Any) -> None:
-    from ..retention import RetentionCurve
+    from ..scoring.retention import RetentionCurve
 
     if not isinstance(curve, RetentionCurve):
         raise GnaTypeError(f"curve={type(curve).__name__}: expected a RetentionCurve (gna.retention_curve)")

@@ -48,8 +48,8 @@ from .summary import PARTIAL_BELOW, carries, carry_rows
 if TYPE_CHECKING:
     from ..discovery.circuit import GnaCircuit
     from ..discovery.picture import RolePicture
-    from ..faithfulness import FaithfulnessCurve
-    from ..retention import RetentionCurve
+    from ..scoring.faithfulness import FaithfulnessCurve
+    from ..scoring.retention import RetentionCurve
 
 ReportLike = tuple["GnaCircuit", Any, Any]
 """``(circuit, model or None, task or None)``: patterns are drawn when both are given."""

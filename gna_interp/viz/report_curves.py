@@ -17,8 +17,8 @@ from .report_html import figure_html, table
 
 if TYPE_CHECKING:
     from ..discovery.circuit import GnaCircuit
-    from ..faithfulness import FaithfulnessCurve
-    from ..retention import RetentionCurve
+    from ..scoring.faithfulness import FaithfulnessCurve
+    from ..scoring.retention import RetentionCurve
 
 
 HOW = {
@@ -106,7 +106,7 @@ def retention_html(curve: RetentionCurve, folder: Path, slug: str) -> str:
 
 def check_faithfulness(faithfulness: Any, circuits: list[GnaCircuit]) -> dict[str, FaithfulnessCurve]:
     """``write_report``'s ``faithfulness``: model names of ``circuits`` to curves of their heads."""
-    from ..faithfulness import FaithfulnessCurve
+    from ..scoring.faithfulness import FaithfulnessCurve
 
     if faithfulness is None:
         return {}
@@ -130,7 +130,7 @@ def check_faithfulness(faithfulness: Any, circuits: list[GnaCircuit]) -> dict[st
 
 def check_retention(retention: Any, circuits: list[GnaCircuit]) -> dict[str, RetentionCurve]:
     """``write_report``'s ``retention``: model names of ``circuits`` to keep-only curves."""
-    from ..retention import RetentionCurve
+    from ..scoring.retention import RetentionCurve
 
     if retention is None:
         return {}

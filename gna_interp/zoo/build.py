@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from ..core.errors import GnaValueError
-from ..evaluation import evaluate
 from ..models.loading import load
+from ..scoring.evaluation import evaluate
 from ..tasks.toy import toy_mcq, toy_tokenizer
 from .card import CHANCE_MARGIN, ablation_facts, label_reading
 from .recipes import Recipe

@@ -10,7 +10,7 @@ from ..core.heads import Head
 from ..core.interventions import Ablate
 from ..discovery.head_scans import head_scan
 from ..discovery.joint import collapsing_set
-from ..evaluation import evaluate
+from ..scoring.evaluation import evaluate
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel

@@ -30,26 +30,26 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from .core.compile import heads_of_kind
-from .core.errors import GnaTypeError, GnaValueError, short_repr
-from .core.heads import Head
-from .core.inputs import UnknownWordsWarning, unk_id
-from .core.interventions import ABLATION_KINDS, HEAD_KINDS, Ablate
-from .cost import cost_meter
+from ..core.compile import heads_of_kind
+from ..core.errors import GnaTypeError, GnaValueError, short_repr
+from ..core.heads import Head
+from ..core.inputs import UnknownWordsWarning, unk_id
+from ..core.interventions import ABLATION_KINDS, HEAD_KINDS, Ablate
+from ..cost import cost_meter
+from ..patching.metrics import candidate_accuracy
+from ..patching.results import SweepResult
+from ..patching.sweeps import ablation_sweep
+from ..progress import progress_bar
+from ..tasks.base import TASK_HOW, Task, not_a_task
+from ..tasks.kv import kv_probe
 from .curve import check_sizes
 from .evaluation import check_context, check_distinct_candidates, check_task, evaluate
 from .faithfulness import keep_only_summary, rank_heads
-from .patching.metrics import candidate_accuracy
-from .patching.results import SweepResult
-from .patching.sweeps import ablation_sweep
-from .progress import progress_bar
-from .tasks.base import TASK_HOW, Task, not_a_task
-from .tasks.kv import kv_probe
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .models.handle import GnaModel
+    from ..models.handle import GnaModel
 
 CHANCE_MARGIN = 0.1
 """`retrieval_ranking` warns when the clean probe accuracy is within this of chance."""

@@ -1,5 +1,5 @@
 """The result of a faithfulness curve (`FaithfulnessCurve`) and what head and edge curves
-share: the default sizes and one point's summary (`gna_interp.faithfulness` defines the
+share: the default sizes and one point's summary (`gna_interp.scoring.faithfulness` defines the
 quantities)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from .core.errors import GnaTypeError, GnaValueError
-from .core.heads import Head
+from ..core.errors import GnaTypeError, GnaValueError
+from ..core.heads import Head
 from .evaluation import Evaluation
 
 if TYPE_CHECKING:

@@ -11,22 +11,22 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from .core.errors import GnaTypeError, GnaValueError
-from .core.heads import Head
+from ..core.errors import GnaTypeError, GnaValueError
+from ..core.heads import Head
+from ..patching.direct import check_mlp, mlp_layer, mlp_name, node_position
+from ..patching.edge_sets import edge_set_logits
+from ..patching.metrics import Metric, check_metric, logits_read, reads_position, reduce_metric
+from ..patching.paths import PathKind, prepare
+from ..patching.results import EdgeResult
+from ..progress import progress_bar
+from ..tasks.base import Task
 from .curve import FaithfulnessCurve, check_sizes, summary
 from .evaluation import Evaluation, check_task
-from .patching.direct import check_mlp, mlp_layer, mlp_name, node_position
-from .patching.edge_sets import edge_set_logits
-from .patching.metrics import Metric, check_metric, logits_read, reads_position, reduce_metric
-from .patching.paths import PathKind, prepare
-from .patching.results import EdgeResult
-from .progress import progress_bar
-from .tasks.base import Task
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .models.handle import GnaModel
+    from ..models.handle import GnaModel
 
 Edge = tuple[Head | str, Head | str, str]
 """``(sender, receiver, stream)``; the stream ``"any"`` stands for every input stream of

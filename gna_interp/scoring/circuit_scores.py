@@ -30,24 +30,24 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from .core.compile import Sources, ablation_values, head_mask, heads_by_site
-from .core.errors import GnaTypeError, GnaValueError
-from .core.heads import Head
-from .core.plan import Edit
+from ..core.compile import Sources, ablation_values, head_mask, heads_by_site
+from ..core.errors import GnaTypeError, GnaValueError
+from ..core.heads import Head
+from ..core.plan import Edit
+from ..models.handle import check_model
+from ..patching.edge_sets import edge_set_logits
+from ..patching.metrics import Metric, check_metric, logits_read, reduce_metric
+from ..patching.paths import PathKind, prepare
+from ..patching.results import EdgeResult, SweepResult
+from ..patching.variants import Variant, run_variants
+from ..progress import progress_bar
 from .edge_faithfulness import Edge, ablated_edges, edge_name, edge_senders, edge_streams, is_edge_ranking, rank_edges
 from .faithfulness import rank_heads
-from .models.handle import check_model
-from .patching.edge_sets import edge_set_logits
-from .patching.metrics import Metric, check_metric, logits_read, reduce_metric
-from .patching.paths import PathKind, prepare
-from .patching.results import EdgeResult, SweepResult
-from .patching.variants import Variant, run_variants
-from .progress import progress_bar
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .models.handle import GnaModel
+    from ..models.handle import GnaModel
 
 MIB_FRACTIONS: tuple[float, ...] = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 """MIB's circuit sizes, as fractions of the units (its ``evaluate_area_under_curve``)."""

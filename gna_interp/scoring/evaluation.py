@@ -20,17 +20,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from .core.errors import GnaValueError
-from .core.inputs import Batch, make_batch
-from .core.interventions import Ablate, Intervention, KeepOnly, MaskAttentionRows, Patch, as_interventions
-from .models.handle import check_model
-from .progress import progress_bar
-from .tasks.base import EncodedTask, Task, not_a_task
+from ..core.errors import GnaValueError
+from ..core.inputs import Batch, make_batch
+from ..core.interventions import Ablate, Intervention, KeepOnly, MaskAttentionRows, Patch, as_interventions
+from ..models.handle import check_model
+from ..progress import progress_bar
+from ..tasks.base import EncodedTask, Task, not_a_task
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .models.handle import GnaModel
+    from ..models.handle import GnaModel
 
 
 @dataclass
@@ -270,7 +270,7 @@ def evaluate_with_logits(
     activations (mean / resample ablation, patching) capture them first, in requests of
     their own; runs with multi-token candidates are evaluated one by one.
     """
-    from .models.jobs import JobList, is_batched_remote
+    from ..models.jobs import JobList, is_batched_remote
 
     if not is_batched_remote(model):
         evaluations = [evaluate(model, task, interventions, batch_size=batch_size, progress=progress) for task, interventions in runs]

@@ -1,7 +1,7 @@
 """`faithfulness_curve`: how much of a task the top-n heads of a ranking carry on their own.
 
 Keep the ``n`` highest-ranked heads, ablate every other head of the model (attention and
-SSM heads alike), and evaluate the task (`gna_interp.evaluation.evaluate`). As ``n`` grows
+SSM heads alike), and evaluate the task (`gna_interp.scoring.evaluation.evaluate`). As ``n`` grows
 from 0 (every head ablated) to every head (nothing ablated: the clean model, exactly), the
 accuracy climbs from the ablated floor to the clean accuracy; a faithful ranking climbs
 early. With ``circuit=`` the curve also has the point of exactly those heads kept: "how
@@ -31,19 +31,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .core.compile import heads_of_kind
-from .core.errors import GnaTypeError, GnaValueError
-from .core.heads import Head
-from .core.interventions import ABLATION_KINDS, KeepOnly
+from ..core.compile import heads_of_kind
+from ..core.errors import GnaTypeError, GnaValueError
+from ..core.heads import Head
+from ..core.interventions import ABLATION_KINDS, KeepOnly
+from ..patching.results import EdgeResult, SweepResult
+from ..progress import progress_bar
+from ..tasks.base import Task
 from .curve import FaithfulnessCurve, check_sizes, summary
 from .edge_faithfulness import Edge, edge_faithfulness_curve, is_edge_ranking
 from .evaluation import check_task, evaluate
-from .patching.results import EdgeResult, SweepResult
-from .progress import progress_bar
-from .tasks.base import Task
 
 if TYPE_CHECKING:
-    from .models.handle import GnaModel
+    from ..models.handle import GnaModel
 
 
 def faithfulness_curve(
