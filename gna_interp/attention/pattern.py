@@ -183,7 +183,7 @@ def _compute(
         reads += layer_reads
     plan = model.compile_plan(batch, [*model.active_interventions, *interventions])
     with torch.no_grad():
-        values = model.backend.run(batch, plan, reads=reads, logits_to_keep=1).reads  # logits unread
+        values = model.run_plan(batch, plan, reads=reads, logits_to_keep=1, prefix=False).reads  # logits unread
     mask = batch.attention_mask.bool()
     out: dict[Site, Any] = {}
     for site, (start, stop, query_union) in spans.items():

@@ -17,7 +17,7 @@ from ..core.heads import Head, Resid, Target, refuse_string
 from ..core.inputs import Batch, check_token_ids, make_batch
 from ..core.interventions import Ablate, Intervention, as_interventions
 from ..core.layout import ModelLayout
-from ..core.plan import Plan, Site, SiteKind
+from ..core.plan import Plan, Read, Site, SiteKind
 from .prefix import DEFAULT_PREFIX_MB, PrefixCache
 from .swap_block import swapped_in_layers
 
@@ -259,12 +259,31 @@ class GnaModel:
         finally:
             self._sources = None
 
-    def run_plan(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), logits_to_keep: int = 0) -> RunOutput:
-        """``backend.run``, starting from the clean prefix cached by an open `prefix_cache`
-        where the plan allows (see `gna_interp.models.prefix`)."""
-        if self._prefix is None:
-            return self.backend.run(batch, plan, capture=capture, logits_to_keep=logits_to_keep)  # type: ignore[no-any-return]
+    def run_plan(
+        self,
+        batch: Batch,
+        plan: Plan,
+        capture: Collection[Site] = (),
+        logits_to_keep: int = 0,
+        *,
+        reads: Sequence[Read] = (),
+        grad: bool = False,
+        prefix: bool = True,
+    ) -> RunOutput:
+        """The one way a forward of a `Plan` runs (`Backend.run`'s arguments): from the clean
+        prefix cached by an open `prefix_cache` where the plan allows (see
+        `gna_interp.models.prefix`), or in full with ``prefix=False``, ``grad=True`` (autograd
+        records every block) or ``reads`` (attention weights are read where they are made)."""
+        if self._prefix is None or not prefix or grad or reads:
+            out = self.backend.run(batch, plan, capture=capture, reads=reads, grad=grad, logits_to_keep=logits_to_keep)
+            return out  # type: ignore[no-any-return]
         return self._prefix.run(batch, plan, capture, logits_to_keep)
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether the model's forwards run elsewhere (NDIF, or nnsight's ``remote="local"``
+        simulation): no local backward, no prefix cache, each forward a request."""
+        return bool(getattr(self.backend, "remote", False))
 
     def prefix_sites(self, batch: Batch) -> set[Site]:
         """The residual sites an open `prefix_cache` keeps of ``batch`` (empty when none is open):
@@ -285,7 +304,7 @@ class GnaModel:
         block from its cached clean residual stream (`gna_interp.models.prefix`): the same
         numbers, fewer blocks evaluated. Nested blocks share the outer cache; a remote model
         gets none (yields ``None``). The cache is dropped on exit."""
-        if self._prefix is not None or getattr(self.backend, "remote", False):
+        if self._prefix is not None or self.is_remote:
             yield self._prefix
             return
         self._prefix = PrefixCache(self.backend, self.n_layers, self.d_model, max_mb)

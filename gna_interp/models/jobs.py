@@ -25,7 +25,7 @@ from .prefix import PrefixCache
 
 def is_batched_remote(model: GnaModel) -> bool:
     """Whether `run_jobs` sends the model's jobs as session requests."""
-    return bool(getattr(model.backend, "remote", False)) and hasattr(model.backend, "run_many")
+    return model.is_remote and hasattr(model.backend, "run_many")
 
 
 def run_jobs(model: GnaModel, jobs: Sequence[Job]) -> list[RunOutput | None]:
@@ -43,10 +43,7 @@ def run_jobs(model: GnaModel, jobs: Sequence[Job]) -> list[RunOutput | None]:
     for job in jobs:
         plan = resolved(job.plan, full)
         last = 0 if job.keep == 1 else 1  # keep 0 / 2: the final position's logits alone are computed
-        if job.reads:
-            out = model.backend.run(job.batch, plan, capture=job.capture, reads=job.reads, logits_to_keep=last)
-        else:
-            out = model.run_plan(job.batch, plan, job.capture, logits_to_keep=last)
+        out = model.run_plan(job.batch, plan, job.capture, logits_to_keep=last, reads=job.reads)  # reads: in full
         full.append(out)
         outputs.append(kept(out, job.keep))
     return outputs

@@ -157,7 +157,7 @@ def swap_layers(target: Any, donor: Any, layers: LayerMap) -> Iterator[Any]:
 
 def _hf_model(model: Any, role: str) -> Any:
     if isinstance(model, GnaModel):
-        if getattr(model.backend, "remote", False):
+        if model.is_remote:
             raise GnaValueError(f"swap_layers: the {role} runs remotely (NDIF); swap the blocks of a local model")
         return model.hf_model
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):

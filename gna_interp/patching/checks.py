@@ -44,7 +44,7 @@ def check_ablation(how: str, corrupt: Any) -> None:
 
 def check_local(model: GnaModel, what: str) -> None:
     """Gradients need the weights here: a remote model is refused."""
-    if getattr(model.backend, "remote", False):
+    if model.is_remote:
         raise GnaValueError(f"{what} needs gradients of a local forward: load the model without remote=")
 
 

@@ -79,7 +79,7 @@ class _EdgeSets:
             plan.start = (start, s.clean[Site(SiteKind.RESID, start)])
         for site, edit in patches:
             plan.add(site, edit)
-        out = s.model.backend.run(s.batch, plan, capture=capture, logits_to_keep=keep)
+        out = s.model.run_plan(s.batch, plan, capture=capture, logits_to_keep=keep, prefix=False)
         return out.acts if capture else out.logits
 
     def logits(self, keep: int) -> Tensor:
@@ -121,7 +121,7 @@ class _EdgeSets:
             plan = Plan()
             plan.extend(s.base)
             plan.start = (model.n_layers, resid + self.writes(LOGITS, (model.n_layers, 0)))
-            return s.model.backend.run(s.batch, plan, logits_to_keep=keep).logits
+            return s.model.run_plan(s.batch, plan, logits_to_keep=keep, prefix=False).logits
         logits = self.c_run(start, patches, set(), keep)
         assert isinstance(logits, Tensor)
         return logits
@@ -186,4 +186,4 @@ class _EdgeSets:
             plan.add(site, edit.tiled(self.n_rows, copies))
         for site, edit in extra:
             plan.add(site, edit)
-        return s.model.backend.run(s.batch.repeat(copies), plan, capture=capture, logits_to_keep=1).acts
+        return s.model.run_plan(s.batch.repeat(copies), plan, capture=capture, logits_to_keep=1, prefix=False).acts

@@ -266,7 +266,7 @@ class _Chunk:
             plan.add(Site(SiteKind.RESID, 0), Edit(torch.ones((), dtype=torch.bool), resid + self.delta(upto)))
         for site, edit in extra:
             plan.add(site, edit)
-        out = self.s.model.backend.run(self.batch, plan, capture=capture, logits_to_keep=keep)
+        out = self.s.model.run_plan(self.batch, plan, capture=capture, logits_to_keep=keep, prefix=False)
         return out.logits, out.acts
 
     def d_run(
@@ -292,7 +292,7 @@ class _Chunk:
             plan.add(site, Edit(every, value))
         for site, edit in extra:
             plan.add(site, edit)
-        out = self.s.model.backend.run(self.batch, plan, capture=capture, logits_to_keep=keep)
+        out = self.s.model.run_plan(self.batch, plan, capture=capture, logits_to_keep=keep, prefix=False)
         return out.logits, out.acts
 
     def c_run(self, start: int, patches: list[tuple[Site, Edit]], capture: set[Site], keep: int = 1) -> tuple[Tensor, dict[Site, Tensor]]:
@@ -300,7 +300,7 @@ class _Chunk:
         plan = self.plan(start)
         for site, edit in patches:
             plan.add(site, edit)
-        out = self.s.model.backend.run(self.batch, plan, capture=capture, logits_to_keep=keep)
+        out = self.s.model.run_plan(self.batch, plan, capture=capture, logits_to_keep=keep, prefix=False)
         return out.logits, out.acts
 
     def scores(self) -> list[float]:

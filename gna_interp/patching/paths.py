@@ -344,7 +344,7 @@ def prepare(
     heads, to_logits = parse_receivers(model, receivers, mlps if direct else None)
     streams = parse_streams(model, receiver_input)
     whole_output = isinstance(receiver_input, str) and receiver_input == ANY
-    if direct and getattr(model.backend, "remote", False):
+    if direct and model.is_remote:
         raise GnaValueError("path='direct' computes the senders' writes from the out-projection weights: load the model without remote=")
     check_reach(model, senders, heads, to_logits, mlps)
     nodes = {site for s in senders if not isinstance(s, Head) for site in write_sites(model, s)}  # embed, MLPs
@@ -361,7 +361,9 @@ def prepare(
     clean_sites |= {Site(SiteKind.MLP_IN, layer) for layer in mlps} | {Site(SiteKind.RESID, layer) for layer in mlps if layer > 0}
     clean_out = _clean_run(model, clean_batch, base, clean_sites, keep)
     corrupt_sites = {model.head_site(head)[0] for head in head_senders} | nodes | set(corrupt_sites_extra)
-    corrupt_out = model.backend.run(corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=corrupt_sites, logits_to_keep=keep)
+    corrupt_out = model.run_plan(
+        corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=corrupt_sites, logits_to_keep=keep, prefix=False
+    )
     setup = PathSetup(
         model=model,
         batch=clean_batch,
@@ -386,5 +388,5 @@ def _clean_run(model: GnaModel, batch: Batch, base: Plan, capture: set[Site], ke
     without a cached entry, the one forward it would run anyway, which fills it); an edited
     plan runs whole, as a cache miss would cost an extra clean forward there."""
     if base:
-        return model.backend.run(batch, base, capture=capture, logits_to_keep=keep)  # type: ignore[no-any-return]
+        return model.run_plan(batch, base, capture=capture, logits_to_keep=keep, prefix=False)  # type: ignore[no-any-return]
     return model.run_plan(batch, base, capture=capture, logits_to_keep=keep)

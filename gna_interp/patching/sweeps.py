@@ -135,7 +135,7 @@ def patching_sweep(
         layer_sites = set(heads_by_site(model.layout, chosen))
     else:
         layer_sites = {Site(SiteKind.RESID, layer) for layer in range(model.n_layers)}
-    source_out = model.backend.run(source, source_base, capture=layer_sites, logits_to_keep=logits_read(metric))
+    source_out = model.run_plan(source, source_base, capture=layer_sites, logits_to_keep=logits_read(metric), prefix=False)
     reference = reduce_metric(metric(source_out.logits), metric, source.n_rows)
     source_acts = source_out.acts
     del source_out  # its logits are read: not held through the sweep's forwards

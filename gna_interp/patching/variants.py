@@ -125,7 +125,7 @@ def run_variants(
     def run(indices: list[int], plan: Plan, start: tuple[int, Tensor] | None, capture: set[Site]) -> dict[Site, Tensor]:
         if start is not None:
             plan.start = (start[0], start[1].repeat(len(indices), 1, 1))
-        out = model.backend.run(batch.repeat(len(indices)), plan, capture=capture, logits_to_keep=keep)
+        out = model.run_plan(batch.repeat(len(indices)), plan, capture=capture, logits_to_keep=keep, prefix=False)
         for i, rows in zip(indices, out.logits.split(batch.n_rows), strict=True):
             scores[i] = reduce_metric(metric(rows), metric, batch.n_rows)
         return out.acts
