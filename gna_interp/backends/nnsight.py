@@ -54,6 +54,7 @@ import nnsight
 import torch
 from torch import Tensor
 
+from ..core import search
 from ..core.arch import ArchSpec, LayerMixer, LayerSpec
 from ..core.errors import GnaValueError
 from ..core.inputs import Batch
@@ -75,6 +76,7 @@ _STREAMS = program.STREAMS  # column blocks of a module's output or input, per u
 _MODULE_INPUT = program.MODULE_INPUT  # an MLP norm's input, whole
 _MODULE_OUTPUT = program.MODULE_OUTPUT  # an MLP's output, whole
 
+nnsight.register(search)  # the joint search the program runs
 nnsight.register(program)  # shipped by value: NDIF need not have gna_interp installed
 
 

@@ -10,16 +10,20 @@ NDIF server where gna_interp is not installed.
   ``("ref", job, slot, copies)`` in a step is the value job ``job`` of the same session
   saved in ``slot``, repeated ``copies`` times along the batch: a clean prefix or a patch
   source captured on the server and used there, never sent back and forth.
-- `greedy_joint`: the joint search of `discover` (`gna_interp.discovery.joint.joint_set`)
-  as a session program: its data-dependent steps run on the server, in one request.
+- `greedy_joint`: the joint search of `discover` as a session program: the one search
+  (`gna_interp.core.search.role_set`, shipped by value with this module) over an accuracy
+  oracle of traces run on the server, in one request.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import nnsight
 import torch
+
+from ..core.search import role_set
 
 # Step opcodes, in the order a block executes them (see NNsightBackend.steps).
 READ_INPUT = 0  # a block's (or the final norm's) input: the residual stream
@@ -195,7 +199,7 @@ def verdicts(logits: Any, candidate_ids: Any, correct: Any) -> Any:
 
 
 def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, list]:
-    """`gna_interp.discovery.joint.joint_set` for one or more roles, in order, on the server.
+    """`gna_interp.core.search.role_set` for one or more roles, in order, on the server.
 
     ``problem`` holds plain data built by the client (`gna_interp.discovery.remote`):
 
@@ -264,33 +268,15 @@ def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, lis
             earlier = out[role["after"]][1]
             last = max([*role["bound"], *(problem["positions"][h] for h in earlier)])
             pool = [h for h in pool if h not in earlier and (h in role["members"] or problem["positions"][h] < last)]
-        chosen: list = []
-        curve: list = []
-        current = role["start_accuracy"]
-        remaining = list(pool)
-        if role.get("search", "greedy") == "ordered":
-            for h in [h for h in role["order"] if h in pool]:  # each head once, in its order
-                if len(chosen) >= role["max_heads"] or current <= role["threshold"]:
-                    break
-                value = accuracy([*chosen, h], role["where"])
-                if current - value >= role["min_drop"]:
-                    chosen.append(h)
-                    current = value
-                    curve.append(current)
-            if current <= role["threshold"]:
-                remaining = []
-            else:  # short of chance: the greedy search, from scratch
-                chosen, curve, current = [], [], role["start_accuracy"]
-        for _ in range(min(role["max_heads"], len(remaining))):  # greedy: every remaining head at each step
-            trials = [(accuracy([*chosen, h], role["where"]), h) for h in remaining]
-            best_accuracy, best = min(trials)
-            if best_accuracy >= current:
-                break
-            chosen.append(best)
-            remaining.remove(best)
-            current = best_accuracy
-            curve.append(current)
-            if current <= role["threshold"]:
-                break
+        chosen, curve, _ = role_set(
+            pool,
+            [h for h in role["order"] if h in pool],
+            partial(accuracy, where=role["where"]),
+            role["start_accuracy"],
+            role["threshold"],
+            role["max_heads"],
+            method=role.get("search", "greedy"),
+            min_drop=role["min_drop"],
+        )
         out.append((pool, chosen, curve, accuracy(chosen, "all") if chosen else None))
     return out, cost

@@ -7,12 +7,13 @@ effect at the role's positions, each head kept if it lowers the set's accuracy),
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from ..core import search
 from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Ablate
@@ -28,7 +29,7 @@ from .roles import RoleScores, RoleThresholds, pattern_agrees, role_scores
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
 
-JOINT_SEARCHES = ("ordered", "greedy")
+JOINT_SEARCHES = search.SEARCHES
 """`discover`'s ``joint_search``: ``"ordered"`` (`ordered_set`: one forward per head tried;
 where it falls short of chance, `joint_set` then, the sets it measured answered by the
 accuracy memo) or ``"greedy"`` (`joint_set` alone: one forward per pool head at each step)."""
@@ -132,39 +133,20 @@ class JointSearch:
         confirmation then falls back to the most harmful heads of the role)."""
         positions = self.encoded.final if role == "aggregate" else segment_positions(self.encoded)
         pool = self.pool(circuit, role)
-        curve: list[tuple[Head, float]] = []
         clean = circuit.accuracy["clean"]
-        reached = False
-        if self.method == "ordered":
-            ranked, min_drop = self.ranked(pool, role, clean), self.thresholds.min_effect
-            ordered_curve: list[tuple[Head, float]] = []
-            chosen, _, reached = ordered_set(
-                self.model,
-                self.task,
-                ranked,
-                positions,
-                threshold,
-                max_heads,
-                min_drop=min_drop,
-                progress=self.progress,
-                desc=f"joint {role}",
-                clean=clean,
-                curve=ordered_curve,
-            )
-            curve += ordered_curve if reached else []
-        if not reached:  # greedy (after an ordered search short of chance, its sets come from the memo)
-            chosen, _, _ = joint_set(
-                self.model,
-                self.task,
-                pool,
-                positions,
-                threshold,
-                max_heads,
-                progress=self.progress,
-                desc=f"joint {role}",
-                clean=clean,
-                curve=curve,
-            )
+        ranked = self.ranked(pool, role, clean) if self.method == "ordered" else []
+        chosen, values, _ = search.role_set(
+            pool,
+            ranked,
+            _oracle(self.model, self.task, positions),
+            clean,
+            threshold,
+            max_heads,
+            method=self.method,
+            min_drop=self.thresholds.min_effect,
+            track=_bar(self.progress, f"joint {role}"),
+        )
+        curve = list(zip(chosen, values, strict=True))
         if not chosen:
             return None
         accuracy = _accuracy(self.model, self.task, [Ablate(chosen)])
@@ -217,23 +199,12 @@ def joint_set(
         the heads chosen (in order), the accuracy with them ablated at ``positions``, and
         whether it reached ``threshold``.
     """
-    chosen: list[Head] = []
-    accuracy = _accuracy(model, task) if clean is None else clean
-    remaining = list(pool)
-    bar = progress_bar(range(min(max_heads, len(remaining))), show=progress, desc=desc)
-    for _ in bar:
-        trials = {h: _accuracy(model, task, [Ablate([*chosen, h], positions=positions)]) for h in remaining}
-        best = min(remaining, key=lambda h: (trials[h], h))
-        if trials[best] >= accuracy:
-            break
-        chosen.append(best)
-        remaining.remove(best)
-        accuracy = trials[best]
-        if curve is not None:
-            curve.append((best, accuracy))
-        if accuracy <= threshold:
-            return chosen, accuracy, True
-    return chosen, accuracy, False
+    start = _accuracy(model, task) if clean is None else clean
+    oracle = _oracle(model, task, positions)
+    chosen, values, accuracy = search.greedy_set(pool, oracle, start, threshold, max_heads, _bar(progress, desc))
+    if curve is not None:
+        curve += zip(chosen, values, strict=True)
+    return chosen, accuracy, accuracy <= threshold and bool(chosen)
 
 
 def ordered_set(
@@ -268,19 +239,21 @@ def ordered_set(
         the heads kept (in ``ranked``'s order), the accuracy with them ablated at
         ``positions``, and whether it reached ``threshold``.
     """
-    chosen: list[Head] = []
-    accuracy = _accuracy(model, task) if clean is None else clean
-    for head in progress_bar(list(ranked), show=progress, desc=desc):
-        if len(chosen) >= max_heads or accuracy <= threshold:
-            break
-        value = _accuracy(model, task, [Ablate([*chosen, head], positions=positions)])
-        if accuracy - value < min_drop:
-            continue
-        chosen.append(head)
-        accuracy = value
-        if curve is not None:
-            curve.append((head, value))
+    start = _accuracy(model, task) if clean is None else clean
+    oracle = _oracle(model, task, positions)
+    chosen, values, accuracy = search.ordered_set(ranked, oracle, start, threshold, max_heads, min_drop, _bar(progress, desc))
+    if curve is not None:
+        curve += zip(chosen, values, strict=True)
     return chosen, accuracy, accuracy <= threshold
+
+
+def _oracle(model: GnaModel, task: Task, positions: Tensor) -> Callable[[list[Head]], float]:
+    """``heads -> accuracy`` with them ablated together at ``positions`` (behind the memo)."""
+    return lambda heads: _accuracy(model, task, [Ablate(heads, positions=positions)])
+
+
+def _bar(progress: bool, desc: str) -> Callable[[Iterable[Any]], Iterable[Any]]:
+    return lambda steps: progress_bar(steps, show=progress, desc=desc)
 
 
 def collapsing_set(

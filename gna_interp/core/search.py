@@ -1,0 +1,128 @@
+"""The joint search of discovery, written once: a set of heads whose ablation together takes
+accuracy down to a threshold, over an accuracy oracle.
+
+``accuracy(heads)`` is the task's accuracy with ``heads`` ablated together (at the role's
+positions): `gna_interp.discovery.joint` answers it locally with `evaluate` behind the accuracy
+memo; `gna_interp.backends.nnsight_program.greedy_joint` answers it on an NDIF server with its
+own traces. Heads are any ordered, hashable values (`Head` locally, integer ids on the server,
+numbered in `Head` order, so ties break the same way on both).
+
+This module uses builtins alone: it is shipped by value with the server program
+(``nnsight.register``), so an NDIF server needs no gna_interp.
+
+- `greedy_set`: at each step the head whose ablation with those chosen lowers accuracy most
+  (one oracle call per remaining head per step): finds backup heads, which cost nothing alone.
+- `ordered_set`: each head of a ranking tried once, kept if it lowers the set's accuracy by at
+  least ``min_drop`` (one oracle call per head tried).
+- `role_set`: ``"ordered"``, and `greedy_set` from scratch where it falls short of the
+  threshold; or ``"greedy"`` alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+H = TypeVar("H")
+T = TypeVar("T")
+
+SEARCHES = ("ordered", "greedy")
+"""`role_set`'s methods (`discover`'s ``joint_search``)."""
+
+
+def _plain(items: Iterable[T]) -> Iterable[T]:
+    return items
+
+
+def greedy_set(
+    pool: Sequence[H],
+    accuracy: Callable[[list[H]], float],
+    start: float,
+    threshold: float,
+    max_heads: int,
+    track: Callable[[Iterable[Any]], Iterable[Any]] = _plain,
+) -> tuple[list[H], list[float], float]:
+    """Add, at each step, the head of ``pool`` whose ablation together with those chosen
+    gives the lowest accuracy (ties: the smallest head); stop at ``threshold``, at
+    ``max_heads``, or when no head lowers accuracy below the current value.
+
+    Args:
+        pool: the heads to choose from.
+        accuracy: the oracle, ``heads -> accuracy`` with them ablated together.
+        start: the accuracy with nothing ablated.
+        threshold: stop once accuracy is at most this.
+        max_heads: the most heads chosen.
+        track: wraps the loop over steps (a progress bar); identity by default.
+
+    Returns:
+        ``(chosen, curve, accuracy)``: the heads in the order chosen, the accuracy after each,
+        and the last accuracy (``start`` if none was chosen).
+    """
+    chosen: list[H] = []
+    curve: list[float] = []
+    current = start
+    remaining = list(pool)
+    for _ in track(range(min(max_heads, len(remaining)))):
+        best_accuracy, best = min((accuracy([*chosen, h]), h) for h in remaining)  # type: ignore[type-var]
+        if best_accuracy >= current:
+            break
+        chosen.append(best)
+        remaining.remove(best)
+        current = best_accuracy
+        curve.append(current)
+        if current <= threshold:
+            break
+    return chosen, curve, current
+
+
+def ordered_set(
+    ranked: Sequence[H],
+    accuracy: Callable[[list[H]], float],
+    start: float,
+    threshold: float,
+    max_heads: int,
+    min_drop: float,
+    track: Callable[[Iterable[Any]], Iterable[Any]] = _plain,
+) -> tuple[list[H], list[float], float]:
+    """Try ``ranked``'s heads in order, each ablated together with those kept: keep it if
+    accuracy falls by at least ``min_drop``; stop at ``threshold``, at ``max_heads`` kept,
+    or at the end of ``ranked``. Arguments and returns as `greedy_set`'s (the curve holds
+    the accuracy after each head kept)."""
+    chosen: list[H] = []
+    curve: list[float] = []
+    current = start
+    for head in track(list(ranked)):
+        if len(chosen) >= max_heads or current <= threshold:
+            break
+        value = accuracy([*chosen, head])
+        if current - value < min_drop:
+            continue
+        chosen.append(head)
+        current = value
+        curve.append(value)
+    return chosen, curve, current
+
+
+def role_set(
+    pool: Sequence[H],
+    ranked: Sequence[H],
+    accuracy: Callable[[list[H]], float],
+    start: float,
+    threshold: float,
+    max_heads: int,
+    *,
+    method: str,
+    min_drop: float,
+    track: Callable[[Iterable[Any]], Iterable[Any]] = _plain,
+) -> tuple[list[H], list[float], float]:
+    """One role's set: ``method="ordered"`` runs `ordered_set` over ``ranked`` and, where it
+    falls short of ``threshold``, `greedy_set` over ``pool`` from scratch (an oracle with a
+    memo answers the sets measured twice); ``"greedy"`` runs `greedy_set` alone. Returns as
+    `greedy_set`."""
+    if method not in SEARCHES:
+        raise ValueError(f"method={method!r}: expected one of {list(SEARCHES)}")
+    if method == "ordered":
+        chosen, curve, value = ordered_set(ranked, accuracy, start, threshold, max_heads, min_drop, track)
+        if value <= threshold:
+            return chosen, curve, value
+    return greedy_set(pool, accuracy, start, threshold, max_heads, track)
