@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from ..discovery.circuit import GnaCircuit
     from ..discovery.picture import RolePicture
     from ..scoring.faithfulness import FaithfulnessCurve
-    from ..scoring.retention import RetentionCurve
+    from ..scoring.retention_results import RetentionCurve
 
 ReportLike = tuple["GnaCircuit", Any, Any]
 """``(circuit, model or None, task or None)``: patterns are drawn when both are given."""
