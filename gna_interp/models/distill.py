@@ -22,7 +22,8 @@ was never interrupted.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,19 @@ def distill(
             arguments, or a student / teacher pair that do not match.
     """
     plan = _steps_per_stage(stages, steps)
+    _check_pair(student, teacher)
+    options = _Options(batch_size, lr, seed, temperature, positions, train, max_grad_norm, checkpoint_every, callback, show_progress)
+    options.check()
+    run = _start(student, teacher, _texts_source(data), plan, options, checkpoint_dir)
+    with _training_only(student.hf_model, run.params):
+        offset = 0
+        for stage, total in plan.items():
+            _run_stage(run, stage, total, offset)
+            offset += total
+    return run.history
+
+
+def _check_pair(student: Any, teacher: Any) -> None:
     if not hasattr(getattr(student, "hf_model", None), "model") or not hasattr(student.hf_model.model, "block_inputs"):
         raise GnaTypeError(f"distill: student={student!r}: expected the GnaModel gna_interp.hybridize returns")
     if int(student.vocab_size) != int(teacher.vocab_size) or int(student.n_layers) != int(teacher.n_layers):
@@ -226,26 +240,79 @@ def distill(
             f"distill: the student ({student.n_layers} layers, vocabulary {student.vocab_size}) does not match the teacher "
             f"({teacher.n_layers} layers, vocabulary {teacher.vocab_size})"
         )
-    if positions not in POSITIONS:
-        raise GnaValueError(f"distill: positions={positions!r}: expected one of {POSITIONS}")
-    if train not in TRAIN:
-        raise GnaValueError(f"distill: train={train!r}: expected one of {TRAIN}")
-    if max_grad_norm is not None and not max_grad_norm > 0:
-        raise GnaValueError(f"distill: max_grad_norm={max_grad_norm!r}: expected a positive float or None")
-    if batch_size < 1 or checkpoint_every < 1 or lr <= 0 or temperature <= 0:
-        raise GnaValueError(
-            f"distill: batch_size={batch_size}, checkpoint_every={checkpoint_every}, lr={lr}, temperature={temperature}: "
-            "expected positive values"
-        )
-    source = _texts_source(data)
-    settings = {"stages": list(plan), "steps": plan, "batch_size": batch_size, "lr": lr, "seed": seed, "temperature": temperature}
-    if positions != "all":
-        settings["positions"] = positions
-    settings["train"], settings["max_grad_norm"] = train, max_grad_norm
+
+
+@dataclass(frozen=True)
+class _Options:
+    """`distill`'s keyword options (see its Args)."""
+
+    batch_size: int
+    lr: float
+    seed: int
+    temperature: float
+    positions: str
+    train: str
+    max_grad_norm: float | None
+    checkpoint_every: int
+    callback: Callable[[str, int, float], None] | None
+    show_progress: bool
+
+    def check(self) -> None:
+        if self.positions not in POSITIONS:
+            raise GnaValueError(f"distill: positions={self.positions!r}: expected one of {POSITIONS}")
+        if self.train not in TRAIN:
+            raise GnaValueError(f"distill: train={self.train!r}: expected one of {TRAIN}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise GnaValueError(f"distill: max_grad_norm={self.max_grad_norm!r}: expected a positive float or None")
+        if self.batch_size < 1 or self.checkpoint_every < 1 or self.lr <= 0 or self.temperature <= 0:
+            raise GnaValueError(
+                f"distill: batch_size={self.batch_size}, checkpoint_every={self.checkpoint_every}, lr={self.lr}, "
+                f"temperature={self.temperature}: expected positive values"
+            )
+
+
+@dataclass
+class _Run:
+    """A `distill` call under way: what it trains, and where it stands (``history``, ``done``:
+    steps finished per stage; ``saved``: the checkpoint it resumed from, if any)."""
+
+    student: Any
+    teacher: Any
+    source: Callable[[int, torch.Generator, int], list[str]]
+    options: _Options
+    settings: dict[str, Any]  # what a checkpoint must have been written with
+    params: list[Tensor]
+    path: Path | None
+    history: DistillHistory
+    done: dict[str, int]
+    saved: dict[str, Any] | None
+
+
+def _start(
+    student: Any,
+    teacher: Any,
+    source: Callable[[int, torch.Generator, int], list[str]],
+    plan: dict[str, int],
+    options: _Options,
+    checkpoint_dir: str | os.PathLike[str] | None,
+) -> _Run:
+    """The parameters to train, and the student resumed from a checkpoint in ``checkpoint_dir``
+    written with the same settings, if there is one."""
+    settings = {
+        "stages": list(plan),
+        "steps": plan,
+        "batch_size": options.batch_size,
+        "lr": options.lr,
+        "seed": options.seed,
+        "temperature": options.temperature,
+    }
+    if options.positions != "all":
+        settings["positions"] = options.positions
+    settings["train"], settings["max_grad_norm"] = options.train, options.max_grad_norm
     model = student.hf_model
-    params = [p for _, p in trained_parameters(model, train)]
+    params = [p for _, p in trained_parameters(model, options.train)]
     if not params:
-        raise GnaValueError(f"distill: train={train!r} selects no parameter of the student")
+        raise GnaValueError(f"distill: train={options.train!r} selects no parameter of the student")
     path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
     history, done = DistillHistory(), {stage: 0 for stage in plan}
     saved = _load_checkpoint(path, settings)
@@ -253,8 +320,13 @@ def distill(
         model.load_state_dict(saved["student"])
         history = DistillHistory(**saved["history"])
         done = saved["done"]
-    n_layers = int(teacher.n_layers)
-    offset = 0
+    return _Run(student, teacher, source, options, settings, params, path, history, done, saved)
+
+
+@contextmanager
+def _training_only(model: Any, params: list[Tensor]) -> Iterator[None]:
+    """``model`` in train mode with gradients for ``params`` alone; its mode and flags given
+    back and its gradients cleared on the way out, exceptions included."""
     was_training = model.training
     trained = {id(p) for p in params}
     frozen = [(p, p.requires_grad) for p in model.parameters() if id(p) not in trained]
@@ -262,40 +334,49 @@ def distill(
     try:
         for p, _ in frozen:  # no gradient computed (or accumulated) for what does not train
             p.requires_grad_(False)
-        for stage, total in plan.items():
-            optimizer = torch.optim.AdamW(params, lr=lr)
-            if saved is not None and saved["stage"] == stage and done[stage] < total:
-                optimizer.load_state_dict(saved["optimizer"])
-            for step in progress_bar(range(done[stage], total), show=show_progress, desc=f"distill stage {stage}"):
-                generator = torch.Generator().manual_seed(seed * 1_000_003 + offset + step)
-                texts = source(offset + step, generator, batch_size)
-                with torch.no_grad():
-                    logits, acts = teacher.run(texts, capture=[Resid(layer) for layer in range(n_layers + 1)])
-                batch = student.to_batch(texts)
-                mask = batch.attention_mask
-                if stage == "A":
-                    loss = _stage_a_loss(model, [acts[Resid(layer)].detach() for layer in range(n_layers + 1)], mask)
-                else:
-                    weight_mask = last_token_mask(mask) if positions == "last" else None
-                    loss = _stage_b_loss(model, batch.input_ids, mask, logits.detach(), temperature, weight_mask)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if max_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-                optimizer.step()
-                history.append(stage, step, float(loss.detach()))
-                done[stage] = step + 1
-                if path is not None and (done[stage] % checkpoint_every == 0 or done[stage] == total):
-                    _save_checkpoint(path, settings, model, optimizer, history, done, stage)
-                if callback is not None:
-                    callback(stage, step, float(loss.detach()))
-            offset += total
+        yield
     finally:
         for p, flag in frozen:
             p.requires_grad_(flag)
         model.train(was_training)
         model.zero_grad(set_to_none=True)
-    return history
+
+
+def _run_stage(run: _Run, stage: str, total: int, offset: int) -> None:
+    """Stage ``stage``'s steps from where ``run`` stands to ``total`` (``offset``: the steps of
+    the stages before it), each logged, checkpointed and reported."""
+    options, model = run.options, run.student.hf_model
+    optimizer = torch.optim.AdamW(run.params, lr=options.lr)
+    if run.saved is not None and run.saved["stage"] == stage and run.done[stage] < total:
+        optimizer.load_state_dict(run.saved["optimizer"])
+    for step in progress_bar(range(run.done[stage], total), show=options.show_progress, desc=f"distill stage {stage}"):
+        loss = _step_loss(run, stage, offset + step)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if options.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(run.params, options.max_grad_norm)
+        optimizer.step()
+        run.history.append(stage, step, float(loss.detach()))
+        run.done[stage] = step + 1
+        if run.path is not None and (run.done[stage] % options.checkpoint_every == 0 or run.done[stage] == total):
+            _save_checkpoint(run.path, run.settings, model, optimizer, run.history, run.done, stage)
+        if options.callback is not None:
+            options.callback(stage, step, float(loss.detach()))
+
+
+def _step_loss(run: _Run, stage: str, global_step: int) -> Tensor:
+    """The loss of the batch of ``global_step`` (drawn with a generator seeded by it)."""
+    options, model, n_layers = run.options, run.student.hf_model, int(run.teacher.n_layers)
+    generator = torch.Generator().manual_seed(options.seed * 1_000_003 + global_step)
+    texts = run.source(global_step, generator, options.batch_size)
+    with torch.no_grad():
+        logits, acts = run.teacher.run(texts, capture=[Resid(layer) for layer in range(n_layers + 1)])
+    batch = run.student.to_batch(texts)
+    mask = batch.attention_mask
+    if stage == "A":
+        return _stage_a_loss(model, [acts[Resid(layer)].detach() for layer in range(n_layers + 1)], mask)
+    weight_mask = last_token_mask(mask) if options.positions == "last" else None
+    return _stage_b_loss(model, batch.input_ids, mask, logits.detach(), options.temperature, weight_mask)
 
 
 def _save_checkpoint(

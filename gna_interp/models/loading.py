@@ -96,6 +96,22 @@ def load(
             do not match the config, a tokenizer that is not the model's (naming its class
             and ``tokenizer=``), or a bad ``backend`` / ``remote``.
     """
+    _check_options(model, backend, remote, arch, hf_kwargs)
+    if remote is True:
+        return _load_remote(model, tokenizer)
+    source, access = _preflight(model, hf_kwargs)  # no weights yet; a hub id without network fails here, in seconds
+    tokenizer_given = tokenizer is not None
+    tokenizer = _tokenizer(tokenizer, model, source, access)
+    hf_model, name = _hf_model(model, source, device, dtype, {**hf_kwargs, **access}, check_weights)
+    problem = tokenizer_problem(tokenizer, embedding_rows(hf_model))
+    if problem is not None:
+        raise tokenizer_error(tokenizer, problem, "passed as tokenizer=" if tokenizer_given else "loaded with the model")
+    spec = arch if arch is not None else spec_for_model(hf_model)
+    return _handle(hf_model, tokenizer, spec, name, backend, remote)
+
+
+def _check_options(model: Any, backend: str | None, remote: bool | str, arch: ArchSpec | None, hf_kwargs: dict[str, Any]) -> None:
+    """`load`'s keywords checked, before anything is read."""
     check_keywords(hf_kwargs)
     if arch is not None and not isinstance(arch, ArchSpec):
         raise GnaTypeError(f"arch= expects a gna_interp.ArchSpec (the family as data), got {type(arch).__name__}")
@@ -107,17 +123,11 @@ def load(
         raise GnaValueError(f"remote={remote!r}: expected False, True (NDIF) or 'local' (nnsight's local simulation)")
     if remote and backend == "tlens":
         raise GnaValueError("remote execution runs through nnsight: use backend='nnsight' (or leave backend unset)")
-    if remote is True:
-        return _load_remote(model, tokenizer)
 
-    source, access = _preflight(model, hf_kwargs)  # no weights yet; a hub id without network fails here, in seconds
-    tokenizer_given = tokenizer is not None
-    tokenizer = _tokenizer(tokenizer, model, source, access)
-    hf_model, name = _hf_model(model, source, device, dtype, {**hf_kwargs, **access}, check_weights)
-    problem = tokenizer_problem(tokenizer, embedding_rows(hf_model))
-    if problem is not None:
-        raise tokenizer_error(tokenizer, problem, "passed as tokenizer=" if tokenizer_given else "loaded with the model")
-    spec = arch if arch is not None else spec_for_model(hf_model)
+
+def _handle(hf_model: Any, tokenizer: Any, spec: ArchSpec, name: str, backend: str | None, remote: bool | str) -> GnaModel:
+    """The loaded model on its backend (``backend``, or the family's default; nnsight for
+    ``remote="local"`` and for a model holding blocks of another family)."""
     foreign = swapped_in_layers(hf_model, spec.layers_path)
     backend = "nnsight" if remote or (foreign and backend is None) else (backend or spec.default_backend)
     _check_backend(spec, backend, foreign)

@@ -37,6 +37,7 @@ plus the estimated effect, so ``effects()``, ``top()``, ``normalized()`` and
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -248,62 +249,101 @@ def integrated_effects(
     n = batch.n_rows
     per_chunk = n if max_rows is None else max(1, max_rows)
     cuts = [slice(a, min(a + per_chunk, n)) for a in range(0, n, per_chunk)]
-    keep = logits_read(metric)
+    path = _GatePath(model, batch, base, targets, sorted(targets), cuts, logits_read(metric), on_clean)
     if baseline is None and (rule == "midpoint" or 0 not in points):
-        if len(cuts) == 1:
-            logits = model.backend.run(batch, base, logits_to_keep=keep).logits
-        else:
-            logits = torch.cat([model.backend.run(batch.rows(c), base.rows(n, c), logits_to_keep=keep).logits for c in cuts])
-        baseline = reduce_metric(metric(logits), metric, n)
-    sites = sorted(targets)
-    effects = {site: torch.zeros(_gate_shape(model, site, batch.n_pos)[1:-1]) for site in sites}
+        baseline = path.ungated(metric)
+    effects = {site: torch.zeros(_gate_shape(model, site, batch.n_pos)[1:-1]) for site in path.sites}
     offset = 0.5 if rule == "midpoint" else 0.0
+    with progress_bar(total=len(points) * len(cuts), show=progress, desc="attribution") as bar:
+        for j in points:
+            measured = _add_point(path, metric, (j + offset) / steps, steps, effects, clean_capture, j == 0 and baseline is None, bar)
+            if measured is not None:
+                baseline = measured  # alpha = 0: the gates change nothing
+    assert baseline is not None
+    return effects, float(baseline)
 
-    def gated(c: slice, alpha: float, grad: bool, capture: Collection[Site] = ()) -> tuple[Tensor, dict[Site, Tensor]]:
+
+@dataclass(frozen=True)
+class _GatePath:
+    """`integrated_effects`'s runs: ``batch`` under ``base`` in row chunks ``cuts``, every
+    site of ``targets`` (``sites``, sorted) gated towards its target value."""
+
+    model: GnaModel
+    batch: Any
+    base: Plan
+    targets: dict[Site, Tensor]
+    sites: list[Site]
+    cuts: list[slice]
+    keep: Any  # the positions the metric reads
+    on_clean: Callable[[dict[Site, Tensor]], None] | None
+
+    def ungated(self, metric: Metric) -> float:
+        """The metric of the ungated run (a plain forward, chunked as the gated ones)."""
+        batch, base, n = self.batch, self.base, self.batch.n_rows
+        if len(self.cuts) == 1:
+            logits = self.model.backend.run(batch, base, logits_to_keep=self.keep).logits
+        else:
+            logits = torch.cat([self.model.backend.run(batch.rows(c), base.rows(n, c), logits_to_keep=self.keep).logits for c in self.cuts])
+        return reduce_metric(metric(logits), metric, n)
+
+    def run(self, c: slice, alpha: float, grad: bool, capture: Collection[Site] = ()) -> tuple[Tensor, dict[Site, Tensor]]:
         """Chunk ``c``'s logits at ``alpha`` and its gates (leaves when ``grad``); ``capture``
         handed to ``on_clean``, detached."""
-        gates = {site: torch.full(_gate_shape(model, site, batch.n_pos), alpha, requires_grad=grad) for site in sites}
-        whole = len(cuts) == 1
+        batch, base, n = self.batch, self.base, self.batch.n_rows
+        gates = {site: torch.full(_gate_shape(self.model, site, batch.n_pos), alpha, requires_grad=grad) for site in self.sites}
+        whole = len(self.cuts) == 1
         if whole:
             plan = Plan(start=base.start)
             plan.extend(base)
         else:
             plan = base.rows(n, c)
-        for site in sites:
-            target = targets[site]
+        for site in self.sites:
+            target = self.targets[site]
             if not whole and target.dim() > 0 and target.shape[0] == n:
                 target = target[c]
             plan.add(site, Edit(gates[site], target))
-        out = model.backend.run(batch if whole else batch.rows(c), plan, grad=grad, logits_to_keep=keep, capture=capture)
-        if capture and on_clean is not None:
-            on_clean({site: act.detach() for site, act in out.acts.items()})
+        out = self.model.backend.run(batch if whole else batch.rows(c), plan, grad=grad, logits_to_keep=self.keep, capture=capture)
+        if capture and self.on_clean is not None:
+            self.on_clean({site: act.detach() for site, act in out.acts.items()})
         return out.logits, gates
 
-    with progress_bar(total=len(points) * len(cuts), show=progress, desc="attribution") as bar:
-        for j in points:
-            alpha = (j + offset) / steps
-            held: Tensor | None = None
-            if len(cuts) > 1:  # every row's logits at alpha, held while one chunk's backward runs
-                with torch.no_grad():
-                    held = torch.cat([gated(c, alpha, False)[0] for c in cuts])
-                if j == 0 and baseline is None:
-                    baseline = float(_scalar(metric(held), metric, need_grad=False))
-            for c in cuts:
-                clean_run = alpha == 0 and len(cuts) == 1 and on_clean is not None
-                logits, gates = gated(c, alpha, True, clean_capture if clean_run else ())
-                if held is not None:
-                    logits = torch.cat([held[: c.start], logits, held[c.stop :]])
-                value = _scalar(metric(logits), metric)
-                if j == 0 and baseline is None:
-                    baseline = float(value.detach())  # alpha = 0: the gates change nothing
-                grads = _gradients(value, [gates[site] for site in sites])
-                charge(model.backend, backwards=1, backward_block_rows=(c.stop - c.start) * (model.n_layers - base.start_layer))
-                for site, grad in zip(sites, grads, strict=True):
-                    effects[site] += grad.detach()[0, ..., 0].float().cpu() / steps
-                del logits, value  # free this chunk's graph before the next forward: one graph at a time
-                bar.update(1)
-    assert baseline is not None
-    return effects, float(baseline)
+
+def _add_point(
+    path: _GatePath,
+    metric: Metric,
+    alpha: float,
+    steps: int,
+    effects: dict[Site, Tensor],
+    clean_capture: Collection[Site],
+    measure: bool,
+    bar: Any,
+) -> float | None:
+    """One point of the sum: ``dm/dw(alpha) / steps`` added to ``effects``, chunk by chunk
+    (every row's logits at ``alpha`` held while one chunk's backward runs). Returns the
+    metric at ``alpha`` where ``measure``, else None."""
+    model, cuts = path.model, path.cuts
+    measured: float | None = None
+    held: Tensor | None = None
+    if len(cuts) > 1:
+        with torch.no_grad():
+            held = torch.cat([path.run(c, alpha, False)[0] for c in cuts])
+        if measure:
+            measured = float(_scalar(metric(held), metric, need_grad=False))
+    for c in cuts:
+        clean_run = alpha == 0 and len(cuts) == 1 and path.on_clean is not None
+        logits, gates = path.run(c, alpha, True, clean_capture if clean_run else ())
+        if held is not None:
+            logits = torch.cat([held[: c.start], logits, held[c.stop :]])
+        value = _scalar(metric(logits), metric)
+        if measure and measured is None:
+            measured = float(value.detach())
+        grads = _gradients(value, [gates[site] for site in path.sites])
+        charge(model.backend, backwards=1, backward_block_rows=(c.stop - c.start) * (model.n_layers - path.base.start_layer))
+        for site, grad in zip(path.sites, grads, strict=True):
+            effects[site] += grad.detach()[0, ..., 0].float().cpu() / steps
+        del logits, value  # free this chunk's graph before the next forward: one graph at a time
+        bar.update(1)
+    return measured
 
 
 def _gate_shape(model: GnaModel, site: Site, n_pos: int) -> tuple[int, ...]:

@@ -65,6 +65,7 @@ match the sum of their separate path-patching effects (measured in docs/attribut
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -80,7 +81,7 @@ from ..progress import progress_bar
 from .attribution import _gradients, _scalar
 from .checks import check_local, clean_corrupt_batches
 from .direct import LOGITS, mlp_name, node_position, node_write, write_sites
-from .edges_direct import _direct_gradients, _hold_other_inputs, _receiver_contraction, interpolated, mlp_input_gradients, node_site
+from .edges_direct import _chunk_gradients, _direct_gradients, interpolated, mlp_input_gradients, node_site
 from .edges_exact import _exact_upstream
 from .metrics import Metric, check_metric, logits_read, reduce_metric
 from .path_chain import norm_inputs, receiver_streams
@@ -152,7 +153,7 @@ def edge_attribution(
             to the receiver's stream taken exactly (path patching's D run, one stacked copy
             per sender), the receiver linear, and the gradient downstream of it integrated
             over ``steps`` midpoints of a path per receiver stream (default 1, the midpoint:
-            on the toys as good as 8; see the module docs). Cost: a stacked forward of ``senders + 2`` copies, two
+            on the toys as good as 8). Cost: a stacked forward of ``senders + 2`` copies, two
             forwards per stream name, and ``steps + 1`` stacked forwards and backwards (one
             copy per receiver stream). ``"exact_receiver"``: the same, with the receiver's
             output recomputed exactly under each sender's stream change instead of ``K_r``
@@ -173,6 +174,16 @@ def edge_attribution(
         estimates them (``meta["method"]``: ``"first_order"``, ``"exact_upstream"`` or
         ``"exact_receiver"``).
     """
+    direct = _check_call(model, clean, corrupt, metric, steps, method, path)
+    edges = _edges(model, receivers, senders, receiver_input, direct)
+    if method != "first_order":
+        return _exact(model, clean, corrupt, metric, edges, receivers, method, steps, interventions, max_rows, memory_budget_mb, progress)
+    run = _prepare(model, clean, corrupt, metric, edges, steps, direct, interventions, max_rows, memory_budget_mb)
+    return _first_order(run, path, progress)
+
+
+def _check_call(model: GnaModel, clean: Any, corrupt: Any, metric: Metric, steps: object, method: str, path: object) -> bool:
+    """The metric, the model, ``steps``, ``method`` and ``path`` checked; True for path="direct"."""
     check_metric(metric, "edge_attribution", clean=clean, corrupt=corrupt)
     check_local(model, "edge_attribution")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -187,6 +198,33 @@ def edge_attribution(
     direct = check_path(path)
     if direct and method != "first_order":
         raise GnaValueError(f"method={method!r} with path='direct': expected method='first_order' (the exact methods score path='all')")
+    return direct
+
+
+@dataclass(frozen=True)
+class _Edges:
+    """The edges a call scores, its senders and receivers checked (`_edges`)."""
+
+    senders: list[Head | str]  # heads; with path="direct" also "embed" and MLPs
+    receivers: list[Head | str]  # the receiver heads, then the MLP and logits receivers
+    nodes: list[str]  # the MLP and logits receivers (path="direct" only)
+    streams: tuple[str, ...]  # the chosen stream names
+    whole: bool  # receiver_input="any": one score per edge, the sum over streams
+    last: tuple[int, int]  # the last receiver's position (`node_position`)
+
+    @property
+    def head_senders(self) -> list[Head]:
+        return [s for s in self.senders if isinstance(s, Head)]
+
+    @property
+    def head_receivers(self) -> list[Head]:
+        return [r for r in self.receivers if isinstance(r, Head)]
+
+
+def _edges(
+    model: GnaModel, receivers: Receivers, senders: Sequence[Head] | None, receiver_input: str | Sequence[str], direct: bool
+) -> _Edges:
+    """The senders, receivers and streams checked against each other and the model."""
     refuse_nodes([] if senders is None else check_senders(model, senders, nodes=True), receivers, direct)
     mlps: list[int] = []
     heads, to_logits = parse_receivers(model, receivers, mlps if direct else None)
@@ -220,173 +258,236 @@ def edge_attribution(
                 )
     if not sender_list:
         raise GnaValueError(f"no head precedes the receivers {[str(r) for r in receiver_list]}: there are no edges to score")
+    return _Edges(sender_list, receiver_list, nodes, streams, whole, last)
 
-    head_receivers = [r for r in receiver_list if isinstance(r, Head)]
-    head_senders = [s for s in sender_list if isinstance(s, Head)]
-    if method in ("exact_upstream", "exact_receiver"):
-        for name, given in (("max_rows", max_rows), ("memory_budget_mb", memory_budget_mb)):
-            if given is not None:
-                raise GnaValueError(
-                    f"{name}={given!r} with method={method!r}: this method does not chunk its stacked forwards "
-                    f"(one copy per sender or receiver stream); expected {name}=None"
-                )
-        return _exact_upstream(
-            model,
-            clean,
-            corrupt,
-            metric,
-            steps,
-            receivers,
-            head_receivers,
-            head_senders,
-            receiver_input,
-            streams,
-            whole,
-            interventions,
-            exact_receiver=method == "exact_receiver",
-            progress=progress,
-        )
+
+def _exact(
+    model: GnaModel,
+    clean: Any,
+    corrupt: Any,
+    metric: Metric,
+    edges: _Edges,
+    receivers: Receivers,
+    method: str,
+    steps: int,
+    interventions: Sequence[Intervention],
+    max_rows: int | None,
+    memory_budget_mb: float | None,
+    progress: bool,
+) -> EdgeResult:
+    """``method="exact_upstream"`` or ``"exact_receiver"`` (`gna_interp.patching.edges_exact`),
+    which refuse the chunking options: they stack one copy per sender or receiver stream."""
+    for name, given in (("max_rows", max_rows), ("memory_budget_mb", memory_budget_mb)):
+        if given is not None:
+            raise GnaValueError(
+                f"{name}={given!r} with method={method!r}: this method does not chunk its stacked forwards "
+                f"(one copy per sender or receiver stream); expected {name}=None"
+            )
+    return _exact_upstream(
+        model,
+        clean,
+        corrupt,
+        metric,
+        steps,
+        receivers,
+        edges.head_receivers,
+        edges.head_senders,
+        edges.streams,
+        edges.whole,
+        interventions,
+        exact_receiver=method == "exact_receiver",
+        progress=progress,
+    )
+
+
+@dataclass
+class _FirstOrder:
+    """A first-order call's fixed inputs (`_prepare`), and ``flat``, the scores it sums:
+    ``[sender, copy]``, one column per ``(receiver, stream)`` copy, then one per MLP and
+    logits receiver, summed over the points."""
+
+    model: GnaModel
+    metric: Metric
+    batch: Any  # the clean batch
+    base: Plan  # its plan (the ambient interventions)
+    keep: Any  # the positions the metric reads: logits computed there alone
+    steps: int
+    direct: bool
+    edges: _Edges
+    first: int  # the first sender's layer: the stacked forwards start there
+    copies: list[tuple[Head, str]]  # (receiver head, stream): one stacked copy each
+    frozen: set[Site]  # head sites frozen to leaves in the stacked forwards (path="all")
+    sender_sites: set[Site]  # the sender heads' sites
+    write_nodes: set[Site]  # what "embed" and MLP senders write
+    node_reads: set[Site]  # what MLP and logits receivers read, and their outputs
+    capture: set[Site]  # what each point run captures
+    receiver_order: list[Site]  # where the point run's gradient is taken
+    by_site: dict[Site, tuple[Tensor, Tensor]]  # head site -> (its senders' rows of ``flat``, their head indices)
+    corrupt: dict[Site, Tensor]  # the corrupt run's senders and writes
+    per_chunk: int  # copies per stacked forward
+    reference: float  # the corrupt run's metric
+    flat: Tensor
+
+
+def _prepare(
+    model: GnaModel,
+    clean: Any,
+    corrupt: Any,
+    metric: Metric,
+    edges: _Edges,
+    steps: int,
+    direct: bool,
+    interventions: Sequence[Intervention],
+    max_rows: int | None,
+    memory_budget_mb: float | None,
+) -> _FirstOrder:
+    """The sites the first-order runs capture and edit, and the corrupt run."""
     clean_batch, corrupt_batch = clean_corrupt_batches(model, clean, corrupt, "edge attribution")
     ambient = [*model.active_interventions, *interventions]
     base = model.compile_plan(clean_batch, ambient)
-    first = max(0, min(node_position(model, head) for head in sender_list)[0])
+    heads, nodes, last = edges.head_receivers, edges.nodes, edges.last
+    first = max(0, min(node_position(model, head) for head in edges.senders)[0])
     # (receiver, stream) copies: each receiver with each chosen stream its mixer has.
-    copies = [(r, name) for r in head_receivers for name in model.mixer_of(r)[0].receiver_inputs if name in streams]
-    receiver_sites = {model.head_site(r)[0] for r in head_receivers}
-    mixers = [model.mixer_of(r)[0] for r in head_receivers]
+    copies = [(r, name) for r in heads for name in model.mixer_of(r)[0].receiver_inputs if name in edges.streams]
+    receiver_sites = {model.head_site(r)[0] for r in heads}
+    mixers = [model.mixer_of(r)[0] for r in heads]
     stream_sites = {Site(SiteKind.STREAM, m.layer, s.name, m.index) for m in mixers for s in m.spec.streams}
-    frozen_sites = {site for layer in range(first, min(last[0] + 1, model.n_layers)) for site in model.head_sites(layer)}
-    frozen_sites = {site for site in frozen_sites if model.mixer(site).position < last}
-    sender_sites = {model.head_site(head)[0] for head in head_senders}
-    write_nodes = {site for s in sender_list if not isinstance(s, Head) for site in write_sites(model, s)}  # embed, MLPs
+    frozen = {site for layer in range(first, min(last[0] + 1, model.n_layers)) for site in model.head_sites(layer)}
+    frozen = {site for site in frozen if model.mixer(site).position < last}
+    sender_sites = {model.head_site(head)[0] for head in edges.head_senders}
+    write_nodes = {site for s in edges.senders if not isinstance(s, Head) for site in write_sites(model, s)}  # embed, MLPs
     node_reads = {site for r in nodes for site in node_site(model, r)}  # what MLP and logits receivers read, and their outputs
     norm_sites = set(norm_inputs(model, {site: [] for site in receiver_sites}))
-    capture = receiver_sites | stream_sites | frozen_sites | norm_sites | write_nodes | node_reads
+    capture = receiver_sites | stream_sites | frozen | norm_sites | write_nodes | node_reads
     if first > 0:
         capture.add(Site(SiteKind.RESID, first))
     if direct:  # the receivers' own copies of the residual stream
-        capture |= {Site(SiteKind.RESID, r.layer) for r in head_receivers}
+        capture |= {Site(SiteKind.RESID, r.layer) for r in heads}
 
-    keep = logits_read(metric)  # the positions the metric reads: logits computed there alone
+    keep = logits_read(metric)
     corrupt_out = model.backend.run(
         corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=sender_sites | write_nodes, logits_to_keep=keep
     )
     reference = reduce_metric(metric(corrupt_out.logits), metric, corrupt_batch.n_rows)
     per_chunk = max(1, rows_per_forward(model, clean_batch.n_pos, max_rows, memory_budget_mb) // clean_batch.n_rows)
     receiver_order = sorted(receiver_sites | {node_site(model, r)[1] for r in nodes})
-    every: list[tuple[Head | str, str]] = [
-        *copies,
-        *((r, streams[0]) for r in nodes),
-    ]  # MLP and logits receivers last, scored from the point run
-    flat = torch.zeros((len(sender_list), len(every)))  # sender -> one score per copy, summed over the points
     by_site: dict[Site, list[tuple[int, int]]] = {}  # site -> (row of ``flat``, head index) of each sender there
-    for i, head in enumerate(head_senders):
+    for i, head in enumerate(edges.head_senders):
         site, index = model.head_site(head)
         by_site.setdefault(site, []).append((i, index))
     senders_by_site = {site: (torch.tensor([i for i, _ in pairs]), torch.tensor([h for _, h in pairs])) for site, pairs in by_site.items()}
+    flat = torch.zeros((len(edges.senders), len(copies) + len(nodes)))
+    return _FirstOrder(
+        model=model,
+        metric=metric,
+        batch=clean_batch,
+        base=base,
+        keep=keep,
+        steps=steps,
+        direct=direct,
+        edges=edges,
+        first=first,
+        copies=copies,
+        frozen=frozen,
+        sender_sites=sender_sites,
+        write_nodes=write_nodes,
+        node_reads=node_reads,
+        capture=capture,
+        receiver_order=receiver_order,
+        by_site=senders_by_site,
+        corrupt=corrupt_out.acts,
+        per_chunk=per_chunk,
+        reference=reference,
+        flat=flat,
+    )
+
+
+def _first_order(run: _FirstOrder, path: PathKind, progress: bool) -> EdgeResult:
+    """The points of the Riemann sum (one, ``alpha = 0``, for first order), each scored
+    (`_score_direct` or `_score_all`) into ``run.flat``; edges whose sender does not precede
+    the receiver set to NaN."""
+    model, edges = run.model, run.edges
     clean_acts: dict[Site, Tensor] = {}
     baseline = float("nan")
-    n_chunks = -(-len(copies) // per_chunk)
-    with progress_bar(total=steps * n_chunks, show=progress, desc="edge attribution") as bar:
-        for step in range(steps):  # left Riemann sum: alpha = 0 (the clean run), 1 / steps, ...
-            alpha = step / steps
-            plan = Plan()
-            plan.extend(base)
-            for site in sorted(sender_sites) if step else []:  # the senders' outputs, interpolated
-                mask = head_mask(model.layout, site, [model.head_site(h)[1] for h in head_senders if model.head_site(h)[0] == site])
-                value = clean_acts[site] + alpha * (corrupt_out.acts[site] - clean_acts[site])
-                plan.add(site, Edit(mask, value, straight_through=True))  # gradients run through the sender as unedited
-            for site in sorted(write_nodes) if step else []:
-                plan.add(*interpolated(site, clean_acts[site], corrupt_out.acts[site], alpha))
-            point = model.backend.run(clean_batch, plan, capture=capture, grad=True, logits_to_keep=keep)
-            value = _scalar(metric(point.logits), metric)
-            grads = dict(zip(receiver_order, _gradients(value, [point.acts[s] for s in receiver_order]), strict=True))
-            charge(model.backend, backwards=1, backward_block_rows=clean_batch.n_rows * model.n_layers)
-            acts = {site: act.detach() for site, act in point.acts.items()}
-            # The captured acts keep the forward's graph upstream of the receivers alive (the
-            # backward ran only down to them): dropped before the stacked forwards.
-            measured = float(value.detach())
-            del point, value
+    writes: list[Tensor] = []
+    n_chunks = -(-len(run.copies) // run.per_chunk)
+    with progress_bar(total=run.steps * n_chunks, show=progress, desc="edge attribution") as bar:
+        for step in range(run.steps):  # left Riemann sum: alpha = 0 (the clean run), 1 / steps, ...
+            grads, acts, measured = _point(run, step, clean_acts)
             if step == 0:
                 clean_acts, baseline = acts, measured
-                writes = [node_write(model, s, clean_acts, corrupt_out.acts).float() for s in sender_list] if direct else []
-            mlp_layers = [int(site.layer) for site in sorted(node_reads) if site.kind is SiteKind.MLP_IN]
-            into_mlps = mlp_input_gradients(model, clean_batch, base, mlp_layers, acts, grads) if mlp_layers else {}
-            for j, node in enumerate(nodes):  # [batch, pos, d_model] at the one site the node reads
-                read, out = node_site(model, node)
-                grad = (into_mlps[read.layer] if read.kind is SiteKind.MLP_IN else grads[out]).float()
-                for i, write in enumerate(writes):
-                    flat[i, len(copies) + j] += (write.expand_as(grad) * grad).sum().cpu() / steps
-            for offset in range(0, len(copies), per_chunk):
-                chunk = copies[offset : offset + per_chunk]
-                if direct:
-                    resid_grads = _direct_gradients(model, clean_batch, base, chunk, acts, grads)
-                    for i, write in enumerate(writes):  # [batch, pos, d_model]
-                        flat[i, offset : offset + len(chunk)] += (write.expand_as(resid_grads[0]) * resid_grads).sum(
-                            (1, 2, 3)
-                        ).cpu() / steps
-                    bar.update(1)
-                    continue
-                sender_grads = _chunk_gradients(model, clean_batch, base, chunk, acts, grads, first, frozen_sites)
-                for site, (flat_rows, sender_indices) in senders_by_site.items():  # path="all": heads only, a site's at once
-                    for block in range(0, len(sender_indices), SENDER_BLOCK):  # bounds the product's size
-                        at = sender_indices[block : block + SENDER_BLOCK]
-                        delta = (corrupt_out.acts[site][:, :, at] - clean_acts[site][:, :, at]).float()  # [batch | 1, pos, k, d_head]
-                        grad = sender_grads[site][:, :, :, at].float()  # [copy, batch, pos, k, d_head]
-                        found = (delta.expand_as(grad[0]) * grad).sum((1, 2, 4)).cpu() / steps  # [copy, k]
-                        flat[flat_rows[block : block + SENDER_BLOCK], offset : offset + len(chunk)] += found.T
-                bar.update(1)
-    for i, head in enumerate(sender_list):
+                writes = [node_write(model, s, clean_acts, run.corrupt).float() for s in edges.senders] if run.direct else []
+            if run.direct:
+                _score_direct(run, acts, grads, writes, bar)
+            else:
+                _score_all(run, acts, clean_acts, grads, bar)
+    every: list[tuple[Head | str, str]] = [*run.copies, *((r, edges.streams[0]) for r in edges.nodes)]  # columns of ``flat``
+    for i, head in enumerate(edges.senders):
         for j, (receiver, _) in enumerate(every):
             if node_position(model, head) >= node_position(model, receiver):
-                flat[i, j] = float("nan")
+                run.flat[i, j] = float("nan")
+    scores = _table(run.flat, every, edges.receivers, edges.streams, edges.whole, len(edges.senders))
+    names = (ANY,) if edges.whole else edges.streams
+    meta = {"method": "first_order", "steps": run.steps, "n_prompts": run.batch.n_rows, "receiver_input": list(names), "path": path}
+    return EdgeResult(scores, edges.senders, edges.receivers, names, baseline, run.reference, meta=meta)
 
-    scores = _table(flat, every, receiver_list, streams, whole, len(sender_list))
-    names = (ANY,) if whole else streams
-    meta = {"method": "first_order", "steps": steps, "n_prompts": clean_batch.n_rows, "receiver_input": list(names), "path": path}
-    return EdgeResult(scores, sender_list, receiver_list, names, baseline, reference, meta=meta)
 
-
-def _chunk_gradients(
-    model: GnaModel,
-    batch: Any,
-    base: Plan,
-    chunk: Sequence[tuple[Head, str]],
-    clean: dict[Site, Tensor],
-    grads: dict[Site, Tensor],
-    first: int,
-    frozen_sites: set[Site],
-) -> dict[Site, Tensor]:
-    """``J_s^T K_r^T g_r`` for every frozen head site and every ``(receiver, stream)`` of
-    ``chunk``: ``site -> [copy, batch, pos, head, d_head]``."""
-    n_rows, n_copies = batch.n_rows, len(chunk)
-
-    def stack(tensor: Tensor) -> Tensor:
-        tensor = tensor.expand(n_rows, *tensor.shape[1:])
-        return tensor.repeat(n_copies, *([1] * (tensor.dim() - 1)))
-
-    def rows_of(copies: Sequence[int]) -> Tensor:
-        """``[copy * batch, 1, 1, 1]`` bool: the rows of ``copies``."""
-        mask = torch.zeros(n_copies, dtype=torch.bool)
-        mask[list(copies)] = True
-        return mask.repeat_interleave(n_rows)[:, None, None, None]
-
+def _point(run: _FirstOrder, step: int, clean_acts: dict[Site, Tensor]) -> tuple[dict[Site, Tensor], dict[Site, Tensor], float]:
+    """The run at point ``alpha = step / steps`` (every sender's output moved ``alpha`` of the
+    way to corrupt, straight through), with ``grad=True``: ``(the metric's gradient at each
+    receiver site, the captured activations detached, the metric)``."""
+    model, alpha = run.model, step / run.steps
     plan = Plan()
-    plan.extend(base.tiled(n_rows, n_copies))
-    if first > 0:
-        plan.start = (first, stack(clean[Site(SiteKind.RESID, first)]))
-    leaves: dict[Site, Tensor] = {}
-    for site in sorted(frozen_sites):
-        before = [c for c, (r, _) in enumerate(chunk) if model.mixer(site).position < model.head_position(r)]
-        if before:
-            leaves[site] = stack(clean[site]).requires_grad_(True)
-            plan.add(site, Edit(rows_of(before), leaves[site]))
-    _hold_other_inputs(model, plan, chunk, clean, stack, rows_of)
-    total = _receiver_contraction(model, batch, plan, chunk, grads, n_rows, n_copies)
-    order = sorted(leaves)
-    if total.requires_grad:
-        pulled = _gradients(total, [leaves[site] for site in order])
-    else:  # no receiver reads any frozen site (cannot happen with senders before receivers)
-        pulled = [torch.zeros_like(leaves[site]) for site in order]
-    charge(model.backend, backwards=1, backward_block_rows=n_rows * n_copies * (model.n_layers - first))
-    return {site: grad.reshape(n_copies, n_rows, *grad.shape[1:]) for site, grad in zip(order, pulled, strict=True)}
+    plan.extend(run.base)
+    for site in sorted(run.sender_sites) if step else []:  # the senders' outputs, interpolated
+        mask = head_mask(model.layout, site, [model.head_site(h)[1] for h in run.edges.head_senders if model.head_site(h)[0] == site])
+        value = clean_acts[site] + alpha * (run.corrupt[site] - clean_acts[site])
+        plan.add(site, Edit(mask, value, straight_through=True))  # gradients run through the sender as unedited
+    for site in sorted(run.write_nodes) if step else []:
+        plan.add(*interpolated(site, clean_acts[site], run.corrupt[site], alpha))
+    point = model.backend.run(run.batch, plan, capture=run.capture, grad=True, logits_to_keep=run.keep)
+    value = _scalar(run.metric(point.logits), run.metric)
+    grads = dict(zip(run.receiver_order, _gradients(value, [point.acts[s] for s in run.receiver_order]), strict=True))
+    charge(model.backend, backwards=1, backward_block_rows=run.batch.n_rows * model.n_layers)
+    # Detached: the captured acts keep the forward's graph upstream of the receivers alive (the
+    # backward ran only down to them), dropped here before the stacked forwards.
+    return grads, {site: act.detach() for site, act in point.acts.items()}, float(value.detach())
+
+
+def _score_direct(run: _FirstOrder, acts: dict[Site, Tensor], grads: dict[Site, Tensor], writes: list[Tensor], bar: Any) -> None:
+    """path="direct" at one point: each sender's write (``writes``, ``[batch, pos, d_model]``)
+    dotted with the gradient at each receiver's own copy of the residual stream, added to
+    ``run.flat``: MLP and logits receivers from the point run, head receivers in chunks."""
+    model, steps, n_copies = run.model, run.steps, len(run.copies)
+    mlp_layers = [int(site.layer) for site in sorted(run.node_reads) if site.kind is SiteKind.MLP_IN]
+    into_mlps = mlp_input_gradients(model, run.batch, run.base, mlp_layers, acts, grads) if mlp_layers else {}
+    for j, node in enumerate(run.edges.nodes):  # [batch, pos, d_model] at the one site the node reads
+        read, out = node_site(model, node)
+        grad = (into_mlps[read.layer] if read.kind is SiteKind.MLP_IN else grads[out]).float()
+        for i, write in enumerate(writes):
+            run.flat[i, n_copies + j] += (write.expand_as(grad) * grad).sum().cpu() / steps
+    for offset in range(0, n_copies, run.per_chunk):
+        chunk = run.copies[offset : offset + run.per_chunk]
+        resid_grads = _direct_gradients(model, run.batch, run.base, chunk, acts, grads)  # [copy, batch, pos, d_model]
+        for i, write in enumerate(writes):
+            run.flat[i, offset : offset + len(chunk)] += (write.expand_as(resid_grads[0]) * resid_grads).sum((1, 2, 3)).cpu() / steps
+        bar.update(1)
+
+
+def _score_all(run: _FirstOrder, acts: dict[Site, Tensor], clean_acts: dict[Site, Tensor], grads: dict[Site, Tensor], bar: Any) -> None:
+    """path="all" at one point (head senders and receivers only): per chunk of copies,
+    ``J_s^T K_r^T g_r`` at every frozen head site (`_chunk_gradients`) dotted with each
+    sender's change ``delta_s``, a site's senders in one product (blocks of `SENDER_BLOCK`),
+    added to ``run.flat``."""
+    for offset in range(0, len(run.copies), run.per_chunk):
+        chunk = run.copies[offset : offset + run.per_chunk]
+        sender_grads = _chunk_gradients(run.model, run.batch, run.base, chunk, acts, grads, run.first, run.frozen)
+        columns = slice(offset, offset + len(chunk))
+        for site, (flat_rows, sender_indices) in run.by_site.items():
+            for block in range(0, len(sender_indices), SENDER_BLOCK):  # bounds the product's size
+                at = sender_indices[block : block + SENDER_BLOCK]
+                delta = (run.corrupt[site][:, :, at] - clean_acts[site][:, :, at]).float()  # [batch | 1, pos, k, d_head]
+                grad = sender_grads[site][:, :, :, at].float()  # [copy, batch, pos, k, d_head]
+                found = (delta.expand_as(grad[0]) * grad).sum((1, 2, 4)).cpu() / run.steps  # [copy, k]
+                run.flat[flat_rows[block : block + SENDER_BLOCK], columns] += found.T
+        bar.update(1)

@@ -1,5 +1,5 @@
-"""``edge_attribution(path="direct")``'s pieces, and the stacked receiver forward both
-definitions share (`gna_interp.patching.edges`).
+"""`gna_interp.patching.edges`'s stacked gradient forwards: path="all"'s (`_chunk_gradients`:
+frozen head sites as leaves), ``path="direct"``'s pieces, and the receiver forward both share.
 
 The direct graph's nodes (`gna_interp.patching.direct`): every sender writes into the
 residual stream (a head through its out-projection, ``"embed"`` the embedding, ``"L0MLP"``
@@ -77,6 +77,51 @@ def interpolated(site: Site, clean: Tensor, corrupt: Tensor, alpha: float) -> tu
     gradients: a non-head sender, ``"embed"`` or an MLP, along with the heads), straight
     through: the backward runs through the writer as if unedited."""
     return site, Edit(torch.ones((), dtype=torch.bool), clean + alpha * (corrupt - clean), straight_through=True)
+
+
+def _chunk_gradients(
+    model: GnaModel,
+    batch: Any,
+    base: Plan,
+    chunk: Sequence[tuple[Head, str]],
+    clean: dict[Site, Tensor],
+    grads: dict[Site, Tensor],
+    first: int,
+    frozen_sites: set[Site],
+) -> dict[Site, Tensor]:
+    """``J_s^T K_r^T g_r`` for every frozen head site and every ``(receiver, stream)`` of
+    ``chunk``: ``site -> [copy, batch, pos, head, d_head]``."""
+    n_rows, n_copies = batch.n_rows, len(chunk)
+
+    def stack(tensor: Tensor) -> Tensor:
+        tensor = tensor.expand(n_rows, *tensor.shape[1:])
+        return tensor.repeat(n_copies, *([1] * (tensor.dim() - 1)))
+
+    def rows_of(copies: Sequence[int]) -> Tensor:
+        """``[copy * batch, 1, 1, 1]`` bool: the rows of ``copies``."""
+        mask = torch.zeros(n_copies, dtype=torch.bool)
+        mask[list(copies)] = True
+        return mask.repeat_interleave(n_rows)[:, None, None, None]
+
+    plan = Plan()
+    plan.extend(base.tiled(n_rows, n_copies))
+    if first > 0:
+        plan.start = (first, stack(clean[Site(SiteKind.RESID, first)]))
+    leaves: dict[Site, Tensor] = {}
+    for site in sorted(frozen_sites):
+        before = [c for c, (r, _) in enumerate(chunk) if model.mixer(site).position < model.head_position(r)]
+        if before:
+            leaves[site] = stack(clean[site]).requires_grad_(True)
+            plan.add(site, Edit(rows_of(before), leaves[site]))
+    _hold_other_inputs(model, plan, chunk, clean, stack, rows_of)
+    total = _receiver_contraction(model, batch, plan, chunk, grads, n_rows, n_copies)
+    order = sorted(leaves)
+    if total.requires_grad:
+        pulled = _gradients(total, [leaves[site] for site in order])
+    else:  # no receiver reads any frozen site (cannot happen with senders before receivers)
+        pulled = [torch.zeros_like(leaves[site]) for site in order]
+    charge(model.backend, backwards=1, backward_block_rows=n_rows * n_copies * (model.n_layers - first))
+    return {site: grad.reshape(n_copies, n_rows, *grad.shape[1:]) for site, grad in zip(order, pulled, strict=True)}
 
 
 def _direct_gradients(

@@ -76,7 +76,6 @@ def _exact_upstream(
     receivers: Receivers,
     receiver_list: list[Head],
     sender_list: list[Head],
-    receiver_input: str | Sequence[str],
     streams: tuple[str, ...],
     whole: bool,
     interventions: Sequence[Intervention],
@@ -89,50 +88,11 @@ def _exact_upstream(
     # The explicit stream names even for "any" (summed at the end): prepare's whole-output mode
     # does not capture the held streams (Mamba-1's x holds x_read) that each stream's patch needs.
     setup, baseline, reference = prepare(model, clean, corrupt, sender_list, receivers, metric, list(streams), interventions)
-    n = setup.batch.n_rows
     scored: dict[tuple[Head, Head, str], float] = {}
     positions = receiver_positions(model, setup.receivers)
     for position, heads in progress_bar(positions.items(), show=progress, desc="edge attribution", total=len(positions)):
-        layer = position[0]
-        here = [Head(layer, h) for h in heads]
-        pairs = [(r, st) for r in here for st in streams if st in model.mixer_of(r)[0].receiver_inputs]
         live = [s for s in sender_list if model.head_position(s) < position]
-        if not pairs or not live:
-            continue
-        site_of = {(r, st): Site(SiteKind.STREAM, layer, st, model.mixer_of(r)[0].index) for r, st in pairs}
-        # Exact upstream: D with each sender alone (every other head frozen), every sender, none.
-        chunk = _Chunk(setup, [[s] for s in live] + [live, []])
-        _, d_acts = chunk.d_run(position, set(site_of.values()))
-
-        def copy_of(site: Site, c: int) -> Tensor:
-            return d_acts[site][c * n : (c + 1) * n]  # noqa: B023 (used within the iteration)
-
-        none = len(live) + 1
-        before = dict(setup.clean)
-        ends: dict[tuple[Head, str], Tensor] = {}
-        for st in streams:  # the paths' ends: r's output with st from the every-sender D run
-            group = {pair: live for pair in pairs if pair[1] == st}
-            if group:
-                edits = _EdgeSets(setup, group).receiver_patches(layer, position, [r.head for r, _ in group], before, [])
-                ends.update({pair: edit.value for pair, (_, edit) in zip(group, edits, strict=True)})
-        if exact_receiver:
-            g_ig = _integrated_pullback(model, setup, pairs, ends, site_of, None, steps, layer)
-            for st in streams:
-                here_st = [r for r, name in pairs if name == st]
-                if here_st:
-                    outs = _receiver_outputs(model, setup, live, here_st, st, site_of, d_acts, layer)
-                    for (s, r), out in outs.items():
-                        site, index = model.head_site(r)
-                        change = (out - setup.clean[site][:, :, index]).float()
-                        scored[(s, r, st)] = float((g_ig[(r, st)].float() * change).sum().cpu())
-            continue
-        u = _integrated_pullback(model, setup, pairs, ends, site_of, {p: copy_of(site_of[p], none) for p in pairs}, steps, layer)
-        for (r, st), grad in u.items():
-            site, index = site_of[(r, st)], model.head_site(r)[1]
-            unit = index * model.mixer(site).stream(st).layout(model.mixer(site).dims)[1] // model.mixer(site).n_heads
-            for c, s in enumerate(live):
-                change = (copy_of(site, c) - copy_of(site, none))[:, :, unit].float()
-                scored[(s, r, st)] = float((grad[:, :, unit].float() * change).sum().cpu())
+        scored.update(_score_position(model, setup, position, heads, live, streams, steps, exact_receiver))
     copies = [(r, name) for r in receiver_list for name in model.mixer_of(r)[0].receiver_inputs if name in streams]
     flat = torch.full((len(sender_list), len(copies)), float("nan"))
     for i, s in enumerate(sender_list):
@@ -144,12 +104,92 @@ def _exact_upstream(
     meta = {
         "method": "exact_receiver" if exact_receiver else "exact_upstream",
         "steps": steps,
-        "n_prompts": n,
+        "n_prompts": setup.batch.n_rows,
         "receiver_input": list(names),
     }
     sender_nodes: list[Head | str] = [*sender_list]
     receiver_nodes: list[Head | str] = [*receiver_list]
     return EdgeResult(scores, sender_nodes, receiver_nodes, names, baseline, reference, meta=meta)
+
+
+def _score_position(
+    model: GnaModel,
+    setup: Any,
+    position: tuple[int, int],
+    heads: Sequence[int],
+    live: list[Head],
+    streams: tuple[str, ...],
+    steps: int,
+    exact_receiver: bool,
+) -> dict[tuple[Head, Head, str], float]:
+    """``(sender, receiver, stream) -> score`` for the receivers ``heads`` at ``position``
+    and the senders before it (``live``)."""
+    layer, n = position[0], setup.batch.n_rows
+    pairs = [(r, st) for r in (Head(layer, h) for h in heads) for st in streams if st in model.mixer_of(r)[0].receiver_inputs]
+    if not pairs or not live:
+        return {}
+    site_of = {(r, st): Site(SiteKind.STREAM, layer, st, model.mixer_of(r)[0].index) for r, st in pairs}
+    # Exact upstream: D with each sender alone (every other head frozen), every sender, none.
+    chunk = _Chunk(setup, [[s] for s in live] + [live, []])
+    _, d_acts = chunk.d_run(position, set(site_of.values()))
+    ends = _path_ends(setup, position, pairs, live, streams)
+    if exact_receiver:
+        return _receiver_scores(model, setup, pairs, ends, site_of, live, d_acts, streams, steps, layer)
+
+    def copy_of(site: Site, c: int) -> Tensor:
+        return d_acts[site][c * n : (c + 1) * n]
+
+    none = len(live) + 1
+    scored: dict[tuple[Head, Head, str], float] = {}
+    u = _integrated_pullback(model, setup, pairs, ends, site_of, {p: copy_of(site_of[p], none) for p in pairs}, steps, layer)
+    for (r, st), grad in u.items():
+        site, index = site_of[(r, st)], model.head_site(r)[1]
+        unit = index * model.mixer(site).stream(st).layout(model.mixer(site).dims)[1] // model.mixer(site).n_heads
+        for c, s in enumerate(live):
+            change = (copy_of(site, c) - copy_of(site, none))[:, :, unit].float()
+            scored[(s, r, st)] = float((grad[:, :, unit].float() * change).sum().cpu())
+    return scored
+
+
+def _path_ends(
+    setup: Any, position: tuple[int, int], pairs: list[tuple[Head, str]], live: list[Head], streams: tuple[str, ...]
+) -> dict[tuple[Head, str], Tensor]:
+    """The paths' ends: each receiver's output ``[batch, pos, d_head]`` with its stream taken
+    from the D run of every sender in ``live`` (recomputed as path patching recomputes it)."""
+    before = dict(setup.clean)
+    ends: dict[tuple[Head, str], Tensor] = {}
+    for st in streams:
+        group = {pair: live for pair in pairs if pair[1] == st}
+        if group:
+            edits = _EdgeSets(setup, group).receiver_patches(position[0], position, [r.head for r, _ in group], before, [])
+            ends.update({pair: edit.value for pair, (_, edit) in zip(group, edits, strict=True)})
+    return ends
+
+
+def _receiver_scores(
+    model: GnaModel,
+    setup: Any,
+    pairs: list[tuple[Head, str]],
+    ends: dict[tuple[Head, str], Tensor],
+    site_of: dict[tuple[Head, str], Site],
+    live: list[Head],
+    d_acts: dict[Site, Tensor],
+    streams: tuple[str, ...],
+    steps: int,
+    layer: int,
+) -> dict[tuple[Head, Head, str], float]:
+    """``method="exact_receiver"``: ``g_ig . (out_r(st_r[D_s]) - out_r)`` per edge."""
+    g_ig = _integrated_pullback(model, setup, pairs, ends, site_of, None, steps, layer)
+    scored: dict[tuple[Head, Head, str], float] = {}
+    for st in streams:
+        here_st = [r for r, name in pairs if name == st]
+        if here_st:
+            outs = _receiver_outputs(model, setup, live, here_st, st, site_of, d_acts, layer)
+            for (s, r), out in outs.items():
+                site, index = model.head_site(r)
+                change = (out - setup.clean[site][:, :, index]).float()
+                scored[(s, r, st)] = float((g_ig[(r, st)].float() * change).sum().cpu())
+    return scored
 
 
 def _integrated_pullback(

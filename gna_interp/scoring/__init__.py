@@ -5,7 +5,8 @@
 - `faithfulness`: keep only the top-n heads of a ranking (`faithfulness_curve`);
 - `edge_faithfulness`: the same over edges (`edge_faithfulness_curve`);
 - `circuit_scores`: MIB's faithfulness, CPR and CMD of a ranking's circuits (`circuit_score`);
-- `retention`: retrieval-aware head ranking and keep-only curves against random sets.
+- `retention`: retrieval-aware head ranking and keep-only curves against random sets (what
+  they return: `retention_results`).
 
 Names are imported on first use (`gna_interp._lazy`).
 """
@@ -21,8 +22,8 @@ _EXPORTS: dict[str, str] = {
     "EdgeFaithfulnessCurve": "edge_faithfulness",
     "Evaluation": "evaluation",
     "FaithfulnessCurve": "faithfulness",
-    "RetentionCurve": "retention",
-    "RetrievalRanking": "retention",
+    "RetentionCurve": "retention_results",
+    "RetrievalRanking": "retention_results",
     "circuit_score": "circuit_scores",
     "edge_faithfulness_curve": "edge_faithfulness",
     "evaluate": "evaluation",

@@ -150,15 +150,15 @@ def circuit_score(
 ) -> CircuitScore:
     """MIB's faithfulness of the top-k units of ``ranking`` at each size, with CPR and CMD.
 
-    For each fraction ``p``, the circuit ``C`` is the top ``k = floor(p * n_units)`` units
-    (MIB's ``int(p * n)``; 0 units is the empty circuit, ``f = 0``). ``m(C)``: the metric of
-    ``clean`` with every head outside ``C`` ablated ``how`` (or every ranked edge outside
-    ``C`` patched from ``corrupt``); ``m(∅)``: every head (ranked edge) so; ``m(N)``: the
-    clean model. Each is averaged over the prompts, then ``f = (m(C) - m(∅)) / (m(N) - m(∅))``.
-    Sizes that coincide are scored once; the areas (CPR: ``f``, CMD: ``|1 - f|``) run over
-    the realised fractions ``k / n_units``, not the nominal ones: on a model of 8 heads
-    MIB's 0.1% to 10% are all the empty circuit, one point at 0. (MIB's own table puts
-    them at their nominal x; with thousands of units the two agree to ~1/n.)
+    For each fraction ``p``, ``C`` is the top ``k = floor(p * n_units)`` units (MIB's
+    ``int(p * n)``; 0 units: the empty circuit, ``f = 0``); ``m(C)`` is the metric of ``clean``
+    with every head outside ``C`` ablated ``how`` (every ranked edge outside ``C`` patched from
+    ``corrupt``), ``m(∅)`` with every head (ranked edge) so, ``m(N)`` the clean model's, each
+    averaged over the prompts before ``f = (m(C) - m(∅)) / (m(N) - m(∅))``. Sizes that coincide
+    are scored once; the areas (CPR: ``f``, CMD: ``|1 - f|``) run over the realised fractions
+    ``k / n_units``, not the nominal ones: on a model of 8 heads MIB's 0.1% to 10% are all the
+    empty circuit, one point at 0 (MIB's own table puts them at their nominal x; with thousands
+    of units the two agree to ~1/n).
 
     Args:
         model: any `GnaModel`.
@@ -170,16 +170,14 @@ def circuit_score(
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` (averaged over rows).
         ranking: heads or edges, best first:
 
-            - a `SweepResult` of ``[layer, head]`` scores (`gna.ablation_sweep`,
-              `gna.attribution_patching`, `gna.patching_sweep`): heads by
-              ``|score - baseline|``, largest first (unscored NaN heads last), as
-              `faithfulness_curve` orders them (MIB ranks by absolute score for CMD; its
-              CPR table uses signed scores: pass a list for any other order);
+            - a `SweepResult` of ``[layer, head]`` scores (`gna.ablation_sweep`, `gna.attribution_patching`,
+              `gna.patching_sweep`): heads by ``|score - baseline|``, largest first (unscored NaN heads
+              last), as `faithfulness_curve` orders them (MIB ranks by absolute score for CMD; its CPR
+              table uses signed scores: pass a list for any other order);
             - a list of `Head`, best first; heads it leaves out follow in ``model.heads`` order;
-            - an `EdgeResult` (`gna.edge_attribution`) or a list of ``(sender, receiver,
-              stream)``: edges, ordered and completed as in `edge_faithfulness_curve`,
-              an edge outside ``C`` ablated by patching its ``corrupt`` sender into the
-              receiver's stream (``how`` must be ``"corrupt"``).
+            - an `EdgeResult` (`gna.edge_attribution`) or a list of ``(sender, receiver, stream)``: edges,
+              ordered and completed as in `edge_faithfulness_curve`, an edge outside ``C`` ablated by
+              patching its ``corrupt`` sender into the receiver's stream (``how`` must be ``"corrupt"``).
         how: ``"corrupt"`` (MIB's default: each head's output on ``corrupt``; also spelled
             ``"resample"``), ``"mean"`` (each head's output averaged over every non-padding
             token of every ``corrupt`` prompt: one vector per head, at every position) or
@@ -203,11 +201,10 @@ def circuit_score(
             fewer than two distinct sizes, or ``m(N) == m(∅)`` (the score is undefined:
             corrupting every unit does not move the metric).
 
-    Cost (heads): one forward of ``clean`` (m(N)), the ``corrupt`` forward the ablation
-    reads (none for ``"zero"``), and one copy of the batch per distinct size below every
-    head, stacked (`run_variants`: ``max_rows``, prefix reuse; circuits that corrupt the
-    same early layers share those layers' computation, `patching.shared_prefix`). Edges: those of
-    `edge_faithfulness_curve` per size.
+    Cost (heads): one forward of ``clean`` (m(N)), the ``corrupt`` forward the ablation reads (none
+    for ``"zero"``), and one copy of the batch per distinct size below every head, stacked
+    (`run_variants`: ``max_rows``, prefix reuse; circuits that corrupt the same early layers share
+    those layers' computation, `patching.shared_prefix`). Edges: those of `edge_faithfulness_curve` per size.
 
     Example::
 

@@ -19,7 +19,7 @@ from ..patching.metrics import Metric, check_metric, logits_read, reads_position
 from ..patching.paths import PathKind, prepare
 from ..patching.results import EdgeResult
 from ..progress import progress_bar
-from ..tasks.base import Task
+from ..tasks.base import EncodedTask, Task
 from .curve import FaithfulnessCurve, check_sizes, summary
 from .evaluation import Evaluation, check_task
 
@@ -141,6 +141,24 @@ def edge_faithfulness_curve(
     if not encoded.single_token:
         raise GnaValueError("task has candidates of several tokens: edge_faithfulness_curve scores single-token candidates only")
     corrupt = task.corrupted() if corrupt is None else corrupt
+    points = _edge_points(model, task, encoded, order, universe, chosen, corrupt, metric, path, progress)
+    return _edge_curve(task, order, chosen, points, metric is not None)
+
+
+def _edge_points(
+    model: GnaModel,
+    task: Task,
+    encoded: EncodedTask,
+    order: list[Edge],
+    universe: list[Edge],
+    chosen: list[int],
+    corrupt: Any,
+    metric: Metric | None,
+    path: PathKind,
+    progress: bool,
+) -> dict[int, dict[str, float]]:
+    """Size -> the task's summary (with ``"metric"`` when ``metric`` is given) with the top
+    ``n`` edges of ``order`` kept and every other edge of ``universe`` ablated."""
     receivers = list(dict.fromkeys(receiver for _, receiver, _ in universe))
     streams = edge_streams(universe)
     senders = edge_senders(universe)
@@ -161,6 +179,13 @@ def edge_faithfulness_curve(
         if metric is not None:
             point["metric"] = reduce_metric(metric(logits), metric, encoded.batch.n_rows)
         points[n] = point
+    return points
+
+
+def _edge_curve(
+    task: Task, order: list[Edge], chosen: list[int], points: dict[int, dict[str, float]], with_metric: bool
+) -> EdgeFaithfulnessCurve:
+    """The curve from its points (`_edge_points`)."""
 
     def column(name: str) -> Tensor:
         return torch.tensor([points[n][name] for n in chosen], dtype=torch.float64)
@@ -176,8 +201,8 @@ def edge_faithfulness_curve(
         how="resample",
         chance=1.0 / len(task.examples[0].candidates),
         n_prompts=len(task),
-        metric=column("metric") if metric is not None else None,
-        clean_metric=points[len(order)]["metric"] if metric is not None else None,
+        metric=column("metric") if with_metric else None,
+        clean_metric=points[len(order)]["metric"] if with_metric else None,
     )
 
 

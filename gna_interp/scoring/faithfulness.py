@@ -97,29 +97,59 @@ def faithfulness_curve(
         curve.to_frame()
     """
     if is_edge_ranking(ranking):
-        if how not in (None, "resample"):
-            raise GnaValueError(
-                f"how={how!r} with an edge ranking: an edge is ablated by patching the corrupted sender into the "
-                "receiver's stream; expected how=None or 'resample' (corrupt= gives the corrupted inputs)"
-            )
-        if circuit is not None:
-            raise GnaValueError(f"circuit={circuit!r}: circuit= is for head rankings; with an edge ranking, expected circuit=None")
-        if batch_size != 64:
-            raise GnaValueError(
-                f"batch_size={batch_size!r} with an edge ranking: edge_faithfulness_curve runs every prompt in one batch; "
-                "expected the default batch_size=64"
-            )
-        return edge_faithfulness_curve(model, task, ranking, sizes=sizes, corrupt=corrupt, progress=progress)  # type: ignore[arg-type]
+        return _edge_ranking_curve(model, task, ranking, sizes, how, corrupt, circuit, batch_size, progress)  # type: ignore[arg-type]
     how = "mean" if how is None else how
     check_task(task, "faithfulness_curve")
     if how not in ABLATION_KINDS:
         raise GnaValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
-    every = list(model.heads)
     order = rank_heads(model, ranking)  # type: ignore[arg-type]  # an edge ranking returned above
-    chosen = check_sizes(sizes, len(every))
+    chosen = check_sizes(sizes, len(model.heads))
     kept_circuit = _circuit(model, circuit)
     if corrupt is None and how != "zero":
         corrupt = task if how == "mean" else task.corrupted()
+    return _keep_only_curve(model, task, order, chosen, kept_circuit, how, corrupt, batch_size, progress)
+
+
+def _edge_ranking_curve(
+    model: GnaModel,
+    task: Task,
+    ranking: EdgeResult | Sequence[Edge],
+    sizes: Sequence[int] | None,
+    how: str | None,
+    corrupt: Any,
+    circuit: Sequence[Head] | None,
+    batch_size: int,
+    progress: bool,
+) -> FaithfulnessCurve:
+    """`edge_faithfulness_curve`, the head-only options refused."""
+    if how not in (None, "resample"):
+        raise GnaValueError(
+            f"how={how!r} with an edge ranking: an edge is ablated by patching the corrupted sender into the "
+            "receiver's stream; expected how=None or 'resample' (corrupt= gives the corrupted inputs)"
+        )
+    if circuit is not None:
+        raise GnaValueError(f"circuit={circuit!r}: circuit= is for head rankings; with an edge ranking, expected circuit=None")
+    if batch_size != 64:
+        raise GnaValueError(
+            f"batch_size={batch_size!r} with an edge ranking: edge_faithfulness_curve runs every prompt in one batch; "
+            "expected the default batch_size=64"
+        )
+    return edge_faithfulness_curve(model, task, ranking, sizes=sizes, corrupt=corrupt, progress=progress)
+
+
+def _keep_only_curve(
+    model: GnaModel,
+    task: Task,
+    order: list[Head],
+    chosen: list[int],
+    kept_circuit: list[Head],
+    how: str,
+    corrupt: Any,
+    batch_size: int,
+    progress: bool,
+) -> FaithfulnessCurve:
+    """The curve of the top ``n`` heads of ``order`` kept, for each ``n`` of ``chosen`` (and
+    ``kept_circuit`` kept alone when given)."""
 
     def run(kept: Sequence[Head]) -> dict[str, float]:
         return keep_only_summary(model, task, kept, "all", how, corrupt, batch_size)
@@ -133,7 +163,7 @@ def faithfulness_curve(
     return FaithfulnessCurve(
         sizes=torch.tensor(chosen, dtype=torch.long),
         order=order,
-        clean=points[len(every)],
+        clean=points[len(model.heads)],
         ablated=points[0],
         how=how,
         chance=1.0 / len(task.examples[0].candidates),

@@ -15,7 +15,8 @@ size.
   nothing and everything kept, are shared by every order and evaluated once).
 
 Both record what they ran (`gna_interp.cost_meter` counts, with ``passes``: rows x blocks
-evaluated over prompts x layers).
+evaluated over prompts x layers). What they return, `RetrievalRanking` and `RetentionCurve`,
+is in `gna_interp.scoring.retention_results`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import math
 import random
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -45,77 +45,13 @@ from ..tasks.kv import kv_probe
 from .curve import check_sizes
 from .evaluation import check_context, check_distinct_candidates, check_task, evaluate
 from .faithfulness import keep_only_summary, rank_heads
+from .retention_results import RetentionCurve, RetrievalRanking
 
 if TYPE_CHECKING:
-    import pandas as pd
-
     from ..models.handle import GnaModel
 
 CHANCE_MARGIN = 0.1
 """`retrieval_ranking` warns when the clean probe accuracy is within this of chance."""
-
-
-@dataclass
-class RetrievalRanking:
-    """Every head's accuracy drop on a retrieval probe when ablated alone.
-
-    Attributes:
-        drop: ``[layer, head]`` float64, clean accuracy minus accuracy with that head
-            ablated (NaN for heads not ranked: another kind, or a layer without them).
-        accuracy: ``[layer, head]`` float64, probe accuracy with that head ablated.
-        clean: probe accuracy with nothing ablated.
-        order: the ranked heads, largest drop first (ties in ``model.heads`` order).
-        kinds: per ranked head, ``"attention"`` or ``"ssm"``.
-        how: ``"zero"`` (the paper's), ``"mean"`` or ``"resample"``.
-        probe: the probe tasks' names; ``n_prompts`` their prompts in all.
-        chance: mean over prompts of ``1 / candidates``.
-        cost: `gna_interp.cost.Cost.to_dict` of the whole ranking (``passes`` included).
-    """
-
-    drop: Tensor
-    accuracy: Tensor
-    clean: float
-    order: list[Head]
-    kinds: dict[Head, str]
-    how: str
-    probe: list[str]
-    n_prompts: int
-    chance: float
-    cost: dict[str, Any] = field(default_factory=dict)
-
-    def top(self, k: int) -> list[Head]:
-        """The ``k`` heads whose ablation costs the most."""
-        return self.order[:k]
-
-    def as_sweep(self) -> SweepResult:
-        """The same numbers as an ablation sweep's `SweepResult`: ``scores`` the
-        ``[layer, head]`` accuracy, ``baseline`` the clean accuracy."""
-        meta = {"how": self.how, "n_prompts": self.n_prompts, "probe": list(self.probe)}
-        return SweepResult(self.accuracy.float(), ("layer", "head"), self.clean, kind="ablation", meta=meta)
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row per ranked head, best first: ``rank`` (1 = largest drop), ``head``,
-        ``layer``, ``index``, ``kind``, ``accuracy``, ``drop``."""
-        import pandas as pd
-
-        return pd.DataFrame(
-            {
-                "rank": list(range(1, len(self.order) + 1)),
-                "head": [str(h) for h in self.order],
-                "layer": [h.layer for h in self.order],
-                "index": [h.head for h in self.order],
-                "kind": [self.kinds[h] for h in self.order],
-                "accuracy": [float(self.accuracy[h.layer, h.head]) for h in self.order],
-                "drop": [float(self.drop[h.layer, h.head]) for h in self.order],
-            }
-        )
-
-    def __repr__(self) -> str:
-        best = ", ".join(f"{h} {float(self.drop[h.layer, h.head]):+.3f}" for h in self.order[:3])
-        return (
-            f"RetrievalRanking({len(self.order)} heads, how={self.how!r}, clean {self.clean:.3f} on {self.n_prompts} prompts, "
-            f"chance {self.chance:.3f}; largest drops: {best})"
-        )
 
 
 def retrieval_ranking(
@@ -168,22 +104,9 @@ def retrieval_ranking(
     heads = heads_of_kind(model.layout, kind)
     if not heads:
         raise GnaValueError(f"kind={kind!r}: {model.name} has no {kind} heads")
-    shape = (model.n_layers, model.n_heads)
-    weighted = torch.zeros(shape, dtype=torch.float64)
-    clean_sum = chance_sum = 0.0
-    total = sum(len(task) for task in tasks)
     with cost_meter(model) as cost:
-        for task in tasks:
-            clean, ablated = _ablated_accuracy(model, task, heads, how, max_rows, memory_budget_mb, batch_size, progress)
-            weighted += len(task) * ablated
-            clean_sum += len(task) * clean
-            chance_sum += sum(1.0 / len(example.candidates) for example in task.examples)
-    accuracy = torch.full(shape, math.nan, dtype=torch.float64)
-    for head in heads:
-        accuracy[head.layer, head.head] = weighted[head.layer, head.head] / total
-    clean = clean_sum / total
+        accuracy, clean, chance, total = _probe_accuracy(model, tasks, heads, how, max_rows, memory_budget_mb, batch_size, progress)
     drop = clean - accuracy
-    chance = chance_sum / total
     if clean <= chance + CHANCE_MARGIN:
         names = ", ".join(task.name for task in tasks)
         warnings.warn(
@@ -205,6 +128,34 @@ def retrieval_ranking(
         chance=chance,
         cost=cost.to_dict(total),
     )
+
+
+def _probe_accuracy(
+    model: GnaModel,
+    tasks: list[Task],
+    heads: list[Head],
+    how: str,
+    max_rows: int | None,
+    memory_budget_mb: float | None,
+    batch_size: int,
+    progress: bool,
+) -> tuple[Tensor, float, float, int]:
+    """Over every probe task, weighted by prompts: ``[layer, head]`` float64 accuracy with
+    each head of ``heads`` ablated alone (NaN elsewhere), the clean accuracy, chance (mean
+    ``1 / candidates``), and the prompts in all."""
+    shape = (model.n_layers, model.n_heads)
+    weighted = torch.zeros(shape, dtype=torch.float64)
+    clean_sum = chance_sum = 0.0
+    total = sum(len(task) for task in tasks)
+    for task in tasks:
+        clean, ablated = _ablated_accuracy(model, task, heads, how, max_rows, memory_budget_mb, batch_size, progress)
+        weighted += len(task) * ablated
+        clean_sum += len(task) * clean
+        chance_sum += sum(1.0 / len(example.candidates) for example in task.examples)
+    accuracy = torch.full(shape, math.nan, dtype=torch.float64)
+    for head in heads:
+        accuracy[head.layer, head.head] = weighted[head.layer, head.head] / total
+    return accuracy, clean_sum / total, chance_sum / total, total
 
 
 def _probe_tasks(model: GnaModel, probe: Task | Sequence[Task] | None, n: int, seed: int) -> list[Task]:
@@ -277,84 +228,6 @@ def _ablated_accuracy(
     return clean, table
 
 
-@dataclass
-class RetentionCurve:
-    """Accuracy with only the top-n heads of a ranking kept, against random sets.
-
-    Attributes:
-        sizes: ``[n_sizes]`` long, heads kept (ascending; 0 and every head of the kind included).
-        accuracy: ``[n_sizes]`` float64, the ranking's top-n kept.
-        random: ``[n_seeds, n_sizes]`` float64, the first n of each random order kept.
-        order: the ranking's heads of ``kind``, best first.
-        random_orders: one random order of the same heads per seed.
-        seeds: the random orders' seeds.
-        clean: accuracy with every head kept (nothing ablated); ``ablated``: with none kept.
-        kind: the heads kept or ablated (``"attention"``, ``"ssm"`` or ``"all"``; heads
-            of other kinds are never touched); ``how``: their ablation.
-        chance: ``1 / candidates``; ``n_prompts``: prompts of the task.
-        cost: `gna_interp.cost.Cost.to_dict` of the whole curve.
-    """
-
-    sizes: Tensor
-    accuracy: Tensor
-    random: Tensor
-    order: list[Head]
-    random_orders: list[list[Head]]
-    seeds: list[int]
-    clean: float
-    ablated: float
-    kind: str
-    how: str
-    chance: float
-    n_prompts: int
-    cost: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def n_heads(self) -> int:
-        """Heads of ``kind`` (the size at which nothing is ablated)."""
-        return len(self.order)
-
-    @property
-    def random_mean(self) -> Tensor:
-        """``[n_sizes]`` mean over the random orders."""
-        return self.random.mean(0)
-
-    @property
-    def random_std(self) -> Tensor:
-        """``[n_sizes]`` sample standard deviation over the random orders (0 with one seed)."""
-        return self.random.std(0, unbiased=True) if self.random.shape[0] > 1 else torch.zeros_like(self.random[0])
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row per size: ``size``, ``fraction`` (of the kind's heads), ``accuracy``,
-        ``of_clean``, ``random_mean``, ``random_std``, ``random_min``, ``random_max``,
-        ``random_of_clean`` and ``added`` (the ranking's heads this point adds)."""
-        import pandas as pd
-
-        sizes = self.sizes.tolist()
-        clean = self.clean if self.clean > 0 else math.nan
-        added = [", ".join(str(h) for h in self.order[(sizes[i - 1] if i else 0) : n]) for i, n in enumerate(sizes)]
-        return pd.DataFrame(
-            {
-                "size": sizes,
-                "fraction": [n / self.n_heads for n in sizes],
-                "accuracy": self.accuracy.tolist(),
-                "of_clean": (self.accuracy / clean).tolist(),
-                "random_mean": self.random_mean.tolist(),
-                "random_std": self.random_std.tolist(),
-                "random_min": self.random.min(0).values.tolist(),
-                "random_max": self.random.max(0).values.tolist(),
-                "random_of_clean": (self.random_mean / clean).tolist(),
-                "added": added,
-            }
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"RetentionCurve({len(self.sizes)} sizes of {self.n_heads} {self.kind} heads, how={self.how!r}, {len(self.seeds)} "
-            f"random orders, clean {self.clean:.3f}, none kept {self.ablated:.3f})"
-        )
-
-
 def retention_curve(
     model: GnaModel,
     task: Task,
@@ -404,25 +277,11 @@ def retention_curve(
         raise GnaValueError(f"kind={kind!r}: {model.name} has no {kind} heads")
     order = _order_of_kind(model, ranking, heads, kind)
     chosen = check_sizes(sizes, len(heads))
-    shuffled = []
-    for seed in seed_list:
-        permutation = list(heads)
-        random.Random(seed).shuffle(permutation)
-        shuffled.append(permutation)
+    shuffled = [_shuffled(heads, seed) for seed in seed_list]
     if corrupt is None and how != "zero":
         corrupt = task if how == "mean" else task.corrupted()
-    inner = [n for n in chosen if 0 < n < len(heads)]
     with cost_meter(model) as cost, model.source_cache():
-        bar = progress_bar(total=2 + len(inner) * (1 + len(seed_list)), show=progress, desc=f"retention ({kind}, {how})")
-        with bar:
-
-            def accuracy(kept: Sequence[Head]) -> float:
-                bar.update(1)
-                return keep_only_summary(model, task, kept, kind, how, corrupt, batch_size)["accuracy"]
-
-            ends = {0: accuracy([]), len(heads): accuracy(heads)}  # the same for every order
-            ranked = [ends[n] if n in ends else accuracy(order[:n]) for n in chosen]
-            random_rows = [[ends[n] if n in ends else accuracy(perm[:n]) for n in chosen] for perm in shuffled]
+        ends, ranked, random_rows = _retention_points(model, task, heads, order, shuffled, chosen, kind, how, corrupt, batch_size, progress)
     return RetentionCurve(
         sizes=torch.tensor(chosen, dtype=torch.long),
         accuracy=torch.tensor(ranked, dtype=torch.float64),
@@ -438,6 +297,44 @@ def retention_curve(
         n_prompts=len(task),
         cost=cost.to_dict(len(task)),
     )
+
+
+def _shuffled(heads: list[Head], seed: int) -> list[Head]:
+    """``heads`` in the random order of ``seed``."""
+    permutation = list(heads)
+    random.Random(seed).shuffle(permutation)
+    return permutation
+
+
+def _retention_points(
+    model: GnaModel,
+    task: Task,
+    heads: list[Head],
+    order: list[Head],
+    shuffled: list[list[Head]],
+    chosen: list[int],
+    kind: str,
+    how: str,
+    corrupt: Any,
+    batch_size: int,
+    progress: bool,
+) -> tuple[dict[int, float], list[float], list[list[float]]]:
+    """The accuracy with the first n of ``order`` kept (every other head of ``kind``
+    ablated), and of each order of ``shuffled``, for each n of ``chosen``: ``(the two ends,
+    nothing and every head kept, shared by every order; the ranking's row; one row per
+    random order)``."""
+    inner = [n for n in chosen if 0 < n < len(heads)]
+    bar = progress_bar(total=2 + len(inner) * (1 + len(shuffled)), show=progress, desc=f"retention ({kind}, {how})")
+    with bar:
+
+        def accuracy(kept: Sequence[Head]) -> float:
+            bar.update(1)
+            return keep_only_summary(model, task, kept, kind, how, corrupt, batch_size)["accuracy"]
+
+        ends = {0: accuracy([]), len(heads): accuracy(heads)}  # the same for every order
+        ranked = [ends[n] if n in ends else accuracy(order[:n]) for n in chosen]
+        random_rows = [[ends[n] if n in ends else accuracy(perm[:n]) for n in chosen] for perm in shuffled]
+    return ends, ranked, random_rows
 
 
 def _seeds(seeds: int | Sequence[int]) -> list[int]:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from ..scoring.faithfulness import FaithfulnessCurve
-    from ..scoring.retention import RetentionCurve
+    from ..scoring.retention_results import RetentionCurve
 
 CURVE, CLEAN, CHANCE, CIRCUIT = "#2166ac", "#1a9850", "#888888", "#d73027"
 
@@ -133,7 +133,7 @@ def draw_retention(figure: Any, curve: RetentionCurve, *, title: str | None = No
 
 
 def _check_retention(curve: Any) -> None:
-    from ..scoring.retention import RetentionCurve
+    from ..scoring.retention_results import RetentionCurve
 
     if not isinstance(curve, RetentionCurve):
         raise GnaTypeError(f"curve={type(curve).__name__}: expected a RetentionCurve (gna.retention_curve)")

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from ..discovery.circuit import GnaCircuit
     from ..discovery.picture import RolePicture
     from ..scoring.faithfulness import FaithfulnessCurve
-    from ..scoring.retention import RetentionCurve
+    from ..scoring.retention_results import RetentionCurve
 
 ReportLike = tuple["GnaCircuit", Any, Any]
 """``(circuit, model or None, task or None)``: patterns are drawn when both are given."""
@@ -306,11 +306,39 @@ def _section(
     curve: FaithfulnessCurve | None = None,
     retention: RetentionCurve | None = None,
 ) -> str:
+    """One circuit's section of the page (its JSON written beside it): the headline and notes,
+    the tables, the curves, the averaged picture (with ``model`` and ``task``), the scans and
+    the examined heads."""
     from ..discovery.picture import role_picture
 
     slug = slug_of(circuit.model)
-    parts = [f'<section class="model" id="{slug}">']
-    parts.append(f"<h2>{html.escape(circuit.model)} <small>({html.escape(circuit.family)}, {html.escape(circuit.task)})</small></h2>")
+    parts = [f'<section class="model" id="{slug}">', *_headline_html(circuit, curve)]
+    parts.append(f'<div class="row">{"".join(_tables_html(circuit))}</div>')
+    parts.append(_stability_html(circuit))
+    if curve is not None:
+        parts.append(faithfulness_html(circuit, curve, folder, slug))
+    if retention is not None:
+        parts.append(retention_html(retention, folder, slug))
+    if model is not None and task is not None and (circuit.gather or circuit.aggregate):
+        picture = role_picture(circuit, model, task)
+        parts.append("<h3>The G&amp;A picture, averaged over the task</h3>")
+        parts.append(_picture_html(circuit, picture, model, task))
+    parts += _scans_html(circuit)
+    parts.append("<h3>Examined heads</h3>")
+    parts.append(
+        f'<p class="caption">Every head discovery ablated alone or screened; its pattern scores and the rest are in {slug}.json '
+        "(and <code>circuit.to_frame()</code>).</p>"
+    )
+    parts.append(f'<div data-role="examined">{table(examined_rows(circuit))}</div>')
+    parts.append("</section>")
+    (folder / f"{slug}.json").write_text(circuit.to_json() + "\n")
+    return "\n".join(parts)
+
+
+def _headline_html(circuit: GnaCircuit, curve: FaithfulnessCurve | None) -> list[str]:
+    """The section's title, mechanism, what the circuit carries, its warnings, each spread
+    role's note and the evidence rule."""
+    parts = [f"<h2>{html.escape(circuit.model)} <small>({html.escape(circuit.family)}, {html.escape(circuit.task)})</small></h2>"]
     if circuit.mechanism is not None:
         parts.append(f'<p data-role="mechanism"><b>{html.escape(circuit.headline())}</b></p>')
     if curve is not None or circuit.path_patching is not None:  # how much of the task it carries (`viz.summary.carries`)
@@ -331,6 +359,12 @@ def _section(
     ]
     if circuit.gather or circuit.aggregate:
         parts.append(f'<p class="caption" data-role="evidence">Evidence: {html.escape(circuit.evidence_rule())}.</p>')
+    return parts
+
+
+def _tables_html(circuit: GnaCircuit) -> list[str]:
+    """The section's row of tables: the conditions, the cost, path patching, the circuit
+    score, and the heads-needed figure."""
     tables = [table(_conditions(circuit))]
     if circuit.cost is not None:
         tables.append(
@@ -354,16 +388,11 @@ def _section(
             "The role table's accuracy ablates them all at every position."
         )
         tables.append(figure_html(needs, caption, role="needs"))
-    parts.append(f'<div class="row">{"".join(tables)}</div>')
-    parts.append(_stability_html(circuit))
-    if curve is not None:
-        parts.append(faithfulness_html(circuit, curve, folder, slug))
-    if retention is not None:
-        parts.append(retention_html(retention, folder, slug))
-    if model is not None and task is not None and (circuit.gather or circuit.aggregate):
-        picture = role_picture(circuit, model, task)
-        parts.append("<h3>The G&amp;A picture, averaged over the task</h3>")
-        parts.append(_picture_html(circuit, picture, model, task))
+    return tables
+
+
+def _scans_html(circuit: GnaCircuit) -> list[str]:
+    """The truncation / layer scan and head scan figures, side by side (nothing without them)."""
     scans = [
         figures.scan_figure(
             circuit.truncation,
@@ -374,19 +403,10 @@ def _section(
         ),
         figures.head_scan_figure(circuit.head_scan),
     ]
-    if any(svg is not None for svg in scans):
-        parts.append("<h3>Scans</h3>")
-        cells = "".join(f'<div style="flex: 1 1 380px">{svg}</div>' for svg in scans if svg is not None)
-        parts.append(f'<div class="row">{cells}</div>')
-    parts.append("<h3>Examined heads</h3>")
-    parts.append(
-        f'<p class="caption">Every head discovery ablated alone or screened; its pattern scores and the rest are in {slug}.json '
-        "(and <code>circuit.to_frame()</code>).</p>"
-    )
-    parts.append(f'<div data-role="examined">{table(examined_rows(circuit))}</div>')
-    parts.append("</section>")
-    (folder / f"{slug}.json").write_text(circuit.to_json() + "\n")
-    return "\n".join(parts)
+    if not any(svg is not None for svg in scans):
+        return []
+    cells = "".join(f'<div style="flex: 1 1 380px">{svg}</div>' for svg in scans if svg is not None)
+    return ["<h3>Scans</h3>", f'<div class="row">{cells}</div>']
 
 
 def write_report(

@@ -18,7 +18,7 @@ from .report_html import figure_html, table
 if TYPE_CHECKING:
     from ..discovery.circuit import GnaCircuit
     from ..scoring.faithfulness import FaithfulnessCurve
-    from ..scoring.retention import RetentionCurve
+    from ..scoring.retention_results import RetentionCurve
 
 
 HOW = {
@@ -130,7 +130,7 @@ def check_faithfulness(faithfulness: Any, circuits: list[GnaCircuit]) -> dict[st
 
 def check_retention(retention: Any, circuits: list[GnaCircuit]) -> dict[str, RetentionCurve]:
     """``write_report``'s ``retention``: model names of ``circuits`` to keep-only curves."""
-    from ..scoring.retention import RetentionCurve
+    from ..scoring.retention_results import RetentionCurve
 
     if retention is None:
         return {}

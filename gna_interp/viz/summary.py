@@ -45,6 +45,27 @@ def carries(circuit: Any, curve: Any) -> str:
     return "partial" + (": " + "; ".join(sized) if sized else "")
 
 
+_COLUMNS = (
+    "model",
+    "alone",
+    "share",
+    "path",
+    "carries",
+    "mechanism",
+    "clean",
+    "-gather",
+    "-aggr",
+    "-both",
+    "shuffled",
+    "gather",
+    "aggregate",
+)
+"""The summary table's column names."""
+_ALIGNED = ["<", ">", ">", ">", "<", "<", ">", ">", ">", ">", ">", "<", "<"]
+_VERDICT = 4
+"""The `carries` column: its words wrap."""
+
+
 def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, width: int = SUMMARY_WIDTH) -> str:
     """One row per circuit, fitting ``width`` columns: first how much of the task the circuit
     carries (``alone``: accuracy with only its heads kept, every other head mean-ablated, and
@@ -53,82 +74,73 @@ def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, wid
     ``carries``: whole or partial, `carries`), then the mechanism and the confirmation
     accuracies, then its heads per role, wrapped inside their cells. In models with both
     kinds of heads, each head is tagged ``(a)`` attention or ``(s)`` SSM."""
+    rows = [_summary_row(c, (curves or {}).get(c.model)) for c in circuits]
+    widths = _column_widths(rows, width)
+    header = _lines_of(_COLUMNS, widths)[0]
+    lines = [header, "-" * len(header), *(line for r in rows for line in _lines_of(r, widths))]
+    return "\n".join([*lines, *_legend(rows)])
 
-    def heads(c: Any, role: str) -> str:
+
+def _summary_row(c: Any, curve: Any) -> tuple[str, ...]:
+    """One circuit's cells (``curve``: its model's faithfulness curve, or None)."""
+
+    def heads(role: str) -> str:
         return c.named(getattr(c, role)).replace(" (attention)", "(a)").replace(" (ssm)", "(s)").replace(", ", ",")
 
-    def cell(acc: dict[str, float], key: str) -> str:
-        return f"{acc[key]:.3f}" if key in acc else "-"
+    def cell(key: str) -> str:
+        return f"{c.accuracy[key]:.3f}" if key in c.accuracy else "-"
 
-    def carried(c: Any) -> tuple[str, str, str, str]:
-        curve = (curves or {}).get(c.model)
-        share = carried_share(c, curve)
-        alone = "-" if curve is None or curve.circuit_point is None else f"{curve.circuit_point['accuracy']:.3f}"
-        path = (getattr(c, "path_patching", None) or {}).get("fraction_of_effect")
-        return alone, "-" if share is None else f"{share:.0%}", "-" if path is None or path != path else f"{path:.2f}", carries(c, curve)
+    share = carried_share(c, curve)
+    alone = "-" if curve is None or curve.circuit_point is None else f"{curve.circuit_point['accuracy']:.3f}"
+    path = (getattr(c, "path_patching", None) or {}).get("fraction_of_effect")
+    carried = (alone, "-" if share is None else f"{share:.0%}", "-" if path is None or path != path else f"{path:.2f}", carries(c, curve))
+    accuracies = (cell(k) for k in ("clean", "-gather", "-aggregate", "-both", "shuffled_labels"))
+    return (c.model, *carried, c.mechanism or "-", *accuracies, heads("gather"), heads("aggregate"))
 
-    names = (
-        "model",
-        "alone",
-        "share",
-        "path",
-        "carries",
-        "mechanism",
-        "clean",
-        "-gather",
-        "-aggr",
-        "-both",
-        "shuffled",
-        "gather",
-        "aggregate",
-    )
-    rows = [
-        (
-            c.model,
-            *carried(c),
-            c.mechanism or "-",
-            *(cell(c.accuracy, k) for k in ("clean", "-gather", "-aggregate", "-both", "shuffled_labels")),
-            heads(c, "gather"),
-            heads(c, "aggregate"),
-        )
-        for c in circuits
-    ]
-    verdict = 4  # the `carries` column: its words wrap
-    verdict_width = min(max(len(str(r[verdict])) for r in [names, *rows]), CARRIES_WIDTH)
-    fixed = [verdict_width if i == verdict else max(len(str(r[i])) for r in [names, *rows]) for i in range(len(names) - 2)]
-    room = max(width - sum(fixed) - (len(names) - 1), 2 * len("aggregate"))  # what the two head lists share (1-space gaps)
-    full = [max(len(str(r[i])) for r in [names, *rows]) for i in (-2, -1)]
+
+def _column_widths(rows: list[tuple[str, ...]], width: int) -> list[int]:
+    """Each column's width: the widest cell (``carries`` at most `CARRIES_WIDTH`), the two head
+    lists sharing what is left of ``width``."""
+    table = [_COLUMNS, *rows]
+    verdict_width = min(max(len(str(r[_VERDICT])) for r in table), CARRIES_WIDTH)
+    fixed = [verdict_width if i == _VERDICT else max(len(str(r[i])) for r in table) for i in range(len(_COLUMNS) - 2)]
+    room = max(width - sum(fixed) - (len(_COLUMNS) - 1), 2 * len("aggregate"))  # what the two head lists share (1-space gaps)
+    full = [max(len(str(r[i])) for r in table) for i in (-2, -1)]
     gather_width = min(full[0], max(len("gather"), room - min(full[1], room // 2)))
-    widths = [*fixed, gather_width, max(len("aggregate"), min(full[1], room - gather_width))]
-    aligned = ["<", ">", ">", ">", "<", "<", ">", ">", ">", ">", ">", "<", "<"]
+    return [*fixed, gather_width, max(len("aggregate"), min(full[1], room - gather_width))]
 
-    def wrap(text: str, cell_width: int, by: str = ",") -> list[str]:
-        """``text``'s ``by``-separated items (heads, or words) packed into lines of at most ``cell_width``."""
-        if len(text) <= cell_width:
-            return [text]
-        glue = "," if by == "," else " "
-        out = [""]
-        for item in text.split(by):
-            joined = f"{out[-1]}{glue}{item}" if out[-1] else item
-            if len(joined) < cell_width + (glue == " ") or not out[-1]:  # a comma ending a wrapped line needs room
-                out[-1] = joined
-            else:
-                out[-1] += "," if glue == "," else ""
-                out.append(item)
-        return out
 
-    def lines_of(row: tuple[str, ...]) -> list[str]:
-        cells = [wrap(str(v), widths[i], " ") if i == verdict else [str(v)] for i, v in enumerate(row[:-2])]
-        cells += [wrap(v, w) for v, w in zip(row[-2:], widths[-2:], strict=True)]
-        depth = max(len(c) for c in cells)
-        out = []
-        for k in range(depth):
-            values = [c[k] if k < len(c) else "" for c in cells]
-            out.append(" ".join(f"{v:{a}{w}}" for v, a, w in zip(values, aligned, widths, strict=True)).rstrip())
-        return out
+def _wrap(text: str, cell_width: int, by: str = ",") -> list[str]:
+    """``text``'s ``by``-separated items (heads, or words) packed into lines of at most ``cell_width``."""
+    if len(text) <= cell_width:
+        return [text]
+    glue = "," if by == "," else " "
+    out = [""]
+    for item in text.split(by):
+        joined = f"{out[-1]}{glue}{item}" if out[-1] else item
+        if len(joined) < cell_width + (glue == " ") or not out[-1]:  # a comma ending a wrapped line needs room
+            out[-1] = joined
+        else:
+            out[-1] += "," if glue == "," else ""
+            out.append(item)
+    return out
 
-    header = lines_of(names)[0]
-    lines = [header, "-" * len(header), *(line for r in rows for line in lines_of(r))]
+
+def _lines_of(row: tuple[str, ...], widths: list[int]) -> list[str]:
+    """A row's text lines, its ``carries`` words and head lists wrapped inside their cells."""
+    cells = [_wrap(str(v), widths[i], " ") if i == _VERDICT else [str(v)] for i, v in enumerate(row[:-2])]
+    cells += [_wrap(v, w) for v, w in zip(row[-2:], widths[-2:], strict=True)]
+    depth = max(len(c) for c in cells)
+    out = []
+    for k in range(depth):
+        values = [c[k] if k < len(c) else "" for c in cells]
+        out.append(" ".join(f"{v:{a}{w}}" for v, a, w in zip(values, _ALIGNED, widths, strict=True)).rstrip())
+    return out
+
+
+def _legend(rows: list[tuple[str, ...]]) -> list[str]:
+    """The lines under the table: what its columns mean, and the tags and mechanisms it shows."""
+    lines = []
     if any("(a)" in r[-2] + r[-1] or "(s)" in r[-2] + r[-1] for r in rows):
         lines.append("(a) attention head, (s) SSM head")
     lines.append("alone: accuracy with only the circuit's heads kept (every other head mean-ablated); share: of the gap from")
@@ -142,7 +154,7 @@ def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, wid
     if any(r[10] != "-" for r in rows):
         lines.append("shuffled: clean accuracy with each prompt's labels in a random order (chance: answers by the option's place)")
     lines.append("-gather, -aggr, -both: accuracy with every head of the set(s) ablated at every position")
-    return "\n".join(lines)
+    return lines
 
 
 def carry_rows(circuits: list[Any], curves: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -185,76 +185,118 @@ def train(
     threads = torch.get_num_threads()
     torch.set_num_threads(recipe.threads)
     try:
-        model = build_model(recipe, init).to(device).train()
-        pruned = head_masks(model, recipe.pruned_heads)  # build_model zeroed them
-        steps_limit = recipe.max_steps if max_steps is None else max_steps
-        data = torch.Generator().manual_seed(recipe.seed)
-        held_ids, held_answers = toy_token_batch(512, torch.Generator().manual_seed(HELD_OUT_SEED + recipe.seed), **task_shape(recipe))
-        held_ids, held_answers = held_ids.to(device), held_answers.to(device)
-        letter_ids = _letter_ids(recipe).to(device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(recipe, step))
-        history: list[dict[str, float]] = []
-        first_step, elapsed = 1, 0.0
-        checkpoint = Path(checkpoint) if checkpoint is not None else None
-        if checkpoint is not None and checkpoint.is_file():
-            state = torch.load(checkpoint, weights_only=False, map_location="cpu")
-            key, stored = _recipe_key(recipe), state["recipe"]
-            if not _key_agrees(key, stored) or not _schedule_agrees(recipe, int(state["step"]), stored):
-                raise GnaValueError(f"checkpoint {str(checkpoint)!r} was written for another recipe: delete it or pass another path")
-            if state.get("init") != init_key(init):
-                raise GnaValueError(
-                    f"checkpoint {str(checkpoint)!r} was written from init={state.get('init')!r}, not {init_key(init)!r}: "
-                    "pass the same --init, or delete the checkpoint"
-                )
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            schedule.load_state_dict(state["schedule"])
-            data.set_state(state["data"])
-            history, first_step, elapsed = state["history"], state["step"] + 1, state["elapsed"]
-            log(f"{recipe.name}: resumed from {checkpoint} at step {state['step']}")
-        start = time.perf_counter() - elapsed
-        reached = bool(history) and history[-1]["accuracy"] >= recipe.target_accuracy
-        step = first_step - 1
-        bar = progress_bar(total=steps_limit, show=progress, desc=f"train {recipe.name}")
+        run = _start(recipe, max_steps, checkpoint, init, log, device)
+        reached = bool(run.history) and run.history[-1]["accuracy"] >= recipe.target_accuracy
+        step = run.first_step - 1
+        bar = progress_bar(total=run.steps_limit, show=progress, desc=f"train {recipe.name}")
         bar.update(step)  # resumed: the steps already done
-        task = task_shape(recipe)
-        in_order = {**task, "shuffle_labels": False}  # the curriculum's first steps
-        with frozen_at_zero(pruned):  # pruned heads stay at 0 (hooks gone on exit)
-            for step in range(first_step, steps_limit + 1) if not reached else range(0):
-                shape = in_order if step <= recipe.ordered_label_steps else task
-                input_ids, answers = toy_token_batch(recipe.batch_size, data, **shape)
-                input_ids, answers = input_ids.to(device), answers.to(device)
-                loss = F.cross_entropy(model(input_ids=input_ids).logits[:, -1], answers)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-                optimizer.step()
-                schedule.step()
+        with frozen_at_zero(run.pruned):  # pruned heads stay at 0 (hooks gone on exit)
+            for step in range(run.first_step, run.steps_limit + 1) if not reached else range(0):
+                loss = _step(run, step)
                 bar.update(1)
-                if step % recipe.eval_every == 0 or step == steps_limit:
-                    accuracy = quick_accuracy(model, held_ids, held_answers, letter_ids)
-                    history.append({"step": step, "loss": loss.item(), "accuracy": accuracy, "seconds": time.perf_counter() - start})
-                    log(f"{recipe.name} step {step}: loss {loss.item():.4f}, held-out accuracy {accuracy:.3f}")
-                    reached = accuracy >= recipe.target_accuracy
-                    if checkpoint is not None:
-                        state = {
-                            "recipe": _recipe_key(recipe),
-                            "init": init_key(init),
-                            "model": model.state_dict(),
-                            "optimizer": optimizer.state_dict(),
-                            "schedule": schedule.state_dict(),
-                            "data": data.get_state(),
-                            "history": history,
-                            "step": step,
-                            "elapsed": time.perf_counter() - start,
-                        }
-                        _save_checkpoint(checkpoint, state)
+                if step % recipe.eval_every == 0 or step == run.steps_limit:
+                    reached = _evaluate(run, step, loss)
                     if reached:
                         break
         bar.close()
-        if not still_pruned(pruned):  # would mean an optimizer that moves zero-gradient weights
+        if not still_pruned(run.pruned):  # would mean an optimizer that moves zero-gradient weights
             raise RuntimeError(f"{recipe.name}: a pruned head's weights left 0 during training")
-        return TrainResult(model.cpu().eval(), step, time.perf_counter() - start, reached, history)
+        return TrainResult(run.model.cpu().eval(), step, time.perf_counter() - run.start, reached, run.history)
     finally:
         torch.set_num_threads(threads)
+
+
+@dataclass
+class _Training:
+    """A `train` call under way: the model, its optimiser and data, and the held-out batch."""
+
+    recipe: Recipe
+    model: Any
+    pruned: Any  # the pruned heads' masks (`head_masks`)
+    optimizer: torch.optim.Optimizer
+    schedule: Any  # the LambdaLR of `lr_factor`
+    data: torch.Generator  # the training prompts' generator
+    held: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # held-out ids, answers, the answer letters' ids
+    device: str | torch.device
+    steps_limit: int
+    checkpoint: Path | None
+    init: str | Path | None
+    log: Callable[[str], None]
+    history: list[dict[str, float]]
+    first_step: int
+    start: float  # time.perf_counter() at the start, less the time a resumed run had taken
+
+
+def _start(
+    recipe: Recipe, max_steps: int | None, checkpoint: str | Path | None, init: str | Path | None, log: Callable[[str], None], device: Any
+) -> _Training:
+    """The model, optimiser and data at step 0, or where ``checkpoint`` left them."""
+    model = build_model(recipe, init).to(device).train()
+    pruned = head_masks(model, recipe.pruned_heads)  # build_model zeroed them
+    steps_limit = recipe.max_steps if max_steps is None else max_steps
+    data = torch.Generator().manual_seed(recipe.seed)
+    held_ids, held_answers = toy_token_batch(512, torch.Generator().manual_seed(HELD_OUT_SEED + recipe.seed), **task_shape(recipe))
+    held = (held_ids.to(device), held_answers.to(device), _letter_ids(recipe).to(device))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(recipe, step))
+    history: list[dict[str, float]] = []
+    first_step, elapsed = 1, 0.0
+    path = Path(checkpoint) if checkpoint is not None else None
+    if path is not None and path.is_file():
+        state = torch.load(path, weights_only=False, map_location="cpu")
+        key, stored = _recipe_key(recipe), state["recipe"]
+        if not _key_agrees(key, stored) or not _schedule_agrees(recipe, int(state["step"]), stored):
+            raise GnaValueError(f"checkpoint {str(path)!r} was written for another recipe: delete it or pass another path")
+        if state.get("init") != init_key(init):
+            raise GnaValueError(
+                f"checkpoint {str(path)!r} was written from init={state.get('init')!r}, not {init_key(init)!r}: "
+                "pass the same --init, or delete the checkpoint"
+            )
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        data.set_state(state["data"])
+        history, first_step, elapsed = state["history"], state["step"] + 1, state["elapsed"]
+        log(f"{recipe.name}: resumed from {path} at step {state['step']}")
+    start = time.perf_counter() - elapsed
+    return _Training(
+        recipe, model, pruned, optimizer, schedule, data, held, device, steps_limit, path, init, log, history, first_step, start
+    )
+
+
+def _step(run: _Training, step: int) -> torch.Tensor:
+    """One optimiser step on a fresh batch; its loss (before the update)."""
+    recipe, task = run.recipe, task_shape(run.recipe)
+    shape = {**task, "shuffle_labels": False} if step <= recipe.ordered_label_steps else task  # the curriculum's first steps in order
+    input_ids, answers = toy_token_batch(recipe.batch_size, run.data, **shape)
+    input_ids, answers = input_ids.to(run.device), answers.to(run.device)
+    loss = F.cross_entropy(run.model(input_ids=input_ids).logits[:, -1], answers)
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(run.model.parameters(), recipe.grad_clip)
+    run.optimizer.step()
+    run.schedule.step()
+    return loss
+
+
+def _evaluate(run: _Training, step: int, loss: torch.Tensor) -> bool:
+    """The held-out accuracy at ``step``, logged, added to the history and checkpointed;
+    whether it reaches the recipe's target."""
+    recipe = run.recipe
+    accuracy = quick_accuracy(run.model, *run.held)
+    run.history.append({"step": step, "loss": loss.item(), "accuracy": accuracy, "seconds": time.perf_counter() - run.start})
+    run.log(f"{recipe.name} step {step}: loss {loss.item():.4f}, held-out accuracy {accuracy:.3f}")
+    if run.checkpoint is not None:
+        state = {
+            "recipe": _recipe_key(recipe),
+            "init": init_key(run.init),
+            "model": run.model.state_dict(),
+            "optimizer": run.optimizer.state_dict(),
+            "schedule": run.schedule.state_dict(),
+            "data": run.data.get_state(),
+            "history": run.history,
+            "step": step,
+            "elapsed": time.perf_counter() - run.start,
+        }
+        _save_checkpoint(run.checkpoint, state)
+    return accuracy >= recipe.target_accuracy
