@@ -126,7 +126,9 @@ def attribution_patching(
     else:
         site_list = [Site(SiteKind.RESID, layer) for layer in range(model.n_layers)]
     ambient = [*model.active_interventions, *interventions]
-    source_out = model.backend.run(source, model.compile_plan(source, ambient), capture=set(site_list), logits_to_keep=logits_read(metric))
+    source_out = model.run_plan(
+        source, model.compile_plan(source, ambient), capture=set(site_list), logits_to_keep=logits_read(metric), prefix=False
+    )
     reference = reduce_metric(metric(source_out.logits), metric, source.n_rows)
     targets = {site: source_out.acts[site] for site in site_list}
     del source_out  # its logits are read: not held through the forwards and backwards
@@ -281,9 +283,11 @@ class _GatePath:
         """The metric of the ungated run (a plain forward, chunked as the gated ones)."""
         batch, base, n = self.batch, self.base, self.batch.n_rows
         if len(self.cuts) == 1:
-            logits = self.model.backend.run(batch, base, logits_to_keep=self.keep).logits
+            logits = self.model.run_plan(batch, base, logits_to_keep=self.keep, prefix=False).logits
         else:
-            logits = torch.cat([self.model.backend.run(batch.rows(c), base.rows(n, c), logits_to_keep=self.keep).logits for c in self.cuts])
+            logits = torch.cat(
+                [self.model.run_plan(batch.rows(c), base.rows(n, c), logits_to_keep=self.keep, prefix=False).logits for c in self.cuts]
+            )
         return reduce_metric(metric(logits), metric, n)
 
     def run(self, c: slice, alpha: float, grad: bool, capture: Collection[Site] = ()) -> tuple[Tensor, dict[Site, Tensor]]:
@@ -302,7 +306,9 @@ class _GatePath:
             if not whole and target.dim() > 0 and target.shape[0] == n:
                 target = target[c]
             plan.add(site, Edit(gates[site], target))
-        out = self.model.backend.run(batch if whole else batch.rows(c), plan, grad=grad, logits_to_keep=self.keep, capture=capture)
+        out = self.model.run_plan(
+            batch if whole else batch.rows(c), plan, grad=grad, logits_to_keep=self.keep, capture=capture, prefix=False
+        )
         if capture and self.on_clean is not None:
             self.on_clean({site: act.detach() for site, act in out.acts.items()})
         return out.logits, gates

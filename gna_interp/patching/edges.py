@@ -365,8 +365,8 @@ def _prepare(
         capture |= {Site(SiteKind.RESID, r.layer) for r in heads}
 
     keep = logits_read(metric)
-    corrupt_out = model.backend.run(
-        corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=sender_sites | write_nodes, logits_to_keep=keep
+    corrupt_out = model.run_plan(
+        corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=sender_sites | write_nodes, logits_to_keep=keep, prefix=False
     )
     reference = reduce_metric(metric(corrupt_out.logits), metric, corrupt_batch.n_rows)
     per_chunk = max(1, rows_per_forward(model, clean_batch.n_pos, max_rows, memory_budget_mb) // clean_batch.n_rows)
@@ -445,7 +445,7 @@ def _point(run: _FirstOrder, step: int, clean_acts: dict[Site, Tensor]) -> tuple
         plan.add(site, Edit(mask, value, straight_through=True))  # gradients run through the sender as unedited
     for site in sorted(run.write_nodes) if step else []:
         plan.add(*interpolated(site, clean_acts[site], run.corrupt[site], alpha))
-    point = model.backend.run(run.batch, plan, capture=run.capture, grad=True, logits_to_keep=run.keep)
+    point = model.run_plan(run.batch, plan, capture=run.capture, grad=True, logits_to_keep=run.keep, prefix=False)
     value = _scalar(run.metric(point.logits), run.metric)
     grads = dict(zip(run.receiver_order, _gradients(value, [point.acts[s] for s in run.receiver_order]), strict=True))
     charge(model.backend, backwards=1, backward_block_rows=run.batch.n_rows * model.n_layers)

@@ -62,7 +62,7 @@ def mlp_input_gradients(
         rows = (torch.arange(n_copies) == c).repeat_interleave(n_rows)[:, None, None]
         plan.add(Site(SiteKind.MLP_IN, layer), Edit(rows, leaves[layer]))
     outs = {Site(SiteKind.MLP_OUT, layer) for layer in layers}
-    out = model.backend.run(batch.repeat(n_copies), plan, capture=outs, grad=True, logits_to_keep=1)  # logits unread
+    out = model.run_plan(batch.repeat(n_copies), plan, capture=outs, grad=True, logits_to_keep=1, prefix=False)  # logits unread
     total = torch.zeros(())
     for c, layer in enumerate(layers):
         site, span = Site(SiteKind.MLP_OUT, layer), slice(c * n_rows, (c + 1) * n_rows)
@@ -183,7 +183,7 @@ def _receiver_contraction(model: Any, batch: Any, plan: Any, chunk: Any, grads: 
     the chunk's receivers of (copy c's receiver input) x (its metric gradient): a scalar whose
     gradient with respect to the plan's leaves gives every edge of the chunk."""
     receivers = {model.head_site(r)[0] for r, _ in chunk}
-    out = model.backend.run(batch.repeat(n_copies), plan, capture=receivers, grad=True, logits_to_keep=1)  # logits unread
+    out = model.run_plan(batch.repeat(n_copies), plan, capture=receivers, grad=True, logits_to_keep=1, prefix=False)  # logits unread
     total = torch.zeros(())
     for c, (receiver, _) in enumerate(chunk):
         site, index = model.head_site(receiver)

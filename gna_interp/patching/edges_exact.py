@@ -234,7 +234,7 @@ def _integrated_pullback(
             site, index = head_of[pair[0]]
             out0 = setup.clean[site]
             p.add(site, Edit(rows_of(c) & head_mask(model.layout, site, [index]), _stack(out0 + alpha * (ends[pair] - out0), n, k)))
-        out = model.backend.run(setup.batch.repeat(k), p, capture=set(sites), grad=True, logits_to_keep=logits_read(metric))
+        out = model.run_plan(setup.batch.repeat(k), p, capture=set(sites), grad=True, logits_to_keep=logits_read(metric), prefix=False)
         total = sum(_scalar(metric(part), metric) for part in out.logits.split(n))
         grads = dict(zip(sites, _gradients(total, [out.acts[site] for site in sites]), strict=True))  # type: ignore[arg-type]
         charge(model.backend, backwards=1, backward_block_rows=n * k * (model.n_layers - layer))
@@ -257,7 +257,7 @@ def _integrated_pullback(
         for norm in norm_inputs(model, {head_site: [index]}):
             others = ~(head_mask(model.layout, norm, [index]) if norm.kind is SiteKind.PRE_NORM else _unit(model, norm, index))
             p.add(norm, Edit(rows_of(c) & others, _stack(setup.clean[norm], n, k)))
-    out = model.backend.run(setup.batch.repeat(k), p, capture=set(sites), grad=True, logits_to_keep=1)  # logits unread
+    out = model.run_plan(setup.batch.repeat(k), p, capture=set(sites), grad=True, logits_to_keep=1, prefix=False)  # logits unread
     total = torch.zeros(())
     for c, pair in enumerate(pairs):
         site, index = head_of[pair[0]]
@@ -299,7 +299,7 @@ def _receiver_outputs(
             others = ~(head_mask(model.layout, norm, [index]) if norm.kind is SiteKind.PRE_NORM else _unit(model, norm, index))
             plan.add(norm, Edit(mask & others, _stack(setup.clean[norm], n, k)))
     capture = {model.head_site(r)[0] for r in receivers}
-    out = model.backend.run(setup.batch.repeat(k), plan, capture=capture, logits_to_keep=1)  # logits unread
+    out = model.run_plan(setup.batch.repeat(k), plan, capture=capture, logits_to_keep=1, prefix=False)  # logits unread
     result = {}
     for j, (c, r) in enumerate(combos):
         site, index = model.head_site(r)
