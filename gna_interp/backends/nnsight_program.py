@@ -226,6 +226,42 @@ def run_jobs(model: Any, jobs: list, block_items: Any, unembed: str = "") -> lis
     return returned
 
 
+def search_role(role: dict, pool: list, accuracy: Any) -> tuple[list, list]:
+    """One role's joint search over ``pool`` (`greedy_joint`'s ``roles``): in ``role["order"]``
+    first when ``search == "ordered"``, the greedy search where that falls short of the
+    threshold; ``accuracy(heads, where)`` measures a set. Returns the heads chosen and the
+    accuracy after each step."""
+    chosen: list = []
+    curve: list = []
+    current = role["start_accuracy"]
+    remaining = list(pool)
+    if role.get("search", "greedy") == "ordered":
+        for h in [h for h in role["order"] if h in pool]:  # each head once, in its order
+            if len(chosen) >= role["max_heads"] or current <= role["threshold"]:
+                break
+            value = accuracy([*chosen, h], role["where"])
+            if current - value >= role["min_drop"]:
+                chosen.append(h)
+                current = value
+                curve.append(current)
+        if current <= role["threshold"]:
+            remaining = []
+        else:  # short of chance: the greedy search, from scratch
+            chosen, curve, current = [], [], role["start_accuracy"]
+    for _ in range(min(role["max_heads"], len(remaining))):  # greedy: every remaining head at each step
+        trials = [(accuracy([*chosen, h], role["where"]), h) for h in remaining]
+        best_accuracy, best = min(trials)
+        if best_accuracy >= current:
+            break
+        chosen.append(best)
+        remaining.remove(best)
+        current = best_accuracy
+        curve.append(current)
+        if current <= role["threshold"]:
+            break
+    return chosen, curve
+
+
 def verdicts(logits: Any, candidate_ids: Any, correct: Any) -> Any:
     """``[rows]`` bool: answered correctly, scored as `gna_interp.evaluate` scores single
     tokens (the correct candidate strictly above every other: a tie is wrong)."""
@@ -305,33 +341,6 @@ def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, lis
             earlier = out[role["after"]][1]
             last = max([*role["bound"], *(problem["positions"][h] for h in earlier)])
             pool = [h for h in pool if h not in earlier and (h in role["members"] or problem["positions"][h] < last)]
-        chosen: list = []
-        curve: list = []
-        current = role["start_accuracy"]
-        remaining = list(pool)
-        if role.get("search", "greedy") == "ordered":
-            for h in [h for h in role["order"] if h in pool]:  # each head once, in its order
-                if len(chosen) >= role["max_heads"] or current <= role["threshold"]:
-                    break
-                value = accuracy([*chosen, h], role["where"])
-                if current - value >= role["min_drop"]:
-                    chosen.append(h)
-                    current = value
-                    curve.append(current)
-            if current <= role["threshold"]:
-                remaining = []
-            else:  # short of chance: the greedy search, from scratch
-                chosen, curve, current = [], [], role["start_accuracy"]
-        for _ in range(min(role["max_heads"], len(remaining))):  # greedy: every remaining head at each step
-            trials = [(accuracy([*chosen, h], role["where"]), h) for h in remaining]
-            best_accuracy, best = min(trials)
-            if best_accuracy >= current:
-                break
-            chosen.append(best)
-            remaining.remove(best)
-            current = best_accuracy
-            curve.append(current)
-            if current <= role["threshold"]:
-                break
+        chosen, curve = search_role(role, pool, accuracy)
         out.append((pool, chosen, curve, accuracy(chosen, "all") if chosen else None))
     return out, cost
