@@ -154,3 +154,17 @@ def test_a_remote_program_names_the_site_too(tokenizer):
         with pytest.raises(SiteNotFiredError, match=rf"module '{path}'.*heads site at layer 1") as raised:
             model.backend.run_many([Job(batch, Plan()), Job(batch, zero)])
         assert raised.value.need == site and raised.value.path == path
+
+
+def test_another_failure_is_not_called_a_missed_site(model):
+    """An edit of the wrong shape fails inside the forward, so later hooks never run: that
+    error comes out as it is (a torch error), not as a `SiteNotFiredError`."""
+    batch = model.to_batch(CLEAN)
+    site = _sites(model)[0][0]
+    bad = Plan()
+    bad.add(site, Edit(torch.ones(1, 1, 1, 1, dtype=torch.bool), torch.zeros(3, 3, 3, 3, 3)))
+    bad.add(Site(SiteKind.RESID, 2), Edit(torch.ones(1, dtype=torch.bool), torch.zeros(())))  # a later site, never reached
+    with pytest.raises(RuntimeError) as raised:
+        model.backend.run(batch, bad)
+    assert not isinstance(raised.value, SiteNotFiredError), raised.value
+    assert no_hooks_left(model)

@@ -29,14 +29,18 @@ Need = tuple[Plan, Collection[Site], Sequence[Read]]
 
 
 def missed_path(steps: Sequence[tuple], fired: Sequence[int] | None, error: BaseException | None) -> str | None:
-    """The module path of the first step that fired 0 times (``fired``: counts per step, or
-    ``None`` when they stayed on a server), else the one nnsight's ``error`` names, else ``None``."""
-    if fired is not None:
-        for step, count in zip(steps, fired, strict=True):
-            if count == 0:
-                return str(step[1])
-    found = _WAITED.search(str(error)) if error is not None else None
-    return found.group(1) if found else None
+    """The module path of the step the forward missed, or ``None``. With ``error`` (the trace
+    failed): the location nnsight's error names, if it is that error (any other failure, e.g.
+    an edit of the wrong shape, is not a missed module, though later steps never ran). Without:
+    the first step that fired 0 times (``fired``: counts per step; ``None`` when they stayed on
+    a server)."""
+    if error is not None:
+        found = _WAITED.search(str(error))
+        return found.group(1) if found else None
+    for step, count in zip(steps, fired or [], strict=False):
+        if count == 0:
+            return str(step[1])
+    return None
 
 
 def not_fired(backend: Any, path: str, needs: Sequence[Need]) -> SiteNotFiredError:
