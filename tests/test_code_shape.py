@@ -20,8 +20,6 @@ DISCOVERY_REFACTOR = "issue 51: the discovery plan/runner refactor (another chan
 LONG_FUNCTIONS: dict[str, str] = {
     "discovery/pipeline.py::_stages": DISCOVERY_REFACTOR,
     "discovery/pipeline.py::discover": DISCOVERY_REFACTOR,
-    "backends/nnsight_program.py::greedy_joint": DISCOVERY_REFACTOR,
-    "backends/nnsight_program.py::apply_steps": DISCOVERY_REFACTOR,
     "discovery/group_testing.py::group_testing": DISCOVERY_REFACTOR,
     "discovery/head_scans.py::head_scan": DISCOVERY_REFACTOR,
     "discovery/remote.py::joint_search": DISCOVERY_REFACTOR,

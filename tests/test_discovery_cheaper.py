@@ -66,15 +66,29 @@ def both_searches(deep_mamba2):
 
 
 def test_the_entry_scan_measures_what_the_labels_read(deep_mamba2, both_searches):
-    """Every label equals the label from all three position sets measured (here, by
-    `entry_scan` on every harmful head); the values measured equal those."""
+    """Every label equals the label from all three position sets measured (here, with
+    `evaluate`: each scanned head ablated only at the final position, only on the segment
+    tokens, only at the segment ends, those masks built here from the encoded spans); the
+    values the entry scan measured equal `evaluate`'s."""
     model, task = deep_mamba2
     circuit = both_searches[0]
     encoded = task.encode()
     clean = circuit.accuracy["clean"]
     scanned = [e for e in circuit.heads if e.entry is not None]
     assert scanned
-    full = entry_scan(model, task, encoded, [e.head for e in scanned], progress=False)
+    n_rows, n_pos = encoded.batch.n_rows, encoded.batch.n_pos
+    cols = torch.arange(n_pos)
+    starts, stops = encoded.spans[..., 0], encoded.spans[..., 1]  # [batch, segment]: first token, one past the end
+    masks = {  # [batch, pos] bool
+        "final": (cols == n_pos - 1).expand(n_rows, n_pos),  # left padding: every prompt ends at the last position
+        "segments": ((cols >= starts[..., None]) & (cols < stops[..., None])).any(1),
+        "ends": (cols == (stops - 1)[..., None]).any(1),  # a segment's end is its last token, its newline
+    }
+    assert bool((encoded.final == n_pos - 1).all()) and torch.equal(stops - 1, encoded.segment_ends)
+    full = {
+        e.head: {name: gna.evaluate(model, task, [gna.Ablate([e.head], positions=mask)]).accuracy for name, mask in masks.items()}
+        for e in scanned
+    }
     thresholds = circuit.thresholds
     skipped = 0
     for item in scanned:
@@ -133,14 +147,30 @@ def test_joint_search_is_checked():
 
 
 def test_a_label_that_reads_an_unmeasured_final_share_raises():
+    """An unmeasured final-position share raises exactly where the label depends on it: the
+    reference is `label` itself with the share measured, brute force over a grid of final
+    shares. Where every final share gives one label, the unmeasured share gives that label."""
+    from dataclasses import replace
+
     from gna_interp.discovery.roles import RoleScores, RoleThresholds
 
+    thresholds = RoleThresholds()
     nan = float("nan")
-    scores = RoleScores(**{name: nan for name in RoleScores.__dataclass_fields__})
-    with pytest.raises(GnaValueError, match="final-position share"):
-        label(scores, RoleThresholds(), (None, 0.9))
-    assert label(scores, RoleThresholds(), (None, 0.1)) is None
-    assert torch.isnan(torch.tensor(scores.aggregate_mass))
+    unscored = RoleScores(**{name: nan for name in RoleScores.__dataclass_fields__})
+    finals = [k / 20 - 0.5 for k in range(41)]  # -0.5 .. 1.5: below, between and above every threshold
+    raised = kept = 0
+    for mass in (nan, 0.0, thresholds.aggregate_mass - 0.01, thresholds.aggregate_mass, 0.9):
+        scores = replace(unscored, aggregate_mass=mass)
+        for segments in (-0.2, 0.1, thresholds.entry_share - 0.01, thresholds.entry_share, 0.9, 1.2):
+            measured = {label(scores, thresholds, (final, segments)) for final in finals}
+            if len(measured) > 1:  # the label reads the final share: not measuring it must raise
+                with pytest.raises(GnaValueError, match="final-position share"):
+                    label(scores, thresholds, (None, segments))
+                raised += 1
+            else:
+                assert label(scores, thresholds, (None, segments)) == measured.pop()
+                kept += 1
+    assert raised and kept  # both sides of the rule are exercised
 
 
 def test_an_ordered_search_short_of_chance_gives_the_greedy_search():
@@ -149,14 +179,33 @@ def test_an_ordered_search_short_of_chance_gives_the_greedy_search():
     circuit are the greedy search's alone, field for field but the settings and the cost."""
     model, task = gna.load_toy("llama"), gna.toy_task("llama", 200, seed=4242)
     ordered, greedy = _found(model, task), _found(model, task, joint_search="greedy")
-    assert greedy.needs["gather"].heads == [gna.Head(0, 0), gna.Head(0, 3)]
+    # The reference: the greedy rule run here with `evaluate` alone (no memo, no prefix cache) over
+    # the Gather pool, every head of the Gather heads' layers but the Aggregate ones (all of
+    # them before the Aggregate head), ablated at the segments; stop at chance + margin.
+    pool = [h for h in model.heads if h.layer in {g.layer for g in greedy.gather} and h not in greedy.aggregate]
+    assert all(model.head_position(h) < min(map(model.head_position, greedy.aggregate)) for h in pool)
+    segments = segment_positions(task.encode())
+    threshold = greedy.accuracy["chance"] + greedy.settings["chance_margin"]
+    chosen: list = []
+    current, steps = greedy.accuracy["clean"], []
+    while pool and len(chosen) < greedy.settings["max_heads_per_role"] and current > threshold:
+        value, best = min((gna.evaluate(model, task, [gna.Ablate([*chosen, h], positions=segments)]).accuracy, h) for h in pool)
+        if value >= current:
+            break
+        chosen.append(best)
+        pool.remove(best)
+        current = value
+        steps.append((best, value))
+    assert len(chosen) >= 2, "the case needs a set the greedy search grows"
+    assert greedy.needs["gather"].heads == chosen
+    assert [h for h, _ in greedy.needs["gather"].curve] == chosen
+    assert [a for _, a in greedy.needs["gather"].curve] == pytest.approx([a for _, a in steps])
     a, b = ordered.to_dict(), greedy.to_dict()
     for data in (a, b):
         data.pop("cost")
         data["settings"].pop("joint_search")
     assert a == b
     in_order = [gna.Head(0, h) for h in (0, 2, 3)]  # the ranking's first three, as the search tried them
-    segments = segment_positions(task.encode())
     tried = [gna.evaluate(model, task, [gna.Ablate(in_order[:k], positions=segments)]).accuracy for k in (1, 2, 3)]
     assert tried[1] < tried[0] - 0.02 and tried[2] > tried[1] > ordered.accuracy["chance"] + 0.10
 

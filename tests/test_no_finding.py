@@ -67,12 +67,59 @@ def test_a_random_model_gets_no_role_heads(family, seed, tmp_path):
 
 def test_search_at_chance_still_runs_every_stage():
     """``search_at_chance=True`` searches anyway (to exercise the stages), and still says
-    there is no retrieval to explain."""
-    model = random_model("qwen2")
+    there is no retrieval to explain. Qwen2 seed 5 (0.281, below the floor) has heads whose
+    ablation costs accuracy, so every stage has something to fill; each stage's output is
+    present and its numbers are `evaluate`'s: the baseline, the truncation and layer scans
+    (each layer alone), the head scan, the entry scan of every harmful head (final and
+    segments), the roles' pattern scores, the joint sets' accuracies and the confirmation
+    table. (Per-stage forwards: the cost meter keeps totals only, checked above one pass.)"""
+    model = random_model("qwen2", seed=5)
+    task = gna.tasks.toy_mcq(64, seed=1)
     with pytest.warns(NoRetrievalWarning):
-        circuit = gna.discover(model, gna.tasks.toy_mcq(24, seed=1), max_candidates=4, search_at_chance=True, progress=False)
-    assert circuit.mechanism == "none" and circuit.head_scan is not None and circuit.truncation is not None
+        circuit = gna.discover(model, task, max_candidates=4, search_at_chance=True, progress=False)
+    assert circuit.mechanism == "none"
     assert circuit.summary().splitlines()[1].startswith("  mechanism no retrieval to explain")
+
+    def accuracy(*interventions):
+        return gna.evaluate(model, task, list(interventions), progress=False).accuracy
+
+    clean = gna.evaluate(model, task, progress=False)
+    assert circuit.accuracy["clean"] == pytest.approx(clean.accuracy) and circuit.accuracy["chance"] == pytest.approx(clean.chance)
+    n_layers, heads_per_layer = model.n_layers, model.heads_per_layer
+    assert circuit.truncation == pytest.approx([accuracy(gna.Truncate(layer + 1)) for layer in range(n_layers)])
+    assert circuit.settings["layer_scan"]["skipped"] == [[layer, layer] for layer in range(n_layers)]  # each alone
+    assert circuit.layer_scan == pytest.approx([accuracy(gna.SkipLayers([layer])) for layer in range(n_layers)])
+    assert [len(row) for row in circuit.head_scan] == list(heads_per_layer)
+    for layer, row in enumerate(circuit.head_scan):
+        assert row == pytest.approx([accuracy(gna.Ablate([gna.Head(layer, h)])) for h in range(heads_per_layer[layer])])
+    # the candidates: the head scan's, with the entry scan on the harmful ones and the roles' scores
+    encoded = task.encode()
+    segments = gna.discovery.entry.segment_positions(encoded)
+    scanned = sorted((value, gna.Head(layer, h)) for layer, row in enumerate(circuit.head_scan) for h, value in enumerate(row))
+    assert all(e.verified for e in circuit.heads)  # each measured alone: the candidates are the head scan's lowest
+    candidates = {head for _, head in scanned[:4]}  # max_candidates, most harmful first
+    assert candidates <= {e.head for e in circuit.heads}
+    harmful = [e for e in circuit.heads if e.head in candidates and clean.accuracy - e.ablated_accuracy >= circuit.thresholds.min_effect]
+    assert harmful
+    for item in circuit.heads:
+        assert item.ablated_accuracy == pytest.approx(circuit.head_scan[item.head.layer][item.head.head])
+        assert item.scores is not None and math.isfinite(item.scores.aggregate_mass)
+    for item in harmful:
+        assert item.entry is not None and {"final", "segments"} <= set(item.entry)
+        assert item.entry["final"] == pytest.approx(accuracy(gna.Ablate([item.head], positions=encoded.final)))
+        assert item.entry["segments"] == pytest.approx(accuracy(gna.Ablate([item.head], positions=segments)))
+    roles = {role: getattr(circuit, role) for role in ("gather", "aggregate")}
+    assert any(roles.values()), "a role to search: the joint stage and the confirmation have sets to measure"
+    assert {e.head for e in circuit.heads if e.role == "aggregate"} == set(roles["aggregate"])
+    assert {e.head for e in circuit.heads if e.role == "gather"} == set(roles["gather"])
+    assert set(circuit.needs) == {role for role, members in roles.items() if members}
+    for need in circuit.needs.values():
+        assert need.heads and need.accuracy == pytest.approx(accuracy(gna.Ablate(need.heads)))
+    table = {"-gather": roles["gather"], "-aggregate": roles["aggregate"], "-both": [*roles["gather"], *roles["aggregate"]]}
+    for name, ablated in table.items():
+        assert circuit.accuracy[name] == pytest.approx(accuracy(gna.Ablate(ablated)) if ablated else clean.accuracy), name
+    assert circuit.score is not None and "only_gna" in circuit.accuracy
+    assert circuit.cost["forwards"] > 1 and circuit.cost["passes"] > 1.0  # more than the baseline
 
 
 def test_a_model_that_answers_by_place_is_labelled_counting(tmp_path):

@@ -64,17 +64,9 @@ from . import nnsight_program as program
 from .base import RunOutput, eager_attention
 from .finite import check_logits, keep_last, output_embedding_path
 from .jobs import Job
+from .nnsight_fired import check_fired
 
-# Step opcodes, in the order a block executes them (the trace body: `nnsight_program.apply_steps`).
-_READ_INPUT = program.READ_INPUT  # a block's (or the final norm's) input: the residual stream
-_READ_HEADS = program.READ_HEADS  # the out-projection's input, per head
-_SKIP_BLOCK = program.SKIP_BLOCK  # write a block's input over its output
-_NOT_RUN = program.NOT_RUN  # do not run a block; it outputs a given value
-_READ_OUTPUT = program.READ_OUTPUT  # a module's output (one item of a tuple output), index-selected
-_READ_PARAM = program.READ_PARAM  # a module's parameter, index-selected
-_STREAMS = program.STREAMS  # column blocks of a module's output or input, per unit
-_MODULE_INPUT = program.MODULE_INPUT  # an MLP norm's input, whole
-_MODULE_OUTPUT = program.MODULE_OUTPUT  # an MLP's output, whole
+Op = program.Op  # step opcodes (steps carry them as plain ints)
 
 nnsight.register(search)  # the joint search the program runs
 nnsight.register(program)  # shipped by value: NDIF need not have gna_interp installed
@@ -106,7 +98,7 @@ class NNsightBackend:
         """The plan as a list of plain tuples ``(op, path, edits, slot, tensor, spec, occurrence)``,
         sorted in execution order. ``edits`` is a list of ``(mask, value, straight_through)``;
         ``slot`` indexes the saved list (or -1); ``tensor`` is the skip's row mask
-        (``_SKIP_BLOCK``) or the output of a block that is not run (``_NOT_RUN``);
+        (``Op.SKIP_BLOCK``) or the output of a block that is not run (``Op.NOT_RUN``);
         ``spec`` is ``(item, attribute, selects)`` for reads, ``(is_input, blocks)`` for
         streams, ``(n_heads, head_dim)`` for heads (``None`` otherwise); ``occurrence``
         is which call of the module the step addresses (see the module docs)."""
@@ -123,29 +115,29 @@ class NNsightBackend:
                 if not path:
                     raise GnaValueError(f"mixer {site.mixer} of layer {site.layer} ({mixer.path}) has no {site.kind.value} site")
                 shape = (mixer.n_heads, mixer.head_dim)
-                steps.append((site.layer, self._stage(mixer, within), _READ_HEADS, path, edits, slot, None, shape))
+                steps.append((site.layer, self._stage(mixer, within), Op.READ_HEADS, path, edits, slot, None, shape))
             elif site.kind is SiteKind.RESID:
-                steps.append((site.layer, 0, _READ_INPUT, self._resid_path(site.layer), edits, slot, None, None))
+                steps.append((site.layer, 0, Op.READ_INPUT, self._resid_path(site.layer), edits, slot, None, None))
             elif site.kind in (SiteKind.MLP_IN, SiteKind.MLP_OUT):  # after every mixer of the block
-                op, part = (_MODULE_INPUT, 0) if site.kind is SiteKind.MLP_IN else (_MODULE_OUTPUT, 1)
+                op, part = (Op.MODULE_INPUT, 0) if site.kind is SiteKind.MLP_IN else (Op.MODULE_OUTPUT, 1)
                 steps.append((site.layer, 5 + part, op, self.spec.mlp_path(site.layer, part), edits, slot, None, None))
             else:
                 key, block = self._stream_block(site, edits, slot)
                 streams.setdefault(key, []).append(block)
         for (layer, rank, path, is_input), blocks in streams.items():
-            steps.append((layer, rank, _STREAMS, path, [], -1, None, (is_input, sorted(blocks, key=lambda b: b[0]))))
+            steps.append((layer, rank, Op.STREAMS, path, [], -1, None, (is_input, sorted(blocks, key=lambda b: b[0]))))
         for layer, rows in plan.skips.items():
             path = self.spec.block_path(layer)
-            if not any(s[0] == layer and s[2] == _READ_INPUT for s in steps):
-                steps.append((layer, 0, _READ_INPUT, path, [], -1, None, None))
-            steps.append((layer, 99, _SKIP_BLOCK, path, [], -1, rows, None))
+            if not any(s[0] == layer and s[2] == Op.READ_INPUT for s in steps):
+                steps.append((layer, 0, Op.READ_INPUT, path, [], -1, None, None))
+            steps.append((layer, 99, Op.SKIP_BLOCK, path, [], -1, rows, None))
         for i, read in enumerate(reads):
             steps.append(self._read_step(read, len(capture) + i))
         start_layer = 0
         if plan.start is not None:
             start_layer, resid = plan.start
             steps = [s for s in steps if s[0] >= start_layer]
-            steps += [(layer, -1, _NOT_RUN, self.spec.block_path(layer), [], -1, resid, None) for layer in range(start_layer)]
+            steps += [(layer, -1, Op.NOT_RUN, self.spec.block_path(layer), [], -1, resid, None) for layer in range(start_layer)]
         steps.sort(key=lambda s: (s[0], s[1]))  # stable: reads of one layer keep their order
         return [(*s[2:], self._occurrence(s[3], s[0], start_layer)) for s in steps]
 
@@ -197,11 +189,20 @@ class NNsightBackend:
         attention weights come out of the mixer after it."""
         mixer = self._mixer(read.layer, read.mixer)
         if read.kind is ReadKind.PATTERN:
-            return (read.layer, self._stage(mixer, 0.9), _READ_OUTPUT, mixer.path, [], slot, None, (1, "", read.selects))
+            return (read.layer, self._stage(mixer, 0.9), Op.READ_OUTPUT, mixer.path, [], slot, None, (1, "", read.selects))
         if read.kind is ReadKind.OUTPUT:
-            return (read.layer, self._stage(mixer, 0.5), _READ_OUTPUT, f"{mixer.path}.{read.name}", [], slot, None, (-1, "", read.selects))
+            return (
+                read.layer,
+                self._stage(mixer, 0.5),
+                Op.READ_OUTPUT,
+                f"{mixer.path}.{read.name}",
+                [],
+                slot,
+                None,
+                (-1, "", read.selects),
+            )
         owner, _, attr = f"{mixer.path}.{read.name}".rpartition(".")
-        return (read.layer, self._stage(mixer, 0.5), _READ_PARAM, owner, [], slot, None, (-1, attr, read.selects))
+        return (read.layer, self._stage(mixer, 0.5), Op.READ_PARAM, owner, [], slot, None, (-1, attr, read.selects))
 
     def _resid_path(self, layer: int) -> str:
         if layer == self.n_layers:
@@ -270,9 +271,18 @@ class NNsightBackend:
         # Two statements on purpose: nnsight captures the source of the trace block itself.
         patterns = any(read.kind is ReadKind.PATTERN for read in reads)
         inputs = self.call_inputs(batch)
-        with torch.set_grad_enabled(grad), eager_attention(getattr(self.envoy._module, "config", None), patterns):  # noqa: SIM117
-            with self.pad_guards(batch), model.trace(**inputs) as tracer:
-                saved, logits = program.apply_steps(model, tracer, steps, n_saved, block_items, grad, self.unembedding_path, logits_to_keep)
+        fired = [0] * len(steps)  # each step's firings (locally; a remote program's stay on the server)
+        counted = None if self.remote else fired
+        try:
+            with torch.set_grad_enabled(grad), eager_attention(getattr(self.envoy._module, "config", None), patterns):  # noqa: SIM117
+                with self.pad_guards(batch), model.trace(**inputs) as tracer:
+                    saved, logits = program.apply_steps(
+                        model, tracer, steps, n_saved, block_items, grad, self.unembedding_path, logits_to_keep, fired
+                    )
+        except Exception as error:  # a module the model did not call: nnsight's OutOfOrderError names it
+            check_fired(self, steps, counted, error, [(plan, capture, reads)])
+            raise
+        check_fired(self, steps, counted, None, [(plan, capture, reads)])
         acts = {site: saved[i] for i, site in enumerate(sorted(capture))}
         values = [saved[len(capture) + i] for i in range(len(reads))]
         for read, value in zip(reads, values, strict=True):
@@ -394,9 +404,14 @@ class NNsightBackend:
         block_items = self.spec.block_output
         patterns = any(read.kind is ReadKind.PATTERN for index in group for read in jobs[index].reads)
         # Two statements on purpose: nnsight captures the source of the session block itself.
-        with torch.no_grad(), eager_attention(getattr(self.envoy._module, "config", None), patterns):  # noqa: SIM117
-            with model.session(remote=self.remote):
-                returned = nnsight.save(program.run_jobs(model, prepared, block_items, self.unembedding_path))
+        with torch.no_grad(), eager_attention(getattr(self.envoy._module, "config", None), patterns):
+            try:
+                with model.session(remote=self.remote):
+                    returned = nnsight.save(program.run_jobs(model, prepared, block_items, self.unembedding_path))
+            except Exception as error:  # a module the server's model did not call: named by nnsight's error
+                needs = [(jobs[index].plan, jobs[index].capture, jobs[index].reads) for index in group]
+                check_fired(self, [step for job in prepared for step in job[2]], None, error, needs)
+                raise
         outputs: list[RunOutput | None] = []
         for index, item in zip(group, returned, strict=True):
             if item is None:
@@ -420,9 +435,13 @@ class NNsightBackend:
         model = self.envoy
         block_items = self.spec.block_output
         # Two statements on purpose: nnsight captures the source of the session block itself.
-        with torch.no_grad():  # noqa: SIM117
-            with model.session(remote=self.remote):
-                result = nnsight.save(program.greedy_joint(model, {**problem, "unembed": self.unembedding_path}, block_items))
+        with torch.no_grad():
+            try:
+                with model.session(remote=self.remote):
+                    result = nnsight.save(program.greedy_joint(model, {**problem, "unembed": self.unembedding_path}, block_items))
+            except Exception as error:  # a module the server's model did not call: named by nnsight's error
+                check_fired(self, [], None, error, [])
+                raise
         roles, (forwards, rows, block_rows) = result
         charge(self, forwards=forwards, rows=rows, block_rows=block_rows, requests=1)
         return list(roles)

@@ -17,6 +17,7 @@ NDIF server where gna_interp is not installed.
 
 from __future__ import annotations
 
+from enum import IntEnum
 from functools import partial
 from typing import Any
 
@@ -25,55 +26,47 @@ import torch
 
 from ..core.search import role_set
 
-# Step opcodes, in the order a block executes them (see NNsightBackend.steps).
-READ_INPUT = 0  # a block's (or the final norm's) input: the residual stream
-READ_HEADS = 1  # the out-projection's input, per head
-SKIP_BLOCK = 2  # write a block's input over its output
-NOT_RUN = 3  # do not run a block; it outputs a given value
-READ_OUTPUT = 4  # a module's output (one item of a tuple output), index-selected
-READ_PARAM = 5  # a module's parameter, index-selected
-STREAMS = 6  # column blocks of a module's output or input, per unit
-MODULE_INPUT = 7  # a module's first input, whole (an MLP norm's): as READ_INPUT, no stash
-MODULE_OUTPUT = 8  # a module's output, whole (an MLP's)
+
+class Op(IntEnum):
+    """Step opcodes, in the order a block executes them (see `NNsightBackend.steps`). Steps
+    carry them as plain ints (what travels to a server); this class travels with the program."""
+
+    READ_INPUT = 0  # a block's (or the final norm's) input: the residual stream
+    READ_HEADS = 1  # the out-projection's input, per head
+    SKIP_BLOCK = 2  # write a block's input over its output
+    NOT_RUN = 3  # do not run a block; it outputs a given value
+    READ_OUTPUT = 4  # a module's output (one item of a tuple output), index-selected
+    READ_PARAM = 5  # a module's parameter, index-selected
+    STREAMS = 6  # column blocks of a module's output or input, per unit
+    MODULE_INPUT = 7  # a module's first input, whole (an MLP norm's): as READ_INPUT, no stash
+    MODULE_OUTPUT = 8  # a module's output, whole (an MLP's)
 
 
 def apply_steps(
-    model: Any, tracer: Any, steps: list, n_saved: int, block_items: Any, grad: bool, unembed: str = "", last: int = 0
+    model: Any,
+    tracer: Any,
+    steps: list,
+    n_saved: int,
+    block_items: Any,
+    grad: bool,
+    unembed: str = "",
+    last: int = 0,
+    fired: list | None = None,
 ) -> tuple[Any, Any]:
     """The body of one trace: apply ``steps`` in execution order; returns the saved list
     (captures and reads, by slot) and the logits. ``last > 0``: the input of the module at
     ``unembed`` (the ``lm_head``) is narrowed to the last ``last`` positions, so the
-    logits are ``[batch, last, vocab]``, computed there alone."""
+    logits are ``[batch, last, vocab]``, computed there alone. ``fired``: a list of one
+    count per step, each step's count raised when its module's value was served (a module
+    the model did not call leaves its count at 0 and nnsight raises at the end)."""
     saved = nnsight.save([None] * n_saved)
     stash: Any = None  # replaced by a block's input before any skip reads it
-    for op, path, edits, slot, rows, spec, occurrence in steps:
-        envoy = model
-        for part in path.split("."):
-            envoy = envoy[int(part)] if part.isdigit() else getattr(envoy, part)
+    for index, (op, path, edits, slot, rows, spec, occurrence) in enumerate(steps):
+        envoy = at_path(model, path)
         for _ in tracer.iter[occurrence] if occurrence else (0,):  # which call of a shared module
-            if op == 6:  # column blocks of a module's output / input, viewed per unit
-                full = envoy.input if spec[0] else envoy.output
-                lead = (full.shape[0], full.shape[1])
-                parts = []
-                touched = grad
-                for start, units, width, block_edits, block_slot in spec[1]:
-                    piece = full[:, :, start : start + units * width].reshape(lead[0], lead[1], units, width)
-                    for mask, value, through in block_edits:
-                        piece = edited(piece, mask, value, through)
-                    touched = touched or len(block_edits) > 0
-                    if block_slot >= 0:
-                        saved[block_slot] = piece
-                    parts.append(piece)
-                if touched:
-                    new = full.clone()
-                    for (start, units, width, _, _), piece in zip(spec[1], parts, strict=True):
-                        new[:, :, start : start + units * width] = piece.reshape(lead[0], lead[1], units * width)
-                    if spec[0]:
-                        envoy.input = new
-                    else:
-                        envoy.output = new
-                continue
-            if op == 8:
+            if op == Op.STREAMS:
+                apply_streams(envoy, spec, saved, grad)
+            elif op == Op.MODULE_OUTPUT:
                 act = envoy.output
                 for mask, value, through in edits:
                     act = edited(act, mask, value, through)
@@ -81,53 +74,101 @@ def apply_steps(
                     envoy.output = act
                 if slot >= 0:
                     saved[slot] = act
-                continue
-            if op in (4, 5):
-                value = envoy.output if op == 4 else getattr(envoy, spec[1]).detach()
-                if spec[0] >= 0:
-                    value = value[spec[0]]
-                if value is not None:
-                    for dim, index in spec[2]:
-                        value = value.index_select(dim, index.to(value.device))
-                saved[slot] = value
-                continue
-            if op == 3:  # a captured residual, already on the model's device
+            elif op in (Op.READ_OUTPUT, Op.READ_PARAM):
+                saved[slot] = read_value(envoy, op, spec)
+            elif op == Op.NOT_RUN:  # a captured residual, already on the model's device
                 if isinstance(block_items, str):  # blocks return a dict (Llamba's first release)
                     envoy.skip({block_items: rows})
                 else:
                     envoy.skip(rows if block_items == 0 else (rows, *([None] * (block_items - 1))))
-                continue
-            if op == 2:
-                output = envoy.output
-                if isinstance(block_items, str):  # a dict output: the hidden state under that key
-                    hidden = torch.where(rows.to(stash.device).view(-1, 1, 1), stash, output[block_items])
-                    envoy.output = {**output, block_items: hidden}
-                    continue
-                hidden = output if block_items == 0 else output[0]
-                hidden = torch.where(rows.to(hidden.device).view(-1, 1, 1), stash, hidden)
-                envoy.output = hidden if block_items == 0 else (hidden, *output[1:])
-                continue
-            act = envoy.input
-            if op == 7 and grad:  # the block's residual add reads this tensor too: the norm gets its own copy
-                act = act.clone()
-            flat_shape = act.shape
-            if op == 1:
-                act = act.reshape(flat_shape[0], flat_shape[1], spec[0], spec[1])
-            for mask, value, through in edits:
-                act = edited(act, mask, value, through)
-            if edits or grad:  # with grad: the captured tensor must be the one used downstream
-                envoy.input = act.reshape(flat_shape)
-            if slot >= 0:
-                saved[slot] = act
-            if op == 0:
-                stash = act
+            elif op == Op.SKIP_BLOCK:
+                skip_block(envoy, rows, stash, block_items)
+            else:  # READ_INPUT, READ_HEADS, MODULE_INPUT: the module's first input
+                act = apply_input(envoy, op, edits, slot, spec, saved, grad)
+                if op == Op.READ_INPUT:
+                    stash = act
+            if fired is not None:
+                fired[index] += 1
     if last > 0 and unembed:
-        head = model
-        for part in unembed.split("."):
-            head = head[int(part)] if part.isdigit() else getattr(head, part)
+        head = at_path(model, unembed)
         head.input = head.input[:, -last:]
     logits = model.output.logits.save()
     return saved, logits
+
+
+def at_path(model: Any, path: str) -> Any:
+    """The envoy of the module at dotted ``path`` (digits index a module list)."""
+    envoy = model
+    for part in path.split("."):
+        envoy = envoy[int(part)] if part.isdigit() else getattr(envoy, part)
+    return envoy
+
+
+def apply_streams(envoy: Any, spec: Any, saved: list, grad: bool) -> None:
+    """`Op.STREAMS`: column blocks of a module's output / input (``spec = (is_input, blocks)``),
+    each viewed ``[batch, pos, unit, width]``, edited and saved; written back if touched."""
+    full = envoy.input if spec[0] else envoy.output
+    lead = (full.shape[0], full.shape[1])
+    parts = []
+    touched = grad
+    for start, units, width, block_edits, block_slot in spec[1]:
+        piece = full[:, :, start : start + units * width].reshape(lead[0], lead[1], units, width)
+        for mask, value, through in block_edits:
+            piece = edited(piece, mask, value, through)
+        touched = touched or len(block_edits) > 0
+        if block_slot >= 0:
+            saved[block_slot] = piece
+        parts.append(piece)
+    if touched:
+        new = full.clone()
+        for (start, units, width, _, _), piece in zip(spec[1], parts, strict=True):
+            new[:, :, start : start + units * width] = piece.reshape(lead[0], lead[1], units * width)
+        if spec[0]:
+            envoy.input = new
+        else:
+            envoy.output = new
+
+
+def read_value(envoy: Any, op: int, spec: Any) -> Any:
+    """`Op.READ_OUTPUT` / `Op.READ_PARAM`: a module's output (item ``spec[0]`` of a tuple, if
+    ``>= 0``) or its parameter ``spec[1]``, index-selected by ``spec[2]``."""
+    value = envoy.output if op == Op.READ_OUTPUT else getattr(envoy, spec[1]).detach()
+    if spec[0] >= 0:
+        value = value[spec[0]]
+    if value is not None:
+        for dim, index in spec[2]:
+            value = value.index_select(dim, index.to(value.device))
+    return value
+
+
+def skip_block(envoy: Any, rows: Any, stash: Any, block_items: Any) -> None:
+    """`Op.SKIP_BLOCK`: the block's input (``stash``) written over its output on ``rows``."""
+    output = envoy.output
+    if isinstance(block_items, str):  # a dict output: the hidden state under that key
+        hidden = torch.where(rows.to(stash.device).view(-1, 1, 1), stash, output[block_items])
+        envoy.output = {**output, block_items: hidden}
+        return
+    hidden = output if block_items == 0 else output[0]
+    hidden = torch.where(rows.to(hidden.device).view(-1, 1, 1), stash, hidden)
+    envoy.output = hidden if block_items == 0 else (hidden, *output[1:])
+
+
+def apply_input(envoy: Any, op: int, edits: list, slot: int, spec: Any, saved: list, grad: bool) -> Any:
+    """`Op.READ_INPUT` / `Op.READ_HEADS` / `Op.MODULE_INPUT`: the module's first input (per
+    head, ``spec = (n_heads, head_dim)``, for heads), edited, saved; returns it."""
+    act = envoy.input
+    if op == Op.MODULE_INPUT and grad:  # the block's residual add reads this tensor too: the norm gets its own copy
+        act = act.clone()
+    flat_shape = act.shape
+    if op == Op.READ_HEADS:
+        act = act.reshape(flat_shape[0], flat_shape[1], spec[0], spec[1])
+    for mask, value, through in edits:
+        act = edited(act, mask, value, through)
+    if edits or grad:  # with grad: the captured tensor must be the one used downstream
+        envoy.input = act.reshape(flat_shape)
+    if slot >= 0:
+        saved[slot] = act
+    return act
 
 
 def edited(act: Any, mask: Any, value: Any, through: bool = False) -> Any:
@@ -187,6 +228,14 @@ def run_jobs(model: Any, jobs: list, block_items: Any, unembed: str = "") -> lis
         else:
             returned.append(([], logits[:, -1]) if keep == 2 else (list(saved), logits))
     return returned
+
+
+def search_role(role: dict, pool: list, accuracy: Any) -> tuple[list, list, float]:
+    """One role of `greedy_joint`'s ``roles``: `role_set` over ``pool``, its ordered search over
+    ``role["order"]``'s heads that are in the pool; ``accuracy(heads)`` measures a set."""
+    order = [h for h in role["order"] if h in pool]
+    method, drop = role.get("search", "greedy"), role["min_drop"]
+    return role_set(pool, order, accuracy, role["start_accuracy"], role["threshold"], role["max_heads"], method=method, min_drop=drop)
 
 
 def verdicts(logits: Any, candidate_ids: Any, correct: Any) -> Any:
@@ -250,7 +299,7 @@ def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, lis
             merged: dict = {}
             for h in heads:
                 for key, step in problem["entries"][(where, start, h, c)]:
-                    if key in merged and step[0] != NOT_RUN:
+                    if key in merged and step[0] != Op.NOT_RUN:
                         previous = merged[key]
                         merged[key] = (previous[0], previous[1], previous[2] + step[2], *previous[3:])
                     else:
@@ -268,15 +317,6 @@ def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, lis
             earlier = out[role["after"]][1]
             last = max([*role["bound"], *(problem["positions"][h] for h in earlier)])
             pool = [h for h in pool if h not in earlier and (h in role["members"] or problem["positions"][h] < last)]
-        chosen, curve, _ = role_set(
-            pool,
-            [h for h in role["order"] if h in pool],
-            partial(accuracy, where=role["where"]),
-            role["start_accuracy"],
-            role["threshold"],
-            role["max_heads"],
-            method=role.get("search", "greedy"),
-            min_drop=role["min_drop"],
-        )
+        chosen, curve, _ = search_role(role, pool, partial(accuracy, where=role["where"]))
         out.append((pool, chosen, curve, accuracy(chosen, "all") if chosen else None))
     return out, cost

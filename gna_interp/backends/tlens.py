@@ -41,8 +41,11 @@ CPU) does not call ``conv1d`` or ``dt_proj`` as modules, so the bridge's
 ``mixer.conv1d.hook_*`` and ``mixer.dt_proj.hook_*`` never fire. No site uses them:
 implicit attention reads ``in_proj``'s (Mamba-2) or ``x_proj``'s (Mamba-1) output and the
 conv / ``dt_proj`` *weights*, and recomputes the conv itself
-(`gna_interp.attention.capture`). Every tap checks that it fired; one that did not
-raises instead of returning nothing.
+(`gna_interp.attention.capture`). Every hook counts its firings in the forward; one that
+fired 0 times (a site at or after the plan's start layer whose module the model did not
+call, e.g. a fused kernel that reads the module's weights) raises
+`gna_interp.core.errors.SiteNotFiredError` naming the site and the module path, instead of
+editing or returning nothing.
 
 A module object shared by several blocks (Zamba2's attention block in the transformers
 4.x layout) runs once per block: its hooks act only while the block of their site runs.
@@ -53,6 +56,7 @@ attention); the HF model still computes the same function.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -69,11 +73,12 @@ from .base import RunOutput, attention_kernel, eager_attention
 from .finite import check_logits, keep_last, output_embedding_path
 from .tlens_hooks import (
     HookFn,
+    Need,
     Tap,
     View,
     _add_forward_hook,
+    _check_fired,
     _check_hook_to_add,
-    _describe,
     _enter_block,
     _firing,
     _hook_prefix,
@@ -279,36 +284,39 @@ class TLensBackend:
         captured: dict[Site, Tensor] = {}
         values: list[Tensor] = [torch.empty(0)] * len(reads)
         stash: dict[int, Tensor] = {}
-        hooks: dict[Tap, list[HookFn]] = {}
-        start_layer = 0 if plan.start is None else plan.start[0]
+        hooks: dict[Tap, list[tuple[HookFn, Need]]] = {}
+        start_layer = plan.start_layer
+
+        def add(tap: Tap, fn: HookFn, need: Need) -> None:
+            hooks.setdefault(tap, []).append((fn, need))
 
         if plan.start is not None:  # first hook at the start block's (or final norm's) input: the given residual
             resid = plan.start[1]
             if not isinstance(resid, Tensor):  # a `Ref` to another job's capture: sessions are nnsight's (remote)
                 raise GnaTypeError(f"backend 'tlens' starts a plan from a residual tensor, got {type(resid).__name__}")
             path = _resid(self, Site(SiteKind.RESID, start_layer))[0]
-            hooks.setdefault(self._resolve(start_layer, path, "input"), []).append(_start_hook(resid))
+            add(self._resolve(start_layer, path, "input"), _start_hook(resid), f"start residual at layer {start_layer}")
         for site in sorted(set(plan.edits) | set(capture)):
-            if site.layer >= start_layer:
+            if site.layer >= start_layer:  # blocks before the start do not run: their sites are not expected to fire
                 tap, view = self.tap(site)
-                hooks.setdefault(tap, []).append(_site_hook(site, view, plan.edits.get(site, []), site in capture, captured, grad))
+                add(tap, _site_hook(site, view, plan.edits.get(site, []), site in capture, captured, grad), site)
         for layer, rows in plan.skips.items():
             if layer >= start_layer:
                 path = self.spec.block_path(layer)
-                hooks.setdefault(self._resolve(layer, path, "input"), []).append(_stash_hook(layer, stash))
-                hooks.setdefault(self._resolve(layer, path, "output"), []).append(_skip_hook(layer, rows, stash))
+                add(self._resolve(layer, path, "input"), _stash_hook(layer, stash), f"skip of block {layer}")
+                add(self._resolve(layer, path, "output"), _skip_hook(layer, rows, stash), f"skip of block {layer}")
         for slot, read in enumerate(reads):
             if read.kind is ReadKind.PARAM:
                 values[slot] = self._param(read)
             elif read.layer >= start_layer:
-                hooks.setdefault(self.read_tap(read), []).append(_read_hook(read, slot, values, grad))
+                add(self.read_tap(read), _read_hook(read, slot, values, grad), read)
 
         unembedding = self._unembedding_tap() if logits_to_keep > 0 else None
         if unembedding is not None:
-            hooks.setdefault(unembedding, []).append(_last_positions(logits_to_keep))
-        fired: set[Tap] = set()
-        named = [(tap.hook, _firing(fn, tap, fired)) for tap, fns in hooks.items() if tap.hook for fn in fns]
-        raw = {tap: [_firing(fn, tap, fired) for fn in fns] for tap, fns in hooks.items() if not tap.hook}
+            add(unembedding, _last_positions(logits_to_keep), f"logits of the last {logits_to_keep} position(s)")
+        counts: Counter[tuple[Tap, Need]] = Counter()  # each hook's firings in this forward
+        named = [(tap.hook, _firing(fn, (tap, need), counts)) for tap, fns in hooks.items() if tap.hook for fn, need in fns]
+        raw = {tap: [_firing(fn, (tap, need), counts) for fn, need in fns] for tap, fns in hooks.items() if not tap.hook}
         # The bridge runs on the tokens; blocks before a start are not run (`_not_run`) and
         # the start block's input is replaced by a hook (the bridge's own start_at_layer feeds
         # the residual in as embeddings, which SSM blocks ignore and Zamba2's hybrid layers
@@ -324,9 +332,7 @@ class TLensBackend:
             self._not_run(plan),
         ):
             logits = self.bridge(batch.input_ids, attention_mask=batch.attention_mask)
-        silent = [tap for tap in hooks if tap not in fired]
-        if silent:
-            raise RuntimeError(f"backend 'tlens': {_describe(silent[0])} never ran in this forward: its site could not be read or edited")
+        _check_fired([(tap, need) for tap, fns in hooks.items() for _, need in fns], counts)
         return RunOutput(logits=keep_last(logits, logits_to_keep), acts=captured, reads=values)
 
     @contextmanager

@@ -6,7 +6,8 @@ forward. Each hook function takes the tapped tensor and returns it (edited)."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..core.errors import SiteNotFiredError
 from ..core.plan import Edit, Read, Site, SiteKind, apply_edits
 
 HookFn = Callable[[Tensor], Tensor]
@@ -90,12 +92,40 @@ def _select(value: Tensor, read: Read) -> Tensor:
 # ----- hook functions: each takes the tapped tensor and returns it (edited) ---------------------
 
 
-def _firing(fn: HookFn, tap: Tap, fired: set[Tap]) -> Callable[..., Tensor]:
+Need = Site | Read | str
+"""What a hook is for: a site of the plan or a capture, a `Read`, or a phrase (``"the start
+residual"``, ``"the skip of block 2"``, ...)."""
+
+
+def _firing(fn: HookFn, key: tuple[Tap, Need], counts: Counter[tuple[Tap, Need]]) -> Callable[..., Tensor]:
+    """``fn`` counting its firings in ``counts[key]``."""
+
     def hook(act: Tensor, hook: Any = None) -> Tensor:
-        fired.add(tap)
+        counts[key] += 1
         return fn(act)
 
     return hook
+
+
+def _check_fired(keys: Iterable[tuple[Tap, Need]], counts: Counter[tuple[Tap, Need]]) -> None:
+    """Raise `SiteNotFiredError` for the first hook that fired 0 times in the forward: its
+    module was not called, so its site was neither edited nor captured."""
+    for tap, need in keys:
+        if counts[(tap, need)] == 0:
+            if isinstance(need, Site):
+                what = need.describe()
+            elif isinstance(need, Read):
+                what = f"{need.kind.value} read{f' {need.name!r}' if need.name else ''} at layer {need.layer}, mixer {need.mixer}"
+            else:
+                what = need
+            raise SiteNotFiredError(
+                f"backend 'tlens': {_describe(tap)} never ran in this forward (module {tap.path!r} fired 0 times): the "
+                f"plan's {what} was neither edited nor read. The model computed layer {tap.layer} without calling "
+                "that module, as a fused kernel does (one that reads the module's weights): run the model on its "
+                "PyTorch path (without the kernel package) to hook it",
+                need,
+                tap.path,
+            )
 
 
 def _site_hook(site: Site, view: View, edits: list[Edit], keep: bool, captured: dict[Site, Tensor], grad: bool) -> HookFn:

@@ -70,6 +70,13 @@ class Site:
     stream: str = ""
     mixer: int = 0
 
+    def describe(self) -> str:
+        """``"heads site at layer 1, mixer 0"``, ``"stream 'x' site at layer 2, mixer 0"``,
+        ``"resid site at layer 3"``: the site in an error message."""
+        name = f"stream {self.stream!r}" if self.kind is SiteKind.STREAM else self.kind.value
+        within = f", mixer {self.mixer}" if self.kind in (SiteKind.HEADS, SiteKind.STREAM, SiteKind.PRE_NORM) else ""
+        return f"{name} site at layer {self.layer}{within}"
+
 
 class ReadKind(str, Enum):
     PATTERN = "pattern"
