@@ -20,7 +20,7 @@ family's own config fields. Heads are numbered per layer, attention first, then 
 
 A family the table lacks is described the same way, as data, without editing the
 package: `register_architecture` adds a row for its ``model_type`` (or pass the row to
-``gna.load(module, arch=...)``); see docs/describe.md.
+``gna.load(model, arch=...)``, a module, folder or hub id); see docs/describe.md.
 
 A Zamba2 ``hybrid`` layer runs the shared attention block (``shared_transformer``, one set
 of weights for every hybrid layer) and then its own Mamba-2 layer (``mamba_decoder``): its
@@ -57,6 +57,7 @@ from typing import Any
 from ..core.arch import ArchSpec, LayerKind, MixerSpec, MixerTable, uniform
 from ..core.dims import AttentionDims, Mamba2Dims, _config_int, attention_head_dim, attention_heads
 from ..core.errors import GnaTypeError, GnaValueError
+from ..core.keywords import suggest_keywords
 from .mixers import (
     ATTENTION_STREAMS,
     attention,
@@ -234,7 +235,8 @@ _REGISTERED: dict[str, ArchSpec] = {}
 
 DESCRIBE_HELP = (
     "to analyse a family the table lacks, describe it as data: gna.register_architecture(gna.ArchSpec(...)) "
-    "or gna.load(module, arch=gna.ArchSpec(...), tokenizer=...) (docs/describe.md)"
+    "or gna.load(model, arch=gna.ArchSpec(...)) for one load (a module, a folder or a hub id; on the command line: "
+    "--arch module:NAME) (docs/describe.md)"
 )
 
 
@@ -251,6 +253,7 @@ class UnknownArchitectureError(GnaValueError):
         super().__init__(f"{what}; {DESCRIBE_HELP}")
 
 
+@suggest_keywords
 def register_architecture(spec: ArchSpec, replace: bool = False) -> ArchSpec:
     """Add a row to the architecture table for ``spec.model_types``, without editing the
     package: `gna_interp.load` then handles models whose ``config.model_type`` is one of
