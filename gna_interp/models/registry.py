@@ -305,3 +305,43 @@ def spec_for_model(model: Any) -> ArchSpec:
     if spec is LLAMBA:
         return llamba_variant(model)
     return spec
+
+
+def import_arch(text: str, what: str = "arch") -> ArchSpec:
+    """The `ArchSpec` named by ``MODULE:NAME`` (a module, imported with the current folder on
+    the path) or ``FILE.py:NAME``: what ``--arch`` takes. ``what`` names the value in errors."""
+    where, _, name = text.rpartition(":")
+    if not where or not name.isidentifier():
+        raise GnaValueError(f"{what} {text!r}: expected MODULE:NAME (my_arch:QWEN3) or FILE.py:NAME, NAME an ArchSpec (docs/describe.md)")
+    try:
+        module = _import_module_or_file(where, f"{what} {text!r}")
+    except ImportError as error:
+        raise GnaValueError(f"{what} {text!r}: cannot import {where!r} ({type(error).__name__}: {error})") from None
+    value = getattr(module, name, None)
+    if not isinstance(value, ArchSpec):
+        specs = [key for key, item in vars(module).items() if isinstance(item, ArchSpec)]
+        found = "no such name" if value is None else f"a {type(value).__name__}"
+        raise GnaValueError(f"{what} {text!r}: {where}.{name} is {found}: expected a gna_interp.ArchSpec (the module's: {specs or 'none'})")
+    return value
+
+
+def _import_module_or_file(where: str, named: str) -> Any:
+    """A ``.py`` file run as a module, or a module imported with the current folder first on the path."""
+    import importlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if where.endswith(".py"):
+        if not Path(where).is_file():
+            raise GnaValueError(f"{named}: no file {where!r}")
+        spec = importlib.util.spec_from_file_location(Path(where).stem, where)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        return module
+    here = str(Path.cwd())
+    sys.path.insert(0, here)
+    try:
+        return importlib.import_module(where)
+    finally:
+        sys.path.remove(here)
