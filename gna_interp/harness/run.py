@@ -105,8 +105,8 @@ def lm_eval(
         an `LMEvalRun`: ``.results`` (lm-eval's dict) and ``.frame`` (task, metric,
         filter, value, stderr, n, intervention).
     """
+    require_lm_eval()  # first: a missing extra is named whatever the arguments
     check_model(model, "lm_eval")
-    require_lm_eval()
     task_list = _task_list(tasks)
     return _run(
         model, task_list, interventions, limit, num_fewshot, task_manager(include_path, task_list), batch_size, label, log_samples, progress
