@@ -171,7 +171,8 @@ def train(
     """Train ``recipe``'s model from scratch, or resume it from ``checkpoint``.
 
     Args:
-        recipe: the row of `RECIPES`.
+        recipe: a row of `RECIPES`, or a `Recipe` of your own (any family transformers
+            builds from a config: `family_recipe`, docs/own_family.md).
         max_steps: override the recipe's step limit (e.g. for a short determinism check).
         checkpoint: a file written at every evaluation (model, optimizer, schedule,
             data-generator state); if it exists, training resumes from it, and the
