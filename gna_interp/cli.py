@@ -41,15 +41,43 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", choices=cmd.DTYPES, help="the weights' dtype, for a hub model or local folder (default: the model's float32)"
     )
+    parser.add_argument("--arch", metavar="MODULE:NAME", help=ARCH_HELP)
+
+
+ARCH_HELP = (
+    "for a family the architecture table lacks: an ArchSpec (docs/describe.md) named NAME in a module (my_arch:QWEN3, "
+    "imported from the current folder too) or a file (path/to/my_arch.py:QWEN3), used for this run's load"
+)
 
 
 def _task_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", choices=("toy", "mmlu", "kv"), default="toy", help="toy_mcq, MMLU or KV retrieval (default: toy)")
-    parser.add_argument("--n", type=int, help=f"number of prompts (default {cmd.DEMO_PROMPTS}; MMLU: all)")
+    parser.add_argument(
+        "--task",
+        default="toy",
+        metavar="{toy,mmlu,kv,FILE}",
+        help="toy_mcq, MMLU, KV retrieval, or a .jsonl / .csv file of multiple-choice prompts (docs/tasks.md) (default: toy)",
+    )
+    parser.add_argument("--n", type=int, help=f"number of prompts (default {cmd.DEMO_PROMPTS}; MMLU and a file: all)")
     parser.add_argument("--seed", type=int, default=0, help="prompt seed (toy, kv)")
     parser.add_argument("--subjects", nargs="+", help="MMLU subjects")
     parser.add_argument("--mmlu-path", help="local MMLU files (parquet / JSONL / CSV); default: the hub through `datasets`")
     parser.add_argument("--kv-pairs", type=int, default=10, help="KV retrieval dictionary size (default 10)")
+
+
+def _family_arguments(train: argparse.ArgumentParser) -> None:
+    """``zoo train``'s options for a toy of your own family and task (docs/own_family.md)."""
+    own = train.add_argument_group("a toy of your own family (gna.zoo.family_recipe) or task")
+    own.add_argument("--family", help="train NAME as a new toy of this transformers model_type (e.g. qwen3), 2 layers x 4 heads")
+    own.add_argument("--config", metavar="JSON", help="config fields over the 2x4 shape, e.g. '{\"num_hidden_layers\": 3}' (with --family)")
+    own.add_argument("--arch", metavar="MODULE:NAME", help="for a family the architecture table lacks: its ArchSpec (the card's checks)")
+    own.add_argument("--lr", type=float, help="learning rate (with --family default 3e-3)")
+    own.add_argument("--batch-size", type=int, help="prompts per step (with --family default 64)")
+    own.add_argument("--options", type=int, help="options per prompt (default 4)")
+    own.add_argument("--words-per-option", type=int, help="words per option: the prompt's length (default 2)")
+    own.add_argument("--layout", choices=("label_first", "label_last"), help="A. w1 w2 (default) or w1 w2 A")
+    own.add_argument("--shuffle-labels", action="store_true", default=None, help="labels in a random order per prompt")
+    own.add_argument("--query-last", action="store_true", default=None, help="the Query line after the options")
+    own.add_argument("--vary-lengths", action="store_true", default=None, help="options of varied lengths")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = zoo_commands.add_parser(
         "train", parents=[quiet], help="train a toy model from its recipe (deterministic for a seed on a machine)"
     )
-    train.add_argument("name", help="a toy model's recipe: its name in `gna-interp zoo list`")
+    train.add_argument("name", help="a toy model's recipe (its name in `gna-interp zoo list`), or with --family the new toy's name")
     train.add_argument("--out", help="output folder (default: gna-zoo/NAME)")
     train.add_argument("--seed", type=int, help="override the recipe's seed")
     train.add_argument("--max-steps", type=int, help="override the recipe's step limit")
@@ -115,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--init", help="for a fine-tuning recipe (init_from): the trained folder of the toy it starts from (default: the bundled toy)"
     )
     train.add_argument("--device", help="where to train: cpu or cuda (default: the recipe's, cpu for all but mamba)")
+    _family_arguments(train)
     train.set_defaults(func=cmd.zoo_train)
     return parser
 

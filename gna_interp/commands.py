@@ -92,20 +92,24 @@ def model_source(name: str, remote: bool = False) -> str:
     return name
 
 
-def load_model(name: str, backend: str | None = None, remote: bool = False, device: str | None = None, dtype: str | None = None) -> Any:
-    """A bundled toy name (``llama``, ``mamba2``...), a local folder, or a hub id; ``device``
-    and ``dtype`` (a name in `DTYPES`) go to `gna_interp.load`."""
+def load_model(
+    name: str, backend: str | None = None, remote: bool = False, device: str | None = None, dtype: str | None = None, arch: Any = None
+) -> Any:
+    """A bundled toy name (``llama``, ``mamba2``...), a local folder, or a hub id; ``device``,
+    ``dtype`` (a name in `DTYPES`) and ``arch`` (an `ArchSpec`, `arch_of`) go to `gna_interp.load`."""
     from .models.loading import load
     from .zoo import load_toy, toy_names
 
     check_load_options(name, remote, device, dtype)
     toy = name in toy_names() and not remote
+    if toy and arch is not None:
+        raise GnaValueError(f"--arch with toy {name!r}: a bundled toy's family is in the table (--arch is for a folder or hub id)")
     source = model_source(name, remote)
     check_device_present(device)
     quiet_libraries()
     if toy:
         return load_toy(name, backend=backend, device=device)
-    return load(source, backend=backend, remote=bool(remote), device=device, dtype=dtype)
+    return load(source, backend=backend, remote=bool(remote), device=device, dtype=dtype, arch=arch)
 
 
 def check_load_options(name: str, remote: bool, device: str | None, dtype: str | None) -> None:
@@ -125,10 +129,21 @@ def check_load_options(name: str, remote: bool, device: str | None, dtype: str |
 
 def load_model_of(args: argparse.Namespace) -> Any:
     """`load_model` for a command's ``--model``, ``--backend``, ``--remote``, ``--device`` and ``--dtype``."""
-    return load_model(args.model, args.backend, args.remote, device=args.device, dtype=args.dtype)
+    return load_model(args.model, args.backend, args.remote, device=args.device, dtype=args.dtype, arch=arch_of(args))
 
 
-def checked_heads(texts: list[str], name: str, remote: bool = False) -> list[Any]:
+def arch_of(args: argparse.Namespace) -> Any:
+    """The `ArchSpec` of ``--arch`` (`models.registry.import_arch`, once per command), or ``None``."""
+    if not getattr(args, "arch", None):
+        return None
+    if getattr(args, "arch_spec", None) is None:
+        from .models.registry import import_arch
+
+        args.arch_spec = import_arch(args.arch, "--arch")
+    return args.arch_spec
+
+
+def checked_heads(texts: list[str], name: str, remote: bool = False, arch: Any = None) -> list[Any]:
     """Parse ``--head`` values and check them against the model's config alone: no
     weights load, and for a local folder (a bundled toy) neither torch nor transformers."""
     from .core.arch import check_head_in
@@ -139,13 +154,13 @@ def checked_heads(texts: list[str], name: str, remote: bool = False) -> list[Any
         if heads.count(head) > 1:
             typed = " and ".join(repr(text) for text, parsed in zip(texts, heads, strict=True) if parsed == head)
             raise GnaValueError(f"--head {typed} all name head {head}: name each head once")
-    layer_specs = layer_specs_of(model_source(name, remote))
+    layer_specs = layer_specs_of(model_source(name, remote), arch)
     for head in heads:
         check_head_in(layer_specs, head, name)
     return heads
 
 
-def layer_specs_from_json(file: Path) -> tuple[Any, ...] | None:
+def layer_specs_from_json(file: Path, arch: Any = None) -> tuple[Any, ...] | None:
     """The head layout from ``config.json`` read as plain data, or ``None`` when the
     architecture table needs a field the file leaves out (its config class fills it in)."""
     from types import SimpleNamespace
@@ -155,7 +170,7 @@ def layer_specs_from_json(file: Path) -> tuple[Any, ...] | None:
 
     config = SimpleNamespace(**read_config_json(file, object_hook=_special_floats))  # an error names the file and line
     try:
-        return spec_for(config).layers_of(config)
+        return (arch or spec_for(config)).layers_of(config)
     except (AttributeError, KeyError, TypeError, ValueError, IndexError):
         return None
 
@@ -165,7 +180,7 @@ def _special_floats(item: dict[str, Any]) -> Any:
     return float(item["__float__"]) if item.keys() == {"__float__"} else item
 
 
-def layer_specs_of(source: str) -> tuple[Any, ...]:
+def layer_specs_of(source: str, arch: Any = None) -> tuple[Any, ...]:
     """The per-layer head layout of a model from its config alone. A local folder's
     ``config.json`` is read as plain data; a hub id, or a config that leaves out a field
     its class fills in (any missing field raises here), goes through transformers'
@@ -173,7 +188,7 @@ def layer_specs_of(source: str) -> tuple[Any, ...]:
     from .models.registry import spec_for
 
     file = Path(source) / "config.json"
-    plain = layer_specs_from_json(file) if file.is_file() else None
+    plain = layer_specs_from_json(file, arch) if file.is_file() else None
     if plain is not None:
         return plain
     from transformers import AutoConfig
@@ -182,7 +197,7 @@ def layer_specs_of(source: str) -> tuple[Any, ...]:
 
     access = hub_access(source) if not Path(source).exists() else {}
     config = AutoConfig.from_pretrained(source, **access)
-    return spec_for(config).layers_of(config)
+    return (arch or spec_for(config)).layers_of(config)
 
 
 def build_task(args: argparse.Namespace) -> Any:
@@ -193,6 +208,8 @@ def build_task(args: argparse.Namespace) -> Any:
 
     if args.n is not None and args.n < 1:
         raise GnaValueError(f"--n {args.n}: expected a positive number of prompts")
+    if args.task not in TASKS:
+        return task_of_file(args.task, args.n)
     n = args.n or DEMO_PROMPTS
     if args.task == "toy":
         shape = {}
@@ -206,6 +223,23 @@ def build_task(args: argparse.Namespace) -> Any:
         except ValueError as error:  # the library names its parameter; the user typed the flag
             raise GnaValueError(str(error).replace(f"n_pairs={args.kv_pairs}", f"--kv-pairs {args.kv_pairs}")) from None
     return tasks.mmlu(subjects=args.subjects, n=args.n, path=args.mmlu_path)
+
+
+TASKS = ("toy", "mmlu", "kv")
+"""``--task``'s names; anything else is a file of prompts."""
+
+
+def task_of_file(text: str, n: int | None) -> Any:
+    """``--task FILE``: a JSON-lines or CSV file of multiple-choice prompts (`tasks.task_file`)."""
+    import difflib
+
+    from .tasks.records import SUFFIXES, task_file
+
+    if Path(text).suffix.lower() not in SUFFIXES:
+        close = difflib.get_close_matches(text, TASKS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise GnaValueError(f"--task {text!r}{hint}: expected toy, mmlu, kv or a {' / '.join(SUFFIXES)} file of prompts (docs/tasks.md)")
+    return task_file(text, n)
 
 
 def check_out_dir(path: str) -> Path:
@@ -337,7 +371,7 @@ def discover_command(args: argparse.Namespace) -> int:
 
 
 def ablate_command(args: argparse.Namespace) -> int:
-    heads = checked_heads(args.head, args.model, args.remote)  # before any weights load or heavy import
+    heads = checked_heads(args.head, args.model, args.remote, arch_of(args))  # before any weights load or heavy import
     check_load_options(args.model, args.remote, args.device, args.dtype)
     task = build_task(args)
 
@@ -364,7 +398,7 @@ def corrupted_task(task: Any, seed: int) -> Any:
 
 def patterns_command(args: argparse.Namespace) -> int:
     out = check_out_file(args.out, (".html", ".png"))  # before any work
-    heads = checked_heads(args.head, args.model, args.remote)
+    heads = checked_heads(args.head, args.model, args.remote, arch_of(args))
     check_load_options(args.model, args.remote, args.device, args.dtype)
 
     from .viz import attention_view
@@ -394,23 +428,15 @@ def zoo_list(args: argparse.Namespace) -> int:
 
 
 def zoo_train(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from .zoo import recipe
     from .zoo.build import build_toy
 
-    chosen = recipe(args.name)
-    if args.seed is not None:
-        chosen = dataclasses.replace(chosen, seed=args.seed)
-    if args.max_steps is not None:
-        if args.max_steps < 1:
-            raise GnaValueError(f"--max-steps {args.max_steps}: expected a positive number of steps")
-        chosen = dataclasses.replace(chosen, max_steps=args.max_steps)
+    chosen = train_recipe(args)
+    arch = arch_of(args)  # before training: a bad --arch fails now, not after it
     out = check_out_dir(args.out or f"gna-zoo/{args.name}")
     quiet_libraries()
     where = args.device or chosen.device
     print(f"training {chosen.name} ({chosen.family}) on {where}, seed {chosen.seed}, at most {chosen.max_steps} steps, into {out}/")
-    card = build_toy(chosen, out, init=args.init, progress=not args.quiet, device=args.device)
+    card = build_toy(chosen, out, init=args.init, progress=not args.quiet, device=args.device, arch=arch)
     facts = card["ablation"]
     print(
         f"done: {card['steps']} steps in {card['train_seconds']:.0f} s; held-out accuracy {card['held_out_accuracy']:.3f}; "
@@ -418,3 +444,41 @@ def zoo_train(args: argparse.Namespace) -> int:
     )
     print(f"model card: {out / 'README.md'}")
     return 0
+
+
+TRAIN_FLAGS = {
+    "seed": "seed",
+    "max_steps": "max-steps",
+    "lr": "lr",
+    "batch_size": "batch-size",
+    "n_options": "options",
+    "words_per_option": "words-per-option",
+    "layout": "layout",
+    "shuffle_labels": "shuffle-labels",
+    "query_last": "query-last",
+    "vary_lengths": "vary-lengths",
+}
+"""`Recipe` field -> ``zoo train``'s flag that sets it."""
+
+
+def train_recipe(args: argparse.Namespace) -> Any:
+    """``zoo train``'s `Recipe` (`zoo.recipes.recipe_with`): a bundled recipe, or with
+    ``--family`` a new toy's (``--config`` over its shape), with the flags given (`TRAIN_FLAGS`)."""
+    import json
+
+    from .zoo.recipes import recipe_with
+
+    flags = {field: getattr(args, "options" if field == "n_options" else field, None) for field in TRAIN_FLAGS}
+    given: dict[str, Any] = {field: value for field, value in flags.items() if value is not None}
+    for field, value in given.items():
+        if field in ("max_steps", "batch_size", "n_options", "words_per_option", "lr") and not value > 0:
+            raise GnaValueError(f"--{TRAIN_FLAGS[field]} {value}: expected a positive number")
+    if args.config is not None and args.family is None:
+        raise GnaValueError("--config sets the config of a new toy: give --family too")
+    try:
+        config = json.loads(args.config) if args.config is not None else None
+    except json.JSONDecodeError as error:
+        raise GnaValueError(f"--config {args.config!r}: not valid JSON ({error.msg})") from None
+    if config is not None and not isinstance(config, dict):
+        raise GnaValueError(f"--config {args.config!r}: expected a JSON object of config fields")
+    return recipe_with(args.name, args.family, config, **given)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import pytest
 
@@ -312,3 +313,224 @@ def test_a_missing_extra_is_a_one_line_error(monkeypatch, capsys):
     assert main(["ablate", "--model", "mamba2_counting", "--head", "0.0"]) == 2
     err = capsys.readouterr().err
     assert "datasets" in err and err.count("\n") == 1
+
+
+# ----- issue 53, item 4: --task FILE and --arch MODULE:NAME, against the library's own calls -----------
+
+
+def write_rows(path, task, *, csv_columns=False):
+    """``task``'s prompts (label-first, labels in order) as a JSON-lines or CSV task file."""
+    import csv
+
+    rows = [(e.meta["header"].rstrip("\n"), e.meta["options"], "ABCD"[e.correct] if csv_columns else e.correct) for e in task.examples]
+    if not csv_columns:
+        path.write_text("".join(json.dumps({"question": q, "options": o, "answer": a}) + "\n" for q, o, a in rows))
+        return path
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["question", "A", "B", "C", "D", "answer"])
+        writer.writerows([q, *o, a] for q, o, a in rows)
+    return path
+
+
+def same_prompts(mine, reference):
+    return [(e.text, e.segments, e.candidates, e.correct) for e in mine.examples] == [
+        (e.text, e.segments, e.candidates, e.correct) for e in reference.examples
+    ]
+
+
+def test_task_file_is_the_task_the_library_builds(tmp_path, capsys):
+    """A JSON-lines file and a CSV file of toy_mcq's prompts give toy_mcq's prompts, segments,
+    candidates and answers; `discover --task FILE` finds the circuit the library call finds on
+    `gna.tasks.task_file`'s task."""
+    toy = gna.tasks.toy_mcq(24, seed=5)
+    jsonl, table = write_rows(tmp_path / "p.jsonl", toy), write_rows(tmp_path / "p.csv", toy, csv_columns=True)
+    assert same_prompts(gna.tasks.task_file(jsonl), toy) and same_prompts(gna.tasks.task_file(table), toy)
+    assert same_prompts(gna.tasks.task_file(jsonl, n=7), gna.tasks.toy_mcq(7, seed=5))
+    status, out, err = run(["discover", "--model", "mamba2_query_first", "--task", str(jsonl), "--json", "--quiet"], capsys)
+    assert status == 0, err[-2000:]
+    data = json.loads(out[out.index("{") : out.rindex("}") + 1])
+    with warnings.catch_warnings():  # the CLI prints them; the circuit keeps them
+        warnings.simplefilter("ignore")
+        reference = gna.discover(gna.load_toy("mamba2_query_first"), gna.tasks.task_file(jsonl), progress=False).to_dict()
+    assert data["task"] == reference["task"] == "p" and data["n_prompts"] == 24
+    for key in ("mechanism", "gather", "aggregate", "accuracy"):
+        assert data[key] == reference[key], key
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        (
+            '{"question": "q", "options": ["x", "y"], "answer": "A"}\n\n{"question": "q", "options": ["x", "y"], "answer": "C"}\n',
+            "p.jsonl row 2 (line 3), field 'answer': 'C': expected a label (A, B) or an index 0..1",
+        ),
+        ('{"question": "q", "options": ["x", "y"], "answer": 5}\n', "p.jsonl row 1 (line 1), field 'answer': 5 is out of range"),
+        ('{"question": "q", "answer": 0}\n', "p.jsonl row 1 (line 1): field 'options' is missing"),
+        (
+            '{"question": "q", "options": ["x"], "answer": 0}\n',
+            "p.jsonl row 1 (line 1), field 'options': ['x']: expected a list of at least 2",
+        ),
+        (
+            '{"question": "q", "options": ["x", "y"], "answr": 0}\n',
+            "p.jsonl row 1 (line 1): unknown field 'answr' (did you mean 'answer'?)",
+        ),
+        (
+            '{"options": ["x", "y"], "answer": 0}\n{"options": ["x", "y", "z"], "answer": 0}\n',
+            "p.jsonl row 2 (line 2), field 'options': 3 options, but row 1 has 2",
+        ),
+        ('{"options": ["x", "y"], "answer": 0}\n{"options": ["x", "y"], "answer": 0,}\n', "p.jsonl row 2 (line 2): not valid JSON"),
+        ('["x", "y"]\n', "p.jsonl row 1 (line 1): list"),
+        ("", "p.jsonl: no prompts"),
+    ],
+)
+def test_a_bad_row_of_a_task_file_is_named(tmp_path, text, message, capsys):
+    (tmp_path / "p.jsonl").write_text(text)
+    assert main(["discover", "--model", "mamba2_query_first", "--task", str(tmp_path / "p.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_a_bad_csv_row_is_named(tmp_path, capsys):
+    (tmp_path / "p.csv").write_text('question,options,answer\nq,"[""x"", ""y""]",B\nq,not a list,A\n')
+    assert main(["ablate", "--model", "mamba2_query_first", "--head", "0.0", "--task", str(tmp_path / "p.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "p.csv row 2 (line 3), field 'options': 'not a list' is not a JSON list of texts" in err, err
+    assert main(["discover", "--model", "mamba2_query_first", "--task", "tyo"]) == 2
+    assert "--task 'tyo' (did you mean toy?): expected toy, mmlu, kv or a .jsonl / .csv file" in capsys.readouterr().err
+
+
+ARCH_FILE = """
+import gna_interp as gna
+from gna_interp.models.registry import attention
+
+QWEN3 = gna.ArchSpec("qwen3", ("qwen3",), gna.LayerKind.ATTENTION, "model.layers", "model.norm", gna.core.uniform(attention()), tlens=False)
+NOT_A_SPEC = {"family": "qwen3"}
+"""
+
+
+@pytest.fixture(scope="module")
+def qwen3_folder(tmp_path_factory):
+    """A random 2-layer Qwen3 (a family the table lacks) with the toy tokenizer, saved, and a
+    module file describing it (``my_arch.py:QWEN3``)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from gna_interp.zoo.recipes import TOY_TOKENS
+
+    folder = tmp_path_factory.mktemp("qwen3")
+    config = AutoConfig.for_model(
+        "qwen3",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        **TOY_TOKENS,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder / "model")
+    gna.tasks.toy_tokenizer().save_pretrained(folder / "model")
+    (folder / "my_arch.py").write_text(ARCH_FILE)
+    return folder
+
+
+def test_arch_flag_loads_a_family_the_table_lacks(qwen3_folder, capsys):
+    """`ablate --arch FILE.py:NAME` prints the accuracies `evaluate` gives on the model loaded
+    with ``arch=``; `discover --arch` gives the library's circuit."""
+    import importlib.util
+
+    model_dir, arch = str(qwen3_folder / "model"), f"{qwen3_folder / 'my_arch.py'}:QWEN3"
+    spec = importlib.util.spec_from_file_location("my_arch", qwen3_folder / "my_arch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model, task = gna.load(model_dir, arch=module.QWEN3), gna.tasks.toy_mcq(40, seed=0)
+    status, out, err = run(["ablate", "--model", model_dir, "--arch", arch, "--head", "1.1", "--n", "40"], capsys)
+    assert status == 0, err[-2000:]
+    before, after = map(float, re.search(r"accuracy clean ([\d.]+) -> ([\d.]+)", out).groups())
+    assert before == pytest.approx(gna.evaluate(model, task).accuracy, abs=1e-3)
+    assert after == pytest.approx(gna.evaluate(model, task, [gna.Ablate([gna.Head(1, 1)])]).accuracy, abs=1e-3)
+    status, out, err = run(["discover", "--model", model_dir, "--arch", arch, "--n", "24", "--json", "--quiet"], capsys)
+    assert status == 0, err[-2000:]
+    data = json.loads(out[out.index("{") : out.rindex("}") + 1])
+    with warnings.catch_warnings():  # at chance: "no retrieval to explain"
+        warnings.simplefilter("ignore")
+        reference = gna.discover(model, gna.tasks.toy_mcq(24, seed=0), progress=False).to_dict()
+    assert data["family"] == "qwen3" and all(data[k] == reference[k] for k in ("mechanism", "gather", "aggregate", "accuracy"))
+
+
+def test_arch_flag_errors(qwen3_folder, capsys, monkeypatch):
+    model_dir, file = str(qwen3_folder / "model"), qwen3_folder / "my_arch.py"
+    monkeypatch.chdir(qwen3_folder)  # MODULE:NAME imports from the current folder
+    for args, message in [
+        ([], "unknown architecture model_type='qwen3'"),
+        (["--arch", "my_arch"], "--arch 'my_arch': expected MODULE:NAME (my_arch:QWEN3) or FILE.py:NAME"),
+        (
+            ["--arch", "my_arch:QWEN"],
+            "--arch 'my_arch:QWEN': my_arch.QWEN is no such name: expected a gna_interp.ArchSpec (the module's: ['QWEN3'])",
+        ),
+        (["--arch", "my_arch:NOT_A_SPEC"], "my_arch.NOT_A_SPEC is a dict: expected a gna_interp.ArchSpec"),
+        (["--arch", "no_such_module:QWEN3"], "--arch 'no_such_module:QWEN3': cannot import 'no_such_module' (ModuleNotFoundError"),
+        (["--arch", f"{file}x.py:QWEN3"], "no file"),
+    ]:
+        assert main(["ablate", "--model", model_dir, "--head", "0.0", "--n", "4", *args]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, (args, err)
+    assert main(["ablate", "--model", model_dir, "--head", "1.3", "--n", "4", "--arch", "my_arch:QWEN3"]) == 0
+    assert main(["ablate", "--model", model_dir, "--head", "1.4", "--n", "4", "--arch", "my_arch:QWEN3"]) == 2
+    assert "head L1H4 out of range" in capsys.readouterr().err
+    assert main(["ablate", "--model", "llama", "--head", "0.0", "--arch", "my_arch:QWEN3"]) == 2
+    assert "--arch with toy 'llama'" in capsys.readouterr().err
+
+
+# ----- issue 53, item 3: zoo train --family, against gna.zoo's own recipe and trainer --------------------
+
+
+def test_zoo_train_family_trains_the_library_recipe(qwen3_folder, tmp_path, capsys, monkeypatch):
+    """`zoo train NAME --family qwen3 ...` trains `gna.zoo.family_recipe`'s recipe: the same
+    weights as `gna.zoo.train_toy` on it (3 steps), its task on the card, loadable with
+    ``arch=`` (the card's held-out prompts cut to 64 to keep this test short)."""
+    import torch
+
+    from gna_interp.zoo import build
+    from gna_interp.zoo.train import task_shape
+
+    monkeypatch.setattr(build, "HELD_OUT_PROMPTS", 64)
+    out = tmp_path / "mine"
+    flags = ["--options", "2", "--words-per-option", "1", "--shuffle-labels", "--lr", "0.002", "--batch-size", "16"]
+    args = ["zoo", "train", "mine", "--family", "qwen3", "--config", '{"num_hidden_layers": 3}', *flags]
+    status, _, err = run(
+        [*args, "--max-steps", "3", "--arch", f"{qwen3_folder / 'my_arch.py'}:QWEN3", "--out", str(out), "--quiet"], capsys
+    )
+    assert status == 0, err[-2000:]
+    recipe = gna.zoo.family_recipe(
+        "mine", "qwen3", {"num_hidden_layers": 3}, n_options=2, words_per_option=1, shuffle_labels=True, lr=0.002, batch_size=16
+    )
+    assert recipe.config["num_hidden_layers"] == 3 and recipe.config["hidden_size"] == 64
+    card = json.loads((out / "card.json").read_text())
+    assert card["steps"] == 3 and card["family"] == "qwen3" and card["task"] == task_shape(recipe)
+    trained = gna.zoo.train_toy(recipe, max_steps=3, progress=False, log=lambda _: None).model.state_dict()
+    from safetensors.torch import load_file
+
+    saved = load_file(out / "model.safetensors")
+    assert set(saved) <= set(trained) and all(torch.equal(saved[k], trained[k]) for k in saved)
+    assert gna.toy_task(out, 5, seed=2).examples[0].text == gna.tasks.toy_mcq(5, seed=2, **task_shape(recipe)).examples[0].text
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["zoo", "train", "mine", "--config", "{}"], "--config sets the config of a new toy: give --family too"),
+        (["zoo", "train", "mine", "--family", "qwen3", "--config", "{bad"], "--config '{bad': not valid JSON"),
+        (["zoo", "train", "mine", "--family", "qwen3", "--options", "0"], "--options 0: expected a positive number"),
+        (["zoo", "train", "mine", "--family", "qwen3", "--options", "30"], "n_options"),
+        (["zoo", "train", "mine", "--family", "qwen3", "--arch", "x"], "--arch 'x': expected MODULE:NAME"),
+        (["zoo", "train", "mine", "--family", "no_such_family", "--max-steps", "1"], "family='no_such_family' is not a model_type"),
+    ],
+)
+def test_zoo_train_family_errors(args, message, tmp_path, capsys):
+    assert main([*args, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err

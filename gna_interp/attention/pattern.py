@@ -21,6 +21,7 @@ from ..core.arch import LayerKind
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Intervention, as_interventions
+from ..core.keywords import suggest_keywords
 from ..core.plan import Read, Site
 from ..models.handle import check_model
 from .capture import SSMInputs, recipe_for
@@ -39,6 +40,7 @@ DEFAULT_MAX_BYTES = 2 * 1024**3
 """Default memory budget of one `attention_pattern` call (2 GiB)."""
 
 
+@suggest_keywords
 def attention_pattern(
     model: GnaModel,
     inputs: Any,

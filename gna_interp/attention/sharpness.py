@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..core.errors import GnaTypeError, GnaValueError
+from ..core.keywords import suggest_keywords
 from .positions import KeyPositions, key_mask
 
 Normalize = Literal["abs", "row"] | None
@@ -47,6 +48,7 @@ def _distribution(pattern: Tensor, call: str = "entropy") -> Tensor:
     return weights / torch.where(total > 0, total, torch.nan)
 
 
+@suggest_keywords
 def entropy(pattern: Tensor) -> Tensor:
     """Entropy (nats) of each row as a distribution of ``|weights|``: ``[..., key] -> [...]``."""
     p = _distribution(pattern)
@@ -54,11 +56,13 @@ def entropy(pattern: Tensor) -> Tensor:
     return torch.where(p.isnan().any(-1), torch.nan, -terms.sum(-1))
 
 
+@suggest_keywords
 def top1_mass(pattern: Tensor) -> Tensor:
     """Largest share of a row's ``|weights|`` on one key: ``[..., key] -> [...]``."""
     return _distribution(pattern, "top1_mass").max(-1).values
 
 
+@suggest_keywords
 def mass_on(pattern: Tensor, keys: KeyPositions) -> Tensor:
     """Share of each row's ``|weights|`` on the key positions ``keys``.
 

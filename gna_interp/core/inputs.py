@@ -106,6 +106,18 @@ def check_token_ids(batch: Batch, vocab_size: int, model_name: str) -> None:
     )
 
 
+def check_context(batch: Batch, limit: int | None, model_name: str) -> None:
+    """A clear error for a row of ``batch`` with more real tokens than ``limit``, the model's
+    context (its config's ``max_position_embeddings``; ``None``: no limit): names the longest
+    row, its token count and the context. The one rule of `GnaModel.run` and `evaluate`."""
+    if limit is None:
+        return
+    lengths = batch.attention_mask.sum(1)  # [batch]: real tokens per row
+    longest = int(lengths.argmax())
+    if int(lengths[longest]) > limit:
+        raise GnaValueError(f"prompt {longest} has {int(lengths[longest])} tokens, more than {model_name}'s context of {limit}")
+
+
 def _pad_id(tokenizer: Any) -> int:
     for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
         value = getattr(tokenizer, name, None) if tokenizer is not None else None

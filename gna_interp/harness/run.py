@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import GnaValueError
 from ..core.interventions import Ablate, Intervention, MaskAttentionRows, Patch, SkipLayers, Truncate
+from ..core.keywords import suggest_keywords
+from ..models.handle import check_model
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -67,6 +69,7 @@ class LMEvalTable:
         return f"LMEvalTable({self.metric})\n{self.table.to_string()}"
 
 
+@suggest_keywords
 def lm_eval(
     model: GnaModel,
     tasks: str | Sequence[Any],
@@ -102,7 +105,8 @@ def lm_eval(
         an `LMEvalRun`: ``.results`` (lm-eval's dict) and ``.frame`` (task, metric,
         filter, value, stderr, n, intervention).
     """
-    require_lm_eval()
+    require_lm_eval()  # first: a missing extra is named whatever the arguments
+    check_model(model, "lm_eval")
     task_list = _task_list(tasks)
     return _run(
         model, task_list, interventions, limit, num_fewshot, task_manager(include_path, task_list), batch_size, label, log_samples, progress
@@ -148,6 +152,7 @@ def _run(
     return LMEvalRun(results=results, frame=results_frame(results, name), label=name)
 
 
+@suggest_keywords
 def lm_eval_table(
     model: GnaModel,
     tasks: str | Sequence[Any],
@@ -175,6 +180,7 @@ def lm_eval_table(
         clean: add a ``clean`` run first (no interventions but the model's active ones).
         Others: as `lm_eval`.
     """
+    check_model(model, "lm_eval_table")
     if isinstance(conditions, Mapping):
         named = {str(label): list(items) for label, items in conditions.items()}
     else:

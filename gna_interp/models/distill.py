@@ -34,6 +34,7 @@ from torch import Tensor
 
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Resid
+from ..core.keywords import suggest_keywords
 from ..progress import progress_bar
 
 STAGES = ("A", "B")
@@ -159,6 +160,7 @@ def trained_parameters(model: Any, train: str) -> list[tuple[str, Tensor]]:
     return [(name, p) for name, p in named if any(f".{part}." in f".{name}" for part in NEW_PARTS)]
 
 
+@suggest_keywords
 def distill(
     student: Any,
     teacher: Any,

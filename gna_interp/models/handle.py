@@ -14,10 +14,11 @@ from ..core.arch import ArchSpec, LayerKind, LayerMixer, LayerSpec
 from ..core.compile import compile_plan
 from ..core.errors import GnaTypeError, short_repr
 from ..core.heads import Head, Resid, Target, refuse_string
-from ..core.inputs import Batch, check_token_ids, make_batch
+from ..core.inputs import Batch, check_context, check_token_ids, make_batch
 from ..core.interventions import Ablate, Intervention, as_interventions
 from ..core.layout import ModelLayout
 from ..core.plan import Plan, Read, Site, SiteKind
+from ..tasks.base import Task, not_a_task
 from .prefix import DEFAULT_PREFIX_MB, PrefixCache
 from .swap_block import swapped_in_layers
 
@@ -184,9 +185,10 @@ class GnaModel:
         return weights_device(self.hf_model)
 
     def to_batch(self, inputs: Any) -> Batch:
-        """Tokenize (left padding), validate against the vocabulary, move to `device`."""
+        """Tokenize (left padding), validate against the vocabulary and the context window, move to `device`."""
         batch = make_batch(inputs, self.tokenizer)
         check_token_ids(batch, self.vocab_size, self.name)
+        check_context(batch, context_limit(self.hf_model), self.name)
         return batch.to(self.device)
 
     def run(
@@ -360,6 +362,12 @@ class GnaModel:
         return f"GnaModel({self.name!r}, family={self.arch.family}, backend={self.backend_name}, layers={self.n_layers}, {heads})"
 
 
+def context_limit(hf_model: Any) -> int | None:
+    """The model's context window, its config's ``max_position_embeddings`` (``None``: none set)."""
+    limit = getattr(getattr(hf_model, "config", None), "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
 def check_model(model: object, call: str) -> None:
     """A clear `TypeError` where ``call``'s ``model`` argument is not a `GnaModel` (a hub
     id or toy name given as text, a raw HF model, or a task passed first by mistake)."""
@@ -376,6 +384,14 @@ def check_model(model: object, call: str) -> None:
         hint = " (gna.load or gna.load_toy returns one)"
     shown = f"<a {kind}>" if isinstance(model, torch.nn.Module) else short_repr(model)  # a module's repr runs to pages
     raise GnaTypeError(f"{call}: model={shown} ({kind}): expected a gna_interp GnaModel{hint}")
+
+
+def check_model_and_task(model: object, task: object, call: str) -> None:
+    """`check_model`, then a clear `TypeError` where ``call``'s ``task`` is not a `Task`
+    (`tasks.base.not_a_task`): both name a swapped ``(task, model)`` as such."""
+    check_model(model, call)
+    if not isinstance(task, Task):
+        raise not_a_task(task, call)
 
 
 def _capture_list(capture: Any, what: str = "capture") -> list[Target]:

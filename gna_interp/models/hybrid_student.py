@@ -61,6 +61,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, Llam
 
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
+from ..core.keywords import suggest_keywords
 from .llamba import DiscreteMamba2
 from .registry import HYBRID_STUDENT, HYBRID_STUDENT_MODEL_TYPE
 
@@ -326,6 +327,7 @@ def _teacher_parts(teacher: Any) -> tuple[Any, Any]:
     return hf_model, tokenizer
 
 
+@suggest_keywords
 def hybridize(
     teacher: Any,
     keep: Iterable[Head] | None = None,

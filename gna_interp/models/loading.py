@@ -85,8 +85,9 @@ def load(
             missing, which transformers would initialise at random, or unexpected);
             ``False`` loads it with a `WeightsMismatchWarning` listing them.
         arch: the model's family as data (`gna_interp.core.arch.ArchSpec`), for a model
-            object whose ``model_type`` the table lacks (or to override its row); see
-            `gna_interp.register_architecture` and docs/describe.md.
+            (object, folder or hub id) whose ``model_type`` the table lacks, or to override
+            its row, for this load only; see `gna_interp.register_architecture` and
+            docs/describe.md.
         **hf_kwargs: passed to ``from_pretrained``.
 
     Raises:
@@ -98,8 +99,8 @@ def load(
     """
     _check_options(model, backend, remote, arch, hf_kwargs)
     if remote is True:
-        return _load_remote(model, tokenizer)
-    source, access = _preflight(model, hf_kwargs)  # no weights yet; a hub id without network fails here, in seconds
+        return _load_remote(model, tokenizer, arch)
+    source, access = _preflight(model, hf_kwargs, arch)  # no weights yet; a hub id without network fails here, in seconds
     tokenizer_given = tokenizer is not None
     tokenizer = _tokenizer(tokenizer, model, source, access)
     hf_model, name = _hf_model(model, source, device, dtype, {**hf_kwargs, **access}, check_weights)
@@ -115,8 +116,6 @@ def _check_options(model: Any, backend: str | None, remote: bool | str, arch: Ar
     check_keywords(hf_kwargs)
     if arch is not None and not isinstance(arch, ArchSpec):
         raise GnaTypeError(f"arch= expects a gna_interp.ArchSpec (the family as data), got {type(arch).__name__}")
-    if arch is not None and isinstance(model, (str, os.PathLike)):
-        raise GnaValueError("arch= describes a model object: load the module yourself and pass it (model=<torch.nn.Module>, arch=...)")
     if backend is not None and backend not in BACKENDS:
         raise GnaValueError(f"unknown backend {backend!r}: expected one of {BACKENDS}")
     if remote not in (False, True, "local"):
@@ -169,10 +168,11 @@ def _check_backend(spec: ArchSpec, backend: str, foreign: dict[int, str]) -> Non
         )
 
 
-def _preflight(model: Any, hf_kwargs: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+def _preflight(model: Any, hf_kwargs: dict[str, Any], arch: ArchSpec | None = None) -> tuple[str | None, dict[str, Any]]:
     """Checks before any weight (`gna_interp.models.preflight`): the model's source (a local
     folder, or ``None`` for a hub id or a model object) and the ``from_pretrained`` keywords
-    a hub id needs (`gna_interp.models.hub`)."""
+    a hub id needs (`gna_interp.models.hub`). With ``arch``, the config's ``model_type`` need
+    not be in the table (``arch`` describes the family)."""
     if not isinstance(model, (str, os.PathLike)):
         return None, {}
     subfolder = str(hf_kwargs.get("subfolder") or "")
@@ -180,11 +180,16 @@ def _preflight(model: Any, hf_kwargs: dict[str, Any]) -> tuple[str | None, dict[
     access = {} if folder is not None or hf_kwargs.get("local_files_only") else hub_access(str(model), hf_kwargs.get("revision"))
     config = hf_kwargs.get("config")
     if config is not None and not isinstance(config, (str, os.PathLike)):  # the caller's config object builds the model
-        spec_for(config)
+        if arch is None:
+            spec_for(config)
     elif "gguf_file" not in hf_kwargs:  # a GGUF file holds its own config
         if folder is not None:
             file = config_file(folder / subfolder)
-            check_architecture(read_config_json(file), str(file))
+            settings = read_config_json(file)  # an invalid file fails here, arch= or not
+            if arch is None:
+                check_architecture(settings, str(file))
+        elif arch is not None:
+            hub_config(str(model), access, hf_kwargs)  # the config exists and is readable
         else:
             spec = check_architecture(*hub_config(str(model), access, hf_kwargs))
             if spec.family.startswith("llamba"):
@@ -360,7 +365,7 @@ def _nnsight_backend(hf_model: Any, tokenizer: Any, spec: ArchSpec, remote: bool
     return NNsightBackend(envoy, spec, spec.layers_of(config), remote)
 
 
-def _load_remote(model: Any, tokenizer: Any) -> GnaModel:
+def _load_remote(model: Any, tokenizer: Any, arch: ArchSpec | None = None) -> GnaModel:
     """NDIF: only the model's structure is built here (on the meta device); every
     trace runs on the server. Errors come before any network use."""
     if not isinstance(model, str):
@@ -379,6 +384,6 @@ def _load_remote(model: Any, tokenizer: Any) -> GnaModel:
     hub_access(model)  # the structure comes from the hub's config: fail fast without network
     envoy = TransformersModel(model, tokenizer=tokenizer) if tokenizer is not None else TransformersModel(model)
     config = envoy.config
-    spec = spec_for(config)
+    spec = arch if arch is not None else spec_for(config)
     backend = NNsightBackend(envoy, spec, spec.resolve(config, spec.n_layers(config)), True)
     return GnaModel(envoy._module, envoy.tokenizer, spec, backend, model)

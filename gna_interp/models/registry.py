@@ -20,7 +20,7 @@ family's own config fields. Heads are numbered per layer, attention first, then 
 
 A family the table lacks is described the same way, as data, without editing the
 package: `register_architecture` adds a row for its ``model_type`` (or pass the row to
-``gna.load(module, arch=...)``); see docs/describe.md.
+``gna.load(model, arch=...)``, a module, folder or hub id); see docs/describe.md.
 
 A Zamba2 ``hybrid`` layer runs the shared attention block (``shared_transformer``, one set
 of weights for every hybrid layer) and then its own Mamba-2 layer (``mamba_decoder``): its
@@ -57,6 +57,7 @@ from typing import Any
 from ..core.arch import ArchSpec, LayerKind, MixerSpec, MixerTable, uniform
 from ..core.dims import AttentionDims, Mamba2Dims, _config_int, attention_head_dim, attention_heads
 from ..core.errors import GnaTypeError, GnaValueError
+from ..core.keywords import suggest_keywords
 from .mixers import (
     ATTENTION_STREAMS,
     attention,
@@ -234,7 +235,8 @@ _REGISTERED: dict[str, ArchSpec] = {}
 
 DESCRIBE_HELP = (
     "to analyse a family the table lacks, describe it as data: gna.register_architecture(gna.ArchSpec(...)) "
-    "or gna.load(module, arch=gna.ArchSpec(...), tokenizer=...) (docs/describe.md)"
+    "or gna.load(model, arch=gna.ArchSpec(...)) for one load (a module, a folder or a hub id; on the command line: "
+    "--arch module:NAME) (docs/describe.md)"
 )
 
 
@@ -251,6 +253,7 @@ class UnknownArchitectureError(GnaValueError):
         super().__init__(f"{what}; {DESCRIBE_HELP}")
 
 
+@suggest_keywords
 def register_architecture(spec: ArchSpec, replace: bool = False) -> ArchSpec:
     """Add a row to the architecture table for ``spec.model_types``, without editing the
     package: `gna_interp.load` then handles models whose ``config.model_type`` is one of
@@ -302,3 +305,43 @@ def spec_for_model(model: Any) -> ArchSpec:
     if spec is LLAMBA:
         return llamba_variant(model)
     return spec
+
+
+def import_arch(text: str, what: str = "arch") -> ArchSpec:
+    """The `ArchSpec` named by ``MODULE:NAME`` (a module, imported with the current folder on
+    the path) or ``FILE.py:NAME``: what ``--arch`` takes. ``what`` names the value in errors."""
+    where, _, name = text.rpartition(":")
+    if not where or not name.isidentifier():
+        raise GnaValueError(f"{what} {text!r}: expected MODULE:NAME (my_arch:QWEN3) or FILE.py:NAME, NAME an ArchSpec (docs/describe.md)")
+    try:
+        module = _import_module_or_file(where, f"{what} {text!r}")
+    except ImportError as error:
+        raise GnaValueError(f"{what} {text!r}: cannot import {where!r} ({type(error).__name__}: {error})") from None
+    value = getattr(module, name, None)
+    if not isinstance(value, ArchSpec):
+        specs = [key for key, item in vars(module).items() if isinstance(item, ArchSpec)]
+        found = "no such name" if value is None else f"a {type(value).__name__}"
+        raise GnaValueError(f"{what} {text!r}: {where}.{name} is {found}: expected a gna_interp.ArchSpec (the module's: {specs or 'none'})")
+    return value
+
+
+def _import_module_or_file(where: str, named: str) -> Any:
+    """A ``.py`` file run as a module, or a module imported with the current folder first on the path."""
+    import importlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if where.endswith(".py"):
+        if not Path(where).is_file():
+            raise GnaValueError(f"{named}: no file {where!r}")
+        spec = importlib.util.spec_from_file_location(Path(where).stem, where)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        return module
+    here = str(Path.cwd())
+    sys.path.insert(0, here)
+    try:
+        return importlib.import_module(where)
+    finally:
+        sys.path.remove(here)

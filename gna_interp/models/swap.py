@@ -51,6 +51,7 @@ from typing import Any
 from torch import nn
 
 from ..core.errors import GnaTypeError, GnaValueError
+from ..core.keywords import suggest_keywords
 from .handle import GnaModel
 from .swap_block import BackboneInputs, Calls, SwappedBlock, backbone_inputs, named_tensors, unwrapped_class
 
@@ -108,6 +109,7 @@ FAMILIES: tuple[SwapFamily, ...] = (
 _BY_MODEL_TYPE = {model_type: row for row in FAMILIES for model_type in row.model_types}
 
 
+@suggest_keywords
 @contextmanager
 def swap_layers(target: Any, donor: Any, layers: LayerMap) -> Iterator[Any]:
     """Run ``target`` with its blocks at ``layers`` replaced by copies of ``donor``'s.

@@ -47,8 +47,10 @@ from ..core.compile import heads_by_site
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Intervention
+from ..core.keywords import suggest_keywords
 from ..core.plan import Edit, Plan, Site, SiteKind
 from ..cost import charge
+from ..models.handle import check_model
 from ..progress import progress_bar
 from .checks import check_local, check_sites, head_list, target_and_source
 from .metrics import Metric, check_metric, logits_read, metric_name, reduce_metric
@@ -63,6 +65,7 @@ IG_RULES = ("left", "midpoint")
 """Where integrated gradients evaluate the gradient in each of the ``steps`` intervals."""
 
 
+@suggest_keywords
 def attribution_patching(
     model: GnaModel,
     clean: Any,
@@ -113,6 +116,7 @@ def attribution_patching(
         ``baseline`` the metric of the run, ``reference`` that of the value source;
         ``meta["steps"]``, ``meta["rule"]``.
     """
+    check_model(model, "attribution_patching")
     check_metric(metric, "attribution_patching", clean=clean, corrupt=corrupt)
     check_sites(sites, heads, "score")
     check_local(model, "attribution_patching")

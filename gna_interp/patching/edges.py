@@ -75,8 +75,10 @@ from ..core.compile import head_mask
 from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Intervention
+from ..core.keywords import suggest_keywords
 from ..core.plan import Edit, Plan, Site, SiteKind
 from ..cost import charge
+from ..models.handle import check_model
 from ..progress import progress_bar
 from .attribution import _gradients, _scalar
 from .checks import check_local, clean_corrupt_batches
@@ -100,6 +102,7 @@ heads at once, not one by one (a Python loop of small GPU kernels, each read bac
 over the 8,192 channels of each Falcon-Mamba-7B layer), in blocks that bound its size."""
 
 
+@suggest_keywords
 def edge_attribution(
     model: GnaModel,
     clean: Any,
@@ -183,7 +186,8 @@ def edge_attribution(
 
 
 def _check_call(model: GnaModel, clean: Any, corrupt: Any, metric: Metric, steps: object, method: str, path: object) -> bool:
-    """The metric, the model, ``steps``, ``method`` and ``path`` checked; True for path="direct"."""
+    """The model, the metric, ``steps``, ``method`` and ``path`` checked; True for path="direct"."""
+    check_model(model, "edge_attribution")
     check_metric(metric, "edge_attribution", clean=clean, corrupt=corrupt)
     check_local(model, "edge_attribution")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:

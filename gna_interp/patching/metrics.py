@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ..core.errors import GnaTypeError, GnaValueError, short_repr
+from ..core.keywords import suggest_keywords
 
 Metric = Callable[[Tensor], Tensor | float]
 TokenSpec = int | Sequence[int] | Sequence[Sequence[int]] | Tensor
@@ -180,6 +181,7 @@ def _correct_rows(index: Tensor, n_rows: int, owner: str, device: torch.device) 
     return index.view(-1, 1).expand(n_rows, 1).to(device)
 
 
+@suggest_keywords
 def logit_diff(correct: TokenSpec, incorrect: TokenSpec, position: int = -1) -> Metric:
     """Mean logit of ``correct`` minus mean logit of ``incorrect`` at ``position``.
 
@@ -200,6 +202,7 @@ def logit_diff(correct: TokenSpec, incorrect: TokenSpec, position: int = -1) -> 
     return _reads(metric, position, owner)
 
 
+@suggest_keywords
 def target_logprob(targets: TokenSpec, position: int = -1) -> Metric:
     """Log-probability of ``targets`` (one id, or one per row) at ``position``."""
     owner = "target_logprob"
@@ -235,6 +238,7 @@ def _candidate_metric(
     return _reads(metric, position, owner)
 
 
+@suggest_keywords
 def candidate_accuracy(candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int = -1) -> Metric:
     """1.0 where the correct candidate's logit is strictly the highest among ``candidates``;
     0.0 otherwise, a tie included (a tie is scored as wrong).
@@ -252,6 +256,7 @@ def candidate_accuracy(candidates: TokenSpec, correct: Sequence[int] | Tensor, p
     return _candidate_metric("candidate_accuracy", candidates, correct, position, score)
 
 
+@suggest_keywords
 def candidate_logprob(candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int = -1) -> Metric:
     """Log-probability of the correct candidate among ``candidates`` alone (a log-softmax
     over their logits): the differentiable counterpart of `candidate_accuracy`."""
@@ -262,6 +267,7 @@ def candidate_logprob(candidates: TokenSpec, correct: Sequence[int] | Tensor, po
     return _candidate_metric("candidate_logprob", candidates, correct, position, score)
 
 
+@suggest_keywords
 def candidate_logit_diff(candidates: TokenSpec, correct: Sequence[int] | Tensor, position: int = -1) -> Metric:
     """Logit of the correct candidate minus the mean logit of the other candidates: linear
     in the logits, so it does not saturate where the model is confident (as
@@ -284,6 +290,7 @@ def _reads(metric: Callable[[Tensor], Tensor], position: int, name: str) -> Metr
     return metric
 
 
+@suggest_keywords
 def reads_position(metric: Metric, position: int = -1) -> Metric:
     """``metric``, declared to read the logits at ``position`` alone (a negative position,
     ``-k``: forwards scored by it compute the logits of the last ``k`` positions only, and

@@ -77,7 +77,9 @@ import torch
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head, refuse_string
 from ..core.interventions import Intervention
+from ..core.keywords import suggest_keywords
 from ..core.plan import Site, SiteKind
+from ..models.handle import check_model
 from ..progress import progress_bar
 from .checks import clean_corrupt_batches
 from .direct import EMBED, LOGITS, check_mlp, mlp_layer, mlp_name, node_position, write_sites
@@ -108,6 +110,7 @@ def check_path(path: object) -> bool:
     return path == "direct"
 
 
+@suggest_keywords
 def path_patching(
     model: GnaModel,
     clean: Any,
@@ -155,11 +158,13 @@ def path_patching(
     Returns:
         the metric of the final patched run (not a difference from clean).
     """
+    check_model(model, "path_patching")
     sender_list = check_senders(model, senders, nodes=True)  # type: ignore[arg-type]
     setup = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions, path)[0]
     return path_scores(setup, [sender_list])[0]
 
 
+@suggest_keywords
 def path_patching_sweep(
     model: GnaModel,
     clean: Any,
@@ -190,6 +195,7 @@ def path_patching_sweep(
         `SweepResult` of kind ``"path_patching"``: ``scores`` ``[layer, head]`` (NaN where a
         head was not scored), ``baseline`` the clean metric, ``reference`` the corrupt one.
     """
+    check_model(model, "path_patching_sweep")
     if senders is None:
         mlps: list[int] = []
         refuse_nodes([], receivers, check_path(path))

@@ -26,6 +26,7 @@ from torch import Tensor
 from ..core.compile import ablation_values, head_mask, heads_by_site
 from ..core.heads import Head
 from ..core.interventions import Intervention, as_interventions
+from ..core.keywords import suggest_keywords
 from ..core.plan import Edit, Site, SiteKind
 from ..models.handle import check_model
 from .checks import check_ablation, check_sites, head_list, target_and_source
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from ..models.handle import GnaModel
 
 
+@suggest_keywords
 def ablation_sweep(
     model: GnaModel,
     clean: Any,
@@ -87,6 +89,7 @@ def ablation_sweep(
     return SweepResult(scores, ("layer", "head"), baseline, kind="ablation", meta={"how": how, "n_prompts": batch.n_rows})
 
 
+@suggest_keywords
 def patching_sweep(
     model: GnaModel,
     clean: Any,

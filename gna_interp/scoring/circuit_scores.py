@@ -33,6 +33,7 @@ from torch import Tensor
 from ..core.compile import Sources, ablation_values, head_mask, heads_by_site
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
+from ..core.keywords import suggest_keywords
 from ..core.plan import Edit
 from ..models.handle import check_model
 from ..patching.edge_sets import edge_set_logits
@@ -134,6 +135,7 @@ class CircuitScore:
         )
 
 
+@suggest_keywords
 def circuit_score(
     model: GnaModel,
     clean: Any,

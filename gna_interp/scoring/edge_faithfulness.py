@@ -13,6 +13,8 @@ from torch import Tensor
 
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
+from ..core.keywords import suggest_keywords
+from ..models.handle import check_model
 from ..patching.direct import check_mlp, mlp_layer, mlp_name, node_position
 from ..patching.edge_sets import edge_set_logits
 from ..patching.metrics import Metric, check_metric, logits_read, reads_position, reduce_metric
@@ -73,6 +75,7 @@ def edge_name(edge: Edge) -> str:
     return f"{sender}->{receiver}.{stream}"
 
 
+@suggest_keywords
 def edge_faithfulness_curve(
     model: GnaModel,
     task: Task,
@@ -132,6 +135,7 @@ def edge_faithfulness_curve(
     and one corrupt forward for the whole curve. Forwards only, charged to any open
     `gna_interp.cost_meter`.
     """
+    check_model(model, "edge_faithfulness_curve")
     check_task(task, "edge_faithfulness_curve")
     if metric is not None:
         check_metric(metric)

@@ -22,8 +22,10 @@ from torch import Tensor
 
 from ..core.errors import GnaValueError
 from ..core.inputs import Batch, make_batch
+from ..core.inputs import check_context as check_batch_context
 from ..core.interventions import Ablate, Intervention, KeepOnly, MaskAttentionRows, Patch, as_interventions
-from ..models.handle import check_model
+from ..core.keywords import suggest_keywords
+from ..models.handle import check_model, context_limit
 from ..progress import progress_bar
 from ..tasks.base import EncodedTask, Task, not_a_task
 
@@ -89,6 +91,7 @@ class Evaluation:
         return f"Evaluation(accuracy={self.accuracy:.3f} on {self.scores.shape[0]} prompts, chance {self.chance:.3f})"
 
 
+@suggest_keywords
 def evaluate(
     model: GnaModel,
     task: Task,
@@ -184,14 +187,8 @@ def check_distinct_candidates(task: Task, encoded: EncodedTask) -> None:
 
 
 def check_context(model: GnaModel, encoded: EncodedTask) -> None:
-    """A clear error for prompts longer than the model's context window."""
-    limit = getattr(model.hf_model.config, "max_position_embeddings", None)
-    if limit is None:
-        return
-    lengths = encoded.batch.attention_mask.sum(1)
-    longest = int(lengths.argmax())
-    if int(lengths[longest]) > limit:
-        raise GnaValueError(f"prompt {longest} has {int(lengths[longest])} tokens, more than {model.name}'s context of {limit}")
+    """A clear error for prompts longer than the model's context window (`core.inputs.check_context`)."""
+    check_batch_context(encoded.batch, context_limit(model.hf_model), model.name)
 
 
 def _chunks(n_rows: int, size: int, progress: bool | None, what: str) -> Any:

@@ -35,6 +35,8 @@ from ..core.compile import heads_of_kind
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
 from ..core.interventions import ABLATION_KINDS, KeepOnly
+from ..core.keywords import suggest_keywords
+from ..models.handle import check_model
 from ..patching.results import EdgeResult, SweepResult
 from ..progress import progress_bar
 from ..tasks.base import Task
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     from ..models.handle import GnaModel
 
 
+@suggest_keywords
 def faithfulness_curve(
     model: GnaModel,
     task: Task,
@@ -96,6 +99,7 @@ def faithfulness_curve(
         curve = gna.faithfulness_curve(model, task, sweep, how="mean")
         curve.to_frame()
     """
+    check_model(model, "faithfulness_curve")
     if is_edge_ranking(ranking):
         return _edge_ranking_curve(model, task, ranking, sizes, how, corrupt, circuit, batch_size, progress)  # type: ignore[arg-type]
     how = "mean" if how is None else how

@@ -35,7 +35,9 @@ from ..core.errors import GnaTypeError, GnaValueError, short_repr
 from ..core.heads import Head
 from ..core.inputs import UnknownWordsWarning, unk_id
 from ..core.interventions import ABLATION_KINDS, HEAD_KINDS, Ablate
+from ..core.keywords import suggest_keywords
 from ..cost import cost_meter
+from ..models.handle import check_model
 from ..patching.metrics import candidate_accuracy
 from ..patching.results import SweepResult
 from ..patching.sweeps import ablation_sweep
@@ -54,6 +56,7 @@ CHANCE_MARGIN = 0.1
 """`retrieval_ranking` warns when the clean probe accuracy is within this of chance."""
 
 
+@suggest_keywords
 def retrieval_ranking(
     model: GnaModel,
     probe: Task | Sequence[Task] | None = None,
@@ -96,6 +99,7 @@ def retrieval_ranking(
         UserWarning: when the clean probe accuracy is within 0.1 of chance: the model does
             not do the probe, so its drops are noise (pass a task it solves as ``probe``).
     """
+    check_model(model, "retrieval_ranking")
     if kind not in HEAD_KINDS:
         raise GnaValueError(f"kind={kind!r}: expected one of {HEAD_KINDS}")
     if how not in ABLATION_KINDS:
@@ -228,6 +232,7 @@ def _ablated_accuracy(
     return clean, table
 
 
+@suggest_keywords
 def retention_curve(
     model: GnaModel,
     task: Task,
@@ -266,6 +271,7 @@ def retention_curve(
         `RetentionCurve`: ``accuracy`` ``[n_sizes]``, ``random`` ``[n_seeds, n_sizes]``,
         ``.to_frame()`` with the random mean and standard deviation.
     """
+    check_model(model, "retention_curve")
     check_task(task, "retention_curve")
     if kind not in HEAD_KINDS:
         raise GnaValueError(f"kind={kind!r}: expected one of {HEAD_KINDS}")

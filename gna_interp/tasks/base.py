@@ -146,9 +146,11 @@ def not_a_task(value: object, call: str, what: str = "task") -> TypeError:
         hint = f"; a bundled toy's task is gna.toy_task(name) (gna.toy_names() lists them), not its name {value!r}"
     elif isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
         hint = "; prompts alone have no answers to score: model.logits(prompts) gives their logits"
+    elif type(value).__name__ == "GnaModel":  # by name: tasks/ sits below models/
+        hint = f"; the model came where the task goes: {call}(model, task, ...) takes the model first"
     else:
         hint = ""
-    return TypeError(f"{call}: {what}={short_repr(value)} ({type(value).__name__}): {TASK_HOW}{hint}")
+    return GnaTypeError(f"{call}: {what}={short_repr(value)} ({type(value).__name__}): {TASK_HOW}{hint}")
 
 
 class Task:

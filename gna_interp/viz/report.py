@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import GnaTypeError, GnaValueError
+from ..core.keywords import suggest_keywords
 from ..discovery.estimate import passes_range
 from ..discovery.evidence import POSITIONS, ROLES, Standing
 from ..discovery.report_inputs import with_need_curves
@@ -409,6 +410,7 @@ def _scans_html(circuit: GnaCircuit) -> list[str]:
     return ["<h3>Scans</h3>", f'<div class="row">{cells}</div>']
 
 
+@suggest_keywords
 def write_report(
     items: list[ReportLike],
     directory: str | Path,

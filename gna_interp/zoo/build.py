@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..core.arch import ArchSpec
 from ..core.errors import GnaValueError
 from ..models.loading import load
 from ..scoring.evaluation import evaluate
@@ -31,6 +32,7 @@ def build_toy(
     progress: bool = True,
     log: Callable[[str], None] = print,
     device: str | None = None,
+    arch: ArchSpec | None = None,
 ) -> dict[str, Any]:
     """Train ``recipe``, evaluate it on fresh prompts, run the ablation checks, save.
 
@@ -38,7 +40,8 @@ def build_toy(
     Training checkpoints to ``out/checkpoint.pt`` at every evaluation; running again
     after an interruption resumes there (the result equals an uninterrupted run).
     ``device``: where to train (default: the recipe's ``device``); a CUDA device on a
-    machine without one is an error naming the option.
+    machine without one is an error naming the option. ``arch``: the family as data, for a
+    family the architecture table lacks (the card's checks load the model with it).
 
     Returns:
         the model card (also written to ``out/card.json`` and ``out/README.md``).
@@ -52,7 +55,7 @@ def build_toy(
             "device='cpu' (CLI: --device cpu) to train it on the CPU (much slower, other weights)"
         )
     result = train(recipe, checkpoint=checkpoint, init=init, progress=progress, log=log, device=where)
-    return finish_toy(recipe, result, out, progress=progress, init=init, device=where)
+    return finish_toy(recipe, result, out, progress=progress, init=init, device=where, arch=arch)
 
 
 def finish_toy(
@@ -63,12 +66,13 @@ def finish_toy(
     progress: bool = False,
     init: str | Path | None = None,
     device: str = "cpu",
+    arch: ArchSpec | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``result`` on fresh prompts (on the CPU), run the ablation checks, save.
 
-    ``device``: where it was trained, for the card."""
+    ``device``: where it was trained, for the card; ``arch``: as `build_toy`'s."""
     tokenizer = toy_tokenizer()
-    model = load(result.model, tokenizer=tokenizer, backend="nnsight")
+    model = load(result.model, tokenizer=tokenizer, backend="nnsight", arch=arch)
     task = toy_mcq(HELD_OUT_PROMPTS, seed=HELD_OUT_TASK_SEED, **task_shape(recipe))
     if recipe.ablation_prompts is None:
         facts = ablation_facts(model, task, progress=progress)

@@ -8,7 +8,9 @@ from typing import Any
 from ..core.errors import GnaValueError
 from ..tasks.toy import VOCAB_SIZE
 
-_TOKENS = dict(vocab_size=VOCAB_SIZE, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+TOY_TOKENS = dict(vocab_size=VOCAB_SIZE, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+"""The config fields every toy shares (the toy vocabulary's size and special ids); `train` adds
+those a recipe's ``config`` leaves out."""
 _LLAMA_2X4 = dict(
     hidden_size=64,
     intermediate_size=256,
@@ -17,7 +19,7 @@ _LLAMA_2X4 = dict(
     num_key_value_heads=4,
     max_position_embeddings=128,
     tie_word_embeddings=False,
-    **_TOKENS,
+    **TOY_TOKENS,
 )
 """The toy Llama's shape: 2 layers x 4 heads of 16."""
 _MAMBA2_2X8 = dict(
@@ -31,7 +33,7 @@ _MAMBA2_2X8 = dict(
     chunk_size=32,
     conv_kernel=4,
     tie_word_embeddings=False,
-    **_TOKENS,
+    **TOY_TOKENS,
 )
 """The toy Mamba-2s' shape: 2 layers x 8 heads of 16, state 16, a 4-token conv (the query-last ones use 2)."""
 
@@ -52,7 +54,7 @@ _FALCON_H1_2X12 = dict(
     mamba_d_conv=4,
     max_position_embeddings=128,
     tie_word_embeddings=False,
-    **_TOKENS,
+    **TOY_TOKENS,
 )
 """The toy hybrids' shape: 2 layers, each with 4 attention heads of 16 and 8 Mamba-2 heads of 16."""
 
@@ -98,8 +100,11 @@ class Recipe:
 
     name: str
     family: str
-    """HF ``model_type``."""
+    """HF ``model_type``: a bundled toy's, or any family transformers builds from a config
+    (``"qwen3"``, ``"mistral"``...; one the architecture table lacks needs an `ArchSpec`
+    to be analysed, docs/own_family.md)."""
     config: dict[str, Any]
+    """The model's config fields (`TOY_TOKENS` added where left out), e.g. `FAMILY_SHAPE`."""
     seed: int
     lr: float
     max_steps: int
@@ -388,7 +393,7 @@ RECIPES: dict[str, Recipe] = {
                 state_size=16,
                 conv_kernel=4,
                 tie_word_embeddings=False,
-                **_TOKENS,
+                **TOY_TOKENS,
             ),
             seed=1,
             lr=2e-3,
@@ -410,3 +415,51 @@ def recipe(name: str) -> Recipe:
     if name not in RECIPES:
         raise GnaValueError(f"unknown toy model {name!r}: expected one of {sorted(RECIPES)}")
     return RECIPES[name]
+
+
+FAMILY_SHAPE: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=16,
+    max_position_embeddings=128,
+    initializer_range=0.2,
+    tie_word_embeddings=False,
+)
+"""The config of a toy of a family the zoo does not ship (`family_recipe`): 2 layers x 4
+attention heads of 16, initialised 10x wider than HF's default (as the toy Llama: from std
+0.02 such toys sit at chance for thousands of steps). The fields of Llama-like families
+(``llama``, ``mistral``, ``qwen2``, ``qwen3``...); another family takes its own."""
+
+FAMILY_TRAINING: dict[str, Any] = dict(seed=0, lr=3e-3, max_steps=400, batch_size=64, warmup_steps=50, eval_every=50, target_accuracy=0.95)
+"""`family_recipe`'s training settings: a few hundred steps of 64 prompts, stopping at 0.95."""
+
+
+def family_recipe(name: str, family: str, config: dict[str, Any] | None = None, **fields: Any) -> Recipe:
+    """A `Recipe` for a toy of ``family`` (any HF ``model_type``): `FAMILY_SHAPE` updated by
+    ``config``, `FAMILY_TRAINING` updated by ``fields`` (any other `Recipe` field too:
+    ``n_options=2``, ``shuffle_labels=True``...). What ``gna-interp zoo train NAME --family
+    FAMILY`` trains."""
+    if not isinstance(family, str) or not family:
+        raise GnaValueError(f"family={family!r}: expected a transformers model_type, e.g. 'qwen3'")
+    if config is not None and not isinstance(config, dict):
+        raise GnaValueError(f"config={config!r}: expected a dict of config fields")
+    return Recipe(name=name, family=family, config={**FAMILY_SHAPE, **(config or {})}, **{**FAMILY_TRAINING, **fields})
+
+
+def recipe_with(name: str, family: str | None = None, config: dict[str, Any] | None = None, **fields: Any) -> Recipe:
+    """What ``gna-interp zoo train`` trains: the bundled recipe ``name`` with ``fields``
+    replaced, or with ``family`` a new toy (`family_recipe`). Its task is checked by building
+    one prompt (a bad number of options fails now, not at the first step)."""
+    import dataclasses
+
+    from ..tasks.toy import toy_mcq
+
+    if family is None and config is not None:
+        raise GnaValueError(f"config={config!r} sets the config of a new toy: give its family too")
+    chosen = dataclasses.replace(recipe(name), **fields) if family is None else family_recipe(name, family, config, **fields)
+    shape = ("n_options", "words_per_option", "layout", "vary_lengths", "shuffle_labels", "query_last")
+    toy_mcq(1, **{field: getattr(chosen, field) for field in shape})
+    return chosen

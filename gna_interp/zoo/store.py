@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import GnaTypeError, GnaValueError
+from ..core.keywords import suggest_keywords
 
 ZOO_DIR = Path(__file__).resolve().parent / "models"
 CARD = "card.json"
@@ -27,6 +28,7 @@ def toy_path(name: str) -> Path:
     return folder
 
 
+@suggest_keywords
 def toy_card(name: Any) -> dict[str, Any]:
     """The model card of a bundled toy model (seed, steps, time, accuracy, ablation facts).
 
@@ -40,6 +42,7 @@ def toy_card(name: Any) -> dict[str, Any]:
     return dict(json.loads((toy_path(source) / CARD).read_text()))
 
 
+@suggest_keywords
 def toy_task(name: Any, n: int = 200, seed: int = 0) -> Any:
     """``n`` fresh prompts of the task a toy model was trained on (`toy_mcq` with its
     card's number of options, words per option, layout, option lengths, label order and
@@ -92,6 +95,7 @@ def card_of(name: str | Path) -> dict[str, Any]:
     return dict(json.loads(file.read_text()))
 
 
+@suggest_keywords
 def load_toy(name: str, backend: str | None = None, device: Any = None) -> Any:
     """Load a bundled toy model offline.
 

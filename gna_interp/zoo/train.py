@@ -23,7 +23,7 @@ from ..models.loading import quiet_weight_loading
 from ..progress import progress_bar
 from ..tasks.toy import LETTERS, VOCAB, toy_token_batch
 from .prune import frozen_at_zero, head_masks, prune_heads, still_pruned
-from .recipes import Recipe
+from .recipes import TOY_TOKENS, Recipe
 
 HELD_OUT_SEED = 10_000
 """Generator seed offset of the quick held-out batch (training uses the recipe's seed)."""
@@ -50,7 +50,12 @@ def build_model(recipe: Recipe, init: str | Path | None = None) -> Any:
     if recipe.init_from is None:
         if init is not None:
             raise GnaValueError(f"init={str(init)!r}: recipe {recipe.name!r} trains from scratch (it has no init_from)")
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(recipe.family, **recipe.config))
+        try:
+            config = AutoConfig.for_model(recipe.family, **{**TOY_TOKENS, **recipe.config})
+        except ValueError as error:  # transformers: "Unrecognized model identifier"
+            known = f"recipe {recipe.name!r}: family={recipe.family!r} is not a model_type transformers knows"
+            raise GnaValueError(f"{known} ({error})") from None
+        model = AutoModelForCausalLM.from_config(config)
     else:
         from .store import toy_names, toy_path
 
@@ -166,7 +171,8 @@ def train(
     """Train ``recipe``'s model from scratch, or resume it from ``checkpoint``.
 
     Args:
-        recipe: the row of `RECIPES`.
+        recipe: a row of `RECIPES`, or a `Recipe` of your own (any family transformers
+            builds from a config: `family_recipe`, docs/own_family.md).
         max_steps: override the recipe's step limit (e.g. for a short determinism check).
         checkpoint: a file written at every evaluation (model, optimizer, schedule,
             data-generator state); if it exists, training resumes from it, and the
