@@ -7,7 +7,8 @@ jobs in one request (`NNsightBackend.run_many`) resolves those references with `
 ``keep``: ``0`` nothing comes back (a prefix or source for later jobs; ``None`` in the
 outputs); ``1`` the logits and the captures; ``2`` the final position's logits only,
 shaped ``[batch, 1, vocab]``, no captures (what single-token scoring reads; far less to
-download from a server).
+download from a server); ``3`` the captures and the final position's logits (a metric of the
+final position over captured runs, as path patching's clean and corrupt runs).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class Job:
     capture: frozenset[Site] = field(default_factory=frozenset)
     reads: tuple[Read, ...] = ()
     keep: int = 1
-    """``0`` nothing back, ``1`` logits and captures, ``2`` final logits only (module docs)."""
+    """``0`` nothing back, ``1`` logits and captures, ``2`` final logits only, ``3`` captures and
+    final logits (module docs)."""
 
 
 def resolved(plan: Plan, outputs: Sequence[RunOutput]) -> Plan:
@@ -51,4 +53,6 @@ def kept(out: RunOutput, keep: int) -> RunOutput | None:
         return None
     if keep == 2:
         return RunOutput(logits=out.logits[:, -1:])
+    if keep == 3:
+        return RunOutput(logits=out.logits[:, -1:], acts=out.acts, reads=out.reads)
     return out

@@ -215,8 +215,9 @@ def run_jobs(model: Any, jobs: list, block_items: Any, unembed: str = "") -> lis
     """Each job ``(ids, mask, steps, n_saved, keep)`` as one trace, in order; a job's
     references point at earlier jobs. ``keep``: 0 = nothing comes back (a prefix or
     source kept on the server), 1 = saved values and logits, 2 = the final position's
-    logits ``[batch, vocab]`` alone. With ``unembed`` (the ``lm_head`` path) jobs of
-    ``keep`` 0 and 2 compute the final position's logits alone (`apply_steps`)."""
+    logits ``[batch, vocab]`` alone, 3 = saved values and the final position's logits
+    ``[batch, 1, vocab]``. With ``unembed`` (the ``lm_head`` path) jobs of ``keep`` 0, 2
+    and 3 compute the final position's logits alone (`apply_steps`)."""
     results: list = []
     for ids, mask, steps, n_saved, keep in jobs:
         last = 1 if keep != 1 else 0
@@ -226,7 +227,7 @@ def run_jobs(model: Any, jobs: list, block_items: Any, unembed: str = "") -> lis
         if keep == 0:
             returned.append(None)
         else:
-            returned.append(([], logits[:, -1]) if keep == 2 else (list(saved), logits))
+            returned.append(([], logits[:, -1]) if keep == 2 else (list(saved), logits[:, -1:] if keep == 3 else logits))
     return returned
 
 

@@ -15,8 +15,8 @@ from ..core.interventions import Ablate, Intervention
 from ..core.plan import Site
 from ..cost import cost_meter
 from ..models.jobs import is_batched_remote
-from ..patching.metrics import Metric, logit_diff, reduce_metric
-from ..patching.paths import ANY, check_senders, path_patching, path_scores, prepare
+from ..patching.metrics import Metric, logit_diff
+from ..patching.paths import ANY, check_senders, path_scores, prepare
 from ..scoring.circuit_scores import circuit_score, circuit_score_from
 from ..scoring.evaluation import evaluate_many
 from ..tasks.base import Task
@@ -172,26 +172,23 @@ def confirm(
     fallback = {
         role: heads for role, heads in (("gather", circuit.gather), ("aggregate", circuit.aggregate)) if heads and role not in circuit.needs
     }
-    logits: list[torch.Tensor] | None = None
+    batched = remote.batched(model)
     spread_values: list[float] = []
     measured: dict[str, float] = {}
     prefixes: dict[str, list[float]] = {}
-    if remote.batched(model):  # one request: every accuracy below, and the path-patching metric's logits
-        corrupt = task.corrupted() if circuit.gather and circuit.aggregate else None
+    if batched:  # one request: every accuracy below
         extra = spread_runs[1] if spread_runs is not None else ()
-        measured, prefixes, logits, spread_values = remote.confirm(
-            model, task, {k: v for k, v in sets.items() if v}, fallback, max_heads, corrupt, extra
-        )
+        measured, prefixes, spread_values = remote.confirm(model, task, {k: v for k, v in sets.items() if v}, fallback, max_heads, extra)
     for name, heads in sets.items():
         if not heads:
             circuit.accuracy[name] = clean
-        elif logits is not None:
+        elif batched:
             circuit.accuracy[name] = measured[name]
         else:
             circuit.accuracy[name] = memo.accuracy(model, task, [Ablate(heads)], progress=evaluate_bars)
     for role, heads in fallback.items():
         curve: list[tuple[Head, float]] = []
-        if logits is not None:  # the cumulative sets were all measured: stop where the sequential search stops
+        if batched:  # the cumulative sets were all measured: stop where the sequential search stops
             for head, accuracy in zip(heads, prefixes[role], strict=False):
                 curve.append((head, accuracy))
                 if accuracy <= threshold:
@@ -204,26 +201,26 @@ def confirm(
         )
         circuit.needs[role] = RoleNeed(chosen, accuracy, reached, curve, "all")
     corrupt = task.corrupted() if circuit_heads(circuit) else None  # made once, for both (none without a head)
-    # a local run's score reads its corrupt head outputs from path patching's corrupt run (one forward for both)
+    # the score reads its corrupt head outputs from path patching's corrupt run (one forward, one request, for both)
     shared: dict[Site, torch.Tensor] | None = {} if _can_share(model, circuit) else None
-    circuit.path_patching = gather_to_aggregate(model, task, circuit, logits, corrupt=corrupt, captured=shared)
+    circuit.path_patching = gather_to_aggregate(model, task, circuit, corrupt=corrupt, captured=shared)
     circuit.score = mib_score(model, task, circuit, corrupt=corrupt, captured=shared or None)
     del shared  # the score is done: its corrupt captures go
-    return spread_values if logits is not None else None
+    return spread_values if batched else None
 
 
 def _can_share(model: GnaModel, circuit: GnaCircuit) -> bool:
-    """Whether `mib_score` may read path patching's corrupt run: a local model (a remote one's
-    capture would travel) with no ambient interventions (the score's capture runs without
-    them) and a circuit to score."""
-    return not getattr(model.backend, "remote", False) and not model.active_interventions and bool(circuit_heads(circuit))
+    """Whether `mib_score` may read path patching's corrupt run: no ambient interventions (the
+    score's capture runs without them) and a circuit to score. On a remote model the captures
+    come back either way (the score's own capture downloads the same head outputs): shared,
+    they cost no request of their own."""
+    return not model.active_interventions and bool(circuit_heads(circuit))
 
 
 def gather_to_aggregate(
     model: GnaModel,
     task: Task,
     circuit: GnaCircuit,
-    logits: list[torch.Tensor] | None = None,
     *,
     corrupt: Task | None = None,
     captured: dict[Site, torch.Tensor] | None = None,
@@ -231,11 +228,10 @@ def gather_to_aggregate(
     """Path patching of the edge: the Gather heads switched to a corrupted prompt (another
     correct option), their change allowed to reach the output only through the Aggregate
     heads of later layers. Metric: logit of the clean answer minus the corrupted one.
-    ``logits``: the clean and corrupt final logits, if already measured (a remote run: in the
-    confirmation's request); else the clean and corrupt metric are those of path patching's own
-    clean and corrupt runs (`patching.paths.prepare`: the same numbers, two forwards fewer).
+    The clean and corrupt metric are those of path patching's own clean and corrupt runs
+    (`patching.paths.prepare`: one request on a remote model).
     ``corrupt``: ``task.corrupted()``, if already made. ``captured``: a dict that path
-    patching's corrupt run (local, no ``logits``) fills with every head site's output on
+    patching's corrupt run fills with every head site's output on
     ``corrupt`` (``[batch, pos, head, d_head]``), for `mib_score`; left empty otherwise."""
     if not circuit.gather or not circuit.aggregate:
         return None
@@ -247,17 +243,14 @@ def gather_to_aggregate(
     metric = answer_metric(model, task, corrupt)
     if metric is None:
         return None
-    if logits is None:  # path patching's own clean and corrupt runs give the clean and corrupt metric
-        extra = {model.head_site(head)[0] for head in model.heads} if captured is not None else set()
-        senders = check_senders(model, circuit.gather)
-        setup, clean_value, corrupt_value = prepare(model, task, corrupt, senders, receivers, metric, ANY, [], corrupt_sites_extra=extra)
-        path = path_scores(setup, [list(circuit.gather)])[0]
-        if captured is not None:
-            captured.update({site: setup.corrupt_heads[site] for site in extra})
-        del setup  # its clean captures go before the score's forwards
-    else:
-        clean_value, corrupt_value = reduce_metric(metric(logits[0])), reduce_metric(metric(logits[1]))
-        path = path_patching(model, task, corrupt, metric, senders=circuit.gather, receivers=receivers)
+    # path patching's own clean and corrupt runs give the clean and corrupt metric (remotely: one request)
+    extra = {model.head_site(head)[0] for head in model.heads} if captured is not None else set()
+    senders = check_senders(model, circuit.gather)
+    setup, clean_value, corrupt_value = prepare(model, task, corrupt, senders, receivers, metric, ANY, [], corrupt_sites_extra=extra)
+    path = path_scores(setup, [list(circuit.gather)])[0]
+    if captured is not None:
+        captured.update({site: setup.corrupt_heads[site] for site in extra})
+    del setup  # its clean captures go before the score's forwards
     span = clean_value - corrupt_value
     return {
         "clean": clean_value,

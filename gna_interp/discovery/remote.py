@@ -17,10 +17,12 @@ payload, with the clean prefix captured and used on the server:
    (`gna_interp.backends.nnsight_program.greedy_joint`, ordered or greedy as ``joint_search``);
 6. the confirmation's accuracies (and, for a role without a joint set, every cumulative
    set up to ``max_heads_per_role``: the first that reaches chance is the one the
-   sequential search stops at) and the clean and corrupt logits of the path-patching
-   metric: one request;
-7. path patching of the Gather -> Aggregate edge: its own forwards (`path_patching`:
-   two captures, then its chain, one request each).
+   sequential search stops at): one request;
+7. path patching of the Gather -> Aggregate edge (`patching.paths.prepare`): its clean and
+   corrupt captures in one request, then its chain, one request each (two for one receiver
+   layer);
+8. MIB's circuit score: its circuits in one request, their corrupt head outputs read from
+   path patching's corrupt capture (`confirm.mib_score`).
 
 The numbers are those of the local run (tests compare every stage). The prescreen has no
 attribution on a remote model (no local backward): layers only, and
@@ -39,7 +41,7 @@ from ..core.heads import Head
 from ..core.interventions import Ablate, Intervention, Truncate
 from ..core.plan import Plan, Site, SiteKind
 from ..models.jobs import is_batched_remote
-from ..scoring.evaluation import Evaluation, _single_token_chunks, evaluate_many, evaluate_with_logits
+from ..scoring.evaluation import Evaluation, _single_token_chunks, evaluate_many
 from ..tasks.mcq import shuffle_labels
 from . import layer_scans
 from .circuit import GnaCircuit
@@ -48,8 +50,6 @@ from .evidence import HeadEvidence, RoleNeed
 from .joint import JointSearch
 
 if TYPE_CHECKING:
-    from torch import Tensor
-
     from ..models.handle import GnaModel
     from ..tasks.base import Task
 
@@ -228,12 +228,10 @@ def confirm(
     sets: dict[str, list[Head]],
     cumulative: dict[str, list[Head]],
     max_heads: int,
-    corrupt: Task | None,
     extra: Sequence[tuple[Task, list[Intervention]]] = (),
-) -> tuple[dict[str, float], dict[str, list[float]], list[Tensor], list[float]]:
+) -> tuple[dict[str, float], dict[str, list[float]], list[float]]:
     """Request 6: accuracy with each set ablated, with each cumulative set of each role up to
-    ``max_heads``, with each of the ``extra`` runs (the spread check's layers), and the clean
-    (and corrupt) final logits."""
+    ``max_heads``, and with each of the ``extra`` runs (the spread check's layers)."""
     runs: list[tuple[Task, list[Intervention]]] = [(task, [Ablate(heads)]) for heads in sets.values()]
     spans = {}
     for role, heads in cumulative.items():
@@ -242,9 +240,7 @@ def confirm(
         spans[role] = (first, len(runs))
     first_extra = len(runs)
     runs += list(extra)
-    inputs: list[Any] = [task] if corrupt is None else [task, corrupt]
-    results, logits = evaluate_with_logits(model, runs, inputs)
-    accuracies = [result.accuracy for result in results]
+    accuracies = [result.accuracy for result in evaluate_many(model, runs)]
     measured = dict(zip(sets, accuracies, strict=False))
     prefixes = {role: accuracies[a:b] for role, (a, b) in spans.items()}
-    return measured, prefixes, logits, accuracies[first_extra:]
+    return measured, prefixes, accuracies[first_extra:]

@@ -31,8 +31,8 @@ def is_batched_remote(model: GnaModel) -> bool:
 def run_jobs(model: GnaModel, jobs: Sequence[Job]) -> list[RunOutput | None]:
     """The outputs of ``jobs``, in order (``None`` for ``keep=0``); see the module docs."""
     for index, job in enumerate(jobs):
-        if job.keep not in (0, 1, 2):
-            raise GnaValueError(f"job {index}: keep={job.keep!r}, expected 0, 1 or 2")
+        if job.keep not in (0, 1, 2, 3):
+            raise GnaValueError(f"job {index}: keep={job.keep!r}, expected 0, 1, 2 or 3")
         start = job.plan.start
         if start is not None and isinstance(start[1], Ref) and not 0 <= start[1].job < index:
             raise GnaValueError(f"job {index} starts from job {start[1].job}'s capture: a job can use only an earlier job's")
@@ -42,7 +42,7 @@ def run_jobs(model: GnaModel, jobs: Sequence[Job]) -> list[RunOutput | None]:
     outputs: list[RunOutput | None] = []
     for job in jobs:
         plan = resolved(job.plan, full)
-        last = 0 if job.keep == 1 else 1  # keep 0 / 2: the final position's logits alone are computed
+        last = 0 if job.keep == 1 else 1  # keep 0 / 2 / 3: the final position's logits alone are computed
         out = model.run_plan(job.batch, plan, job.capture, logits_to_keep=last, reads=job.reads)  # reads: in full
         full.append(out)
         outputs.append(kept(out, job.keep))

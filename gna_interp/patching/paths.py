@@ -74,12 +74,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from ..backends.jobs import Job
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head, refuse_string
 from ..core.interventions import Intervention
 from ..core.keywords import suggest_keywords
 from ..core.plan import Site, SiteKind
 from ..models.handle import check_model
+from ..models.jobs import is_batched_remote, run_jobs
 from ..progress import progress_bar
 from .checks import clean_corrupt_batches
 from .direct import EMBED, LOGITS, check_mlp, mlp_layer, mlp_name, node_position, write_sites
@@ -340,7 +342,8 @@ def prepare(
 
     The clean run goes through `GnaModel.run_plan`: inside an open `prefix_cache` that holds
     the clean batch it starts from the cached clean stream at (or before) the first layer it
-    captures (the same numbers). ``corrupt_sites_extra``: further sites the corrupt run
+    captures (the same numbers). On a remote model both runs travel in one request
+    (`gna_interp.models.jobs.run_jobs`). ``corrupt_sites_extra``: further sites the corrupt run
     captures too, in ``setup.corrupt_heads`` (``[batch, pos, ...]`` each; e.g. every head site,
     for a circuit score that reads the same corrupted prompts)."""
     check_metric(metric)
@@ -365,11 +368,15 @@ def prepare(
     keep = logits_read(metric)  # the positions the metric reads: logits computed there alone
     clean_sites = setup_sites(model, heads, streams, sender_layers, whole_output, direct, to_logits) | nodes
     clean_sites |= {Site(SiteKind.MLP_IN, layer) for layer in mlps} | {Site(SiteKind.RESID, layer) for layer in mlps if layer > 0}
-    clean_out = _clean_run(model, clean_batch, base, clean_sites, keep)
     corrupt_sites = {model.head_site(head)[0] for head in head_senders} | nodes | set(corrupt_sites_extra)
-    corrupt_out = model.run_plan(
-        corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=corrupt_sites, logits_to_keep=keep, prefix=False
-    )
+    corrupt_plan = model.compile_plan(corrupt_batch, ambient)
+    if is_batched_remote(model) and keep in (0, 1):  # one request for both runs
+        jobs = [Job(clean_batch, base, frozenset(clean_sites), keep=3 if keep else 1)]
+        clean_out, corrupt_out = run_jobs(model, [*jobs, Job(corrupt_batch, corrupt_plan, frozenset(corrupt_sites), keep=3 if keep else 1)])
+    else:
+        clean_out = _clean_run(model, clean_batch, base, clean_sites, keep)
+        corrupt_out = model.run_plan(corrupt_batch, corrupt_plan, capture=corrupt_sites, logits_to_keep=keep, prefix=False)
+    assert clean_out is not None and corrupt_out is not None
     setup = PathSetup(
         model=model,
         batch=clean_batch,
