@@ -22,7 +22,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "discovery/pipeline.py::discover": DISCOVERY_REFACTOR,
     "discovery/group_testing.py::group_testing": DISCOVERY_REFACTOR,
     "discovery/head_scans.py::head_scan": DISCOVERY_REFACTOR,
-    "discovery/remote.py::joint_search": DISCOVERY_REFACTOR,
 }
 """``"<module path under gna_interp/>::<function name>"`` -> why it may be longer than
 `MAX_FUNCTION_LINES` for now."""

@@ -47,11 +47,13 @@ from . import layer_scans
 from .circuit import GnaCircuit
 from .entry import segment_positions
 from .evidence import HeadEvidence, RoleNeed
-from .joint import JointSearch
+from .joint import ROLE_POSITIONS, JointSearch
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from ..models.handle import GnaModel
-    from ..tasks.base import Task
+    from ..tasks.base import EncodedTask, Task
 
 
 def batched(model: GnaModel) -> bool:
@@ -121,8 +123,9 @@ def pool_heads(model: GnaModel, harmful: list[Head], evidence: dict[Head, HeadEv
 
 
 def joint_search(search: JointSearch, circuit: GnaCircuit, threshold: float, max_heads: int) -> dict[str, RoleNeed]:
-    """Request 5: `joint.ordered_set` (or `joint.joint_set`, ``search.method == "greedy"``)
-    for both roles on the server (`greedy_joint`)."""
+    """Request 5: the joint search of both roles (`gna_interp.core.search.role_set`, ordered or
+    greedy as ``search.method``) on the server (`greedy_joint`), over an oracle of traces
+    built here: each head's ablation steps per position set and chunk (`_entries`), merged there."""
     model, encoded = search.model, search.encoded
     roles = [role for role in ("aggregate", "gather") if getattr(circuit, role)]
     if not roles:
@@ -133,30 +136,88 @@ def joint_search(search: JointSearch, circuit: GnaCircuit, threshold: float, max
     members = {role: list(getattr(circuit, role)) for role in roles}
     heads = sorted({h for role in roles for h in [*pools[role], *members[role]]})
     ids = {head: i for i, head in enumerate(heads)}
-    where = {"aggregate": "final", "gather": "segments"}
-    positions = {"final": encoded.final, "segments": segment_positions(encoded), "all": None}
-    backend = model.backend
-    starts = sorted({h.layer for h in heads})
     chunk_sets = {
         "positional": _single_token_chunks(encoded, [Ablate([heads[0]], positions=encoded.final)], 64, keep_columns=True),
         "plain": _single_token_chunks(encoded, [Ablate([heads[0]])], 64),
     }
+    starts = sorted({h.layer for h in heads})
+    prefix_jobs, clean_index = _prefix_jobs(model, chunk_sets, starts)
+    bound = [model.head_position(h) for h in members.get("aggregate", [])] or [(model.n_layers, 0)]
+    common = {"threshold": threshold, "max_heads": max_heads, "start_accuracy": clean, "search": search.method}
+    problem = {
+        "prefix_jobs": prefix_jobs,
+        "chunks": {
+            name: [
+                (rows.input_ids.to(model.device), rows.attention_mask.to(model.device), *_answers(encoded, a, b))
+                for a, b, rows, _ in chunks
+            ]
+            for name, chunks in chunk_sets.items()
+        },
+        "entries": _entries(model, encoded, heads, starts, chunk_sets, clean_index),
+        "head_layer": {ids[h]: h.layer for h in heads},
+        "positions": {ids[h]: model.head_position(h) for h in heads},
+        "n_rows": encoded.batch.n_rows,
+        "n_layers": model.n_layers,
+        "roles": [
+            {
+                **common,
+                "pool": [ids[h] for h in pools[role]],
+                "members": [ids[h] for h in members[role]],
+                "where": ROLE_POSITIONS[role],
+                "after": roles.index("aggregate") if role == "gather" and "aggregate" in roles else None,
+                "bound": bound if role == "gather" else [],
+                "order": [ids[h] for h in order[role]],
+                "min_drop": search.thresholds.min_effect,
+            }
+            for role in roles
+        ],
+    }
+    needs = {}
+    for role, (_, chosen, curve, everywhere) in zip(roles, model.backend.run_greedy(problem), strict=True):
+        if chosen:
+            chosen_heads = [heads[i] for i in chosen]
+            needs[role] = search.accept(circuit, role, chosen_heads, list(zip(chosen_heads, curve, strict=True)), everywhere, threshold)
+    return needs
+
+
+def _answers(encoded: EncodedTask, start: int, stop: int) -> tuple[Tensor, Tensor]:
+    """The candidate ids ``[rows, options]`` and correct indices ``[rows]`` of rows ``start:stop``."""
+    return encoded.candidate_ids[start:stop], encoded.correct[start:stop]
+
+
+def _prefix_jobs(model: GnaModel, chunk_sets: dict[str, list], starts: list[int]) -> tuple[list[tuple], dict[tuple[str, int], int]]:
+    """The clean runs of each chunk that capture the residual at every start layer (kept on the
+    server), and each chunk's index among them."""
     prefix_jobs: list[tuple] = []
     clean_index: dict[tuple[str, int], int] = {}
+    capture = sorted(Site(SiteKind.RESID, layer) for layer in starts if layer > 0)
     for name, chunks in chunk_sets.items():
         for c, (_, _, rows, _) in enumerate(chunks):
             rows = rows.to(model.device)
-            capture = sorted(Site(SiteKind.RESID, layer) for layer in starts if layer > 0)
             clean_index[(name, c)] = len(prefix_jobs)
-            steps = backend.steps(Plan(), capture)
-            prefix_jobs.append((rows.input_ids, rows.attention_mask, steps, len(capture), 0))
+            prefix_jobs.append((rows.input_ids, rows.attention_mask, model.backend.steps(Plan(), capture), len(capture), 0))
+    return prefix_jobs, clean_index
+
+
+def _entries(
+    model: GnaModel,
+    encoded: EncodedTask,
+    heads: list[Head],
+    starts: list[int],
+    chunk_sets: dict[str, list],
+    clean_index: dict[tuple[str, int], int],
+) -> dict[tuple, list]:
+    """``{(where, start, head id, chunk): [(key, step)]}``: the steps of ablating each head at
+    ``where`` (``"final"``, ``"segments"``, ``"all"``) in a forward starting at layer ``start``
+    from the clean prefix job of its chunk (`greedy_joint` merges several heads' steps by key)."""
+    positions = {"final": encoded.final, "segments": segment_positions(encoded), "all": None}
+    capture = sorted(Site(SiteKind.RESID, layer) for layer in starts if layer > 0)
     entries: dict[tuple, list] = {}
     for mode in ("final", "segments", "all"):
         name = "plain" if mode == "all" else "positional"
         for c, (start_row, stop_row, rows, _) in enumerate(chunk_sets[name]):
             rows = rows.to(model.device)
-            capture = sorted(Site(SiteKind.RESID, layer) for layer in starts if layer > 0)
-            for head in heads:
+            for index, head in enumerate(heads):
                 chosen = positions[mode]
                 ablate = Ablate([head], positions=None if chosen is None else chosen[start_row:stop_row])
                 plan = model.compile_plan(rows, [ablate])
@@ -166,48 +227,8 @@ def joint_search(search: JointSearch, circuit: GnaCircuit, threshold: float, max
                         plan = Plan(edits=plan.edits, start=(start, _Marker(ref)))  # type: ignore[arg-type]
                     else:
                         plan = Plan(edits=plan.edits)
-                    keyed = backend.keyed_steps(plan)
-                    entries[(mode, start, ids[head], c)] = [(key, _unmark(step)) for key, step in keyed]
-    chunk_data = {
-        name: [
-            (rows.input_ids.to(model.device), rows.attention_mask.to(model.device), encoded.candidate_ids[a:b], encoded.correct[a:b])
-            for a, b, rows, _ in chunk_list
-        ]
-        for name, chunk_list in chunk_sets.items()
-    }
-    bound = [model.head_position(h) for h in members.get("aggregate", [])] or [(model.n_layers, 0)]
-    problem = {
-        "prefix_jobs": prefix_jobs,
-        "chunks": chunk_data,
-        "entries": entries,
-        "head_layer": {ids[h]: h.layer for h in heads},
-        "positions": {ids[h]: model.head_position(h) for h in heads},
-        "n_rows": encoded.batch.n_rows,
-        "n_layers": model.n_layers,
-        "roles": [
-            {
-                "pool": [ids[h] for h in pools[role]],
-                "members": [ids[h] for h in members[role]],
-                "where": where[role],
-                "threshold": threshold,
-                "max_heads": max_heads,
-                "start_accuracy": circuit.accuracy["clean"],
-                "after": roles.index("aggregate") if role == "gather" and "aggregate" in roles else None,
-                "bound": bound if role == "gather" else [],
-                "search": search.method,
-                "order": [ids[h] for h in order[role]],
-                "min_drop": search.thresholds.min_effect,
-            }
-            for role in roles
-        ],
-    }
-    results = backend.run_greedy(problem)
-    needs = {}
-    for role, (_, chosen, curve, everywhere) in zip(roles, results, strict=True):
-        if chosen:
-            chosen_heads = [heads[i] for i in chosen]
-            needs[role] = search.accept(circuit, role, chosen_heads, list(zip(chosen_heads, curve, strict=True)), everywhere, threshold)
-    return needs
+                    entries[(mode, start, index, c)] = [(key, _unmark(step)) for key, step in model.backend.keyed_steps(plan)]
+    return entries
 
 
 class _Marker:
