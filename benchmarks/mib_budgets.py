@@ -36,7 +36,10 @@ def main() -> None:
             absolute = gna.circuit_score(model, task, corrupt, metric, graph, unit="edge", path=path, absolute=True, progress=False)
             f = absolute.faithfulness.tolist()
             points = "/".join(f"{f[i]:.2f}" for i in (0, 3, 6, 8))
-            print(f"| {name} | {path} | {absolute.n_units} | {signed.cpr:.3f} | {absolute.cmd:.3f} | {points} | {time.time() - start:.0f} |", flush=True)
+            print(
+                f"| {name} | {path} | {absolute.n_units} | {signed.cpr:.3f} | {absolute.cmd:.3f} | {points} | {time.time() - start:.0f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -52,7 +52,11 @@ class MibTwin:
             stream.append(f"m{layer}")
         for node in stream:
             self.add(node, "logits")
-        self.nodes = ["input", *[n for layer in range(n_layers) for n in (*[f"a{layer}.h{h}" for h in range(n_heads)], f"m{layer}")], "logits"]
+        self.nodes = [
+            "input",
+            *[n for layer in range(n_layers) for n in (*[f"a{layer}.h{h}" for h in range(n_heads)], f"m{layer}")],
+            "logits",
+        ]
 
     def fwd(self, name: str) -> int:
         if name == "input":
@@ -177,7 +181,12 @@ def test_round_trips_both_families(llama, tmp_path):
     menc = mtask.encode(mamba.tokenizer)
     cases = [
         (model, gna.mib_attribution(model, task, corrupt, metric, progress=False)),
-        (mamba, gna.mib_attribution(mamba, mtask, mtask.corrupted(), gna.candidate_logit_diff(menc.candidate_ids, menc.correct), progress=False)),
+        (
+            mamba,
+            gna.mib_attribution(
+                mamba, mtask, mtask.corrupted(), gna.candidate_logit_diff(menc.candidate_ids, menc.correct), progress=False
+            ),
+        ),
     ]
     for m, graph in cases:
         written = gna.to_mib(graph, tmp_path / "g.json", model=m, n_edges=graph.n_edges // 10)
@@ -192,7 +201,7 @@ def test_round_trips_both_families(llama, tmp_path):
 
 def test_a_transformer_file_is_mibs_json(llama, tmp_path):
     """What MIB's to_json writes, read back: its cfg's four keys, every edge, the scores."""
-    model, task, corrupt, metric = llama
+    model = llama[0]
     twin = MibTwin(2, 4, False)
     gen = torch.Generator().manual_seed(1)
     edges = {name: {"score": float(torch.randn(1, generator=gen)), "in_graph": bool(i % 3 == 0)} for i, name in enumerate(twin.names)}
@@ -231,8 +240,14 @@ def test_rankings_and_circuits_round_trip(llama, tmp_path):
         (lambda d: d.pop("cfg"), "'cfg' is missing"),
         (lambda d: d["cfg"].update(n_layers=3), "cfg['n_layers'] is 3; the model's is 2"),
         (lambda d: d["nodes"].update({"a7.h0": {"in_graph": True}}), "nodes['a7.h0']: the model's graph has no node 'a7.h0'"),
-        (lambda d: d["edges"].update({"input->a1.h0<x>": {"score": 1.0, "in_graph": True}}), "edges['input->a1.h0<x>']: port <x>: a1.h0's ports are"),
-        (lambda d: d["edges"].update({"a1.h0->a0.h1<q>": {"score": 1.0, "in_graph": True}}), "edges['a1.h0->a0.h1<q>']: a1.h0 does not precede a0.h1"),
+        (
+            lambda d: d["edges"].update({"input->a1.h0<x>": {"score": 1.0, "in_graph": True}}),
+            "edges['input->a1.h0<x>']: port <x>: a1.h0's ports are",
+        ),
+        (
+            lambda d: d["edges"].update({"a1.h0->a0.h1<q>": {"score": 1.0, "in_graph": True}}),
+            "edges['a1.h0->a0.h1<q>']: a1.h0 does not precede a0.h1",
+        ),
         (lambda d: d["edges"]["input->m0"].update(score="big"), "edges['input->m0']['score'] is 'big': expected a number"),
         (lambda d: d["edges"]["input->m0"].update(in_graph=1), "edges['input->m0']['in_graph'] is 1: expected true or false"),
     ],
@@ -273,3 +288,103 @@ def test_hybrid_scheme_names_both_kinds():
     per_layer = 4 * 3 + 8 * 5 + 1  # attention q/k/v, SSM x/B/C/dt/gate, the MLP
     senders_before = [1, 1 + 12 + 1]
     assert len(scheme.edges()) == sum(s * (4 * 3 + 8 * 5) + (s + 12) for s in senders_before) + (1 + 2 * 13) and per_layer == 53
+
+
+def twin_evaluate_graph(model, clean, corrupt, metric, twin: MibTwin, in_graph: torch.Tensor) -> float:
+    """MIB's ``evaluate_graph`` (``intervention="patching"``) on the HF Llama blocks, by its
+    code's recipe: ``activation_difference`` ``[batch, pos, n_forward, d_model]`` gets the
+    corrupted run's outputs added and the patched run's subtracted; each node in the graph
+    whose parent edges are not all in it reads ``einsum(difference[:, :, :prev_index],
+    1 - in_graph[:prev_index, backward])`` added to its input (heads: their q/k/v inputs)."""
+    hf, H = model.hf_model, twin.H
+    dh = hf.config.hidden_size // H
+    ids = [model.to_batch(x).input_ids for x in (clean, corrupt)]
+    into = (in_graph.any(0).float() @ twin.f2b.float().T) > 0
+    into[0] = True
+    nodes_in = in_graph.any(1) & into
+    missing = 1.0 - in_graph.float()
+    diff = torch.zeros(*ids[0].shape, twin.n_forward, hf.config.hidden_size)
+    sign = {"value": 1.0}
+
+    def store(index, heads=False):
+        def hook(module, args, output=None):
+            value = args[0] if output is None else output
+            if heads:  # o_proj's input: hook_result, each head's write
+                z = value.view(*value.shape[:2], H, dh)
+                diff[:, :, index : index + H] += sign["value"] * torch.einsum("bphe,dhe->bphd", z, module.weight.view(-1, H, dh))
+            else:
+                diff[:, :, index] += sign["value"] * value
+
+        return hook
+
+    def prev(layer, mlp=False):
+        return 1 + layer * (H + 1) + (H if mlp else 0)
+
+    handles = []
+    try:
+        for layer, block in enumerate(hf.model.layers):
+            if layer == 0:
+                handles.append(block.input_layernorm.register_forward_pre_hook(store(0)))
+            handles.append(block.self_attn.o_proj.register_forward_pre_hook(store(prev(layer), heads=True)))
+            handles.append(block.mlp.register_forward_hook(store(prev(layer, True))))
+        with torch.no_grad():
+            hf(ids[1])  # corrupted: difference += outputs
+            sign["value"] = -1.0
+            for layer, block in enumerate(hf.model.layers):
+                heads_in = any(nodes_in[prev(layer) + h] for h in range(H))
+                if heads_in:
+                    handles += _qkv_inputs(block, layer, diff, missing, H, dh, prev(layer))
+                if nodes_in[prev(layer, True)]:
+                    col = layer * (3 * H + 1) + 3 * H
+                    handles.append(
+                        block.post_attention_layernorm.register_forward_pre_hook(
+                            _add(diff, missing[: prev(layer, True), col], prev(layer, True))
+                        )
+                    )
+            handles.append(hf.model.norm.register_forward_pre_hook(_add(diff, missing[:, -1], twin.n_forward)))
+            logits = hf(ids[0]).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+    return float(metric(logits).float().mean())
+
+
+def _add(diff, column, prev_index):
+    def hook(module, args):
+        return (args[0] + torch.einsum("bpnd,n->bpd", diff[:, :, :prev_index], column), *args[1:])
+
+    return hook
+
+
+def _qkv_inputs(block, layer, diff, missing, H, dh, prev_index):
+    """hook_q_input / hook_k_input / hook_v_input: the stream per head plus its update."""
+    attn, waiting = block.self_attn, {}
+
+    def pre(module, args):
+        for i, proj in enumerate((attn.q_proj, attn.k_proj, attn.v_proj)):
+            col = layer * (3 * H + 1) + i * H
+            x = args[0][:, :, None] + torch.einsum("bpnd,nh->bphd", diff[:, :, :prev_index], missing[:prev_index, col : col + H])
+            waiting[proj] = torch.einsum("bphd,hed->bphe", module.forward(x), proj.weight.view(H, dh, -1)).flatten(2)
+
+    handles = [block.input_layernorm.register_forward_pre_hook(pre)]
+    return handles + [proj.register_forward_hook(lambda m, a, o: waiting.pop(m)) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)]
+
+
+def test_faithfulness_at_each_budget_is_mibs_evaluate_graph(llama):
+    """path="mib": at every budget, f as the twin of MIB's evaluate_graph computes it."""
+    model, task, corrupt, metric = llama
+    graph = gna.mib_attribution(model, task, corrupt, metric, progress=False)
+    score = gna.circuit_score(model, task, corrupt, metric, graph, unit="edge", path="mib", progress=False)
+    twin = MibTwin(2, 4, False)
+    dense = torch.zeros(twin.n_forward, twin.n_backward, dtype=torch.float64)
+    for name, value in zip(graph.edge_names(), graph.scores.tolist(), strict=True):
+        dense[twin.names[name]] = value
+    full = float(metric(model.logits(task)).float().mean())
+    empty = twin_evaluate_graph(model, task, corrupt, metric, twin, torch.zeros_like(twin.real))
+    ours = []
+    for k in score.sizes.tolist():
+        m = twin_evaluate_graph(model, task, corrupt, metric, twin, twin.topn_pruned(dense, k, True))
+        ours.append((m - empty) / (full - empty))
+    assert empty == pytest.approx(float(metric(model.logits(corrupt)).float().mean()), abs=1e-4)  # no edge: the corrupted run
+    torch.testing.assert_close(score.faithfulness, torch.tensor(ours, dtype=torch.float64), atol=1e-4, rtol=1e-4)
+    assert 0.05 < min(f for f in ours if f > 0) < 0.95  # a circuit strictly between the ends is compared

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
@@ -150,7 +150,7 @@ def circuit_score(
     fractions: Sequence[float] | None = None,
     max_rows: int | None = None,
     memory_budget_mb: float | None = None,
-    path: PathKind = "all",
+    path: PathKind | Literal["mib"] = "all",
     unit: str | None = None,
     absolute: bool = True,
     progress: bool = True,
@@ -183,7 +183,8 @@ def circuit_score(
         memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
         path: which edge is ablated (`edge_faithfulness_curve`): ``"all"`` (`path_patching`'s)
             or ``"direct"`` (EAP's: the sender's own write; also ``"embed"``, ``"L0MLP"``,
-            ``"logits"`` ends). Unused for heads.
+            ``"logits"`` ends); with ``unit="edge"`` also ``"mib"`` (MIB's own evaluation:
+            the circuit chained, `gna_interp.scoring.mib_eval`). Unused for heads.
         unit: ``None`` (heads or edges, by the ranking, as above) or ``"edge"``: MIB's edge
             budgets over MIB's graph (`gna_interp.scoring.mib_scores`): the circuit at each
             budget is MIB's top ``int(p * n_edges)`` edges then its prune, the areas over the
@@ -208,6 +209,8 @@ def circuit_score(
     """
     if unit is not None:
         return _edge_budgets(model, clean, corrupt, metric, ranking, how, fractions, path, unit, absolute, progress)
+    if path == "mib" or isinstance(ranking, MibGraph):
+        raise GnaValueError("path='mib' and a MibGraph ranking take unit='edge' (MIB's edge budgets over its graph)")
     return _circuit_score(model, clean, corrupt, metric, ranking, how, fractions, max_rows, memory_budget_mb, path, progress)
 
 
@@ -219,7 +222,7 @@ def _edge_budgets(
     ranking: Any,
     how: str,
     fractions: Any,
-    path: PathKind,
+    path: Any,
     unit: str,
     absolute: bool,
     progress: bool,

@@ -83,7 +83,7 @@ def scheme_from_cfg(cfg: dict[str, Any], where: _Where) -> Scheme:
     at = where("cfg")
     for name, kind in CFG_FIELDS.items():
         value = cfg.get(name)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)) or (kind is int and value < 0):
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)) or (isinstance(value, int) and value < 0):
             raise GnaValueError(f"{at}: cfg[{name!r}] is {value!r}: expected {'true or false' if kind is bool else 'an integer >= 0'}")
     n_layers, n_heads = cfg["n_layers"], cfg["n_heads"]
     if "layers" not in cfg:
@@ -92,7 +92,8 @@ def scheme_from_cfg(cfg: dict[str, Any], where: _Where) -> Scheme:
     rows = cfg["layers"]
     if not isinstance(rows, list) or len(rows) != n_layers:
         raise GnaValueError(f"{at}: cfg['layers'] must list the {n_layers} layers (cfg['n_layers']), got {rows!r:.80}")
-    layers, mlp = [], []
+    built: list[tuple[Mixer, ...]] = []
+    mlp: list[bool] = []
     for layer, row in enumerate(rows):
         try:
             mixers, offset = [], 0
@@ -102,14 +103,14 @@ def scheme_from_cfg(cfg: dict[str, Any], where: _Where) -> Scheme:
                     raise ValueError(f"kind {kind!r} with ports {list(ports)}")
                 mixers.append(Mixer(kind, heads, ports, int(m.get("stage", 0)), offset))
                 offset += heads
-            layers.append(tuple(mixers))
+            built.append(tuple(mixers))
             mlp.append(bool(row["mlp"]))
         except (KeyError, TypeError, ValueError) as error:
             raise GnaValueError(
                 f"{at}: cfg['layers'][{layer}] is {row!r:.120}: expected {{'mixers': [{{'kind': 'a' or 's', 'heads': n, "
                 f"'ports': [...], 'stage': s}}], 'mlp': true/false}} ({error})"
             ) from None
-    return Scheme(tuple(layers), tuple(mlp), cfg["parallel_attn_mlp"], cfg["d_model"], str(cfg.get("family", "")) or None)
+    return Scheme(tuple(built), tuple(mlp), cfg["parallel_attn_mlp"], cfg["d_model"], str(cfg.get("family", "")) or None)
 
 
 def check_against(scheme: Scheme, model: Scheme, where: _Where) -> None:

@@ -15,8 +15,9 @@ direct graph (MIB's nodes: ``input``, heads, MLPs, ``logits``), each receiver's 
 clean stream plus its ablated senders' corrupt-minus-clean writes; ``path="all"`` on the
 heads' graph (the edges scored: head -> head port), the senders' changes
 carried through every MLP and norm. MIB's own ``evaluate_graph`` chains the circuit (a kept
-edge carries its sender's output in the patched run), which neither path does: see
-docs/mib.md.
+edge carries its sender's output in the patched run), which neither does: ``path="mib"``
+is that evaluation (`gna_interp.scoring.mib_eval`; Llama-shaped Transformers), on the
+direct graph.
 """
 
 from __future__ import annotations
@@ -26,12 +27,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.errors import GnaValueError
+from ..core.heads import Head
 from ..patching.edge_sets import edge_set_logits
+from ..patching.edges import edge_attribution
 from ..patching.metrics import Metric, logits_read, reduce_metric
 from ..patching.paths import PathKind, prepare
 from ..progress import progress_bar
 from .edge_faithfulness import edge_senders, edge_streams
 from .mib import MibGraph, as_graph
+from .mib_eval import mib_metric
 from .mib_graph import prune, scheme_of, top_edges
 
 if TYPE_CHECKING:
@@ -45,13 +49,11 @@ def mib_attribution(
     ``path="direct"``: ``input``, heads and MLPs into every head port, MLP and ``logits``
     (two calls: head receivers by port, the MLPs and logits whole); ``path="all"``: heads
     into head ports (edge attribution's ``"all"`` has no logits receiver). ``options`` go to `edge_attribution` (``method``, ``steps``)."""
-    from ..patching.edges import edge_attribution
-
     scheme = scheme_of(model)
     ports = [p for p in ("q", "k", "v", "x", "B", "C", "dt", "gate") if any(p in model.receiver_inputs(h) for h in model.heads)]
     direct = path == "direct"
     mlps = [f"L{layer}MLP" for layer in range(model.n_layers)] if direct and model.arch.mlp else []
-    writers = ["embed", *model.heads, *mlps] if direct else list(model.heads)
+    writers: list[Head | str] = ["embed", *model.heads, *mlps] if direct else list(model.heads)
     first = min(model.head_position(h) for h in model.heads)
     last = max(model.head_position(h) for h in model.heads)
     to_heads = [w for w in writers if scheme.position(scheme.to_mib(w)) < last]
@@ -64,15 +66,15 @@ def mib_attribution(
 
 
 def mib_edge_points(
-    model: GnaModel, clean: Any, corrupt: Any, metric: Metric, ranking: Any, path: PathKind, absolute: bool, requested: Any, progress: bool
+    model: GnaModel, clean: Any, corrupt: Any, metric: Metric, ranking: Any, path: Any, absolute: bool, requested: Any, progress: bool
 ) -> tuple[list[Any], list[float], float, float, list[int], int]:
     """MIB's edge budgets (module docs): ``(ranking, m(C) per budget, m(N), m(∅), edges
     kept per budget after the prune, prompts)``; `circuit_score` makes the `CircuitScore`."""
     graph = as_graph(ranking, model)
     edges = graph.edges()
     scored = ~torch.isnan(graph.scores)
-    universe = torch.ones_like(scored) if path == "direct" else scored
-    if path != "direct" and any(isinstance(s, str) or r not in ("logits", *model.heads) for s, r, _ in (edges[i] for i in _where(scored))):
+    universe = scored if path == "all" else torch.ones_like(scored)
+    if path == "all" and any(isinstance(s, str) or r not in ("logits", *model.heads) for s, r, _ in (edges[i] for i in _where(scored))):
         raise GnaValueError("path='all' edges are between heads (and into 'logits'): rank with mib_attribution(..., path='all')")
     members = _where(universe)
     if not members:
@@ -80,6 +82,10 @@ def mib_edge_points(
     scores = torch.where(universe, graph.scores, torch.nan)
     circuits = [prune(graph.scheme, top_edges(scores, int(p * len(members)), absolute) & universe, None, universe) for p in requested]
     chosen = [edges[i] for i in members]
+    order = [e for e in graph.ranking(absolute) if e in set(chosen)]
+    if path == "mib":
+        full, values = mib_metric(model, clean, corrupt, metric, graph.scheme, [torch.zeros_like(universe), *circuits])
+        return order, values[1:], full, values[0], [int(c.sum()) for c in circuits], model.to_batch(clean).n_rows
     senders, receivers = edge_senders(chosen), list(dict.fromkeys(r for _, r, _ in chosen))
     setup, full, _ = prepare(model, clean, corrupt, senders, receivers, metric, edge_streams(chosen), (), path)
     keep = logits_read(metric)
@@ -94,7 +100,6 @@ def mib_edge_points(
 
     empty = measure(torch.zeros_like(universe))
     values = [measure(c) for c in progress_bar(circuits, show=progress, desc="MIB edge budgets")]
-    order = [e for e in graph.ranking(absolute) if e in set(chosen)]
     return order, values, full, empty, [int(c.sum()) for c in circuits], setup.batch.n_rows
 
 
