@@ -3,7 +3,8 @@
     python benchmarks/mib_budgets.py --prompts 64 [--toys llama mamba2 ...]
 
 Per toy and path: `mib_attribution` (EAP, first order) over MIB's graph, then
-`circuit_score(..., unit="edge")` at MIB's budgets: CPR from signed scores, CMD from
+`circuit_score(..., unit="edge")` at MIB's budgets (``path="mib"``: MIB's own chained
+evaluation of the direct graph's circuits, the Llama toy only): CPR from signed scores, CMD from
 |score| (MIB's table), with the logit difference of the task's candidates as the metric.
 """
 
@@ -20,7 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--toys", nargs="+", default=["llama", "mamba2", "falcon_h1", "mamba"])
-    parser.add_argument("--paths", nargs="+", default=["direct", "all"])
+    parser.add_argument("--paths", nargs="+", default=["direct", "all", "mib"])
     args = parser.parse_args()
     print("| toy | path | edges | CPR (signed) | CMD (abs) | f at 0.1/1/10/50% (abs) | seconds |")
     print("|---|---|---|---|---|---|---|")
@@ -30,8 +31,10 @@ def main() -> None:
         metric = gna.candidate_logit_diff(encoded.candidate_ids, encoded.correct)
         corrupt = task.corrupted()
         for path in args.paths:
+            if path == "mib" and name != "llama":
+                continue  # MIB's own evaluation: Transformers only
             start = time.time()
-            graph = mib_attribution(model, task, corrupt, metric, path=path, progress=False)
+            graph = mib_attribution(model, task, corrupt, metric, path="all" if path == "all" else "direct", progress=False)
             signed = gna.circuit_score(model, task, corrupt, metric, graph, unit="edge", path=path, absolute=False, progress=False)
             absolute = gna.circuit_score(model, task, corrupt, metric, graph, unit="edge", path=path, absolute=True, progress=False)
             f = absolute.faithfulness.tolist()
