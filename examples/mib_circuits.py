@@ -43,9 +43,8 @@ for name in ("llama", "mamba2"):
     gna.to_mib(scores, folder / f"{name}_scores.json", model=model)
     back = gna.from_mib(folder / f"{name}_scores.json", model)
     same = torch.equal(back.scores, scores.scores) and torch.equal(back.in_graph, scores.in_graph)
-    print(
-        f"\n{name}: circuit {len(read.circuit())} of {read.n_edges} edges (heads {circuit.gather + circuit.aggregate}); scores read back equal: {same}"
-    )
+    heads = ", ".join(str(h) for h in circuit.gather + circuit.aggregate)
+    print(f"\n{name}: circuit {len(read.circuit())} of {read.n_edges} edges (heads {heads}); scores read back equal: {same}")
 
     cmd = gna.circuit_score(model, task, corrupt, metric, back, unit="edge", path="direct", progress=False)
     cpr = gna.circuit_score(model, task, corrupt, metric, back, unit="edge", path="direct", absolute=False, progress=False)
