@@ -8,7 +8,6 @@ n_backward]`` tensors and the loops of ``from_model``, nothing of the library's.
 from __future__ import annotations
 
 import json
-import math
 from types import SimpleNamespace
 
 import pytest
@@ -16,8 +15,11 @@ import torch
 
 import gna_interp as gna
 from gna_interp.core.errors import GnaValueError
+from gna_interp.models.tiny import tiny_model
 from gna_interp.scoring.mib_graph import mib_circuit, scheme_of
 from gna_interp.scoring.mib_read import scheme_from_cfg
+
+from .conftest import CLEAN, CORRUPT
 
 PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1)
 
@@ -281,13 +283,17 @@ def _write_full(tmp_path):
 
 
 def test_hybrid_scheme_names_both_kinds():
+    """FalconH1's layers hold 4 attention heads (q, k, v) and 8 SSM heads (x, B, C, dt, gate)
+    side by side, then an MLP: counted by hand, 846 edges."""
     model = gna.load_toy("falcon_h1")
     scheme = scheme_of(model)
     assert scheme.family == "falcon_h1" and scheme.to_mib(gna.Head(1, 5)) == "s1.h1" and scheme.to_mib(gna.Head(1, 3)) == "a1.h3"
-    assert scheme.to_gna("s1.h1") == gna.Head(1, 5) and not math.isnan(len(scheme.edges()))
-    per_layer = 4 * 3 + 8 * 5 + 1  # attention q/k/v, SSM x/B/C/dt/gate, the MLP
-    senders_before = [1, 1 + 12 + 1]
-    assert len(scheme.edges()) == sum(s * (4 * 3 + 8 * 5) + (s + 12) for s in senders_before) + (1 + 2 * 13) and per_layer == 53
+    assert scheme.to_gna("s1.h1") == gna.Head(1, 5) and scheme.to_gna("m0") == "L0MLP" and scheme.to_gna("input") == "embed"
+    ports = 4 * 3 + 8 * 5
+    layer0 = 1 * ports + (1 + 12)  # input -> every port; input and the 12 heads -> m0
+    layer1 = 14 * ports + (14 + 12)  # input, layer 0's heads and m0 -> every port; those and layer 1's heads -> m1
+    assert len(scheme.edges()) == layer0 + layer1 + (1 + 2 * 13) == 846  # + every sender -> logits
+    assert not any(p.startswith(("a1.", "s1.")) and c.startswith(("a1.", "s1.")) for p, c, _ in scheme.edges())  # side by side: no edge
 
 
 def twin_evaluate_graph(model, clean, corrupt, metric, twin: MibTwin, in_graph: torch.Tensor) -> float:
@@ -370,21 +376,35 @@ def _qkv_inputs(block, layer, diff, missing, H, dh, prev_index):
     return handles + [proj.register_forward_hook(lambda m, a, o: waiting.pop(m)) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)]
 
 
-def test_faithfulness_at_each_budget_is_mibs_evaluate_graph(llama):
-    """path="mib": at every budget, f as the twin of MIB's evaluate_graph computes it."""
-    model, task, corrupt, metric = llama
+@pytest.fixture(scope="module")
+def held_out(tokenizer):
+    """A random Llama of MIB's shape (3 layers of 4 heads, one key/value head per query head),
+    never used to write the code: the toy prompts of the suite, the logit difference 5 - 6."""
+    hf = tiny_model("llama", seed=3, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4)
+    return gna.load(hf, tokenizer=tokenizer, backend="nnsight"), CLEAN, CORRUPT, gna.logit_diff(5, 6)
+
+
+@pytest.mark.parametrize("which", ["llama", "held_out"])
+def test_faithfulness_at_each_budget_is_mibs_evaluate_graph(which, request):
+    """path="mib": the same counts, top-k and f at every budget as the twin of MIB's
+    evaluate_graph, on the Llama toy and on a held-out random Transformer."""
+    model, task, corrupt, metric = request.getfixturevalue(which)
+    layers, heads = model.n_layers, model.n_heads
     graph = gna.mib_attribution(model, task, corrupt, metric, progress=False)
+    twin = MibTwin(layers, heads, False)
+    assert (len(graph.scheme.nodes()), graph.n_edges) == (len(twin.nodes), int(twin.real.sum()))
     score = gna.circuit_score(model, task, corrupt, metric, graph, unit="edge", path="mib", progress=False)
-    twin = MibTwin(2, 4, False)
     dense = torch.zeros(twin.n_forward, twin.n_backward, dtype=torch.float64)
     for name, value in zip(graph.edge_names(), graph.scores.tolist(), strict=True):
         dense[twin.names[name]] = value
     full = float(metric(model.logits(task)).float().mean())
     empty = twin_evaluate_graph(model, task, corrupt, metric, twin, torch.zeros_like(twin.real))
-    ours = []
+    ours, kept = [], []
     for k in score.sizes.tolist():
-        m = twin_evaluate_graph(model, task, corrupt, metric, twin, twin.topn_pruned(dense, k, True))
-        ours.append((m - empty) / (full - empty))
+        circuit = twin.topn_pruned(dense, k, True)
+        kept.append(int(circuit.sum()))
+        ours.append((twin_evaluate_graph(model, task, corrupt, metric, twin, circuit) - empty) / (full - empty))
     assert empty == pytest.approx(float(metric(model.logits(corrupt)).float().mean()), abs=1e-4)  # no edge: the corrupted run
+    assert score.kept.tolist() == kept
     torch.testing.assert_close(score.faithfulness, torch.tensor(ours, dtype=torch.float64), atol=1e-4, rtol=1e-4)
-    assert 0.05 < min(f for f in ours if f > 0) < 0.95  # a circuit strictly between the ends is compared
+    assert any(abs(f) > 0.05 and abs(f - 1) > 0.05 for f in ours)  # a circuit strictly between the ends is compared
