@@ -197,6 +197,11 @@ def test_round_trips_both_families(llama, tmp_path):
         assert torch.equal(back.nodes_in_graph, written.nodes_in_graph) and 0 < int(back.in_graph.sum()) <= graph.n_edges // 10
         assert back.circuit() == [e for e, k in zip(graph.edges(), written.in_graph.tolist(), strict=True) if k]
     data = json.loads((tmp_path / "g.json").read_text())
+    heads_only = gna.mib_attribution(model, task, corrupt, metric, path="all", progress=False)  # head -> head port edges
+    gna.to_mib(heads_only, tmp_path / "all.json", model=model)
+    back = gna.from_mib(tmp_path / "all.json", model)
+    assert torch.equal(back.scores.isnan(), heads_only.scores.isnan()) and int((~back.scores.isnan()).sum()) == 48
+    assert torch.equal(back.scores.nan_to_num(), heads_only.scores.nan_to_num())
     assert data["cfg"]["family"] == "mamba2" and "s1.h7" in data["nodes"] and "s0.h0->s1.h3<dt>" in data["edges"]
     assert len(data["edges"]) == 417 and not any(name.startswith(("a", "m")) for name in data["nodes"])
 
