@@ -257,6 +257,7 @@ def test_rankings_and_circuits_round_trip(llama, tmp_path):
         ),
         (lambda d: d["edges"]["input->m0"].update(score="big"), "edges['input->m0']['score'] is 'big': expected a number"),
         (lambda d: d["edges"]["input->m0"].update(in_graph=1), "edges['input->m0']['in_graph'] is 1: expected true or false"),
+        (lambda d: d["nodes"]["m0"].update(neurons=[True] * 64), "nodes['m0'] has neurons: MIB's neuron-level circuits are not read"),
     ],
 )
 def test_errors_name_the_entry_and_field(llama, tmp_path, edit, expected):
@@ -270,7 +271,7 @@ def test_errors_name_the_entry_and_field(llama, tmp_path, edit, expected):
         gna.from_mib(tmp_path / "f.json", model)
     assert expected in str(error.value) and "f.json" in str(error.value)
     if "cfg" not in expected:  # an entry: its line in the file too
-        key = next(k for k in ("input->a1.h0<x>", "a1.h0->a0.h1<q>", "input->m0", "a7.h0") if k in expected or k.split("<")[0] in expected)
+        key = next(k for k in ("input->a1.h0<x>", "a1.h0->a0.h1<q>", "input->m0", "a7.h0", "m0") if f"['{k}']" in expected)
         lines = (tmp_path / "f.json").read_text().splitlines()
         line = next(i for i, text in enumerate(lines, 1) if json.dumps(key) in text)
         assert f"line {line}," in str(error.value)

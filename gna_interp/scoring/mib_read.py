@@ -150,6 +150,8 @@ def _nodes(scheme: Scheme, nodes: dict[str, Any], where: _Where) -> tuple[Tensor
             )
         if not isinstance(info, dict) or "in_graph" not in info:
             raise GnaValueError(f"{at}: {entry} is {info!r:.80}: expected {{'in_graph': true/false, optionally 'score': x}}")
+        if "neurons" in info or "neurons_scores" in info:
+            raise GnaValueError(f"{at}: {entry} has neurons: MIB's neuron-level circuits are not read here (edges and nodes only)")
         member[index[name]] = _flag(info["in_graph"], entry, at) or name == "logits"
         if "score" in info:
             scores[index[name]] = _number(info["score"], entry, "score", at)
