@@ -14,7 +14,6 @@ import argparse
 import time
 
 import gna_interp as gna
-from gna_interp.scoring.mib_scores import mib_attribution
 
 
 def main() -> None:
@@ -35,7 +34,7 @@ def main() -> None:
             if path == "mib" and name != "llama":
                 continue  # MIB's own evaluation: Transformers only
             start = time.time()
-            graph = mib_attribution(model, task, corrupt, metric, path="all" if path == "all" else "direct", progress=False)
+            graph = gna.mib_attribution(model, task, corrupt, metric, path="all" if path == "all" else "direct", progress=False)
             ranked = time.time() - start
             absolute = gna.circuit_score(model, task, corrupt, metric, graph, unit="edge", path=path, absolute=True, progress=False)
             signed = (
