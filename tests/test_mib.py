@@ -229,6 +229,14 @@ def test_rankings_and_circuits_round_trip(llama, tmp_path):
     gna.to_mib(score, tmp_path / "r.json", model=model)
     back = gna.from_mib(tmp_path / "r.json", model)
     assert back.ranking()[: len(score.ranking)] == score.ranking and int((~torch.isnan(back.scores)).sum()) == len(score.ranking)
+    heads = [gna.Head(1, 0), gna.Head(0, 3), gna.Head(0, 1)]
+    by_head = gna.circuit_score(model, task, corrupt, metric, heads, progress=False)  # the other 5 heads follow
+    gna.to_mib(by_head, tmp_path / "h.json", model=model)
+    nodes = json.loads((tmp_path / "h.json").read_text())["nodes"]
+    ranked = sorted((v["score"], n) for n, v in nodes.items() if "score" in v)[::-1]
+    assert [n for _, n in ranked][:3] == ["a1.h0", "a0.h3", "a0.h1"] and len(ranked) == 8 and "score" not in nodes["m0"]
+    back = gna.from_mib(tmp_path / "h.json", model)
+    assert back.node_scores is not None and int((~back.node_scores.isnan()).sum()) == 8
     circuit = SimpleNamespace(gather=[gna.Head(0, 1)], aggregate=[gna.Head(1, 2)])
     gna.to_mib(circuit, tmp_path / "c.json", model=model)
     data = json.loads((tmp_path / "c.json").read_text())
