@@ -171,6 +171,8 @@ def test_edge_budget_scores_follow_mibs_definition(llama):
     torch.testing.assert_close(score.faithfulness, expected)
     under, from_1 = _areas(score.faithfulness.tolist())
     assert (score.cpr, score.cmd) == (pytest.approx(under), pytest.approx(from_1))
+    with pytest.raises(GnaValueError, match="pass path='direct'"):  # circuit_score's default path='all' is the heads' graph
+        gna.circuit_score(model, task, corrupt, metric, graph, unit="edge", progress=False)
     clean = model.logits(task)
     assert score.metric_full == pytest.approx(float(metric(clean).float().mean()), rel=1e-4)
 

@@ -74,8 +74,11 @@ def mib_edge_points(
     edges = graph.edges()
     scored = ~torch.isnan(graph.scores)
     universe = scored if path == "all" else torch.ones_like(scored)
-    if path == "all" and any(isinstance(s, str) or r not in ("logits", *model.heads) for s, r, _ in (edges[i] for i in _where(scored))):
-        raise GnaValueError("path='all' edges are between heads (and into 'logits'): rank with mib_attribution(..., path='all')")
+    if path == "all" and any(isinstance(s, str) or not isinstance(r, Head) for s, r, _ in (edges[i] for i in _where(scored))):
+        raise GnaValueError(
+            "path='all' (circuit_score's default) scores edges between heads, and this ranking scores input, MLP or logits "
+            "edges: pass path='direct' (or 'mib') for MIB's whole graph, or rank with mib_attribution(..., path='all')"
+        )
     members = _where(universe)
     if not members:
         raise GnaValueError("the ranking scores no edge: expected scores for the graph's edges (mib_attribution, edge_attribution)")
