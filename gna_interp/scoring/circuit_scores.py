@@ -172,8 +172,8 @@ def circuit_score(
             the inputs of the mean; unread with ``"zero"``).
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` (averaged over rows).
         ranking: best first: a `SweepResult` (heads by ``|score - baseline|``, NaN last, as
-            `faithfulness_curve`), a list of `Head` (the rest follow in ``model.heads``
-            order), an `EdgeResult` or a list of ``(sender, receiver, stream)`` (ordered and
+            `faithfulness_curve`; MIB's CPR table ranks by signed score: pass a list for
+            another order), a list of `Head` (the rest follow in ``model.heads`` order), an `EdgeResult` or a list of ``(sender, receiver, stream)`` (ordered and
             completed as in `edge_faithfulness_curve`; ``how="corrupt"`` only), or with
             ``unit="edge"`` a `MibGraph` (`mib_attribution`, `from_mib`).
         how: ``"corrupt"`` (each head's output on ``corrupt``; also ``"resample"``),
@@ -199,8 +199,9 @@ def circuit_score(
         GnaValueError: an unknown head or edge, an empty ranking, a fraction outside (0, 1],
             fewer than two distinct sizes, or ``m(N) == m(∅)`` (the score is undefined).
 
-    Cost (heads): a clean forward, the ``corrupt`` forward the ablation reads, one stacked
-    copy of the batch per size below every head. Edges: `edge_faithfulness_curve`'s per size.
+    Cost (heads): a clean forward, the ``corrupt`` forward the ablation reads (none for
+    ``"zero"``), one copy of the batch per size below every head, stacked (`run_variants`:
+    ``max_rows``, prefix reuse). Edges: `edge_faithfulness_curve`'s per size.
 
     Example::
 
