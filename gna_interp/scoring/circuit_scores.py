@@ -173,9 +173,10 @@ def circuit_score(
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` (averaged over rows).
         ranking: best first: a `SweepResult` (heads by ``|score - baseline|``, NaN last, as
             `faithfulness_curve`; MIB's CPR table ranks by signed score: pass a list for
-            another order), a list of `Head` (the rest follow in ``model.heads`` order), an `EdgeResult` or a list of ``(sender, receiver, stream)`` (ordered and
-            completed as in `edge_faithfulness_curve`; ``how="corrupt"`` only), or with
-            ``unit="edge"`` a `MibGraph` (`mib_attribution`, `from_mib`).
+            another order), a list of `Head` (the rest follow in ``model.heads`` order), an
+            `EdgeResult` or a list of ``(sender, receiver, stream)`` (ordered and completed as
+            in `edge_faithfulness_curve`; ``how="corrupt"`` only), or with ``unit="edge"`` a
+            `MibGraph` (`mib_attribution`, `from_mib`).
         how: ``"corrupt"`` (each head's output on ``corrupt``; also ``"resample"``),
             ``"mean"`` (averaged over every token of ``corrupt``) or ``"zero"``.
         fractions: sizes as fractions of the units, each in (0, 1] (default `MIB_FRACTIONS`).
