@@ -22,7 +22,7 @@ direct graph.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -43,22 +43,32 @@ if TYPE_CHECKING:
 
 
 def mib_attribution(
-    model: GnaModel, clean: Any, corrupt: Any, metric: Metric, *, path: PathKind = "direct", progress: bool = True, **options: Any
+    model: GnaModel,
+    clean: Any,
+    corrupt: Any,
+    metric: Metric,
+    *,
+    path: PathKind | Literal["mib"] = "direct",
+    progress: bool = True,
+    **options: Any,
 ) -> MibGraph:
-    """`edge_attribution` of every edge of ``model``'s MIB graph, as one `MibGraph`:
-    ``path="direct"``: ``input``, heads and MLPs into every head port, MLP and ``logits``
-    (two calls: head receivers by port, the MLPs and logits whole); ``path="all"``: heads
-    into head ports (edge attribution's ``"all"`` has no logits receiver). ``options`` go to `edge_attribution` (``method``, ``steps``)."""
+    """`edge_attribution` of every edge of ``model``'s MIB graph, as one `MibGraph`.
+
+    ``path="direct"`` (or ``"mib"``, which ranks the same graph): ``input``, heads and MLPs
+    into every head port, MLP and ``logits`` (two calls: head receivers by port, the MLPs and
+    logits whole); ``path="all"``: heads into head ports (edge attribution's ``"all"`` has no
+    logits receiver). ``options`` go to `edge_attribution` (``method``, ``steps``, ``max_rows``).
+    """
     scheme = scheme_of(model)
     ports = [p for p in ("q", "k", "v", "x", "B", "C", "dt", "gate") if any(p in model.receiver_inputs(h) for h in model.heads)]
-    direct = path == "direct"
+    direct = path in ("direct", "mib")
     mlps = [f"L{layer}MLP" for layer in range(model.n_layers)] if direct and model.arch.mlp else []
     writers: list[Head | str] = ["embed", *model.heads, *mlps] if direct else list(model.heads)
     first = min(model.head_position(h) for h in model.heads)
     last = max(model.head_position(h) for h in model.heads)
     to_heads = [w for w in writers if scheme.position(scheme.to_mib(w)) < last]
     late = list(model.heads) if direct else [h for h in model.heads if model.head_position(h) > first]
-    run = dict(path=path, progress=progress, **options)
+    run = dict(path="direct" if direct else path, progress=progress, **options)
     results = [edge_attribution(model, clean, corrupt, metric, senders=to_heads, receivers=late, receiver_input=ports, **run)]  # type: ignore[arg-type]
     if direct:  # path="all" has no logits receiver: its graph is the heads'
         results.append(edge_attribution(model, clean, corrupt, metric, senders=writers, receivers=[*mlps, "logits"], **run))  # type: ignore[arg-type]
@@ -85,7 +95,8 @@ def mib_edge_points(
     scores = torch.where(universe, graph.scores, torch.nan)
     circuits = [prune(graph.scheme, top_edges(scores, int(p * len(members)), absolute) & universe, None, universe) for p in requested]
     chosen = [edges[i] for i in members]
-    order = [e for e in graph.ranking(absolute) if e in set(chosen)]
+    members_set = set(chosen)
+    order = [e for e in graph.ranking(absolute) if e in members_set]
     if path == "mib":
         full, values = mib_metric(model, clean, corrupt, metric, graph.scheme, [torch.zeros_like(universe), *circuits])
         return order, values[1:], full, values[0], [int(c.sum()) for c in circuits], model.to_batch(clean).n_rows
