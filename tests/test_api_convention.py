@@ -36,6 +36,9 @@ POSITIONAL_HEADS: dict[str, tuple[str, ...]] = {
     "evaluate": ("model", "task", "interventions"),
     "lm_eval": ("model", "tasks", "interventions"),
     "discover": ("model", "task"),
+    "to_mib": ("result", "path"),
+    "from_mib": ("path", "model"),
+    "mib_attribution": ("model", "clean", "corrupt", "metric"),
     "Ablate": ("heads",),
     "KeepOnly": ("heads",),
 }

@@ -128,7 +128,23 @@ def _check_toy_zoo(result: subprocess.CompletedProcess, tmp_path: Path) -> None:
         assert abs(clean - card) <= 0.05, line
 
 
+def _check_mib_circuits(result: subprocess.CompletedProcess, tmp_path: Path) -> None:
+    """MIB's own count for GPT-2's shape (its paper and graph files: 32,491 edges), both
+    files read back equal, and every faithfulness at the last budget 1 (every edge kept)."""
+    assert "GPT-2's shape: 158 nodes, 32491 edges" in result.stdout, result.stdout
+    assert result.stdout.count("scores read back equal: True") == 2, result.stdout
+    last = re.findall(r"^\s+(\d+)\s+1\.000\s+(-?[\d.]+)\s+([\d.]+)\s+(\d+)$", result.stdout, re.M)
+    assert [(n, f, k) for n, _, f, k in last] == [("110", "1.000000", "110"), ("417", "1.000000", "417")], last
+    assert json.loads((tmp_path / "mib" / "llama_scores.json").read_text())["cfg"] == {
+        "n_layers": 2,
+        "n_heads": 4,
+        "parallel_attn_mlp": False,
+        "d_model": 64,
+    }
+
+
 OUTPUT_CHECKS = {
+    "mib_circuits.py": _check_mib_circuits,
     "toy_demo.py": _check_demo,
     "conv_gathering.py": _check_conv_gathering,
     "aggregate_by_key.py": _check_aggregate_by_key,
@@ -137,14 +153,15 @@ OUTPUT_CHECKS = {
 }
 
 
-FEWER_PROMPTS = {"toy_demo.py": "48", "toy_zoo.py": "100"}
+FEWER_PROMPTS = {"toy_demo.py": "48", "toy_zoo.py": "100", "mib_circuits.py": "32"}
 """Prompts per model for the examples that take ``GNA_EXAMPLE_N``: the same code on fewer
 prompts (the demo's full run is `gna-interp demo`; the zoo's accuracies stay within the
 check's 0.05 at 100 prompts: standard error <= 0.02 at the cards' 0.98)."""
 
 
 @pytest.mark.parametrize(
-    "script", ["quickstart.py", "toy_zoo.py", "toy_demo.py", "conv_gathering.py", "aggregate_by_key.py", "path_isolation.py"]
+    "script",
+    ["quickstart.py", "toy_zoo.py", "toy_demo.py", "conv_gathering.py", "aggregate_by_key.py", "path_isolation.py", "mib_circuits.py"],
 )
 def test_offline_examples(script, tmp_path):
     result = run(script, tmp_path, **({"GNA_EXAMPLE_N": FEWER_PROMPTS[script]} if script in FEWER_PROMPTS else {}))

@@ -5,6 +5,8 @@
 - `faithfulness`: keep only the top-n heads of a ranking (`faithfulness_curve`);
 - `edge_faithfulness`: the same over edges (`edge_faithfulness_curve`);
 - `circuit_scores`: MIB's faithfulness, CPR and CMD of a ranking's circuits (`circuit_score`);
+- `mib`, `mib_graph`, `mib_read`, `mib_scores`: MIB's graph files (`to_mib`, `from_mib`) and
+  its edge-budget scores (`circuit_score(..., unit="edge")`, `mib_attribution`);
 - `retention`: retrieval-aware head ranking and keep-only curves against random sets (what
   they return: `retention_results`).
 
@@ -21,6 +23,7 @@ _EXPORTS: dict[str, str] = {
     "CircuitScore": "circuit_scores",
     "EdgeFaithfulnessCurve": "edge_faithfulness",
     "Evaluation": "evaluation",
+    "MibGraph": "mib",
     "FaithfulnessCurve": "faithfulness",
     "RetentionCurve": "retention_results",
     "RetrievalRanking": "retention_results",
@@ -29,8 +32,11 @@ _EXPORTS: dict[str, str] = {
     "evaluate": "evaluation",
     "evaluate_many": "evaluation",
     "faithfulness_curve": "faithfulness",
+    "from_mib": "mib",
+    "mib_attribution": "mib_scores",
     "retention_curve": "retention",
     "retrieval_ranking": "retention",
+    "to_mib": "mib",
 }
 
 __all__ = sorted(_EXPORTS)

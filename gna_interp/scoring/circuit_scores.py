@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
@@ -44,6 +44,8 @@ from ..patching.variants import Variant, run_variants
 from ..progress import progress_bar
 from .edge_faithfulness import Edge, ablated_edges, edge_name, edge_senders, edge_streams, is_edge_ranking, rank_edges
 from .faithfulness import rank_heads
+from .mib import MibGraph
+from .mib_scores import mib_edge_points
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -75,6 +77,8 @@ class CircuitScore:
         unit: ``"head"`` or ``"edge"``.
         requested: the fractions asked for (each became ``sizes`` by floor, see `circuit_score`).
         n_prompts: prompts the metric was averaged over.
+        kept: ``[n_points]`` long, with ``unit="edge"`` (MIB's budgets): the edges left in
+            each circuit by MIB's prune (MIB's ``weighted_edge_count``); else None.
     """
 
     sizes: Tensor
@@ -90,6 +94,7 @@ class CircuitScore:
     unit: str
     requested: tuple[float, ...]
     n_prompts: int
+    kept: Tensor | None = None
 
     @property
     def n_units(self) -> int:
@@ -141,58 +146,53 @@ def circuit_score(
     clean: Any,
     corrupt: Any,
     metric: Metric,
-    ranking: SweepResult | Sequence[Head] | EdgeResult | Sequence[Edge],
+    ranking: SweepResult | Sequence[Head] | EdgeResult | Sequence[Edge] | MibGraph,
     *,
     how: str = "corrupt",
     fractions: Sequence[float] | None = None,
     max_rows: int | None = None,
     memory_budget_mb: float | None = None,
-    path: PathKind = "all",
+    path: PathKind | Literal["mib"] = "all",
+    unit: str | None = None,
+    absolute: bool = True,
     progress: bool = True,
 ) -> CircuitScore:
     """MIB's faithfulness of the top-k units of ``ranking`` at each size, with CPR and CMD.
 
-    For each fraction ``p``, ``C`` is the top ``k = floor(p * n_units)`` units (MIB's
-    ``int(p * n)``; 0 units: the empty circuit, ``f = 0``); ``m(C)`` is the metric of ``clean``
-    with every head outside ``C`` ablated ``how`` (every ranked edge outside ``C`` patched from
-    ``corrupt``), ``m(∅)`` with every head (ranked edge) so, ``m(N)`` the clean model's, each
-    averaged over the prompts before ``f = (m(C) - m(∅)) / (m(N) - m(∅))``. Sizes that coincide
-    are scored once; the areas (CPR: ``f``, CMD: ``|1 - f|``) run over the realised fractions
-    ``k / n_units``, not the nominal ones: on a model of 8 heads MIB's 0.1% to 10% are all the
-    empty circuit, one point at 0 (MIB's own table puts them at their nominal x; with thousands
-    of units the two agree to ~1/n).
+    For each fraction ``p``, the circuit ``C`` is the top ``k = floor(p * n_units)`` units
+    (MIB's ``int(p * n)``; 0 units: the empty circuit, ``f = 0``). ``m(C)``: the metric of
+    ``clean`` with every head outside ``C`` ablated ``how`` (or every ranked edge outside
+    ``C`` patched from ``corrupt``); ``m(∅)``: every head (ranked edge) so; ``m(N)``: the
+    clean model; each averaged over the prompts, then ``f = (m(C) - m(∅)) / (m(N) - m(∅))``.
+    Sizes that coincide are scored once; the areas (CPR: ``f``, CMD: ``|1 - f|``) run over
+    the realised fractions ``k / n_units`` (on 8 heads MIB's 0.1% to 10% are one point at 0).
 
     Args:
         model: any `GnaModel`.
         clean: the inputs measured (prompts, token ids or a task).
-        corrupt: the corrupted inputs: with ``how="corrupt"`` the same token length as
-            ``clean`` (and rows, or one row), each unit outside ``C`` taking its value on
-            them at the same position; with ``"mean"``, the inputs of the mean; unread
-            (may be None) with ``"zero"``.
+        corrupt: the corrupted inputs (the same token length as ``clean``; with ``"mean"``
+            the inputs of the mean; unread with ``"zero"``).
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]`` (averaged over rows).
-        ranking: heads or edges, best first:
-
-            - a `SweepResult` of ``[layer, head]`` scores (`gna.ablation_sweep`, `gna.attribution_patching`,
-              `gna.patching_sweep`): heads by ``|score - baseline|``, largest first (unscored NaN heads
-              last), as `faithfulness_curve` orders them (MIB ranks by absolute score for CMD; its CPR
-              table uses signed scores: pass a list for any other order);
-            - a list of `Head`, best first; heads it leaves out follow in ``model.heads`` order;
-            - an `EdgeResult` (`gna.edge_attribution`) or a list of ``(sender, receiver, stream)``: edges,
-              ordered and completed as in `edge_faithfulness_curve`, an edge outside ``C`` ablated by
-              patching its ``corrupt`` sender into the receiver's stream (``how`` must be ``"corrupt"``).
-        how: ``"corrupt"`` (MIB's default: each head's output on ``corrupt``; also spelled
-            ``"resample"``), ``"mean"`` (each head's output averaged over every non-padding
-            token of every ``corrupt`` prompt: one vector per head, at every position) or
-            ``"zero"``.
-        fractions: circuit sizes as fractions of the units, each in (0, 1] (default
-            `MIB_FRACTIONS`: 0.1% to 100%).
+        ranking: best first: a `SweepResult` (heads by ``|score - baseline|``, NaN last, as
+            `faithfulness_curve`; MIB's CPR table ranks by signed score: pass a list for
+            another order), a list of `Head` (the rest follow in ``model.heads`` order), an
+            `EdgeResult` or a list of ``(sender, receiver, stream)`` (ordered and completed as
+            in `edge_faithfulness_curve`; ``how="corrupt"`` only), or with ``unit="edge"`` a
+            `MibGraph` (`mib_attribution`, `from_mib`).
+        how: ``"corrupt"`` (each head's output on ``corrupt``; also ``"resample"``),
+            ``"mean"`` (averaged over every token of ``corrupt``) or ``"zero"``.
+        fractions: sizes as fractions of the units, each in (0, 1] (default `MIB_FRACTIONS`).
         max_rows: rows per stacked forward (heads; default: from ``memory_budget_mb``).
         memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
-        path: for an edge ranking, which edge is ablated (as in `edge_faithfulness_curve`):
-            ``"all"`` (the default, `path_patching`'s) or ``"direct"`` (EAP's and MIB's: the
-            sender's own write into the receiver's input), which also takes the direct graph's
-            ``"embed"``, MLP (``"L0MLP"``) and ``"logits"`` ends; a ranking from
-            ``edge_attribution(..., path=p)`` is meant for the same ``p``. Unused for heads.
+        path: which edge is ablated (`edge_faithfulness_curve`): ``"all"`` (`path_patching`'s)
+            or ``"direct"`` (EAP's: the sender's own write; also ``"embed"``, ``"L0MLP"``,
+            ``"logits"`` ends); with ``unit="edge"`` also ``"mib"`` (MIB's own evaluation:
+            the circuit chained, `gna_interp.scoring.mib_eval`). Unused for heads.
+        unit: ``None`` (heads or edges, by the ranking, as above) or ``"edge"``: MIB's edge
+            budgets over MIB's graph (`gna_interp.scoring.mib_scores`): the circuit at each
+            budget is MIB's top ``int(p * n_edges)`` edges then its prune, the areas over the
+            nominal fractions; ``kept`` holds the pruned circuits' sizes.
+        absolute: with ``unit="edge"``, rank by ``|score|`` (MIB's CMD) or signed (its CPR).
         progress: a bar over the sizes.
 
     Returns:
@@ -200,22 +200,74 @@ def circuit_score(
 
     Raises:
         GnaValueError: an unknown head or edge, an empty ranking, a fraction outside (0, 1],
-            fewer than two distinct sizes, or ``m(N) == m(∅)`` (the score is undefined:
-            corrupting every unit does not move the metric).
+            fewer than two distinct sizes, or ``m(N) == m(∅)`` (the score is undefined).
 
-    Cost (heads): one forward of ``clean`` (m(N)), the ``corrupt`` forward the ablation reads (none
-    for ``"zero"``), and one copy of the batch per distinct size below every head, stacked
-    (`run_variants`: ``max_rows``, prefix reuse; circuits that corrupt the same early layers share
-    those layers' computation, `patching.shared_prefix`). Edges: those of `edge_faithfulness_curve` per size.
+    Cost (heads): a clean forward, the ``corrupt`` forward the ablation reads (none for
+    ``"zero"``), one copy of the batch per size below every head, stacked (`run_variants`:
+    ``max_rows``, prefix reuse). Edges: `edge_faithfulness_curve`'s per size.
 
     Example::
 
-        sweep = gna.attribution_patching(model, clean, corrupt, metric)
-        score = gna.circuit_score(model, clean, corrupt, metric, sweep)
-        score.cpr, score.cmd
-        score.to_frame()
+        score = gna.circuit_score(model, clean, corrupt, metric, gna.attribution_patching(model, clean, corrupt, metric))
+        score.cpr, score.cmd, score.to_frame()
     """
+    if unit is not None:
+        return _edge_budgets(model, clean, corrupt, metric, ranking, how, fractions, path, unit, absolute, progress)
+    if path == "mib" or isinstance(ranking, MibGraph):
+        raise GnaValueError("path='mib' and a MibGraph ranking take unit='edge' (MIB's edge budgets over its graph)")
     return _circuit_score(model, clean, corrupt, metric, ranking, how, fractions, max_rows, memory_budget_mb, path, progress)
+
+
+def _edge_budgets(
+    model: GnaModel,
+    clean: Any,
+    corrupt: Any,
+    metric: Metric,
+    ranking: Any,
+    how: str,
+    fractions: Any,
+    path: Any,
+    unit: str,
+    absolute: bool,
+    progress: bool,
+) -> CircuitScore:
+    """`circuit_score(..., unit="edge")`: MIB's edge budgets (`mib_scores.mib_edge_points`)."""
+    check_model(model, "circuit_score")
+    check_metric(metric, "circuit_score", clean=clean, corrupt=corrupt)
+    if unit != "edge":
+        raise GnaValueError(f"unit={unit!r}: expected None (heads or edges, by the ranking) or 'edge' (MIB's edge budgets)")
+    if how not in ("corrupt", "resample") or corrupt is None:
+        raise GnaValueError(
+            f"unit='edge' ablates an edge by patching its corrupt sender: expected how='corrupt' and corrupt= inputs, got how={how!r}"
+        )
+    requested = check_fractions(fractions)
+    order, values, full, empty, kept, n_rows = mib_edge_points(model, clean, corrupt, metric, ranking, path, absolute, requested, progress)
+    span = full - empty
+    if not math.isfinite(span) or abs(span) <= 1e-9 * max(1.0, abs(full)):
+        raise GnaValueError(
+            f"the score is undefined: m(N) = {full:.6g} (clean) and m(∅) = {empty:.6g} (no edge kept) are equal, so "
+            "f = (m(C) - m(∅)) / (m(N) - m(∅)) divides by zero: check that corrupt differs from clean where the metric reads"
+        )
+    metric_c = torch.tensor(values, dtype=torch.float64)
+    faith = (metric_c - empty) / span + 0.0
+    x = torch.tensor(requested, dtype=torch.float64)
+    sizes = torch.tensor([int(p * len(order)) for p in requested], dtype=torch.long)
+    return CircuitScore(
+        sizes,
+        x,
+        faith,
+        metric_c,
+        trapezoid(x, faith),
+        trapezoid(x, (1 - faith).abs()),
+        order,
+        full,
+        empty,
+        "corrupt",
+        "edge",
+        requested,
+        n_rows,
+        torch.tensor(kept, dtype=torch.long),
+    )
 
 
 def circuit_score_from(
