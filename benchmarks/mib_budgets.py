@@ -1,6 +1,6 @@
 """MIB's edge-budget scores (CPR, CMD) of the label-reading toys, on both graphs.
 
-    python benchmarks/mib_budgets.py --prompts 64 [--toys llama mamba2 ...]
+    python benchmarks/mib_budgets.py --prompts 64 [--toys llama mamba2 ...] [--device cuda]
 
 Per toy and path: `mib_attribution` (EAP, first order) over MIB's graph, then
 `circuit_score(..., unit="edge")` at MIB's budgets (``path="mib"``: MIB's own chained
@@ -22,11 +22,12 @@ def main() -> None:
     parser.add_argument("--toys", nargs="+", default=["llama", "mamba2", "falcon_h1", "mamba"])
     parser.add_argument("--paths", nargs="+", default=["direct", "all", "mib"])
     parser.add_argument("--absolute-only", action="store_true", help="CPR and CMD both from the |score| circuits (half the cost)")
+    parser.add_argument("--device", default=None, help="where the toys' weights go (cuda on a GPU; default the CPU)")
     args = parser.parse_args()
     print("| toy | path | edges | CPR (signed) | CMD (abs) | f at 0.1/1/10/50% (abs) | seconds (of which ranking) |")
     print("|---|---|---|---|---|---|---|")
     for name in args.toys:
-        model, task = gna.load_toy(name), gna.toy_task(name, n=args.prompts, seed=1)
+        model, task = gna.load_toy(name, device=args.device), gna.toy_task(name, n=args.prompts, seed=1)
         encoded = task.encode(model.tokenizer)
         metric = gna.candidate_logit_diff(encoded.candidate_ids, encoded.correct)
         corrupt = task.corrupted()
