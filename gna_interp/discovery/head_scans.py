@@ -56,6 +56,13 @@ class HeadScan:
     clean: float | None = None
     min_effect: float = 0.02
 
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled without its `measure` (a closure over the model): ``"group"`` marks one to
+        rebuild (`group_measure`) where it was set; a `search` in flight is not pickled."""
+        if self.search is not None:
+            raise TypeError("a HeadScan whose remote search is in flight cannot be saved: finish it first (record_search)")
+        return {**self.__dict__, "measure": None if self.measure is None else "group"}
+
     def search_spread(self, groups: Sequence[SpreadGroup]) -> None:
         """Search the needed heads of those of ``groups`` left unsearched (`search_needed`),
         adding their tests to `tests`; the others are left as they are."""
@@ -315,11 +322,11 @@ def head_scan(
     heads_of = {layer: [Head(layer, h) for h in range(model.heads_per_layer[layer])] for layer in wide}
     search = None
     if wide and is_batched_remote(model) and not model.active_interventions:  # few rounds: each is a request
-        search = StagedGroupTesting(_group_measure(model, task), list(heads_of.values()), float(clean), min_effect, known)  # type: ignore[arg-type]
+        search = StagedGroupTesting(group_measure(model, task), list(heads_of.values()), float(clean), min_effect, known)  # type: ignore[arg-type]
         results = search.results if defer_search else search.finish()
     else:
         layers_shown = progress_bar(wide, show=progress, desc="group testing")
-        measure = _group_measure(model, task)
+        measure = group_measure(model, task)
         results = [group_testing(measure, heads_of[layer], float(clean), min_effect, search_spread) for layer in layers_shown]  # type: ignore[arg-type]
     for layer, found in zip(wide, results, strict=True):
         for values, measured in ((found.screened, False), (found.singles, True)):
@@ -353,7 +360,7 @@ def head_scan(
     return scan
 
 
-def _group_measure(model: GnaModel, task: Task) -> Measure:
+def group_measure(model: GnaModel, task: Task) -> Measure:
     """`Measure` on ``model``: a remote model's round in one request (`evaluate_many`)."""
 
     def measure(groups: list[list[Head]]) -> list[float]:
