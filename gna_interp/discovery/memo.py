@@ -64,10 +64,11 @@ class AccuracyMemo:
 
 def task_key(task: Task) -> str:
     """A SHA-256 of what a task's evaluation reads: its name, each example's text, segments,
-    query, candidates and correct index, and its tokenizer's class and name."""
+    query, candidates and correct index, and its tokenizer's class and vocabulary size (not
+    its path: a toy's tokenizer is written to a new temporary folder in each process)."""
     digest = hashlib.sha256()
     tokenizer = task.tokenizer
-    digest.update(repr((task.name, type(tokenizer).__name__, getattr(tokenizer, "name_or_path", None))).encode())
+    digest.update(repr((task.name, type(tokenizer).__name__, getattr(tokenizer, "vocab_size", None))).encode())
     for example in task.examples:
         digest.update(repr((example.text, example.segments, example.query, example.candidates, example.correct)).encode())
     return digest.hexdigest()
