@@ -30,8 +30,7 @@ N = 32
 BLOCK_IN = [s.name for s in PLAN].index("joint")
 """The stage the child is killed in: the joint search, after its second accuracy measured."""
 
-CHILD = (
-    """
+CHILD = """
 import sys, time, warnings
 warnings.simplefilter("ignore")
 from pathlib import Path
@@ -39,7 +38,7 @@ import gna_interp as gna
 from gna_interp.discovery import memo, run_dir
 
 run_dir.MEMO_EVERY_S = 0.0  # save the memo after every accuracy: the kill finds it on disk
-folder, block_in = Path(sys.argv[1]), int(sys.argv[2])
+folder, block_in, n = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 model = gna.load_toy("llama")
 measured = memo.evaluate
 seen = []
@@ -54,10 +53,8 @@ def evaluate(*args, **kwargs):
     return measured(*args, **kwargs)
 
 memo.evaluate = evaluate
-gna.discover(model, gna.toy_task("llama", n=%d), progress=False, run_dir=folder)
+gna.discover(model, gna.toy_task("llama", n=n), progress=False, run_dir=folder)
 """
-    % N
-)
 
 
 def comparable(circuit: gna.GnaCircuit) -> dict:
@@ -85,7 +82,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_circuit(tmp_path, llama):
     process: the same circuit, pass counts included, with fewer forwards actually run."""
     model, task, reference = llama
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(gna.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(BLOCK_IN)], env=env)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(BLOCK_IN), str(N)], env=env)
     try:
         for _ in range(6000):  # polling for the child's marker, not timing it
             if (tmp_path / "blocked").exists() or child.poll() is not None:

@@ -30,6 +30,10 @@ is chosen (``discover(..., stability=k)`` records it in the circuit).
 
 Before the stages, `estimate.estimate_passes` says about how many passes they will take
 (the stage bar's description; ``circuit.cost["estimate"]``).
+
+The settings are one `DiscoverySettings`; the stages are `runner.PLAN`, carried out by
+`runner.run`, and with ``run_dir`` each finished stage is saved (`run_dir.RunDir`): a run
+started again carries on after the last one.
 """
 
 from __future__ import annotations
