@@ -15,7 +15,9 @@ The folder holds:
   stage that measured it and what its forward cost.
 
 Every file is written to a temporary file in the folder, then moved over the old one
-(``os.replace``): a crash leaves the old file or the new one, never half of one.
+(``os.replace``): a crash leaves the old file or the new one, never half of one. The ``.pt``
+files are pickles (``torch.load(weights_only=False)``): read only a folder you trust, as
+you would a checkpoint.
 
 Run again, ``discover`` reads the last finished stage's state and runs the stages after it,
 with the memo's accuracies: those an unfinished stage measured are answered without a

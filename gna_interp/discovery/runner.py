@@ -77,7 +77,24 @@ class Context:
 
 @dataclass
 class State:
-    """What the stages have recorded so far (the circuit, and what later stages read)."""
+    """What the stages have recorded so far (the circuit, and what later stages read).
+
+    Attributes:
+        circuit: the circuit so far (from the baseline; `found` reads it).
+        clean: the clean `Evaluation` (``scores`` ``[prompt, candidate]``; `baseline` reads it).
+        first: a remote run's first request (`remote.FirstScans`), else ``None``.
+        early: the prescreen's first-order estimates measured with the baseline
+            (`head_scans.FirstOrder`, ``estimates`` ``[layer, head]``), else ``None``.
+        done: the run ends after the stage that set it.
+        only, adaptive, quiet: the prescreen's heads to ablate alone (``None``: every head),
+            wide layers for group testing, and heads ablated together first (`stage.prescreen_stage`).
+        scan: the head scan (`head_scans.HeadScan`: ``accuracy`` and ``verified`` ``[layer, head]``).
+        candidates, evidence, harmful: the heads examined for roles, their `HeadEvidence`,
+            and those that cost at least ``min_effect`` alone.
+        labels: a local run's pattern scores measured before the entry scan (`stage.LabelInputs`).
+        ahead: a remote run's joint pool heads, scored with the candidates (`remote.pool_heads`).
+        measured: the pattern scores (`RoleScores`) of the candidates and ``ahead``.
+    """
 
     circuit: GnaCircuit | None = None
     clean: Evaluation | None = None
