@@ -11,6 +11,9 @@ written to ``OUT/<toy>[-remote].json``. Run it before and after a change and dif
     python benchmarks/discovery_identity.py /tmp/before
     python benchmarks/discovery_identity.py /tmp/after
     python benchmarks/discovery_identity.py --compare /tmp/before /tmp/after
+
+``--resume`` also checks ``discover(..., run_dir=...)``: each run cut back after each of its
+stages and resumed must give the same circuit, cost included (`resumed`).
 """
 
 from __future__ import annotations
@@ -38,8 +41,43 @@ def circuit_dict(circuit: Any) -> dict[str, Any]:
     return data
 
 
-def run(out: Path, toys: list[str], remote: list[str], n: int) -> None:
-    """Discover on each toy (and remotely on the ``remote`` ones), one JSON file each."""
+def resumed(model: Any, task: Any, plain: dict[str, Any]) -> str:
+    """``discover(..., run_dir=...)`` cut back after each stage and resumed, against ``plain``
+    (the circuit without a run directory): the folder's later stages deleted, and its memo
+    either kept whole (the later stages' accuracies owed) or cut to the stages kept (as a
+    kill at the stage's end leaves it). Returns ``"k of k identical"`` or what differed."""
+    import tempfile
+
+    import torch
+
+    bad, tried = [], 0
+    with tempfile.TemporaryDirectory() as folder:
+        first = circuit_dict(gna.discover(model, task, progress=False, run_dir=folder))
+        if first != plain:
+            return "the run with a run_dir differs from the plain run"
+        saved = {p.name: p.read_bytes() for p in Path(folder).iterdir()}
+        stages = sorted(name for name in saved if name.startswith("stage-"))
+        for cut in range(len(stages)):
+            for memo_cut in (False, True):
+                for name in stages[cut:]:
+                    (Path(folder) / name).unlink(missing_ok=True)
+                memo = torch.load(Path(folder) / "memo.pt", weights_only=False)
+                if memo_cut:
+                    memo["entries"] = {k: v for k, v in memo["entries"].items() if v[1] < int(stages[cut][6:8])}
+                torch.save(memo, Path(folder) / "memo.pt")
+                tried += 1
+                again = circuit_dict(gna.discover(model, task, progress=False, run_dir=folder))
+                if again != plain:
+                    fields = sorted(k for k in plain if plain[k] != again.get(k))
+                    bad.append(f"after {stages[cut]} (memo {'cut' if memo_cut else 'whole'}): {fields}")
+                for name, data in saved.items():  # back to the finished run
+                    (Path(folder) / name).write_bytes(data)
+    return f"{tried} of {tried} resumed runs identical" if not bad else "; ".join(bad)
+
+
+def run(out: Path, toys: list[str], remote: list[str], n: int, resume: bool = False) -> None:
+    """Discover on each toy (and remotely on the ``remote`` ones), one JSON file each; with
+    ``resume``, also cut back after each stage and resumed (`resumed`)."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(name, False) for name in toys] + [(name, True) for name in remote]
     for name, simulated in jobs:
@@ -56,6 +94,10 @@ def run(out: Path, toys: list[str], remote: list[str], n: int) -> None:
         (out / f"{tag}.json").write_text(json.dumps(data, indent=1, sort_keys=True))
         cost = data.get("cost", {})
         print(f"{tag}: {time.perf_counter() - started:.1f}s passes={cost.get('passes')} forwards={cost.get('forwards')}", flush=True)
+        if resume:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                print(f"{tag}: resume: {resumed(model, gna.toy_task(name, n=n), data)}", flush=True)
 
 
 def compare(before: Path, after: Path) -> int:
@@ -86,10 +128,11 @@ def main() -> None:
     parser.add_argument("--toys", nargs="*", default=None, help="toys to run locally (default: every bundled toy)")
     parser.add_argument("--remote", nargs="*", default=["llama", "mamba2"], help="toys to also run under remote='local'")
     parser.add_argument("-n", type=int, default=64, help="prompts per task")
+    parser.add_argument("--resume", action="store_true", help="also resume each run after each of its stages (run_dir)")
     args = parser.parse_args()
     if args.compare:
         sys.exit(1 if compare(args.out, args.after) else 0)
-    run(args.out, gna.zoo.toy_names() if args.toys is None else args.toys, args.remote, args.n)
+    run(args.out, gna.zoo.toy_names() if args.toys is None else args.toys, args.remote, args.n, args.resume)
 
 
 if __name__ == "__main__":

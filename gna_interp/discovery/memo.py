@@ -34,9 +34,9 @@ class AccuracyMemo:
         model: the model the accuracies were measured on.
         values: ``key -> accuracy``.
         hits: evaluations answered from the memo (forwards not run again).
-        measured: ``key -> (stage, counts)`` for the values measured by a forward here: the
-            stage running then (`stage`) and what the forward cost (`cost.COUNTS` of the open
-            meter; empty without one).
+        measured: ``key -> (stage, counts)`` for the values recorded here: the stage running
+            then (`stage`) and what the forward cost (`cost.COUNTS` of the open meter; empty
+            without one, or for a value recorded by `remember`).
         pending: ``key -> counts`` of values read back from an unfinished stage of an earlier
             run: the first hit charges them to the open meters, as the forward did then.
         stage: the index of the stage running (set by the runner; ``-1``: none).
@@ -177,6 +177,7 @@ def remember(model: GnaModel, task: Task, interventions: Sequence[Intervention],
     if key is None:
         return False
     memo.values[key] = value  # type: ignore[union-attr]
+    memo.measured.setdefault(key, (memo.stage, {}))  # type: ignore[union-attr]  # no forward of its own
     if memo.on_new is not None:  # type: ignore[union-attr]
         memo.on_new()  # type: ignore[union-attr]
     return True

@@ -12,7 +12,10 @@ The folder holds:
   (``torch.save``, ``{"format": FORMAT, ...}``). A remote run's head scan, whose spread
   search is still in flight until the entry stage, is saved with the entry stage.
 - ``memo.pt``: the accuracy memo (`memo.AccuracyMemo`): every accuracy measured, with the
-  stage that measured it and what its forward cost.
+  stage that measured it and what its forward cost. Read back, the accuracies of finished
+  stages are free; those an unfinished stage measured are charged on first use (as their
+  forward was); those it recorded without a forward (`memo.remember`) are dropped: it
+  records them again when it runs.
 
 Every file is written to a temporary file in the folder, then moved over the old one
 (``os.replace``): a crash leaves the old file or the new one, never half of one. The ``.pt``
@@ -179,8 +182,10 @@ class RunDir:
         if saved.get("format") != FORMAT:
             raise GnaValueError(f"{file}: format {saved.get('format')!r}, expected {FORMAT}: use a new run_dir")
         for key, (value, stage, counts) in saved["entries"].items():
+            if stage >= self.finished and not counts:  # recorded without a forward by a stage that did not finish: again when it runs
+                continue
             opened.values[key] = value
-            if stage >= self.finished and counts:  # measured by a stage that did not finish: owed on first use
+            if stage >= self.finished:  # measured by a stage that did not finish: its cost owed on first use
                 opened.pending[key] = counts
                 opened.measured[key] = (stage, counts)
 
