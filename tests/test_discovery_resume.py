@@ -94,8 +94,8 @@ def test_a_killed_run_resumes_to_the_uninterrupted_circuit(tmp_path, llama):
         child.kill()
         child.wait()
     assert child.returncode == -signal.SIGKILL
-    finished = sorted(p.name for p in tmp_path.glob("stage-*.pt"))
-    assert finished == [f"stage-{i:02d}-{PLAN[i].name}.pt" for i in range(BLOCK_IN)]
+    finished = sorted(p.name for p in tmp_path.glob("stage-*.json"))
+    assert finished == [f"stage-{i:02d}-{PLAN[i].name}.json" for i in range(BLOCK_IN)]
     saved = torch.load(tmp_path / "memo.pt", weights_only=False)["entries"]
     owed = [key for key, (_, stage, counts) in saved.items() if stage == BLOCK_IN and counts]
     assert len(owed) == 2  # the killed stage's two accuracies, each with its forward's cost
@@ -121,7 +121,7 @@ def test_resuming_after_any_stage_gives_the_same_circuit(tmp_path, llama, cut):
     the whole run kept: the later stages' accuracies are owed, charged when used)."""
     model, task, reference = llama
     quiet_discover(model, task, run_dir=tmp_path)
-    for path in sorted(tmp_path.glob("stage-*.pt"))[cut:]:
+    for path in sorted(tmp_path.glob("stage-*.json"))[cut:]:
         path.unlink()
     assert comparable(quiet_discover(model, task, run_dir=tmp_path)) == comparable(reference)
 
@@ -149,7 +149,7 @@ def test_a_remote_run_resumes(tmp_path):
     task = gna.toy_task("llama", n=N)
     reference = quiet_discover(model, task)
     quiet_discover(model, task, run_dir=tmp_path)
-    stages = sorted(tmp_path.glob("stage-*.pt"))
+    stages = sorted(tmp_path.glob("stage-*.json"))
     assert len(stages) >= 5
     for path in stages[3:]:
         path.unlink()

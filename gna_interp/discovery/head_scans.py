@@ -56,13 +56,6 @@ class HeadScan:
     clean: float | None = None
     min_effect: float = 0.02
 
-    def __getstate__(self) -> dict[str, object]:
-        """Pickled without its `measure` (a closure over the model): ``"group"`` marks one to
-        rebuild (`group_measure`) where it was set; a `search` in flight is not pickled."""
-        if self.search is not None:
-            raise TypeError("a HeadScan whose remote search is in flight cannot be saved: finish it first (record_search)")
-        return {**self.__dict__, "measure": None if self.measure is None else "group"}
-
     def search_spread(self, groups: Sequence[SpreadGroup]) -> None:
         """Search the needed heads of those of ``groups`` left unsearched (`search_needed`),
         adding their tests to `tests`; the others are left as they are."""

@@ -7,10 +7,11 @@ The folder holds:
   dtype, shape and bytes) and the task (name, prompts, and `memo.task_key`: SHA-256 of its
   prompts, segments, candidates and answers). A run that differs in any is refused, naming
   what differs.
-- ``stage-NN-<name>.pt``: per finished stage (`runner.PLAN`'s ``NN``-th), the stage records
-  so far (`runner.StageRecord`: name and cost) and the `runner.State` after it
-  (``torch.save``, ``{"format": FORMAT, ...}``). A remote run's head scan, whose spread
-  search is still in flight until the entry stage, is saved with the entry stage.
+- ``stage-NN-<name>.json``: per finished stage (`runner.PLAN`'s ``NN``-th), the stage
+  records so far (`runner.StageRecord`: name and cost) and the `runner.State` after it
+  (`records.state_to_dict`: exact, readable JSON), ``{"format": FORMAT, ...}``. A remote
+  run's head scan, whose spread search is still in flight until the entry stage, is saved
+  with the entry stage.
 - ``memo.pt``: the accuracy memo (`memo.AccuracyMemo`): every accuracy measured, with the
   stage that measured it and what its forward cost. Read back, the accuracies of finished
   stages are free; those an unfinished stage measured are charged on first use (as their
@@ -18,9 +19,9 @@ The folder holds:
   records them again when it runs.
 
 Every file is written to a temporary file in the folder, then moved over the old one
-(``os.replace``): a crash leaves the old file or the new one, never half of one. The ``.pt``
-files are pickles (``torch.load(weights_only=False)``): read only a folder you trust, as
-you would a checkpoint.
+(``os.replace``): a crash leaves the old file or the new one, never half of one. The memo
+is a pickle (its keys hold interventions; ``torch.load(weights_only=False)``): read only a
+folder you trust, as you would a checkpoint.
 
 Run again, ``discover`` reads the last finished stage's state and runs the stages after it,
 with the memo's accuracies: those an unfinished stage measured are answered without a
@@ -44,6 +45,7 @@ import torch
 from ..core.errors import GnaValueError
 from ..scoring.evaluation import evaluate
 from . import head_scans, memo
+from .records import state_from_dict, state_to_dict
 from .runner import PLAN, StageRecord, State
 
 if TYPE_CHECKING:
@@ -115,7 +117,7 @@ class RunDir:
             self._write(stored, json.dumps(mine, indent=1).encode())
 
     def stage_file(self, index: int) -> Path:
-        return self.path / f"stage-{index:02d}-{PLAN[index].name}.pt"
+        return self.path / f"stage-{index:02d}-{PLAN[index].name}.json"
 
     def read(self, ctx: Context) -> tuple[list[StageRecord], State]:
         """The records and the state after the last finished stage (none: ``[]``, a new
@@ -125,12 +127,12 @@ class RunDir:
         records: list[StageRecord] = []
         state = State()
         if last is not None:
-            saved = torch.load(self.stage_file(last), weights_only=False)
+            saved = json.loads(self.stage_file(last).read_text())
             if saved.get("format") != FORMAT:
                 raise GnaValueError(f"{self.stage_file(last)}: format {saved.get('format')!r}, expected {FORMAT}: use a new run_dir")
             records = [StageRecord.from_dict(r) for r in saved["records"]]
-            state = saved["state"]
-            if state.scan is not None and state.scan.measure == "group":  # `HeadScan.__getstate__`
+            state = state_from_dict(saved["state"])
+            if state.scan is not None and state.scan.measure == "group":  # `records._scan`: rebuilt here
                 state.scan.measure = head_scans.group_measure(ctx.model, ctx.task)
         self.finished = len(records)
         self._read_memo(ctx.model)
@@ -152,9 +154,8 @@ class RunDir:
             self._write_memo(opened)
         if not state.resumable():
             return
-        data = {"format": FORMAT, "records": [r.to_dict() for r in records], "state": state}
-        buffer = _to_bytes(data)
-        self._write(self.stage_file(index), buffer)
+        data = {"format": FORMAT, "records": [r.to_dict() for r in records], "state": state_to_dict(state)}
+        self._write(self.stage_file(index), json.dumps(data, indent=1).encode())
         self.finished = index + 1
 
     # ----- the memo ------------------------------------------------------------------
