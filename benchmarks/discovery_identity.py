@@ -48,8 +48,6 @@ def resumed(model: Any, task: Any, plain: dict[str, Any]) -> str:
     kill at the stage's end leaves it). Returns ``"k of k identical"`` or what differed."""
     import tempfile
 
-    import torch
-
     bad, tried = [], 0
     with tempfile.TemporaryDirectory() as folder:
         first = circuit_dict(gna.discover(model, task, progress=False, run_dir=folder))
@@ -61,10 +59,10 @@ def resumed(model: Any, task: Any, plain: dict[str, Any]) -> str:
             for memo_cut in (False, True):
                 for name in stages[cut:]:
                     (Path(folder) / name).unlink(missing_ok=True)
-                memo = torch.load(Path(folder) / "memo.pt", weights_only=False)
-                if memo_cut:
-                    memo["entries"] = {k: v for k, v in memo["entries"].items() if v[1] < int(stages[cut][6:8])}
-                torch.save(memo, Path(folder) / "memo.pt")
+                memo = json.loads((Path(folder) / "memo.json").read_text())
+                if memo_cut:  # the entries of the stages kept: [key, value, stage, counts]
+                    memo["entries"] = [row for row in memo["entries"] if row[2] < int(stages[cut][6:8])]
+                (Path(folder) / "memo.json").write_text(json.dumps(memo))
                 tried += 1
                 again = circuit_dict(gna.discover(model, task, progress=False, run_dir=folder))
                 if again != plain:

@@ -1,7 +1,7 @@
-"""`runner.State` to JSON and back, exactly: what a run directory's stage files hold
-(`run_dir.RunDir`). Floats keep every bit (JSON's shortest repr round-trips; NaN and
-infinities as ``NaN`` / ``Infinity``, which Python's ``json`` reads); tensors as their dtype,
-shape and base64 bytes; heads as ``"L0H3"``."""
+"""`runner.State` and the accuracy memo's keys to JSON and back, exactly: what a run
+directory's files hold (`run_dir.RunDir`). Floats keep every bit (JSON's shortest repr
+round-trips; NaN and infinities as ``NaN`` / ``Infinity``, which Python's ``json`` reads);
+tensors as their dtype, shape and base64 bytes; heads as ``"L0H3"``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..core.errors import GnaValueError
 from ..core.heads import Head
+from ..core.interventions import SkipLayers, Truncate
 from ..scoring.evaluation import Evaluation
 from . import head_scans, remote
 from .circuit import GnaCircuit
@@ -188,3 +190,37 @@ def state_from_dict(data: dict[str, Any]) -> State:
         thresholds = RoleThresholds(**{f.name: labels["thresholds"][f.name] for f in fields(RoleThresholds)})
         state.labels = LabelInputs(_read_scores(labels["scores"]), thresholds, labels["clean"])
     return state
+
+
+def key_to_json(value: Any) -> Any:
+    """A memo key (`memo.memo_key`'s parts: strings, numbers, ``None``, tuples, `Head`,
+    bytes, `SkipLayers`, `Truncate`) as JSON: a tuple ``{"t": [...]}``, a head ``{"h":
+    "L0H3"}``, bytes ``{"b": base64}``, ``{"skip": layers}``, ``{"truncate": n}``."""
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, Head):
+        return {"h": str(value)}
+    if isinstance(value, tuple):
+        return {"t": [key_to_json(v) for v in value]}
+    if isinstance(value, bytes):
+        return {"b": base64.b64encode(value).decode()}
+    if isinstance(value, SkipLayers):
+        return {"skip": list(value.layers)}
+    if isinstance(value, Truncate):
+        return {"truncate": value.n_layers}
+    raise GnaValueError(f"memo key part {value!r} ({type(value).__name__}): not a kind the run directory writes")
+
+
+def key_from_json(value: Any) -> Any:
+    """The memo key of `key_to_json`."""
+    if not isinstance(value, dict):
+        return value
+    if "h" in value:
+        return Head.parse(value["h"])
+    if "t" in value:
+        return tuple(key_from_json(v) for v in value["t"])
+    if "b" in value:
+        return base64.b64decode(value["b"])
+    if "skip" in value:
+        return SkipLayers(value["skip"])
+    return Truncate(value["truncate"])

@@ -12,22 +12,15 @@ The folder holds:
   (`records.state_to_dict`: exact, readable JSON), ``{"format": FORMAT, ...}``. A remote
   run's head scan, whose spread search is still in flight until the entry stage, is saved
   with the entry stage.
-- ``memo.pt``: the accuracy memo (`memo.AccuracyMemo`): every accuracy measured, with the
+- ``memo.json``: the accuracy memo (`memo.AccuracyMemo`): every accuracy measured, with the
   stage that measured it and what its forward cost. Read back, the accuracies of finished
   stages are free; those an unfinished stage measured are charged on first use (as their
   forward was); those it recorded without a forward (`memo.remember`) are dropped: it
   records them again when it runs.
 
 Every file is written to a temporary file in the folder, then moved over the old one
-(``os.replace``): a crash leaves the old file or the new one, never half of one. The memo
-is a pickle (its keys hold interventions; ``torch.load(weights_only=False)``): read only a
-folder you trust, as you would a checkpoint.
-
-Run again, ``discover`` reads the last finished stage's state and runs the stages after it,
-with the memo's accuracies: those an unfinished stage measured are answered without a
-forward, and charged to the cost meter as their forward was, so the circuit's cost is the
-uninterrupted run's (the seconds and peak memory aside). A local model's clean forward is
-run first, uncharged, to fill the prefix cache the skipped stages had filled.
+(``os.replace``): a crash leaves the old file or the new one, never half of one. Nothing
+is a pickle: reading a folder runs no code from it.
 """
 
 from __future__ import annotations
@@ -45,7 +38,7 @@ import torch
 from ..core.errors import GnaValueError
 from ..scoring.evaluation import evaluate
 from . import head_scans, memo
-from .records import state_from_dict, state_to_dict
+from .records import key_from_json, key_to_json, state_from_dict, state_to_dict
 from .runner import PLAN, StageRecord, State
 
 if TYPE_CHECKING:
@@ -171,18 +164,20 @@ class RunDir:
         for key, counts in opened.pending.items():  # read back, not hit yet: still owed by its stage
             value, stage, _ = entries[key]
             entries[key] = (value, max(stage, opened.stage), counts)
-        self._write(self.path / "memo.pt", _to_bytes({"format": FORMAT, "entries": entries}))
+        rows = [[key_to_json(key), *entry] for key, entry in entries.items()]
+        self._write(self.path / "memo.json", json.dumps({"format": FORMAT, "entries": rows}).encode())
         self.saved_at = time.monotonic()
 
     def _read_memo(self, model: GnaModel) -> None:
-        file = self.path / "memo.pt"
+        file = self.path / "memo.json"
         opened = memo.open_memo(model)
         if opened is None or not file.exists():
             return
-        saved = torch.load(file, weights_only=False)
+        saved = json.loads(file.read_text())
         if saved.get("format") != FORMAT:
             raise GnaValueError(f"{file}: format {saved.get('format')!r}, expected {FORMAT}: use a new run_dir")
-        for key, (value, stage, counts) in saved["entries"].items():
+        for encoded, value, stage, counts in saved["entries"]:
+            key = key_from_json(encoded)
             if stage >= self.finished and not counts:  # recorded without a forward by a stage that did not finish: again when it runs
                 continue
             opened.values[key] = value
@@ -202,14 +197,6 @@ class RunDir:
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
-
-
-def _to_bytes(data: Any) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    torch.save(data, buffer)
-    return buffer.getvalue()
 
 
 def warm_prefix(model: GnaModel, task: Task) -> None:
