@@ -185,3 +185,24 @@ def test_bad_settings_are_named():
         DiscoverySettings(layers=[0, "x"])
     with pytest.raises(TypeError, match=r"settings= and setting keywords \['max_candidates'\] both given"):
         gna.discover(gna.load_toy("llama"), gna.toy_task("llama", n=8), settings=DiscoverySettings(), max_candidates=3)
+
+
+def test_the_run_directory_json_is_exact():
+    """Tensors (NaN included) and memo keys (heads, positions as tensor bytes, skipped
+    layers, truncations) come back equal from JSON: the same key reads the same accuracy."""
+    from gna_interp.discovery.memo import memo_key
+    from gna_interp.discovery.records import key_from_json, key_to_json, tensor_from_dict, tensor_to_dict
+
+    values = torch.tensor([[0.1, float("nan")], [float("-inf"), 1 / 3]])
+    back = tensor_from_dict(json.loads(json.dumps(tensor_to_dict(values))))
+    assert back.dtype == values.dtype and torch.equal(back.isnan(), values.isnan())
+    assert torch.equal(back.nan_to_num(), values.nan_to_num())
+    interventions = [
+        gna.Ablate([gna.Head(1, 2), gna.Head(0, 3)], positions=torch.tensor([0, 4])),
+        gna.Ablate([gna.Head(0, 1)], positions=[-1]),
+        gna.SkipLayers([1]),
+        gna.Truncate(1),
+    ]
+    key = ("task", memo_key([]), memo_key(interventions))
+    assert key_from_json(json.loads(json.dumps(key_to_json(key)))) == key
+    assert hash(key_from_json(json.loads(json.dumps(key_to_json(key))))) == hash(key)
