@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..core.errors import GnaValueError
 from ..core.heads import Head
@@ -342,7 +342,20 @@ PLAN: tuple[Stage, ...] = (
 """`discover`'s stages in the order `run` carries them out (module docs)."""
 
 
-def run(ctx: Context, meter: Cost | None, saved: Any = None) -> tuple[GnaCircuit, list[StageRecord]]:
+class Saved(Protocol):
+    """Where a run's stages are kept (`run_dir.RunDir`)."""
+
+    def read(self, ctx: Context) -> tuple[list[StageRecord], State]:
+        """The records of the stages kept, and the state after the last."""
+
+    def begin(self, index: int) -> None:
+        """Stage ``index`` starts."""
+
+    def write(self, index: int, records: list[StageRecord], state: State) -> None:
+        """Stage ``index`` ended: ``records`` so far and the state after it."""
+
+
+def run(ctx: Context, meter: Cost | None, saved: Saved | None = None) -> tuple[GnaCircuit, list[StageRecord]]:
     """Carry out `PLAN` on ``ctx``: the circuit, and a record per stage run or read. With
     ``saved`` (a `run_dir.RunDir`), the stages it holds are read, not run (their `State` is
     the last one's), and each stage run is saved there when it ends."""
