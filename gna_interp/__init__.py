@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "cost_meter": "cost",
     "Cost": "cost",
     "Evaluation": "scoring.evaluation",
+    "DiscoverySettings": "discovery",
     "GnaCircuit": "discovery",
     "GnaModel": "models",
     "LMEvalRun": "harness",

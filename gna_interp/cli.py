@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="also re-run the search on K bootstrap samples of the prompts; count how often each head is chosen",
     )
+    discover.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        help="keep the run in DIR (each finished stage, every accuracy measured): run again to carry on after a crash",
+    )
     discover.set_defaults(func=cmd.discover_command)
 
     ablate = commands.add_parser("ablate", parents=[quiet], help="accuracy on a task before and after ablating heads")

@@ -76,6 +76,23 @@ def test_discover_stability_flag_records_the_samples(capsys):
     assert data["stability"]["sampling"] == "bootstrap" and data["stability"]["n_prompts"] == [24, 24]
 
 
+def test_discover_run_dir_keeps_the_run(tmp_path, capsys):
+    """`--run-dir DIR`: each stage saved there; run again, the same circuit (the library
+    call without a folder is the reference), read from the folder (its stages are all there)."""
+    args = ["discover", "--model", "llama", "--n", "24", "--json", "--quiet", "--run-dir", str(tmp_path / "run")]
+    circuits = []
+    for _ in range(2):
+        status, out, err = run(args, capsys)
+        assert status == 0, err[-2000:]
+        circuits.append(json.loads(out[out.index("{") : out.rindex("}") + 1]))
+    reference = gna.discover(gna.load_toy("llama"), gna.toy_task("llama", 24), progress=False).to_dict()
+    for data in (*circuits, reference):
+        for key in ("seconds", "peak_memory_mb"):
+            data["cost"].pop(key)
+    assert circuits[0] == circuits[1] == json.loads(json.dumps(reference))
+    assert len(list((tmp_path / "run").glob("stage-*.json"))) == len(gna.discovery.runner.PLAN)
+
+
 def test_ablate_prints_accuracy_before_and_after(capsys):
     status, out, err = run(["ablate", "--model", "mamba2_counting", "--head", "0.0", "--n", "100"], capsys)
     assert status == 0, err[-2000:]

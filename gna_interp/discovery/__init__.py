@@ -5,11 +5,13 @@ from .evidence import HeadEvidence, RoleNeed, Stability, Standing
 from .picture import RolePicture, role_picture
 from .pipeline import discover, prompt_samples, stability
 from .roles import RoleScores, RoleThresholds
+from .settings import DiscoverySettings
 from .stages import SEARCH_STAGES, STAGES, NoRetrievalWarning, PositionalAnswerWarning
 
 __all__ = [
     "SEARCH_STAGES",
     "STAGES",
+    "DiscoverySettings",
     "GnaCircuit",
     "HeadEvidence",
     "NoRetrievalWarning",

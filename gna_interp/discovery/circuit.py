@@ -193,7 +193,9 @@ class GnaCircuit:
 
         return pd.DataFrame([{"condition": k, "accuracy": v} for k, v in self.accuracy.items()])
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, finite: bool = True) -> dict[str, Any]:
+        """JSON-ready values; ``finite=False`` keeps NaN and infinities as they are (for
+        ``json.dumps(allow_nan=True)``: a run directory's exact copy, `records`)."""
         data = asdict(self)
         data["gather"] = [str(h) for h in self.gather]
         data["aggregate"] = [str(h) for h in self.aggregate]
@@ -202,7 +204,7 @@ class GnaCircuit:
         data["stability"] = None if self.stability is None else self.stability.to_dict()
         data["spread"] = {role: item.to_dict() for role, item in self.spread.items()}
         data["headline"] = None if self.mechanism is None else self.headline()  # words for readers; not read back
-        return _finite(data)
+        return _finite(data) if finite else data
 
     def to_json(self, path: str | Path | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=1, allow_nan=False)
@@ -215,7 +217,12 @@ class GnaCircuit:
         text = str(text_or_path)
         if not text.lstrip().startswith("{"):
             text = Path(text).read_text()
-        data = json.loads(text)
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GnaCircuit:
+        """The circuit of `to_dict` (its ``headline`` dropped: words, not read back)."""
+        data = dict(data)
         data.pop("headline", None)
         data["gather"] = [Head.parse(h) for h in data["gather"]]
         data["aggregate"] = [Head.parse(h) for h in data["aggregate"]]

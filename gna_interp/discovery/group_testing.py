@@ -136,15 +136,11 @@ def group_testing(
     "needed" for recovering less than ``min_effect``, an amount the scan counts as no
     effect anywhere else (every part qualifies, and the search splits the whole group).
 
-    **Masked heads** (``masked``). Monotone effects fail where heads cancel: on the trained
-    Mamba-1 toy L1H92 costs 0.035 alone, but the half L1H64-L1H127 costs nothing (a
-    channel of L1H96-L1H127 cancels it there). Where one half of a split costs at least
-    ``min_effect`` and the halves' effects do not add up to the group's (by ``min_effect``
-    or more, `masked_parts`), the half that costs nothing is split as if it were costly,
-    and so on below it while its splits show the same; no test is spent to decide it (the
-    values are measured already). Additive effects never trigger it. Heads that cancel
-    where no measured split shows an interaction (a pair that stays together down to
-    groups whose halves add up) are still missed.
+    **Masked heads** (``masked``). Monotone effects fail where heads cancel (the trained
+    Mamba-1 toy's L1H92, 0.035 alone, in a half that costs nothing): where a split's halves
+    do not add up to the group (`masked_parts`), the half that costs nothing is split as if
+    costly, no test spent to decide it. Additive effects never trigger it; heads that cancel
+    where no measured split shows it are still missed.
 
     Args:
         measure: accuracy with each group ablated (one call per round).
@@ -177,32 +173,67 @@ def group_testing(
             if parent is not None:
                 children.setdefault(parent[0], []).append((group, value))
             costly = clean - value >= min_effect
-            if len(group) == 1 and costly:
-                singles[group[0]] = value
-                screened.pop(group[0], None)  # in a cleared group searched anyway (`masked_parts`)
-            elif not costly:
-                for head in group:
-                    screened[head] = value
+            _settle(group, value, costly, singles, screened)
             if (costly or tuple(group) in suspects) and len(group) > 1:
                 next_parents.append((group, value))
                 split += [(part, (len(next_parents) - 1, i)) for i, part in enumerate(_parts(group))]
         for index, measured in children.items():
-            group, value = parents[index]
-            parts = [part for part, _ in measured]
-            effects = [clean - v for _, v in measured]
-            if clean - value >= min_effect and (max(effects) < min_effect or sum(max(e, 0.0) for e in effects) < 0.5 * (clean - value)):
-                spread.append(SpreadGroup(group, value, tuple(v for _, v in measured)))  # a costly parent its parts do not explain
-            for part in masked_parts(parts, effects, clean - value, min_effect) if masked else []:  # cleared, but may hide a costly head
-                suspects.add(tuple(part))
-                next_parents.append((part, clean - effects[parts.index(part)]))
-                split += [(sub, (len(next_parents) - 1, i)) for i, sub in enumerate(_parts(part))]
+            spread += _judge_split(parents[index], measured, clean, min_effect, masked, suspects, next_parents, split)
         pending, parents = split, next_parents
+    extra = _search_spread(measure, spread, clean, min_effect, search)
+    return GroupTesting(singles, screened, spread, tests + extra[0], rounds + extra[1])
+
+
+def _settle(group: list[Head], value: float, costly: bool, singles: dict[Head, float], screened: dict[Head, float]) -> None:
+    """`group_testing`: a costly single head into ``singles`` (out of ``screened``, where a
+    cleared group searched anyway put it: `masked_parts`); a group that costs nothing, each
+    of its heads into ``screened`` with its accuracy."""
+    if len(group) == 1 and costly:
+        singles[group[0]] = value
+        screened.pop(group[0], None)
+    elif not costly:
+        for head in group:
+            screened[head] = value
+
+
+def _search_spread(measure: Measure, spread: list[SpreadGroup], clean: float, min_effect: float, search: bool) -> tuple[int, int]:
+    """`group_testing`'s spread groups marked ``searched`` (an effect of at least twice
+    ``min_effect``) and, with ``search``, their needed heads found (`_needed_heads`).
+    Returns the tests and rounds it ran."""
+    tests = rounds = 0
     for item in spread:
         item.searched = clean - item.accuracy >= 2 * min_effect
         if item.searched and search:
             item.needed, extra = _needed_heads(measure, item.heads, clean, min_effect)
             tests, rounds = tests + extra[0], rounds + extra[1]
-    return GroupTesting(singles, screened, spread, tests, rounds)
+    return tests, rounds
+
+
+def _judge_split(
+    parent: tuple[list[Head], float],
+    measured: list[tuple[list[Head], float]],
+    clean: float,
+    min_effect: float,
+    masked: bool,
+    suspects: set[tuple[Head, ...]],
+    next_parents: list[tuple[list[Head], float]],
+    split: list[tuple[list[Head], tuple[int, int] | None]],
+) -> list[SpreadGroup]:
+    """`group_testing`'s reading of a ``parent`` group (heads, accuracy) from its parts'
+    accuracies (``measured``): ``[SpreadGroup]`` when its parts do not explain its cost; the
+    parts that cost nothing but may hide a costly head (`masked_parts`) added to ``suspects``
+    and split for the next round (``next_parents``, ``split``)."""
+    group, value = parent
+    parts = [part for part, _ in measured]
+    effects = [clean - v for _, v in measured]
+    found = []
+    if clean - value >= min_effect and (max(effects) < min_effect or sum(max(e, 0.0) for e in effects) < 0.5 * (clean - value)):
+        found.append(SpreadGroup(group, value, tuple(v for _, v in measured)))  # a costly parent its parts do not explain
+    for part in masked_parts(parts, effects, clean - value, min_effect) if masked else []:  # cleared, but may hide a costly head
+        suspects.add(tuple(part))
+        next_parents.append((part, clean - effects[parts.index(part)]))
+        split += [(sub, (len(next_parents) - 1, i)) for i, sub in enumerate(_parts(part))]
+    return found
 
 
 def search_needed(measure: Measure, group: SpreadGroup, clean: float, min_effect: float) -> int:

@@ -297,17 +297,7 @@ def head_scan(
     """
     accuracy = torch.full((model.n_layers, model.n_heads), float("nan"))
     verified = torch.zeros(model.n_layers, model.n_heads, dtype=torch.bool)
-    direct: list[Head] = []
-    wide = list(adaptive)
-    if only is not None:
-        direct = sorted(h for h in only if h.layer not in set(wide))
-    else:
-        for layer in layers:
-            heads = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
-            if len(heads) > screen_above:
-                wide.append(layer)
-            else:
-                direct += heads
+    direct, wide = _direct_and_wide(model, layers, screen_above, only, adaptive)
     spread: list[SpreadGroup] = []
     tests: dict[int, int] = {}
     if wide and clean is None:
@@ -315,11 +305,11 @@ def head_scan(
     heads_of = {layer: [Head(layer, h) for h in range(model.heads_per_layer[layer])] for layer in wide}
     search = None
     if wide and is_batched_remote(model) and not model.active_interventions:  # few rounds: each is a request
-        search = StagedGroupTesting(_group_measure(model, task), list(heads_of.values()), float(clean), min_effect, known)  # type: ignore[arg-type]
+        search = StagedGroupTesting(group_measure(model, task), list(heads_of.values()), float(clean), min_effect, known)  # type: ignore[arg-type]
         results = search.results if defer_search else search.finish()
     else:
         layers_shown = progress_bar(wide, show=progress, desc="group testing")
-        measure = _group_measure(model, task)
+        measure = group_measure(model, task)
         results = [group_testing(measure, heads_of[layer], float(clean), min_effect, search_spread) for layer in layers_shown]  # type: ignore[arg-type]
     for layer, found in zip(wide, results, strict=True):
         for values, measured in ((found.screened, False), (found.singles, True)):
@@ -328,6 +318,45 @@ def head_scan(
                 verified[head.layer, head.head] = measured
         spread += found.spread
         tests[layer] = found.tests
+    cleared, clean = _clear_quiet(model, task, quiet, direct, clean, min_effect, accuracy)
+    done = set(cleared)
+    direct = [h for h in direct if h not in done]
+    for head, value in _single_ablations(model, task, direct, progress).items():
+        accuracy[head.layer, head.head] = value
+        verified[head.layer, head.head] = True
+    scan = HeadScan(accuracy, verified, spread, tests, search if defer_search else None, cleared=cleared)
+    if search is None and not search_spread:
+        scan.unsearched = [group for group in spread if group.searched]
+        scan.measure, scan.clean, scan.min_effect = measure, float(clean) if clean is not None else None, min_effect
+    return scan
+
+
+def _direct_and_wide(
+    model: GnaModel, layers: Sequence[int], screen_above: int, only: Collection[Head] | None, adaptive: Sequence[int]
+) -> tuple[list[Head], list[int]]:
+    """`head_scan`'s heads to ablate alone and its layers for group testing: ``only``'s
+    heads outside the ``adaptive`` layers, or every head of the ``layers`` of at most
+    ``screen_above`` heads (the wider layers then join ``adaptive``)."""
+    direct: list[Head] = []
+    wide = list(adaptive)
+    if only is not None:
+        return sorted(h for h in only if h.layer not in set(wide)), wide
+    for layer in layers:
+        heads = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
+        if len(heads) > screen_above:
+            wide.append(layer)
+        else:
+            direct += heads
+    return direct, wide
+
+
+def _clear_quiet(
+    model: GnaModel, task: Task, quiet: Collection[Head], direct: list[Head], clean: float | None, min_effect: float, accuracy: Tensor
+) -> tuple[list[Head], float | None]:
+    """`head_scan`'s ``quiet`` heads of each layer (two or more, among ``direct``) ablated
+    together: the heads of a group costing less than ``min_effect`` are cleared, each given
+    the group's accuracy in ``accuracy``. Returns the cleared heads and ``clean`` (measured
+    if needed)."""
     cleared: list[Head] = []
     alone = set(direct)
     for layer in sorted({h.layer for h in quiet}):
@@ -341,19 +370,10 @@ def head_scan(
             for head in group:
                 accuracy[head.layer, head.head] = value
             cleared += group
-    done = set(cleared)
-    direct = [h for h in direct if h not in done]
-    for head, value in _single_ablations(model, task, direct, progress).items():
-        accuracy[head.layer, head.head] = value
-        verified[head.layer, head.head] = True
-    scan = HeadScan(accuracy, verified, spread, tests, search if defer_search else None, cleared=cleared)
-    if search is None and not search_spread:
-        scan.unsearched = [group for group in spread if group.searched]
-        scan.measure, scan.clean, scan.min_effect = measure, float(clean) if clean is not None else None, min_effect
-    return scan
+    return cleared, clean
 
 
-def _group_measure(model: GnaModel, task: Task) -> Measure:
+def group_measure(model: GnaModel, task: Task) -> Measure:
     """`Measure` on ``model``: a remote model's round in one request (`evaluate_many`)."""
 
     def measure(groups: list[list[Head]]) -> list[float]:

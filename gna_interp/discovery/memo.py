@@ -3,7 +3,8 @@ call) an evaluation already made is answered from the memo (`accuracy`), not run
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
@@ -12,29 +13,65 @@ from torch import Tensor
 
 from ..core.errors import GnaTypeError
 from ..core.interventions import Ablate, Intervention, SkipLayers, Truncate
+from ..cost import COUNTS, charge
 from ..scoring.evaluation import evaluate
 
 if TYPE_CHECKING:
+    from ..cost import Cost
     from ..models.handle import GnaModel
     from ..tasks.base import Task
 
 
 class AccuracyMemo:
     """Task accuracies already measured on one model (`accuracy_memo`), keyed by everything
-    that changes the forward: the task (by identity: the memo holds it, so its id is not
-    reused), each intervention (`memo_key`) and the model's own active interventions.
+    that changes the forward: the task (by its contents, `task_key`, computed once per task
+    object: the memo holds it, so its id is not reused), each intervention (`memo_key`) and
+    the model's own active interventions. The keys are plain values (strings, tuples, bytes,
+    `Head`, `SkipLayers`, `Truncate`): they pickle, and mean the same in another process
+    (`discovery.run_dir` keeps them across a crash).
 
     Attributes:
         model: the model the accuracies were measured on.
         values: ``key -> accuracy``.
         hits: evaluations answered from the memo (forwards not run again).
+        measured: ``key -> (stage, counts)`` for the values recorded here: the stage running
+            then (`stage`) and what the forward cost (`cost.COUNTS` of the open meter; empty
+            without one, or for a value recorded by `remember`).
+        pending: ``key -> counts`` of values read back from an unfinished stage of an earlier
+            run: the first hit charges them to the open meters, as the forward did then.
+        stage: the index of the stage running (set by the runner; ``-1``: none).
+        on_new: called after each new value (the run directory saves the memo).
     """
 
     def __init__(self, model: GnaModel) -> None:
         self.model = model
         self.values: dict[tuple, float] = {}
         self.tasks: dict[int, Task] = {}
+        self.task_keys: dict[int, str] = {}
         self.hits = 0
+        self.measured: dict[tuple, tuple[int, dict[str, int]]] = {}
+        self.pending: dict[tuple, dict[str, int]] = {}
+        self.stage = -1
+        self.on_new: Callable[[], None] | None = None
+
+    def task_key(self, task: Task) -> str:
+        """``task``'s content key (`task_key`), computed once per task held."""
+        if id(task) not in self.task_keys:
+            self.tasks[id(task)] = task
+            self.task_keys[id(task)] = task_key(task)
+        return self.task_keys[id(task)]
+
+
+def task_key(task: Task) -> str:
+    """A SHA-256 of what a task's evaluation reads: its name, each example's text, segments,
+    query, candidates and correct index, and its tokenizer's class and vocabulary size (not
+    its path: a toy's tokenizer is written to a new temporary folder in each process)."""
+    digest = hashlib.sha256()
+    tokenizer = task.tokenizer
+    digest.update(repr((task.name, type(tokenizer).__name__, getattr(tokenizer, "vocab_size", None))).encode())
+    for example in task.examples:
+        digest.update(repr((example.text, example.segments, example.query, example.candidates, example.correct)).encode())
+    return digest.hexdigest()
 
 
 _MEMO: ContextVar[AccuracyMemo | None] = ContextVar("gna_accuracy_memo", default=None)
@@ -50,8 +87,9 @@ def accuracy_memo(model: GnaModel) -> Iterator[AccuracyMemo]:
     is paid once. Interventions `memo_key` cannot key (a patch, a mean or resample
     ablation, an attention mask) are always run.
 
-    Inside the block the model (its weights, swapped blocks) and the task's contents must not
-    change: tasks are keyed by identity, and a value is reused without looking at either."""
+    Inside the block the model (its weights, swapped blocks) and a task's contents must not
+    change: a task's key is computed from its contents once, and a value is reused without
+    looking at either again."""
     token = _MEMO.set(AccuracyMemo(model))
     try:
         yield _MEMO.get()  # type: ignore[misc]
@@ -98,7 +136,7 @@ def _memo_entry(memo: AccuracyMemo | None, model: GnaModel, task: Task, interven
     if memo is None or memo.model is not model:
         return None
     ambient, own = memo_key(model.active_interventions), memo_key(interventions)
-    return None if ambient is None or own is None else (id(task), ambient, own)
+    return None if ambient is None or own is None else (memo.task_key(task), ambient, own)
 
 
 def accuracy(model: GnaModel, task: Task, interventions: Sequence[Intervention] = (), *, progress: bool | None = False) -> float:
@@ -108,12 +146,24 @@ def accuracy(model: GnaModel, task: Task, interventions: Sequence[Intervention] 
     key = _memo_entry(memo, model, task, interventions)
     if key is not None and key in memo.values:  # type: ignore[union-attr]
         memo.hits += 1  # type: ignore[union-attr]
+        counts = memo.pending.pop(key, None)  # type: ignore[union-attr]
+        if counts:  # measured by an unfinished stage of an earlier run: its cost, as then
+            charge(model.backend, **counts)
         return memo.values[key]  # type: ignore[union-attr]
+    meters = getattr(model.backend, "_cost_meters", None) or [None]
+    before = _counts(meters[0])
     value = evaluate(model, task, interventions, progress=progress).accuracy
     if key is not None:
-        memo.tasks[id(task)] = task  # type: ignore[union-attr]
+        after = _counts(meters[0])
         memo.values[key] = value  # type: ignore[union-attr]
+        memo.measured[key] = (memo.stage, {k: after[k] - before[k] for k in after if after[k] != before[k]})  # type: ignore[union-attr]
+        if memo.on_new is not None:  # type: ignore[union-attr]
+            memo.on_new()  # type: ignore[union-attr]
     return value
+
+
+def _counts(meter: Cost | None) -> dict[str, int]:
+    return {} if meter is None else {name: getattr(meter, name) for name in COUNTS}
 
 
 def remember(model: GnaModel, task: Task, interventions: Sequence[Intervention], value: float) -> bool:
@@ -126,6 +176,14 @@ def remember(model: GnaModel, task: Task, interventions: Sequence[Intervention],
     key = _memo_entry(memo, model, task, interventions)
     if key is None:
         return False
-    memo.tasks[id(task)] = task  # type: ignore[union-attr]
     memo.values[key] = value  # type: ignore[union-attr]
+    memo.measured.setdefault(key, (memo.stage, {}))  # type: ignore[union-attr]  # no forward of its own
+    if memo.on_new is not None:  # type: ignore[union-attr]
+        memo.on_new()  # type: ignore[union-attr]
     return True
+
+
+def open_memo(model: GnaModel) -> AccuracyMemo | None:
+    """The `accuracy_memo` open for ``model`` (``None``: none)."""
+    memo = _MEMO.get()
+    return memo if memo is not None and memo.model is model else None

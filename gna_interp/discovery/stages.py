@@ -1,4 +1,4 @@
-"""The stages of `discover` (`pipeline`), one function each, in the order it runs them:
+"""The measurements of `discover`'s stages (`runner.PLAN` calls them), in the order it runs them:
 `check_arguments`, `first_request` (a remote run's first request), `baseline` and
 `label_check`, `layer_stages` (truncation and layer scans), `prescreen_stage`, the head scan
 (`head_scans.head_scan`), `entry_stage` (`LabelInputs`), `role_stage`, `entry_ends`,

@@ -1,0 +1,219 @@
+"""`RunDir`: a discovery that survives a crash (``discover(..., run_dir=PATH)``).
+
+The folder holds:
+
+- ``fingerprint.json``: what the run is of: the settings (`DiscoverySettings.to_dict`), the
+  model (name, family, and `weights_hash`: SHA-256 over every parameter and buffer's name,
+  dtype, shape and bytes) and the task (name, prompts, and `memo.task_key`: SHA-256 of its
+  prompts, segments, candidates and answers). A run that differs in any is refused, naming
+  what differs.
+- ``stage-NN-<name>.json``: per finished stage (`runner.PLAN`'s ``NN``-th), the stage
+  records so far (`runner.StageRecord`: name and cost) and the `runner.State` after it
+  (`records.state_to_dict`: exact, readable JSON), ``{"format": FORMAT, ...}``. A remote
+  run's head scan, whose spread search is still in flight until the entry stage, is saved
+  with the entry stage.
+- ``memo.json``: the accuracy memo (`memo.AccuracyMemo`): every accuracy measured, with the
+  stage that measured it and what its forward cost. Read back, the accuracies of finished
+  stages are free; those an unfinished stage measured are charged on first use (as their
+  forward was); those it recorded without a forward (`memo.remember`) are dropped: it
+  records them again when it runs.
+
+Every file is written to a temporary file in the folder, then moved over the old one
+(``os.replace``): a crash leaves the old file or the new one, never half of one. Nothing
+is a pickle: reading a folder runs no code from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..core.errors import GnaValueError
+from ..scoring.evaluation import evaluate
+from . import head_scans, memo
+from .records import key_from_json, key_to_json, state_from_dict, state_to_dict
+from .runner import PLAN, StageRecord, State
+
+if TYPE_CHECKING:
+    from ..models.handle import GnaModel
+    from ..tasks.base import Task
+    from .runner import Context
+    from .settings import DiscoverySettings
+
+FORMAT = 1
+"""Version of the files' layout; a folder of another version is refused."""
+MEMO_EVERY_S = 2.0
+"""Within a stage, the memo is saved after a new accuracy at most this often (and at its end)."""
+
+
+def weights_hash(model: GnaModel) -> str:
+    """SHA-256 over the state dict of ``model.hf_model``: each tensor's name, dtype, shape and
+    bytes (a tensor on the ``meta`` device, as a remote model has, by name, dtype and shape:
+    NDIF's weights are the hub's, named by the model). Every byte is read: a changed weight
+    anywhere is seen. About 250 MiB/s on one loaded CPU core (a 7B model in bf16, 14 GB: about
+    a minute; a GPU model's tensors are copied to the CPU one at a time)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.hf_model.state_dict().items()):
+        digest.update(repr((name, str(tensor.dtype), tuple(tensor.shape))).encode())
+        if tensor.device.type != "meta":
+            digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())  # its buffer, not a copy
+    return digest.hexdigest()
+
+
+def fingerprint(model: GnaModel, task: Task, settings: DiscoverySettings) -> dict[str, Any]:
+    """What a run directory's discovery is of (module docs)."""
+    return {
+        "format": FORMAT,
+        "settings": settings.to_dict(),
+        "model": {"name": model.name, "family": model.arch.family, "weights": weights_hash(model)},
+        "task": {"name": task.name, "n_prompts": len(task), "prompts": memo.task_key(task)},
+    }
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between two fingerprints, in words."""
+    found = []
+    if old.get("format") != new["format"]:
+        found.append(f"file format {old.get('format')!r} (this version writes {new['format']!r})")
+    for part in ("settings", "model", "task"):
+        before, now = old.get(part, {}), new[part]
+        for key in sorted(set(before) | set(now)):
+            if before.get(key) != now.get(key):
+                what = {"weights": "weights (hash)", "prompts": "prompts (hash)"}.get(key, key)
+                found.append(f"{part} {what}: {before.get(key)!r} then, {now.get(key)!r} now")
+    return found
+
+
+class RunDir:
+    """A discovery's folder of finished stages and measured accuracies (module docs)."""
+
+    def __init__(self, path: str | os.PathLike[str], model: GnaModel, task: Task, settings: DiscoverySettings) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.model = model
+        self.saved_at = 0.0
+        self.finished = 0
+        mine = fingerprint(model, task, settings)
+        stored = self.path / "fingerprint.json"
+        if stored.exists():
+            found = differences(json.loads(stored.read_text()), mine)
+            if found:
+                raise GnaValueError(
+                    f"run_dir={str(self.path)!r} holds another discovery: {'; '.join(found)}. "
+                    "Use a new run_dir, or run with what it was started with"
+                )
+        else:
+            self._write(stored, json.dumps(mine, indent=1).encode())
+
+    def stage_file(self, index: int) -> Path:
+        return self.path / f"stage-{index:02d}-{PLAN[index].name}.json"
+
+    def read(self, ctx: Context) -> tuple[list[StageRecord], State]:
+        """The records and the state after the last finished stage (none: ``[]``, a new
+        `State`); the memo read into the open one, and the prefix cache filled when stages
+        remain to run."""
+        last = max((i for i in range(len(PLAN)) if self.stage_file(i).exists()), default=None)
+        records: list[StageRecord] = []
+        state = State()
+        if last is not None:
+            saved = json.loads(self.stage_file(last).read_text())
+            if saved.get("format") != FORMAT:
+                raise GnaValueError(f"{self.stage_file(last)}: format {saved.get('format')!r}, expected {FORMAT}: use a new run_dir")
+            records = [StageRecord.from_dict(r) for r in saved["records"]]
+            state = state_from_dict(saved["state"])
+            if state.scan is not None and state.scan.measure == "group":  # `records._scan`: rebuilt here
+                state.scan.measure = head_scans.group_measure(ctx.model, ctx.task)
+        self.finished = len(records)
+        self._read_memo(ctx.model)
+        if records and not state.done and len(records) < len(PLAN):
+            warm_prefix(ctx.model, ctx.task)
+        return records, state
+
+    def begin(self, index: int) -> None:
+        """Stage ``index`` starts: the memo's new accuracies are its."""
+        opened = memo.open_memo(self.model)
+        if opened is not None:
+            opened.stage = index
+            opened.on_new = self._memo_saver(opened)
+
+    def write(self, index: int, records: list[StageRecord], state: State) -> None:
+        """Stage ``index`` finished: the memo, then the records and ``state`` (when it can be saved)."""
+        opened = memo.open_memo(self.model)
+        if opened is not None:
+            self._write_memo(opened)
+        if not state.resumable():
+            return
+        data = {"format": FORMAT, "records": [r.to_dict() for r in records], "state": state_to_dict(state)}
+        self._write(self.stage_file(index), json.dumps(data, indent=1).encode())
+        self.finished = index + 1
+
+    # ----- the memo ------------------------------------------------------------------
+    def _memo_saver(self, opened: memo.AccuracyMemo) -> Any:
+        def save() -> None:
+            if time.monotonic() - self.saved_at >= MEMO_EVERY_S:
+                self._write_memo(opened)
+
+        return save
+
+    def _write_memo(self, opened: memo.AccuracyMemo) -> None:
+        entries = {key: (value, *opened.measured.get(key, (-1, {}))) for key, value in opened.values.items()}
+        for key, counts in opened.pending.items():  # read back, not hit yet: still owed by its stage
+            value, stage, _ = entries[key]
+            entries[key] = (value, max(stage, opened.stage), counts)
+        rows = [[key_to_json(key), *entry] for key, entry in entries.items()]
+        self._write(self.path / "memo.json", json.dumps({"format": FORMAT, "entries": rows}).encode())
+        self.saved_at = time.monotonic()
+
+    def _read_memo(self, model: GnaModel) -> None:
+        file = self.path / "memo.json"
+        opened = memo.open_memo(model)
+        if opened is None or not file.exists():
+            return
+        saved = json.loads(file.read_text())
+        if saved.get("format") != FORMAT:
+            raise GnaValueError(f"{file}: format {saved.get('format')!r}, expected {FORMAT}: use a new run_dir")
+        for encoded, value, stage, counts in saved["entries"]:
+            key = key_from_json(encoded)
+            if stage >= self.finished and not counts:  # recorded without a forward by a stage that did not finish: again when it runs
+                continue
+            opened.values[key] = value
+            if stage >= self.finished:  # measured by a stage that did not finish: its cost owed on first use
+                opened.pending[key] = counts
+                opened.measured[key] = (stage, counts)
+
+    def _write(self, target: Path, data: bytes) -> None:
+        """``data`` into ``target`` atomically: a temporary file in the folder, then `os.replace`."""
+        handle, temporary = tempfile.mkstemp(dir=self.path, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, target)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+
+
+def warm_prefix(model: GnaModel, task: Task) -> None:
+    """The clean forward over ``task``, charged to no meter: a resumed local run's prefix
+    cache (`GnaModel.prefix_cache`) holds the task's clean streams, as the stages before
+    had left it. A remote model has no prefix cache: nothing to do."""
+    if getattr(model.backend, "remote", False) or getattr(model, "_prefix", None) is None:
+        return
+    meters = getattr(model.backend, "_cost_meters", None)
+    held = list(meters) if meters is not None else []
+    if meters is not None:
+        meters.clear()
+    try:
+        evaluate(model, task, progress=False)
+    finally:
+        if meters is not None:
+            meters[:] = held
