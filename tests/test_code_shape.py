@@ -16,13 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gna_interp"
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 500
 
-DISCOVERY_REFACTOR = "issue 51: the discovery plan/runner refactor (another change) splits it"
-LONG_FUNCTIONS: dict[str, str] = {
-    "discovery/pipeline.py::_stages": DISCOVERY_REFACTOR,
-    "discovery/pipeline.py::discover": DISCOVERY_REFACTOR,
-    "discovery/group_testing.py::group_testing": DISCOVERY_REFACTOR,
-    "discovery/head_scans.py::head_scan": DISCOVERY_REFACTOR,
-}
+LONG_FUNCTIONS: dict[str, str] = {}
 """``"<module path under gna_interp/>::<function name>"`` -> why it may be longer than
 `MAX_FUNCTION_LINES` for now."""
 

@@ -75,6 +75,16 @@ def test_discover_check_names_the_swap(llama_tlens, task):
     check_model_and_task(llama_tlens, task, "discover")
 
 
+def test_discover_and_stability_name_the_swap(llama_tlens, task):
+    """`discover` and `discovery.stability` themselves, called with the task first: the swap
+    named before any forward (the model is left as it was: no hook, no cache)."""
+    with pytest.raises(GnaTypeError, match=r"^discover: model=Task\('toy_mcq'.*the task came first: discover\(model, task"):
+        gna.discover(task, llama_tlens, progress=False)
+    with pytest.raises(GnaTypeError, match=r"^stability: model=Task\('toy_mcq'"):
+        gna.discovery.stability(task, llama_tlens, k=2, progress=False)
+    assert llama_tlens.active_interventions == () and llama_tlens.prefix_sites(llama_tlens.to_batch(CLEAN)) == set()
+
+
 def words(n: int) -> str:
     return " ".join(f"w{5 + i % 50}" for i in range(n))
 

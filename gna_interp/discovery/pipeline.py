@@ -48,6 +48,7 @@ import torch
 
 from ..core.errors import GnaTypeError, GnaValueError
 from ..cost import COUNTS, Cost, cost_meter
+from ..models.handle import check_model, check_model_and_task
 from ..progress import progress_bar
 from ..tasks.base import Task
 from . import memo, runner
@@ -105,6 +106,7 @@ def discover(
         A resumed run's counts are the uninterrupted run's (each stage's, summed); its
         ``seconds`` those of the last run.
     """
+    check_model_and_task(model, task, "discover")  # a swapped (task, model) named as such
     settings = _settings(settings, options, "discover")
     if stability is not None:
         _check_samples(stability, "stability")
@@ -190,6 +192,7 @@ def stability(
         found = gna.discovery.stability(model, task, k=5)
         found.to_frame()                  # head, gather, aggregate (samples of 5), shares
     """
+    check_model(model, "stability")
     if isinstance(task, Task):
         samples: int | Sequence[Task] = 5 if k is None else k
         _check_samples(samples, "k")
