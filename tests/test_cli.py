@@ -90,7 +90,7 @@ def test_discover_run_dir_keeps_the_run(tmp_path, capsys):
         for key in ("seconds", "peak_memory_mb"):
             data["cost"].pop(key)
     assert circuits[0] == circuits[1] == json.loads(json.dumps(reference))
-    assert len(list((tmp_path / "run").glob("stage-*.json"))) == len(gna.discovery.runner.PLAN)
+    assert len(list((tmp_path / "run").glob("stage-*.json"))) == len(gna.discovery.plan.PLAN)
 
 
 def test_ablate_prints_accuracy_before_and_after(capsys):

@@ -25,7 +25,7 @@ import torch
 import gna_interp as gna
 from gna_interp.core.errors import GnaValueError
 from gna_interp.discovery import DiscoverySettings, RoleThresholds
-from gna_interp.discovery.runner import PLAN
+from gna_interp.discovery.plan import PLAN
 
 N = 32
 BLOCK_IN = [s.name for s in PLAN].index("joint")

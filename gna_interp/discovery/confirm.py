@@ -14,11 +14,9 @@ from ..core.heads import Head
 from ..core.interventions import Ablate, Intervention
 from ..core.plan import Site
 from ..cost import cost_meter
-from ..models.jobs import is_batched_remote
 from ..patching.metrics import Metric, logit_diff
 from ..patching.paths import ANY, check_senders, path_scores, prepare
 from ..scoring.circuit_scores import circuit_score, circuit_score_from
-from ..scoring.evaluation import evaluate_many
 from ..tasks.base import Task
 from . import memo, remote, sizes
 from .circuit import GnaCircuit
@@ -26,6 +24,7 @@ from .evidence import ROLES, RoleNeed, SpreadRole
 from .head_scans import HeadScan
 from .joint import collapsing_set
 from .report_inputs import circuit_heads, circuit_ranking
+from .runner import runner_for
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
@@ -87,15 +86,13 @@ def spread_check(
     open_roles = roles_left_open(circuit)
     if not open_roles or clean < threshold:
         return
+    runner = runner_for(model)
     if premeasured is None or values is None:
         premeasured = spread_check_runs(model, task, encoded, circuit, open_roles)
-        if is_batched_remote(model):  # one request
-            values = [result.accuracy for result in evaluate_many(model, premeasured[1])]
-        else:
-            values = [memo.accuracy(model, run_task, interventions) for run_task, interventions in premeasured[1]]
+        values = runner.accuracies(premeasured[1])  # one request on a remote model
     by_key = dict(zip(premeasured[0], values, strict=True))
     where = {"aggregate": ("final", encoded.final), "gather": ("ends", encoded.segment_ends)}
-    local = not getattr(model.backend, "remote", False)  # the ordering's attribution needs a local backward
+    local = runner.has_backward  # the ordering's attribution needs a local backward
     for role in open_roles:
         name, positions = where[role]
         measured = {layer: value for (of, layer), value in by_key.items() if of == role}
@@ -172,7 +169,7 @@ def confirm(
     fallback = {
         role: heads for role, heads in (("gather", circuit.gather), ("aggregate", circuit.aggregate)) if heads and role not in circuit.needs
     }
-    batched = remote.batched(model)
+    batched = runner_for(model).batched
     spread_values: list[float] = []
     measured: dict[str, float] = {}
     prefixes: dict[str, list[float]] = {}

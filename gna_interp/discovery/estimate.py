@@ -77,7 +77,7 @@ def estimate_passes(
     per: dict[str, float] = {"baseline": 1.0}
     if check_labels:
         per["label check"] = 1.0
-    cached = not getattr(model.backend, "remote", False)  # `GnaModel.prefix_cache`: local models only
+    cached = not model.is_remote  # `GnaModel.prefix_cache`: local models only
     if "truncation" in stages:
         per["truncation"] = 0.0 if cached else (n_layers + 1) / 2
     if "layers" in stages:

@@ -81,7 +81,7 @@ PRESCREEN_STEPS = 4
 def prescreen_method(model: GnaModel, steps: int = PRESCREEN_STEPS) -> str:
     """How `prescreen` ranks heads on ``model``, in words (recorded in the circuit's settings
     when `prescreen` does not say more: it returns what it ran)."""
-    if getattr(model.backend, "remote", False):
+    if model.is_remote:
         return "forward-only: the layer scan's costly layers (remote model: no local backward for attribution)"
     if steps == 1:
         return "first-order attribution of zero ablation on the candidate logit difference"
@@ -143,7 +143,7 @@ def prescreen(
     harmful, skipped = set(harmful_layers), set(grouped)
     scanned = [Head(layer, h) for layer in layers if layer not in skipped for h in range(model.heads_per_layer[layer])]
     chosen = {head for head in scanned if head.layer in harmful}
-    if getattr(model.backend, "remote", False):
+    if model.is_remote:
         return Prescreen(sorted(chosen), None, prescreen_method(model, steps))
     if all(head.layer in harmful for head in scanned):
         return Prescreen(sorted(chosen), None, "every head of the costly layers (nothing else to rank: no attribution)")

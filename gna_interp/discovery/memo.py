@@ -39,7 +39,7 @@ class AccuracyMemo:
             without one, or for a value recorded by `remember`).
         pending: ``key -> counts`` of values read back from an unfinished stage of an earlier
             run: the first hit charges them to the open meters, as the forward did then.
-        stage: the index of the stage running (set by the runner; ``-1``: none).
+        stage: the index of the stage running (set by `plan.run`; ``-1``: none).
         on_new: called after each new value (the run directory saves the memo).
     """
 

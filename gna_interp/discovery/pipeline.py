@@ -31,8 +31,8 @@ is chosen (``discover(..., stability=k)`` records it in the circuit).
 Before the stages, `estimate.estimate_passes` says about how many passes they will take
 (the stage bar's description; ``circuit.cost["estimate"]``).
 
-The settings are one `DiscoverySettings`; the stages are `runner.PLAN`, carried out by
-`runner.run`, and with ``run_dir`` each finished stage is saved (`run_dir.RunDir`): a run
+The settings are one `DiscoverySettings`; the stages are `plan.PLAN`, carried out by
+`plan.run`, and with ``run_dir`` each finished stage is saved (`run_dir.RunDir`): a run
 started again carries on after the last one.
 """
 
@@ -51,7 +51,7 @@ from ..cost import COUNTS, Cost, cost_meter
 from ..models.handle import check_model, check_model_and_task
 from ..progress import progress_bar
 from ..tasks.base import Task
-from . import memo, runner
+from . import memo, plan
 from . import stages as stage
 from .circuit import GnaCircuit
 from .estimate import StageBar, estimate_passes
@@ -115,7 +115,7 @@ def discover(
         ctx = _context(model, task, settings, progress, cost)
         saved = None if run_dir is None else RunDir(run_dir, model, task, settings)
         try:
-            circuit, records = runner.run(ctx, cost, saved)
+            circuit, records = plan.run(ctx, cost, saved)
         finally:
             ctx.bar.close()
     spent = Cost(n_layers=cost.n_layers)
@@ -142,8 +142,8 @@ def _settings(settings: DiscoverySettings | None, options: dict[str, Any], where
     return settings
 
 
-def _context(model: GnaModel, task: Task, settings: DiscoverySettings, progress: bool, meter: Cost | None) -> runner.Context:
-    """The run's `runner.Context`: the arguments checked (`stage.check_arguments`), the pass
+def _context(model: GnaModel, task: Task, settings: DiscoverySettings, progress: bool, meter: Cost | None) -> plan.Context:
+    """The run's `plan.Context`: the arguments checked (`stage.check_arguments`), the pass
     estimate (`estimate_passes`, in ``circuit.settings["estimate"]``) and the stage bar
     (shown with ``progress`` and a ``meter``)."""
     thresholds, scan_layers = stage.check_arguments(model, task, settings.stages, settings.thresholds, settings.layers)
@@ -151,7 +151,7 @@ def _context(model: GnaModel, task: Task, settings: DiscoverySettings, progress:
     knobs = (s.max_candidates, s.pattern_prompts, s.check_labels, s.screen_above, s.prescreen_above, s.keep)
     estimate = estimate_passes(model, len(task), s.stages, scan_layers, *knobs)
     bar = StageBar(meter, len(task), show=progress and meter is not None)
-    return runner.Context(model, task, settings, thresholds, scan_layers, estimate, bar, progress)
+    return plan.Context(model, task, settings, thresholds, scan_layers, estimate, bar, progress)
 
 
 def prompt_samples(task: Task, k: int, seed: int = 0) -> list[Task]:
@@ -241,7 +241,7 @@ def _stability(model: GnaModel, sampled: tuple[list[Task], int | None], settings
     for sample in progress_bar(tasks, show=progress, desc="stability"):
         with model.prefix_cache(), memo.accuracy_memo(model):
             ctx = _context(model, sample, chosen, False, None)
-            circuit, _ = runner.run(ctx, None)
+            circuit, _ = plan.run(ctx, None)
             ctx.bar.close()
         sets.append({role: list(getattr(circuit, role)) for role in ROLES})
     shape = (model.n_layers, max(model.heads_per_layer))

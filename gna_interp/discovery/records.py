@@ -1,4 +1,4 @@
-"""`runner.State` and the accuracy memo's keys to JSON and back, exactly: what a run
+"""`plan.State` and the accuracy memo's keys to JSON and back, exactly: what a run
 directory's files hold (`run_dir.RunDir`). Floats keep every bit (JSON's shortest repr
 round-trips; NaN and infinities as ``NaN`` / ``Infinity``, which Python's ``json`` reads);
 tensors as their dtype, shape and base64 bytes; heads as ``"L0H3"``."""
@@ -20,8 +20,8 @@ from . import head_scans, remote
 from .circuit import GnaCircuit
 from .evidence import HeadEvidence
 from .group_testing import SpreadGroup
+from .plan import State
 from .roles import RoleScores, RoleThresholds, scores_from_dict
-from .runner import State
 from .stages import LabelInputs
 
 

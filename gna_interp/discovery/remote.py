@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any
 from ..core.heads import Head
 from ..core.interventions import Ablate, Intervention, Truncate
 from ..core.plan import Plan, Site, SiteKind
-from ..models.jobs import is_batched_remote
 from ..scoring.evaluation import Evaluation, _single_token_chunks, evaluate_many
 from ..tasks.mcq import shuffle_labels
 from . import layer_scans
@@ -54,12 +53,6 @@ if TYPE_CHECKING:
 
     from ..models.handle import GnaModel
     from ..tasks.base import EncodedTask, Task
-
-
-def batched(model: GnaModel) -> bool:
-    """Whether `discover` sends each stage as one request (a remote nnsight model, no
-    active intervention context)."""
-    return is_batched_remote(model) and not model.active_interventions
 
 
 @dataclass

@@ -7,8 +7,8 @@ The folder holds:
   dtype, shape and bytes) and the task (name, prompts, and `memo.task_key`: SHA-256 of its
   prompts, segments, candidates and answers). A run that differs in any is refused, naming
   what differs.
-- ``stage-NN-<name>.json``: per finished stage (`runner.PLAN`'s ``NN``-th), the stage
-  records so far (`runner.StageRecord`: name and cost) and the `runner.State` after it
+- ``stage-NN-<name>.json``: per finished stage (`plan.PLAN`'s ``NN``-th), the stage
+  records so far (`plan.StageRecord`: name and cost) and the `plan.State` after it
   (`records.state_to_dict`: exact, readable JSON), ``{"format": FORMAT, ...}``. A remote
   run's head scan, whose spread search is still in flight until the entry stage, is saved
   with the entry stage.
@@ -38,13 +38,13 @@ import torch
 from ..core.errors import GnaValueError
 from ..scoring.evaluation import evaluate
 from . import head_scans, memo
+from .plan import PLAN, StageRecord, State
 from .records import key_from_json, key_to_json, state_from_dict, state_to_dict
-from .runner import PLAN, StageRecord, State
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
     from ..tasks.base import Task
-    from .runner import Context
+    from .plan import Context
     from .settings import DiscoverySettings
 
 FORMAT = 1
@@ -206,7 +206,7 @@ def warm_prefix(model: GnaModel, task: Task) -> None:
     """The clean forward over ``task``, charged to no meter: a resumed local run's prefix
     cache (`GnaModel.prefix_cache`) holds the task's clean streams, as the stages before
     had left it. A remote model has no prefix cache: nothing to do."""
-    if getattr(model.backend, "remote", False) or getattr(model, "_prefix", None) is None:
+    if model.is_remote or getattr(model, "_prefix", None) is None:
         return
     meters = getattr(model.backend, "_cost_meters", None)
     held = list(meters) if meters is not None else []

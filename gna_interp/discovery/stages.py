@@ -1,8 +1,8 @@
-"""The measurements of `discover`'s stages (`runner.PLAN` calls them), in the order it runs them:
+"""The measurements of `discover`'s stages (`plan.PLAN` calls them), in the order it runs them:
 `check_arguments`, `first_request` (a remote run's first request), `baseline` and
 `label_check`, `layer_stages` (truncation and layer scans), `prescreen_stage`, the head scan
 (`head_scans.head_scan`), `entry_stage` (`LabelInputs`), `role_stage`, `entry_ends`,
-`joint_stage` and `confirm_stage`."""
+and `confirm_stage` (the joint stage asks the runner: `runner.Runner.joint_search`)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from .confirm import confirm, roles_left_open, spread_check, spread_check_runs
 from .entry import ENTRY_POSITIONS, entry_scan
 from .evidence import HeadEvidence
 from .group_testing import stage_one
-from .joint import JointSearch, head_float
+from .joint import head_float
 from .roles import RoleScores, RoleThresholds, entry_shares, label, pattern_agrees
 
 if TYPE_CHECKING:
@@ -183,7 +183,13 @@ def prescreen_stage(
 
 
 def early_first_order(
-    model: GnaModel, task: Task, stages: Sequence[str], scan_layers: list[int], screen_above: int, prescreen_above: int
+    model: GnaModel,
+    task: Task,
+    stages: Sequence[str],
+    scan_layers: list[int],
+    screen_above: int,
+    prescreen_above: int,
+    has_backward: bool = True,
 ) -> head_scans.FirstOrder | None:
     """`head_scans.first_order` of every head of the narrow scan layers, before the baseline,
     where the prescreen will run (more heads than ``prescreen_above``) and can read it: a
@@ -195,7 +201,7 @@ def early_first_order(
     ]
     if "heads" not in stages or sum(model.heads_per_layer[layer] for layer in scan_layers) <= prescreen_above or not narrow:
         return None
-    if model.active_interventions or getattr(model.backend, "remote", False):
+    if model.active_interventions or not has_backward:
         return None
     if not task.encode(task.tokenizer_for(model.tokenizer)).single_token:
         return None
@@ -282,18 +288,6 @@ def role_stage(
     gather_before_aggregate(evidence, model.head_position)
     for item in evidence.values():
         item.pattern_agrees = None if item.scores is None else pattern_agrees(item.role, item.scores, thresholds, task.n_segments)
-
-
-def joint_stage(search: JointSearch, circuit: GnaCircuit, threshold: float, max_heads: int, batched: bool) -> None:
-    """Per role, the joint set that collapses accuracy (`JointSearch`; one request remotely)."""
-    if batched:
-        circuit.needs |= remote.joint_search(search, circuit, threshold, max_heads)
-        return
-    for role in ("aggregate", "gather"):
-        if getattr(circuit, role):
-            need = search.run(circuit, role, threshold, max_heads)
-            if need is not None:
-                circuit.needs[role] = need
 
 
 def confirm_stage(
