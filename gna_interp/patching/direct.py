@@ -133,13 +133,17 @@ def node_write(model: GnaModel, node: Head | str, clean: dict[Site, Tensor], cor
 def stacked_writes(
     model: GnaModel, clean: dict[Site, Tensor], corrupt: dict[Site, Tensor], sender_sets: Sequence[Sequence[Head | str]], n_rows: int
 ) -> list[tuple[tuple[int, int], Tensor]]:
-    """``(position, [copies * rows, pos, d_model])``: each sender's write, in its own copy's
-    rows of a stack of ``len(sender_sets)`` copies of the batch (zero elsewhere)."""
+    """``(position, [copies * rows, pos, d_model])`` per position of a sender, in position
+    order: the writes of the senders there, each in its own copy's rows of a stack of
+    ``len(sender_sets)`` copies of the batch (zero elsewhere), summed. One tensor per position,
+    not per sender: thousands of senders (channel heads) take no more memory than a few."""
     copies = len(sender_sets)
-    writes = []
+    by_position: dict[tuple[int, int], Tensor] = {}
     for copy, senders in enumerate(sender_sets):
         for sender in senders:
             write = node_write(model, sender, clean, corrupt).expand(n_rows, -1, -1)
-            mask = (torch.arange(copies) == copy).repeat_interleave(n_rows)[:, None, None].to(write.device)
-            writes.append((node_position(model, sender), torch.where(mask, write.repeat(copies, 1, 1), 0.0)))
-    return writes
+            position = node_position(model, sender)
+            if position not in by_position:
+                by_position[position] = write.new_zeros((copies * n_rows, *write.shape[1:]))
+            by_position[position][copy * n_rows : (copy + 1) * n_rows] += write
+    return sorted(by_position.items())
