@@ -32,6 +32,7 @@ Given a `RetentionCurve` per circuit (``write_report(..., retention=...)``, made
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ from ..discovery.evidence import POSITIONS, ROLES, Standing
 from ..discovery.report_inputs import with_need_curves
 from ..discovery.roles import entry_shares
 from . import figures
+from .mib_view import mib_section
 from .report_curves import check_faithfulness, check_retention, faithfulness_html, retention_html
 from .report_html import DASH, STYLE, figure_html, slug_of, table
 from .summary import PARTIAL_BELOW, carries, carry_rows
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from ..discovery.circuit import GnaCircuit
     from ..discovery.picture import RolePicture
     from ..scoring.faithfulness import FaithfulnessCurve
+    from ..scoring.mib import MibGraph
     from ..scoring.retention_results import RetentionCurve
 
 ReportLike = tuple["GnaCircuit", Any, Any]
@@ -417,6 +420,7 @@ def write_report(
     *,
     faithfulness: dict[str, FaithfulnessCurve] | None = None,
     retention: dict[str, RetentionCurve] | None = None,
+    mib: Sequence[tuple[str, MibGraph]] | None = None,
 ) -> Path:
     """Write ``index.html`` (offline, self-contained) and one JSON per circuit into
     ``directory``. Heads-needed curves the circuits lack are measured when the model and
@@ -429,7 +433,10 @@ def write_report(
 
     ``retention``: per circuit's ``model`` name, a `RetentionCurve` (`gna.retention_curve`);
     its section then shows the keep-only curve against random heads (points in
-    ``<model>-retention.csv``)."""
+    ``<model>-retention.csv``).
+
+    ``mib``: ``(name, MibGraph)`` pairs (`gna.from_mib`, `gna.mib_attribution`), drawn side by
+    side as MIB's format holds them (`mib_view.mib_section`)."""
     from .views import bundle_script
 
     _check_items(items)
@@ -460,6 +467,7 @@ def write_report(
         "sharp the rows they use are (Gather: segment-end rows; Aggregate: the final row). Reported as measured.</p>"
     )
     body.append(table(contrast_rows(circuits)))
+    body += [mib_section(mib)] if mib is not None else []
     body += [_section(circuit, model, task, folder, curves.get(circuit.model), kept.get(circuit.model)) for circuit, model, task in items]
     scripts = bundle_script() if any("CircuitsVis.render(" in part for part in body) else ""  # once, before every view
     page = f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>gna_interp report</title><style>{STYLE}</style>'
