@@ -88,6 +88,7 @@ def test_backends_benchmark_compares_equal_nonzero_results(tmp_path, monkeypatch
         assert row["nnsight_s"] > 0 and row["tlens_s"] > 0 and math.isfinite(row["ratio"]), row
 
 
+@pytest.mark.slow
 def test_discover_scale_benchmark_finds_the_toy_at_depth(tmp_path):
     """The 2-layer toy and its 3-layer deep copy (toy at layers 0, 1): the toy's heads,
     shifted, with their cost (the remote comparison is tests/test_sessions.py's). The toy

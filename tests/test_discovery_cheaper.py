@@ -65,6 +65,7 @@ def both_searches(deep_mamba2):
     return _found(model, task), _found(model, task, joint_search="greedy")
 
 
+@pytest.mark.slow
 def test_the_entry_scan_measures_what_the_labels_read(deep_mamba2, both_searches):
     """Every label equals the label from all three position sets measured (here, with
     `evaluate`: each scanned head ablated only at the final position, only on the segment

@@ -142,6 +142,7 @@ def test_a_run_dir_of_another_run_is_refused_naming_the_difference(tmp_path, lla
     assert "settings " not in str(refused.value) and "prompts" not in str(refused.value)  # only what differs
 
 
+@pytest.mark.slow
 def test_a_remote_run_resumes(tmp_path):
     """``remote="local"`` (nnsight's simulation of NDIF): resumed after any saved stage, the
     same circuit and requests as the uninterrupted remote run."""

@@ -67,7 +67,12 @@ def run_page(page: str) -> list[str]:
     return skipped
 
 
-@pytest.mark.parametrize("page", GUIDE)
+SLOW_PAGES = {"docs/mib.md", "docs/own_family.md"}
+"""Pages whose blocks train or score for more than a few seconds (MIB's budgets of two toys, a
+Qwen3 trained 400 steps): run by `make test-slow` (and CI), not `make test`."""
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_PAGES else p for p in GUIDE])
 def test_page_blocks_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # blocks that write files (a report) write them here
     monkeypatch.setenv("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))

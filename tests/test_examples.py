@@ -161,7 +161,15 @@ check's 0.05 at 100 prompts: standard error <= 0.02 at the cards' 0.98)."""
 
 @pytest.mark.parametrize(
     "script",
-    ["quickstart.py", "toy_zoo.py", "toy_demo.py", "conv_gathering.py", "aggregate_by_key.py", "path_isolation.py", "mib_circuits.py"],
+    [
+        "quickstart.py",
+        pytest.param("toy_zoo.py", marks=pytest.mark.slow),
+        "toy_demo.py",
+        "conv_gathering.py",
+        "aggregate_by_key.py",
+        "path_isolation.py",
+        pytest.param("mib_circuits.py", marks=pytest.mark.slow),  # docs/mib.md runs the same calls
+    ],
 )
 def test_offline_examples(script, tmp_path):
     result = run(script, tmp_path, **({"GNA_EXAMPLE_N": FEWER_PROMPTS[script]} if script in FEWER_PROMPTS else {}))
@@ -209,6 +217,7 @@ def test_llamba_example_runs_on_the_cpu_twin(tmp_path, mmlu_file):
     assert re.search(r"MMLU with Llama's layer 2: [\d.]+ -> [\d.]+", result.stdout), result.stdout
 
 
+@pytest.mark.slow
 def test_discover_at_depth_example(tmp_path):
     """A 3-layer deep toy on 24 prompts: the summary with its cost, and 10 remote requests."""
     result = run("discover_at_depth.py", tmp_path, GNA_EXAMPLE_LAYERS="3", GNA_EXAMPLE_N="24")

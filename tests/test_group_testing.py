@@ -102,7 +102,7 @@ def test_a_wide_mamba1_layer_costs_k_log2_n_group_forwards(channels, live):
     assert found.tests == len(forwards) - len(live) <= 1 + 2 * len(live) * math.ceil(math.log2(channels))
 
 
-@pytest.mark.parametrize("name", gna.toy_names())
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "mamba" else n for n in gna.toy_names()])
 def test_the_adaptive_scan_finds_the_exhaustive_scans_heads_on_every_toy(name):
     """Every bundled toy, both layers by group testing (``screen_above=0``) against every
     head ablated alone: the same heads cost at least ``min_effect``, with the same
@@ -351,7 +351,10 @@ def _cancelling_oracle(n: int, critical: int, masked: int, partner: int):
     return lambda groups: [accuracy(g) for g in groups]
 
 
-@pytest.mark.parametrize(("critical", "masked", "partner", "n"), [(22, 92, 110, 128), (3, 40, 60, 64), (500, 2000, 1500, 4096)])
+@pytest.mark.parametrize(
+    ("critical", "masked", "partner", "n"),
+    [(22, 92, 110, 128), (3, 40, 60, 64), pytest.param(500, 2000, 1500, 4096, marks=pytest.mark.slow)],
+)
 def test_a_head_whose_cost_a_partner_cancels_is_found_like_brute_force(critical, masked, partner, n):
     """No model: a head that costs 0.035 alone sits in a half that costs nothing (its partner
     cancels it there). The split's halves do not add up to the group (`masked_parts`), so

@@ -122,6 +122,7 @@ def test_generative_task_is_the_full_vocabulary_argmax(toys, tasks_dir):
     assert list(table.table.columns) == ["clean", "ablated"] and table.frame["stderr"].notna().all()
 
 
+@pytest.mark.slow
 def test_cli_runs_the_gna_model(toys, tasks_dir, tmp_path):
     """lm-eval's own CLI (through the launcher that registers ``gna``), in a subprocess,
     gives the accuracy `gna.lm_eval` gives in-process."""

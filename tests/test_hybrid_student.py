@@ -221,6 +221,7 @@ def test_left_padded_rows_equal_rows_run_alone(teacher, monkeypatch):
     assert no_hooks_left(student)
 
 
+@pytest.mark.slow
 def test_a_saved_student_loads_with_gna_load(teacher, tokenizer, tmp_path):
     """save_pretrained + the tokenizer -> gna.load(folder) in a fresh process: the same logits."""
     import subprocess

@@ -12,7 +12,8 @@ import gna_interp as gna
 
 TASK_SEED = 4242  # fresh prompts: neither training nor the card used them
 
-pytestmark = pytest.mark.skipif("falcon_h1" not in gna.toy_names(), reason="hybrid toy not bundled")
+# slow: discovery on 200 prompts of the counting hybrid toy (about 20 s), `make test-slow`
+pytestmark = [pytest.mark.skipif("falcon_h1" not in gna.toy_names(), reason="hybrid toy not bundled"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
