@@ -32,6 +32,7 @@ def _discover(model, task, **options):
         return gna.discover(model, task, progress=False, **options)
 
 
+@pytest.mark.slow
 def test_a_memoised_discovery_equals_one_without_the_memo_at_fewer_forwards(mamba2, monkeypatch):
     """The Mamba-2 toy with both layers group-tested (``screen_above=4``), a Gather role
     spread beyond 2 heads (a spread group reported, its needed heads searched): the circuit
@@ -63,6 +64,7 @@ def test_a_memoised_discovery_equals_one_without_the_memo_at_fewer_forwards(mamb
     assert memoised.cost["passes"] < plain.cost["passes"]
 
 
+@pytest.mark.slow
 def test_the_layer_scans_value_answers_group_testings_first_group_in_discover(mamba2, monkeypatch):
     """End to end: with the prescreen on (``prescreen_above=8``) and both layers group-tested,
     the layer scan's value stands in for every head ablated in each costly layer. The circuit

@@ -65,6 +65,7 @@ def test_discover_json_and_report(tmp_path, capsys):
     assert (tmp_path / "d" / "index.html").is_file()
 
 
+@pytest.mark.slow
 def test_discover_stability_flag_records_the_samples(capsys):
     """`--stability K` re-runs the search on K prompt samples: the JSON holds K sets per
     role, each the set one re-run chose (checked against the library call's own record)."""

@@ -201,6 +201,7 @@ def test_bad_input():
         discover(model, gna.tasks.toy_mcq(4), layers=[5])
 
 
+@pytest.mark.slow
 def test_progress_false_draws_no_bars(capfd):
     """``progress=False`` silences every bar, also the per-evaluation ones that `evaluate`
     draws by default for tasks of more than 4 batches (as this one is: the control)."""

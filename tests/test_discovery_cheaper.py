@@ -174,6 +174,7 @@ def test_a_label_that_reads_an_unmeasured_final_share_raises():
     assert raised and kept  # both sides of the rule are exercised
 
 
+@pytest.mark.slow
 def test_an_ordered_search_short_of_chance_gives_the_greedy_search():
     """The Llama toy's Gather: in order, L0H0 (0.400), +L0H1 passed over, +L0H2 (0.375), +L0H3 rose (0.395): the
     ordered search ends short of chance and the greedy search runs: its set, its curve and the

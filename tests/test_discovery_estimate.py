@@ -22,7 +22,7 @@ def _measured(model, task):
     return circuit, circuit.cost["estimate"], circuit.cost["passes"]
 
 
-@pytest.mark.parametrize("name", ["llama", "mamba2_counting", "mamba"])
+@pytest.mark.parametrize("name", ["llama", "mamba2_counting", pytest.param("mamba", marks=pytest.mark.slow)])
 def test_the_estimate_brackets_the_measured_passes(name):
     """In sample: `ENTRY_JOINT_PER_CANDIDATE` was refit on these toys (the bundled Llama,
     Mamba-2, FalconH1 and Mamba toys at 64 prompts, toy_task seed 0, and the 32-layer deep

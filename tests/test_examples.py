@@ -164,7 +164,7 @@ check's 0.05 at 100 prompts: standard error <= 0.02 at the cards' 0.98)."""
     [
         "quickstart.py",
         pytest.param("toy_zoo.py", marks=pytest.mark.slow),
-        "toy_demo.py",
+        pytest.param("toy_demo.py", marks=pytest.mark.slow),  # `gna-interp demo` is tested in test_cli
         "conv_gathering.py",
         "aggregate_by_key.py",
         "path_isolation.py",

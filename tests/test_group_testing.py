@@ -132,6 +132,7 @@ def mamba2():
     return gna.load_toy("mamba2_counting"), gna.toy_task("mamba2_counting", 60, seed=4242)
 
 
+@pytest.mark.slow
 def test_a_role_wider_than_the_search_is_reported(mamba2, tmp_path):
     """The Mamba-2 toy's Gather role needs 5 heads; with ``max_heads_per_role=2`` no set
     reaches chance: the circuit says so, names the layer it enters at the segment ends

@@ -112,6 +112,7 @@ def _same(actual, expected, path=""):
         assert actual == expected, path
 
 
+@pytest.mark.slow
 def test_discover_remote_equals_local_in_ten_requests(pair):
     """The whole pipeline, in 10 requests: 6 stage requests, 3 of path patching
     (`gna_interp.discovery.remote`: its clean and corrupt captures in one, then its chain of two)
