@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from ..core.heads import Head
 from .estimate import passes_range
 from .evidence import POSITIONS, ROLES, HeadEvidence, RoleNeed, SpreadRole, Stability, Standing
+from .positions import PositionScan
+from .positions import describe as describe_positions
 from .roles import RoleThresholds, pattern_shortfall
 
 if TYPE_CHECKING:
@@ -48,6 +50,8 @@ class GnaCircuit:
             ``to_dict()``: ``cpr``, ``cmd``, ``faithfulness`` per size, ``ranking``; the
             circuit's heads first), on the clean prompts against the corrupted ones
             (``None``: not measured, see `confirm.mib_score`).
+        positions: where each costly layer acts (`positions.PositionScan`: accuracy with
+            its heads ablated together at each position class; ``None``: not measured).
         settings: thresholds and knobs used.
         attribution: ``[layer][head]`` attribution estimate of each head's zero-ablation
             effect on the candidate logit difference, when the prescreen ran (``None``
@@ -101,6 +105,7 @@ class GnaCircuit:
     spread: dict[str, SpreadRole] = field(default_factory=dict)
     mechanism: str | None = None
     score: dict[str, Any] | None = None
+    positions: PositionScan | None = None
 
     # ----- tables and serialisation ---------------------------------------------
     def evidence(self, head: Head) -> HeadEvidence:
@@ -203,6 +208,7 @@ class GnaCircuit:
         data["needs"] = {role: need.to_dict() for role, need in self.needs.items()}
         data["stability"] = None if self.stability is None else self.stability.to_dict()
         data["spread"] = {role: item.to_dict() for role, item in self.spread.items()}
+        data["positions"] = None if self.positions is None else self.positions.to_dict()
         data["headline"] = None if self.mechanism is None else self.headline()  # words for readers; not read back
         return _finite(data) if finite else data
 
@@ -230,6 +236,7 @@ class GnaCircuit:
         data["needs"] = {role: RoleNeed.from_dict(need) for role, need in data["needs"].items()}
         data["stability"] = None if data.get("stability") is None else Stability.from_dict(data["stability"])
         data["spread"] = {role: SpreadRole.from_dict(item) for role, item in data.get("spread", {}).items()}
+        data["positions"] = None if data.get("positions") is None else PositionScan.from_dict(data["positions"])
         return cls(**data)
 
     # ----- views -------------------------------------------------------------------
@@ -276,6 +283,8 @@ class GnaCircuit:
         parts = [f"{self.model} on {self.task} ({self.n_prompts} prompts)"]
         if self.mechanism is not None:
             parts.append(f"  mechanism {self.headline()}")
+        if self.positions is not None:
+            parts.append(f"  where     {describe_positions(self.positions)}")
         for role in ROLES:
             if self.mechanism == "none" and not getattr(self, role) and role not in self.spread:
                 continue

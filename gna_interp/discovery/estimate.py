@@ -12,6 +12,8 @@ cached clean prefix at layer ``l`` costs ``(L - l) / L`` of one. The estimate co
   range the screen may ask for in one request), the pattern scores
   (one), the confirmation (about six) and MIB's circuit score (a clean and a corrupt forward,
   and a pass per circuit size);
+- the position scan: each costly layer (about `COSTLY_LAYERS`) ablated at each of the
+  task's six position classes (`positions.POSITION_CLASSES`), at the mean prefix share;
 - the head scan: each head of the scanned layers ablated once, ``(L - l) / L`` per head;
   past ``prescreen_above`` heads only the ``prescreen_keep`` ranked heads (plus an
   attribution pass; each at the mean share ``(L + 1) / (2 L)``, its layer unknown), and
@@ -50,6 +52,10 @@ four forwards from cached prefixes near the middle (2.06 on the 32-layer deep to
 ``(L - 1) / 2``, every layer alone). A model whose every layer costs accuracy takes up to
 twice ``(L - 1) / 2``."""
 
+POSITION_CLASSES_SCANNED = 6
+"""The position classes the position scan measures per layer (`positions.POSITION_CLASSES`;
+fewer where one holds the positions of another or none)."""
+
 RANGE = 1.6
 """The estimate's range: ``mid / RANGE`` to ``mid * RANGE`` (the stated factor)."""
 
@@ -82,6 +88,8 @@ def estimate_passes(
         per["truncation"] = 0.0 if cached else (n_layers + 1) / 2
     if "layers" in stages:
         per["layers"] = min(SCREEN_PASSES, (n_layers - 1) / 2) if cached else 2 * (n_layers - 1.0)
+    if "positions" in stages:  # each costly layer (about the G&A pair's) ablated at six position classes
+        per["positions"] = min(len(layers), COSTLY_LAYERS) * POSITION_CLASSES_SCANNED * ((n_layers + 1) / (2 * n_layers) if cached else 1.0)
     heads = [(layer, model.heads_per_layer[layer]) for layer in layers]
     total = sum(h for _, h in heads)
     if "heads" in stages:

@@ -20,7 +20,7 @@ from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..cost import COUNTS
 from ..scoring.evaluation import evaluate
-from . import head_scans, remote
+from . import head_scans, positions, remote
 from . import stages as stage
 from .estimate import StageBar
 from .evidence import HeadEvidence
@@ -100,6 +100,7 @@ class State:
         labels: a local run's pattern scores measured before the entry scan (`stage.LabelInputs`).
         ahead: a remote run's joint pool heads, scored with the candidates (`remote.pool_heads`).
         measured: the pattern scores (`RoleScores`) of the candidates and ``ahead``.
+        positions_pending: the layers of a remote run's position scan, measured with the confirmation.
     """
 
     circuit: GnaCircuit | None = None
@@ -117,6 +118,7 @@ class State:
     labels: stage.LabelInputs | None = None
     ahead: list[Head] = field(default_factory=list)
     measured: dict[Head, RoleScores] = field(default_factory=dict)
+    positions_pending: list[int] | None = None
 
     @property
     def found(self) -> GnaCircuit:
@@ -200,6 +202,20 @@ def layer_scans(ctx: Context, state: State) -> None:
     s = ctx.settings
     stage.layer_stages(ctx.model, ctx.task, state.found, s.stages, state.first, ctx.thresholds.min_effect, ctx.progress)
     state.done = "heads" not in s.stages
+
+
+def position_scan(ctx: Context, state: State) -> None:
+    """Where each costly layer acts (`positions.position_scan`): its heads ablated together at
+    each position class of the task, before any head search."""
+    s, circuit = ctx.settings, state.found
+    if "positions" in s.stages and ctx.encoded.single_token:  # positions need single-token scoring
+        ctx.bar.stage("positions")
+        clean, min_effect = state.baseline.accuracy, ctx.thresholds.min_effect
+        layers = positions.costly_layers(circuit.layer_scan, ctx.scan_layers, clean, min_effect)
+        if ctx.batched and "confirm" in s.stages:  # remotely, measured in the confirmation's request
+            state.positions_pending = layers
+        else:
+            circuit.positions = positions.position_scan(ctx.runner, ctx.task, ctx.encoded, layers, clean=clean, min_effect=min_effect)
 
 
 def prescreen(ctx: Context, state: State) -> None:
@@ -326,7 +342,9 @@ def confirm(ctx: Context, state: State) -> None:
     if "confirm" in ctx.settings.stages:
         ctx.bar.stage("confirm")
         args = (state.scanned, _threshold(state, ctx), ctx.settings.max_heads_per_role, ctx.evaluate_bars, ctx.batched)
-        stage.confirm_stage(ctx.model, ctx.task, ctx.encoded, state.found, *args)
+        layers = state.positions_pending
+        pending = None if layers is None else positions.scan_runs(ctx.runner, ctx.task, ctx.encoded, layers)
+        stage.confirm_stage(ctx.model, ctx.task, ctx.encoded, state.found, *args, positions_pending=pending)
 
 
 def _threshold(state: State, ctx: Context) -> float:
@@ -338,6 +356,7 @@ PLAN: tuple[Stage, ...] = (
     Stage("baseline", baseline),
     Stage("label_check", label_check),
     Stage("layer_scans", layer_scans),
+    Stage("positions", position_scan),
     Stage("prescreen", prescreen),
     Stage("head_scan", head_scan),
     Stage("patterns", patterns),

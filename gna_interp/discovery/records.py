@@ -158,6 +158,7 @@ def state_to_dict(state: State) -> dict[str, Any]:
         else {"scores": _scores(labels.scores), "thresholds": labels.thresholds.to_dict(), "clean": labels.clean},
         "ahead": _heads(state.ahead),
         "measured": _scores(state.measured),
+        "positions_pending": state.positions_pending,
     }
 
 
@@ -185,6 +186,7 @@ def state_from_dict(data: dict[str, Any]) -> State:
         harmful=_parse(data["harmful"]) or [],
         ahead=_parse(data["ahead"]) or [],
         measured=_read_scores(data["measured"]),
+        positions_pending=data.get("positions_pending"),
     )
     if labels is not None:
         thresholds = RoleThresholds(**{f.name: labels["thresholds"][f.name] for f in fields(RoleThresholds)})

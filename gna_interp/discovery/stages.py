@@ -33,6 +33,7 @@ from .roles import RoleScores, RoleThresholds, entry_shares, label, pattern_agre
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
     from ..tasks.base import EncodedTask
+    from .positions import ScanRuns
 
 
 class NoRetrievalWarning(UserWarning):
@@ -45,7 +46,7 @@ class PositionalAnswerWarning(UserWarning):
     then count options rather than gather and aggregate them."""
 
 
-STAGES = ("truncation", "layers", "heads", "entry", "roles", "joint", "confirm")
+STAGES = ("truncation", "layers", "positions", "heads", "entry", "roles", "joint", "confirm")
 SEARCH_STAGES = ("layers", "heads", "entry", "roles", "joint")
 """The stages that decide which heads a role's set holds: `stability` re-runs only these
 (the truncation scan and the confirmation measure, they do not choose)."""
@@ -300,14 +301,23 @@ def confirm_stage(
     max_heads: int,
     evaluate_bars: bool | None,
     batched: bool,
+    positions_pending: ScanRuns | None = None,
 ) -> None:
     """The confirmation (`confirm.confirm`), then the spread check of the roles left open
-    (`confirm.spread_check`)."""
+    (`confirm.spread_check`). ``positions_pending``: a remote run's position scan, measured in
+    the confirmation's request (``circuit.positions``)."""
     # A remote run measures the spread check's layers speculatively in the confirmation's
     # request (every role that may stay open), so the check costs no request of its own.
     check_spread = encoded.single_token and circuit.accuracy["clean"] >= threshold
     spread_runs = spread_check_runs(model, task, encoded, circuit, roles_left_open(circuit)) if check_spread and batched else None
-    spread_values = confirm(model, task, circuit, threshold, max_heads, evaluate_bars, spread_runs)
+    extra = spread_runs or ([], [])
+    if positions_pending is not None:
+        extra = (extra[0], [*extra[1], *positions_pending.runs])
+    values = confirm(model, task, circuit, threshold, max_heads, evaluate_bars, extra if extra[1] else None)
+    spread_values = values
+    if positions_pending is not None and values is not None:
+        spread_values, scanned = values[: len(extra[0])], values[len(extra[0]) :]
+        circuit.positions = positions_pending.scan(scanned, circuit.accuracy["clean"], circuit.thresholds.min_effect)
     if check_spread:
         spread_check(model, task, encoded, circuit, scan, threshold, max_heads, spread_runs, spread_values)
 

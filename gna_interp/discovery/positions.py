@@ -1,0 +1,210 @@
+"""The position scan of G&A discovery: where each layer acts.
+
+Before any head search, each costly layer's heads are ablated together only at one class of
+positions the task defines (`position_classes`): the segment ends, the labels, the option
+tokens, the question, the separators (every other prompt token before the final one) and
+the final position. A head's output at position ``t`` enters the residual stream at ``t``
+alone, so a layer whose ablation at a class costs accuracy acts through those positions, and
+one whose ablation there costs nothing does not: no role is named there.
+
+The scan's forwards run behind the accuracy memo (one request on a remote model,
+`Runner.accuracies`); on a local model each starts from the cached clean prefix before its
+layer (`GnaModel.run_plan`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import Tensor
+
+from ..core.errors import GnaValueError
+from ..core.heads import Head
+from ..core.interventions import Ablate, Intervention
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..models.handle import GnaModel
+    from ..tasks.base import EncodedTask, Task
+
+
+class Runner(Protocol):
+    """What the scan asks of the engine it runs on (`runner.Runner` has it)."""
+
+    model: GnaModel
+
+    def accuracies(self, runs: Sequence[tuple[Task, Sequence[Intervention]]]) -> list[float]: ...
+
+
+POSITION_CLASSES = ("ends", "labels", "options", "question", "separators", "final")
+"""The position classes a task defines, in the order the scan measures them."""
+
+SCAN_KINDS = ("zero", "mean")
+"""How the scan ablates: zero (discovery's kind), or the layer's mean over the task's tokens."""
+
+
+def position_classes(encoded: EncodedTask) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """``[batch, pos]`` bool masks of each position class of ``encoded`` (`POSITION_CLASSES`).
+
+    - ``ends``: each segment's end token; ``labels``: each segment's label token;
+    - ``options``: the other tokens of the segments;
+    - ``question``: the query's tokens (tasks with a query);
+    - ``separators``: every other non-padding token before the final one (template words,
+      line breaks, the first token);
+    - ``final``: each prompt's last token.
+
+    Returns the non-empty classes, and the classes left out because they hold exactly the
+    positions of an earlier one (``{"labels": "ends"}`` where each label is its segment's
+    end, a label-last layout); an empty class (no query) is in neither."""
+    n_rows, n_pos = encoded.batch.n_rows, encoded.batch.n_pos
+    rows = torch.arange(n_rows)[:, None]
+    cols = torch.arange(n_pos)
+
+    def at(index: Tensor) -> Tensor:
+        mask = torch.zeros(n_rows, n_pos, dtype=torch.bool)
+        mask[rows.expand_as(index), index] = True
+        return mask
+
+    final, ends, labels = at(encoded.final[:, None]), at(encoded.segment_ends), at(encoded.labels)
+    inside = ((cols >= encoded.spans[..., :1]) & (cols < encoded.spans[..., 1:2])).any(1)  # [batch, pos]
+    question = torch.zeros(n_rows, n_pos, dtype=torch.bool)
+    if encoded.query is not None:
+        question = (cols[None] >= encoded.query[:, :1]) & (cols[None] < encoded.query[:, 1:2])
+    padding = encoded.batch.attention_mask == 0
+    every = {
+        "ends": ends,
+        "labels": labels,
+        "options": inside & ~ends & ~labels,
+        "question": question & ~inside,
+        "separators": ~(inside | question | final | padding),
+        "final": final,
+    }
+    classes: dict[str, Tensor] = {}
+    same: dict[str, str] = {}
+    for name in POSITION_CLASSES:
+        mask = every[name]
+        if not bool(mask.any()):
+            continue
+        twin = next((kept for kept, other in classes.items() if torch.equal(other, mask)), None)
+        if twin is None:
+            classes[name] = mask
+        else:
+            same[name] = twin
+    return classes, same
+
+
+@dataclass
+class PositionScan:
+    """Accuracy with each scanned layer's heads ablated at each position class.
+
+    Attributes:
+        accuracy: ``{layer: {class: accuracy}}``.
+        clean: the clean accuracy; ``min_effect``: the cost that counts.
+        how: the ablation kind (`SCAN_KINDS`).
+        same: classes merged into an earlier one with the same positions (`position_classes`).
+    """
+
+    accuracy: dict[int, dict[str, float]]
+    clean: float
+    min_effect: float
+    how: str = "zero"
+    same: dict[str, str] = field(default_factory=dict)
+
+    def acting(self, layer: int) -> list[str]:
+        """The classes where ablating ``layer`` costs at least ``min_effect``, in scan order."""
+        return [name for name, value in self.accuracy.get(layer, {}).items() if self.clean - value >= self.min_effect]
+
+    def acts_at(self, classes: Sequence[str]) -> list[int]:
+        """The scanned layers that act at one of ``classes`` at least (a merged class counts as its twin)."""
+        wanted = {self.same.get(name, name) for name in classes}
+        return [layer for layer in self.accuracy if wanted & set(self.acting(layer))]
+
+    def frame(self) -> pd.DataFrame:
+        """One row per layer, one column per class: the accuracy with the layer ablated there."""
+        import pandas as pd
+
+        return pd.DataFrame.from_dict(self.accuracy, orient="index").rename_axis("layer")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "accuracy": {str(layer): dict(row) for layer, row in self.accuracy.items()},
+            "clean": self.clean,
+            "min_effect": self.min_effect,
+            "how": self.how,
+            "same": dict(self.same),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PositionScan:
+        accuracy = {int(layer): {str(k): float(v) for k, v in row.items()} for layer, row in data["accuracy"].items()}
+        return cls(accuracy, float(data["clean"]), float(data["min_effect"]), str(data.get("how", "zero")), dict(data.get("same", {})))
+
+
+def layer_heads(runner: Runner, layer: int) -> list[Head]:
+    """Every head of ``layer`` (its whole mixer: attention heads, SSM heads or channels)."""
+    return [Head(layer, head) for head in range(runner.model.heads_per_layer[layer])]
+
+
+@dataclass(frozen=True)
+class ScanRuns:
+    """A position scan's forwards, to be measured now or in a later request (a remote run
+    measures them with its confirmation's, `remote.confirm`): ``runs[i]`` ablates
+    ``keys[i] = (layer, class)``."""
+
+    keys: list[tuple[int, str]]
+    runs: list[tuple[Task, list[Intervention]]]
+    same: dict[str, str]
+    how: str
+
+    def scan(self, values: Sequence[float], clean: float, min_effect: float) -> PositionScan:
+        """The `PositionScan` of ``values`` (one accuracy per run, in order)."""
+        accuracy: dict[int, dict[str, float]] = {layer: {} for layer, _ in self.keys}
+        for (layer, name), value in zip(self.keys, values, strict=True):
+            accuracy[layer][name] = float(value)
+        return PositionScan(accuracy, float(clean), float(min_effect), self.how, dict(self.same))
+
+
+def scan_runs(runner: Runner, task: Task, encoded: EncodedTask, layers: Sequence[int], how: str = "zero") -> ScanRuns:
+    """The forwards of a position scan of ``layers`` (`position_scan`)."""
+    if how not in SCAN_KINDS:
+        raise GnaValueError(f"how={how!r} is not a position scan's ablation kind: expected one of {SCAN_KINDS}")
+    classes, same = position_classes(encoded)
+    corrupt = None if how == "zero" else encoded.batch
+    keys = [(int(layer), name) for layer in layers for name in classes]
+    runs = [(task, [Ablate(layer_heads(runner, layer), how=how, corrupt=corrupt, positions=classes[name])]) for layer, name in keys]
+    return ScanRuns(keys, runs, same, how)  # type: ignore[arg-type]
+
+
+def position_scan(
+    runner: Runner, task: Task, encoded: EncodedTask, layers: Sequence[int], *, clean: float, min_effect: float, how: str = "zero"
+) -> PositionScan:
+    """`PositionScan` of ``layers`` on ``task``: each layer's heads ablated together (``how``:
+    zero, or their mean over the task's own non-padding tokens) at each class of
+    `position_classes`, every forward asked of ``runner`` at once (one request on a remote
+    model; locally behind the accuracy memo). ``len(layers) * len(classes)`` forwards."""
+    planned = scan_runs(runner, task, encoded, layers, how)
+    values = runner.accuracies(planned.runs) if planned.runs else []
+    return planned.scan(values, clean, min_effect)
+
+
+def costly_layers(layer_scan: Sequence[float] | None, scan_layers: Sequence[int], clean: float, min_effect: float) -> list[int]:
+    """The scan layers whose removal costs at least ``min_effect`` (the layer scan's; every
+    scan layer without one)."""
+    if layer_scan is None:
+        return list(scan_layers)
+    return [layer for layer in scan_layers if clean - layer_scan[layer] >= min_effect]
+
+
+def describe(scan: PositionScan) -> str:
+    """Where each scanned layer acts, in words (the summary's ``where`` line)."""
+    merged = "".join(f"; {name} = {twin}" for name, twin in scan.same.items())
+    parts = []
+    for layer, row in scan.accuracy.items():
+        acting = scan.acting(layer)
+        values = ", ".join(f"{name} {row[name]:.2f}" for name in acting)
+        parts.append(f"L{layer} at {values}" if acting else f"L{layer} nowhere alone")
+    return f"{'; '.join(parts)} (whole layer {scan.how}-ablated at each class{merged})"
