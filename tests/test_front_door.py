@@ -31,7 +31,7 @@ def swapped_calls(model, task):
     metric, r = gna.logit_diff(5, 6), [H(1, 0)]
     return {
         "evaluate": lambda: gna.evaluate(task, model),
-        "ablation_sweep": lambda: gna.ablation_sweep(task, CLEAN, metric),
+        "ablation_sweep": lambda: gna.ablation_sweep(task, CLEAN, None, metric),
         "patching_sweep": lambda: gna.patching_sweep(task, CLEAN, CORRUPT, metric),
         "attribution_patching": lambda: gna.attribution_patching(task, CLEAN, CORRUPT, metric),
         "path_patching": lambda: gna.path_patching(task, CLEAN, CORRUPT, metric, senders=[H(0, 0)], receivers=r),

@@ -21,7 +21,7 @@ from ..core.arch import LayerKind
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Intervention, as_interventions
-from ..core.keywords import suggest_keywords
+from ..core.keywords import renamed, suggest_keywords
 from ..core.plan import Read, Site
 from ..models.handle import check_model
 from .capture import SSMInputs, recipe_for
@@ -40,10 +40,11 @@ DEFAULT_MAX_BYTES = 2 * 1024**3
 """Default memory budget of one `attention_pattern` call (2 GiB)."""
 
 
+@renamed(inputs="clean")
 @suggest_keywords
 def attention_pattern(
     model: GnaModel,
-    inputs: Any,
+    clean: Any,
     heads: Head | Iterable[Head],
     *,
     query_positions: QueryPositions = None,
@@ -53,11 +54,11 @@ def attention_pattern(
     interventions: Intervention | Sequence[Intervention] = (),
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> Tensor:
-    """Attention patterns of ``heads`` on ``inputs``.
+    """Attention patterns of ``heads`` on the prompts ``clean``.
 
     Args:
         model: a loaded `GnaModel` (any backend, any architecture).
-        inputs: prompts or token ids, as for `GnaModel.logits` (left-padded).
+        clean: the prompts measured: prompts or token ids, as for `GnaModel.logits` (left-padded).
         heads: a `Head` or a list of them, from any layers; attention and SSM heads may
             be mixed.
         query_positions: the query rows to compute (see `QueryPositions`): ``None`` for
@@ -82,7 +83,7 @@ def attention_pattern(
         raise GnaValueError(f"normalize={normalize!r}: expected one of {NORMALIZE_OPTIONS}")
     heads = _as_heads(model, heads)
     _check_kinds(model, heads, kind, include_skip)
-    batch = model.to_batch(inputs)
+    batch = model.to_batch(clean)
     rows = query_rows(query_positions, batch.n_rows, batch.n_pos)
     _check_budget(batch, len(heads), rows, query_positions, max_bytes)
     located = {head: model.head_site(head) for head in heads}
