@@ -63,7 +63,7 @@ def test_every_entry_point_that_needs_a_task_says_how_to_build_one(llama_tlens):
     for call, run in calls.items():
         with pytest.raises(TypeError, match=rf"^{call}: task=\['w5 w6 w7', 'w8 w9 w10'\] \(list\): {how}; prompts alone have no answers"):
             run()
-    with pytest.raises(TypeError, match=rf"^retrieval_ranking: probe\[0\]='w5' \(str\): {how}"):
+    with pytest.raises(TypeError, match=rf"^retrieval_ranking: task\[0\]='w5' \(str\): {how}"):
         gna.retrieval_ranking(llama_tlens, ["w5"])
     with pytest.raises(TypeError, match=rf"^discover: task='llama' \(str\): {how}; a bundled toy's task is gna.toy_task\(name\)"):
         gna.discover(llama_tlens, "llama", progress=False)

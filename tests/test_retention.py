@@ -304,7 +304,7 @@ def test_no_hook_outlives_a_failed_ranking(toy_llamas, monkeypatch):
         (lambda m, t: gna.retrieval_ranking(m, t, kind="mlp"), ValueError, r"kind='mlp': expected one of"),
         (lambda m, t: gna.retrieval_ranking(m, t, kind="ssm"), ValueError, r"kind='ssm': toy-llama has no ssm heads"),
         (lambda m, t: gna.retrieval_ranking(m, "prompts"), TypeError, r"retrieval_ranking: task='prompts' \(str\): a Task, a"),
-        (lambda m, t: gna.retrieval_ranking(m, [t, 3]), TypeError, r"retrieval_ranking: probe\[1\]=3 \(int\): expected a gna_interp Task"),
+        (lambda m, t: gna.retrieval_ranking(m, [t, 3]), TypeError, r"retrieval_ranking: task\[1\]=3 \(int\): expected a gna_interp Task"),
         (lambda m, t: gna.retention_curve(m, t, [], seeds=0), ValueError, r"seeds=0: expected at least one random order"),
         (lambda m, t: gna.retention_curve(m, t, [], seeds=[1, "a"]), TypeError, r"seeds\[1\]='a': expected an int seed"),
         (lambda m, t: gna.retention_curve(m, t, [], sizes=[9]), ValueError, r"sizes\[0\]=9: expected heads kept in 0..8"),
