@@ -264,6 +264,38 @@ def test_each_variant_keyword_has_one_meaning():
     assert checked == set(VARIANTS)  # every family is in use: the table is not stale
 
 
+def literal_values(function, parameter: inspect.Parameter) -> set[str]:
+    """The strings a parameter's annotation allows (``Literal[...]``, through unions and aliases)."""
+    import typing
+
+    annotation = parameter.annotation
+    if isinstance(annotation, str):  # postponed (``from __future__ import annotations``)
+        annotation = eval(annotation, {**inspect.unwrap(function).__globals__, "GnaModel": gna.GnaModel})
+    found, stack = set(), [annotation]
+    while stack:
+        item = stack.pop()
+        if typing.get_origin(item) is typing.Literal:
+            found |= {arg for arg in typing.get_args(item) if isinstance(arg, str)}
+        else:
+            stack += typing.get_args(item)
+    return found
+
+
+def test_each_variant_keywords_annotation_allows_only_its_family():
+    """``kind`` of `attention_pattern` names head kinds as ``kind`` does everywhere (not
+    ``"softmax"`` / ``"implicit"``, issue 53); ``direction``, ``rule``, ``path`` list theirs."""
+    checked = []
+    for name in gna.__all__:
+        function = getattr(gna, name)
+        if not inspect.isfunction(function):
+            continue
+        for parameter in inspect.signature(function).parameters.values():
+            if parameter.name in VARIANTS and (values := literal_values(function, parameter)):
+                assert values <= set(VARIANTS[parameter.name]), f"{name}({parameter.name}=): {sorted(values)}"
+                checked.append((name, parameter.name))
+    assert ("attention_pattern", "kind") in checked and ("patching_sweep", "direction") in checked, checked
+
+
 def test_no_synonym_for_a_variant_or_an_option():
     offenders = [f"{name}({p})" for name, sig in public_signatures() for p in sig.parameters if p in SYNONYMS]
     assert not offenders, offenders

@@ -53,12 +53,12 @@ def test_bad_heads(mamba2, llama_tlens):
 
 
 def test_heads_of_a_kind_the_model_lacks(mamba2, llama_tlens):
-    with pytest.raises(ValueError, match=r"kind='softmax' but heads \['L0H1'\] are not softmax heads: .* has implicit heads only"):
-        gna.attention_pattern(mamba2, PROMPTS, [gna.Head(0, 1)], kind="softmax")
-    with pytest.raises(ValueError, match=r"kind='implicit' but heads \['L1H2'\] are not implicit heads: .* has softmax heads only"):
-        gna.attention_pattern(llama_tlens, PROMPTS, [gna.Head(1, 2)], kind="implicit")
-    with pytest.raises(ValueError, match=r"kind='ssm': expected 'softmax', 'implicit' or None"):
-        gna.attention_pattern(llama_tlens, PROMPTS, [gna.Head(1, 2)], kind="ssm")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"kind='attention' but heads \['L0H1'\] are not attention heads: .* has ssm heads only"):
+        gna.attention_pattern(mamba2, PROMPTS, [gna.Head(0, 1)], kind="attention")
+    with pytest.raises(ValueError, match=r"kind='ssm' but heads \['L1H2'\] are not ssm heads: .* has attention heads only"):
+        gna.attention_pattern(llama_tlens, PROMPTS, [gna.Head(1, 2)], kind="ssm")
+    with pytest.raises(ValueError, match=r"kind='mamba': expected 'attention', 'ssm', 'all' or None"):
+        gna.attention_pattern(llama_tlens, PROMPTS, [gna.Head(1, 2)], kind="mamba")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"include_skip=True .* heads \['L1H2'\] are softmax attention heads"):
         gna.attention_pattern(llama_tlens, PROMPTS, [gna.Head(1, 2)], include_skip=True)
     with pytest.raises(ValueError, match=r"layer 0 of .* is an attention layer"):

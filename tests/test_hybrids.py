@@ -322,8 +322,8 @@ def test_mixed_pattern_lists_give_one_tensor(pair):
     mixed = [ssm[0], attention[0], ssm[1], attention[1], ssm[2], attention[2]]
     got = gna.attention_pattern(model, PROMPTS, mixed, query_positions=[-1, 2])
     assert got.shape == (len(PROMPTS), 6, 2, model.to_batch(PROMPTS).n_pos)
-    soft = gna.attention_pattern(model, PROMPTS, attention, query_positions=[-1, 2], kind="softmax")
-    implicit = gna.attention_pattern(model, PROMPTS, ssm, query_positions=[-1, 2], kind="implicit")
+    soft = gna.attention_pattern(model, PROMPTS, attention, query_positions=[-1, 2], kind="attention")
+    implicit = gna.attention_pattern(model, PROMPTS, ssm, query_positions=[-1, 2], kind="ssm")
     assert torch.allclose(got[:, 1::2], soft, atol=1e-6) and torch.allclose(got[:, 0::2], implicit, atol=1e-6)
     assert torch.allclose(soft.sum(-1)[:, :, 0], torch.ones(len(PROMPTS), 3), atol=1e-5), "softmax rows sum to 1"
 
@@ -682,8 +682,8 @@ def test_bad_heads_name_the_layer_and_its_heads(tokenizer):
         gna.ablation_sweep(nemotron, PROMPTS, None, lambda x: x[:, -1, 5], heads=[H(1, 0)], progress=False)
     with pytest.raises(ValueError, match=r"head L3H2 out of range: layer 3 of .* has 0 heads"), nemotron.ablated([H(0, 1), H(3, 2)]):
         pass
-    with pytest.raises(ValueError, match=r"kind='softmax' but heads \['L1H5'\] are not softmax heads: .* has implicit and softmax"):
-        gna.attention_pattern(zamba, PROMPTS, [H(1, 0), H(1, 5)], kind="softmax")
+    with pytest.raises(ValueError, match=r"kind='attention' but heads \['L1H5'\] are not attention heads: .* has attention and ssm"):
+        gna.attention_pattern(zamba, PROMPTS, [H(1, 0), H(1, 5)], kind="attention")
     with pytest.raises(ValueError, match=r"heads \['L1H1'\] of .* are attention heads: SSM inputs exist only for SSM heads"):
         gna.attention.ssm_inputs(zamba, PROMPTS, 1, heads=[4, 1])
     with pytest.raises(ValueError, match=r"layer 1 of .* is an mlp layer: SSM inputs exist only in SSM layers"):

@@ -131,6 +131,17 @@ def test_attention_pattern_inputs_equals_clean_and_the_softmax(llama_tlens):
     assert torch.allclose(rows[rows > 0], torch.ones_like(rows[rows > 0]), atol=1e-5)  # probabilities over the keys
 
 
+def test_attention_pattern_old_kinds_are_the_head_kinds(llama_tlens, mamba2):
+    """``kind="softmax"`` / ``"implicit"`` are ``kind="attention"`` / ``"ssm"``, as ``kind`` names heads elsewhere."""
+    for model, head, old, new in ((llama_tlens, HEAD, "softmax", "attention"), (mamba2, gna.Head(1, 0), "implicit", "ssm")):
+        expected = gna.attention_pattern(model, CLEAN, [head], kind=new)
+        got = old_call(gna.attention_pattern, model, CLEAN, [head], kind=old, old=f"kind='{old}'", new=f"kind='{new}'")
+        assert torch.equal(got, expected) and torch.equal(expected, gna.attention_pattern(model, CLEAN, [head]))
+        assert float(expected.abs().sum()) > 0
+    with pytest.raises(ValueError, match=r"kind='ssm' but heads \['L1H2'\] are not ssm heads"):
+        gna.attention_pattern(llama_tlens, CLEAN, [HEAD], kind="ssm")
+
+
 def test_distill_show_progress_equals_progress(llama_hf, tokenizer):
     teacher = gna.load(copy.deepcopy(llama_hf), tokenizer=tokenizer, backend="nnsight")
     texts = [" ".join(f"w{(i * 7 + j * 3) % 56 + 4}" for j in range(6)) for i in range(6)]
