@@ -25,8 +25,9 @@ def lazy_attribute(package: str, exports: dict[str, str], name: str) -> Any:
 
 def moved_attribute(package: str, name: str, where: str) -> Any:
     """``package.name``, which moved to ``package.where`` (``"attention.entropy"``, or a
-    submodule: ``"scoring"``): that object, with a `FutureWarning` naming the new place, on every use (not cached, so each old
-    spelling warns); the message has `gna_interp.core.keywords.renamed_message`'s wording."""
+    submodule: ``"scoring"``): that object, with a `FutureWarning` naming the new place, on
+    every use (not cached, so each old spelling warns). The wording is
+    `gna_interp.core.keywords.renamed_message`'s (not imported: this module imports nothing heavy)."""
     module_name, _, attribute = where.rpartition(".")
     value = (
         importlib.import_module(f".{where}", package)

@@ -1,7 +1,8 @@
-"""Keyword typos at the front door: `suggest_keywords` makes a public function answer an
+"""Keywords at the front door: `suggest_keywords` makes a public function answer an
 unexpected keyword (``max_head_per_role=``, ``batchsize=``) with a `GnaTypeError` naming it
-and the parameters it was close to, instead of Python's bare ``TypeError``; `renamed` keeps an old keyword working for one
-release (issue 53: one vocabulary), with a `FutureWarning` naming the new one."""
+and the parameters it was close to, instead of Python's bare ``TypeError``. `renamed` (and
+`corrupt_before_metric`, for `ablation_sweep`'s old order) keeps an old spelling working for
+one release (issue 53: one vocabulary), with a `FutureWarning` naming the new one."""
 
 from __future__ import annotations
 

@@ -59,8 +59,8 @@ def ablation_sweep(
     Args:
         model: a `GnaModel`.
         clean: the inputs measured (prompts, token ids or a task).
-        corrupt: the inputs ``how="mean"`` averages over and ``"resample"`` reads (None for
-            ``"zero"``, and for ``"mean"`` over ``clean`` itself).
+        corrupt: the inputs ``how="mean"`` averages over and ``"resample"`` reads (``None``
+            for ``"zero"``); positional, as in every sweep.
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]``.
         heads: heads to sweep: a list of `Head`, or one `Head` (default: every head).
         how: ``"zero"``, ``"mean"`` or ``"resample"`` (see `gna_interp.Ablate`).
