@@ -355,3 +355,22 @@ def test_generic_helpers_live_under_their_namespace():
 
     short = [name for name, where in _EXPORTS.items() if not where.endswith(":") and name.islower() and "_" not in name]
     assert set(short) <= {"discover", "distill", "evaluate", "hybridize", "load"}, short  # a one-word function is an entry point
+
+
+def test_the_namespaces_speak_the_same_vocabulary():
+    """The subpackages' public functions too (``gna.attention.ssm_inputs``, ``gna.viz.attention_view``...):
+    no old keyword, no other name for the prompts, but in `GnaModel`'s own methods and results' fields."""
+    old = {"probe", "inputs", "prompts", "texts", "show_progress", "max_rows"}
+    offenders = []
+    for namespace in ("core", "patching", "scoring", "attention", "discovery", "models", "tasks", "viz", "zoo"):
+        module = getattr(gna, namespace)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if not callable(obj) or name in RESULTS or name == "GnaModel":
+                continue
+            try:
+                parameters = inspect.signature(obj).parameters
+            except (TypeError, ValueError):
+                continue
+            offenders += [f"gna.{namespace}.{name}({p})" for p in parameters if p in old]
+    assert not offenders, offenders

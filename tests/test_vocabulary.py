@@ -56,6 +56,23 @@ def test_every_rename_is_declared_where_the_function_is():
         assert not set(renames) & set(inspect.signature(function).parameters), name  # only the new names show
 
 
+NAMESPACED = {
+    "attention.ssm_inputs": {"inputs": "clean"},
+    "viz.attention_view": {"inputs": "clean"},
+    "viz.heatmap_png": {"inputs": "clean"},
+}
+NAMESPACED["viz.circuit_view"] = {"inputs": "clean"}
+
+
+def test_the_namespaces_renames_are_declared_and_work(mamba2):
+    for where, renames in NAMESPACED.items():
+        namespace, name = where.split(".")
+        assert getattr(getattr(gna, namespace), name).__renamed__ == renames, where
+    new = gna.attention.ssm_inputs(mamba2, clean=CLEAN, layer=1)
+    old = old_call(gna.attention.ssm_inputs, mamba2, inputs=CLEAN, layer=1, old="inputs=", new="clean=")
+    assert torch.equal(old.dt, new.dt) and torch.equal(old.B, new.B) and float(new.dt.abs().sum()) > 0
+
+
 def test_the_old_and_the_new_keyword_at_once_is_an_error(llama_tlens):
     with pytest.raises(GnaTypeError, match=r"max_rows= and batch_size=: max_rows= is the old name of batch_size="):
         gna.patching_sweep(llama_tlens, CLEAN, CORRUPT, METRIC, max_rows=3, batch_size=3, progress=False)

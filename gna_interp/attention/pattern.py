@@ -149,11 +149,12 @@ def _check_budget(batch: Batch, n_heads: int, rows: Tensor, query_positions: Que
     raise GnaValueError(f"attention patterns for {what} need about {need / 2**20:,.0f} MiB, over max_bytes={max_bytes:,}: {hint}")
 
 
+@renamed(inputs="clean")
 def ssm_inputs(
-    model: GnaModel, inputs: Any, layer: int, heads: Sequence[int] | None = None, interventions: Sequence[Intervention] = ()
+    model: GnaModel, clean: Any, layer: int, heads: Sequence[int] | None = None, interventions: Sequence[Intervention] = ()
 ) -> SSMInputs:
     """The `SSMInputs` (``dt``, ``A``, ``B``, ``C``, ``D``, padding mask) of one SSM layer,
-    read from a real forward, for ``heads`` (head numbers in the layer, as in `Head`;
+    read from a real forward on the prompts ``clean``, for ``heads`` (head numbers in the layer, as in `Head`;
     default: every SSM head of the layer). In a hybrid layer the heads must all be SSM
     heads (of its one SSM mixer); the result indexes them in the order given."""
     model.check_layer(layer)
@@ -168,7 +169,7 @@ def ssm_inputs(
     if wrong:
         raise GnaValueError(f"heads {wrong} of {model.name} are attention heads: SSM inputs exist only for SSM heads")
     site = sites[0][0]
-    batch = model.to_batch(inputs)
+    batch = model.to_batch(clean)
     rows = torch.zeros(batch.n_rows, 1, dtype=torch.long)
     return _compute(model, batch, {site: [index for _, index in sites]}, rows, interventions, finish=False)[site]
 
