@@ -96,6 +96,10 @@ def test_ablation_sweep_old_order_and_max_rows_equal_the_new_and_an_ablate_by_ha
     zero_old = old_call(gna.ablation_sweep, model, CLEAN, METRIC, heads=[HEAD], progress=False, old="order", new="metric")
     zero_new = gna.ablation_sweep(model, CLEAN, None, METRIC, heads=[HEAD], progress=False)
     assert zero_old.scores[HEAD.layer, HEAD.head].item() == zero_new.scores[HEAD.layer, HEAD.head].item()
+    by_keyword = old_call(gna.ablation_sweep, model, clean=CLEAN, metric=METRIC, heads=[HEAD], progress=False, old="order", new="metric")
+    assert by_keyword.scores[HEAD.layer, HEAD.head].item() == zero_new.scores[HEAD.layer, HEAD.head].item()
+    zero_by_hand = float(METRIC(model.logits(CLEAN, [gna.Ablate([HEAD])])).mean())
+    assert zero_new.scores[HEAD.layer, HEAD.head].item() == pytest.approx(zero_by_hand, abs=1e-4)
 
 
 @pytest.mark.parametrize(

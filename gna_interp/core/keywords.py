@@ -84,14 +84,18 @@ def corrupt_before_metric(function: F) -> F:
     """The old call of ``ablation_sweep(model, clean, metric, *, corrupt=None)`` kept working
     for one release, with a `FutureWarning`, now that every sweep's head is ``(model, clean,
     corrupt, metric)``: three positional arguments and no ``metric=`` are the old order, so
-    the third is the metric and ``corrupt=`` (default None) moves before it."""
+    the third is the metric and ``corrupt=`` (default None) moves before it; ``metric=`` with
+    no ``corrupt`` (it had a default) is ``corrupt=None``."""
+    order = "the order (model, clean, metric, corrupt=None)", "(model, clean, corrupt, metric)"
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
         if len(args) == 3 and "metric" not in kwargs:
-            order = "the order (model, clean, metric, corrupt=...)", "(model, clean, corrupt, metric)"
             warnings.warn(renamed_message(f"{function.__name__}()", *order), FutureWarning, stacklevel=2)
             args = (*args[:2], kwargs.pop("corrupt", None), args[2])
+        elif len(args) < 3 and "metric" in kwargs and "corrupt" not in kwargs:
+            warnings.warn(renamed_message(f"{function.__name__}()", *order), FutureWarning, stacklevel=2)
+            kwargs["corrupt"] = None
         return function(*args, **kwargs)
 
     return call  # type: ignore[return-value]
