@@ -6,7 +6,7 @@ One tiny random Llama (grouped-query attention, vocabulary of 64 words) and one 
 left-padded prompts (random words ``w4..w63``, fixed seed) are scored three ways:
 
 ``tlens`` / ``nnsight``
-    ``gna.ablation_sweep(model, prompts, gna.logit_diff(5, 6), how="zero")``: every head
+    ``gna.ablation_sweep(model, prompts, None, gna.logit_diff(5, 6), how="zero")``: every head
     zero-ablated alone, many heads per forward (the batch is stacked once per head, up
     to ``--max-rows`` rows, or the library's memory-budget estimate when unset).
 ``loop``
@@ -243,10 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for backend, model in models.items():
         result, times, memory = timed(
-            lambda model=model: gna.ablation_sweep(model, prompts, metric, how="zero", max_rows=args.max_rows, progress=False), args.repeats
+            lambda model=model: gna.ablation_sweep(model, prompts, None, metric, how="zero", batch_size=args.max_rows, progress=False),
+            args.repeats,
         )
         with gna.cost_meter(model) as cost:  # one more, untimed run: the block evaluations it makes
-            gna.ablation_sweep(model, prompts, metric, how="zero", max_rows=args.max_rows, progress=False)
+            gna.ablation_sweep(model, prompts, None, metric, how="zero", batch_size=args.max_rows, progress=False)
         diff = float((result.scores - ref_scores).abs().max())
         diff = diff if diff == diff else float("inf")  # NaN (a head not swept) counts as a failure
         baseline_diff = abs(result.baseline - ref_baseline)

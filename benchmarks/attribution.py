@@ -178,7 +178,7 @@ def measure(
     rows = []
     sweeps = {
         "patching": lambda: gna.patching_sweep(model, clean, corrupt, metric, progress=False),
-        "ablation": lambda: gna.ablation_sweep(model, clean, metric, progress=False),
+        "ablation": lambda: gna.ablation_sweep(model, clean, None, metric, progress=False),
     }
     for estimate, sweep in sweeps.items():
         patch_s, _ = best_of(sweep, repeats)

@@ -88,7 +88,7 @@ def operations(model: Any, clean: Any, corrupt: Any, metric: Callable) -> dict[s
     receivers = [h for h in model.heads if h.layer == layers[-1] and model.receiver_inputs(h)]
     return {
         "forward": lambda: model.logits(clean),
-        "ablation": lambda: gna.ablation_sweep(model, clean, metric, progress=False).scores,
+        "ablation": lambda: gna.ablation_sweep(model, clean, None, metric, progress=False).scores,
         "patching": lambda: gna.patching_sweep(model, clean, corrupt, metric, progress=False).scores,
         "patterns": lambda: gna.attention_pattern(model, clean, model.heads, query_positions=[-1]),
         "path": lambda: gna.path_patching(model, clean, corrupt, metric, senders=[sender], receivers=[*receivers, "logits"]),

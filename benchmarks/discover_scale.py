@@ -170,7 +170,7 @@ def prescreen_agreement(family: str, prompts: int, seed: int) -> dict[str, Any]:
     encoded = task.encode()
     metric = gna.candidate_logit_diff(encoded.candidate_ids, encoded.correct)
     estimate = gna.patching.ablation_attribution(model, task, metric)
-    exact = gna.ablation_sweep(model, task, metric, progress=False)
+    exact = gna.ablation_sweep(model, task, None, metric, progress=False)
     a, b = (estimate.scores - estimate.baseline).flatten(), (exact.scores - exact.baseline).flatten()
     live = ~b.isnan() & ((a.abs() > 0) | (b.abs() > 0))
     return {"live": int(live.sum()), "spearman": spearman(a[live], b[live]), "sign_agrees": int(((a[live] > 0) == (b[live] > 0)).sum())}

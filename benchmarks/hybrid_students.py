@@ -101,7 +101,7 @@ def main() -> None:
         positions="last",
         train=args.train,
         callback=log,
-        show_progress=False,
+        progress=False,
     )
     minutes = (time.perf_counter() - start) / 60
     after = gna.evaluate(student, task, progress=False).accuracy

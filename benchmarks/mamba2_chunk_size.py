@@ -74,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     for chunk in sorted(args.chunk_sizes):
         hf = tiny_model("mamba2", seed=0, chunk_size=chunk, **fields)
         model = gna.load(hf, backend="nnsight", tokenizer=tokenizer)
-        gna.ablation_sweep(model, prompts, metric)  # warm-up
+        gna.ablation_sweep(model, prompts, None, metric)  # warm-up
         runs = []
         for _ in range(args.repeats):
             start = time.perf_counter()
-            result = gna.ablation_sweep(model, prompts, metric)
+            result = gna.ablation_sweep(model, prompts, None, metric)
             runs.append(time.perf_counter() - start)
         tables[chunk], times[chunk] = result.scores, runs
     shape = f"{args.layers} layers x {args.heads} heads, {args.prompts} prompts x {length} tokens"

@@ -40,7 +40,7 @@ tokens:
     ``steps=2``) and `edge_attribution` into head 0 of layer 1, one copy per forward.
 
 The sweeps, the attributions and edge attribution run one copy of the batch per forward
-(``max_rows`` = the batch) unless their label says ``budget``.
+(``batch_size`` = the batch) unless their label says ``budget``.
 
 Time is the best of ``--repeats`` calls (on CUDA after one untimed call); peak memory is the peak resident memory above
 what the process held before the call (a sampling thread, every 2 ms, after returning
@@ -333,7 +333,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     heads = [gna.Head(0, h) for h in range(SWEEP_HEADS)]
     ablate = [gna.Ablate([gna.Head(0, 0)])]
-    one = dict(max_rows=args.prompts, progress=False)  # one copy of the batch per forward
+    one = dict(batch_size=args.prompts, progress=False)  # one copy of the batch per forward
     budget = dict(memory_budget_mb=args.budget_mb, progress=False)  # stacked copies within the budget
     edge_receivers = [gna.Head(1, 0)]
     operations: dict[str, Callable[[], Any]] = {
@@ -342,9 +342,9 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "forward": lambda: model.logits(ids),
         "ablation": lambda: model.logits(ids, ablate),
         "ablation, last logits": lambda: model.logits(ids, ablate, logits_to_keep=1),
-        "sweep": lambda: gna.ablation_sweep(model, ids, metric, heads=heads, **one),
-        "sweep, every position": lambda: gna.ablation_sweep(model, ids, undeclared, heads=heads, **one),
-        "sweep, budget": lambda: gna.ablation_sweep(model, ids, metric, heads=heads, **budget),
+        "sweep": lambda: gna.ablation_sweep(model, ids, None, metric, heads=heads, **one),
+        "sweep, every position": lambda: gna.ablation_sweep(model, ids, None, undeclared, heads=heads, **one),
+        "sweep, budget": lambda: gna.ablation_sweep(model, ids, None, metric, heads=heads, **budget),
         "patching sweep": lambda: gna.patching_sweep(model, ids, corrupt, metric, heads=heads, **one),
         "patching sweep, budget": lambda: gna.patching_sweep(model, ids, corrupt, metric, heads=heads, **budget),
         "path patching": lambda: gna.path_patching(model, ids, corrupt, metric, senders=[gna.Head(0, 0)], receivers=[gna.Head(1, 0)]),

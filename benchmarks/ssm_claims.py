@@ -226,7 +226,7 @@ def swap_part() -> dict[str, Any]:
     before, before_rows = swapped_rows()
     start = time.perf_counter()
     gna.distill(student, teacher, train, stages=["A", "B"], steps={"A": 150, "B": 400}, batch_size=16, lr=5e-4, seed=0,
-                positions="last", train="new", show_progress=False)  # fmt: skip
+                positions="last", train="new", progress=False)  # fmt: skip
     minutes = (time.perf_counter() - start) / 60
     alone, rows = swapped_rows()
     return {
@@ -281,12 +281,12 @@ def row_stats(model: Any, task: Any, heads: list[Any]) -> dict[str, dict[str, fl
         row = pattern[:, i]
         on = row.gather(1, encoded.labels)  # [batch, option]
         out[str(head)] = {
-            "entropy": float(gna.entropy(on).mean()),
-            "top1": float(gna.top1_mass(on).mean()),
+            "entropy": float(gna.attention.entropy(on).mean()),
+            "top1": float(gna.attention.top1_mass(on).mean()),
             "share": float((on.sum(1) / row.sum(1)).mean()),
             "top_is_correct": float((on.argmax(1) == encoded.correct).float().mean()),
-            "row_entropy": float(gna.entropy(row).mean()),  # the whole row, every key
-            "row_top1": float(gna.top1_mass(row).mean()),
+            "row_entropy": float(gna.attention.entropy(row).mean()),  # the whole row, every key
+            "row_top1": float(gna.attention.top1_mass(row).mean()),
         }
     return out
 

@@ -131,7 +131,7 @@ if __name__ == "__main__":
     clean = ["w5 w6 w7 w8", "w9 w10 w11 w12", "w13 w14 w15 w16"]
     corrupt = ["w5 w30 w7 w8", "w9 w10 w31 w12", "w40 w14 w15 w41"]
     metric = gna.logit_diff(correct=5, incorrect=6)
-    sweep = gna.ablation_sweep(model, clean, metric, progress=False)
+    sweep = gna.ablation_sweep(model, clean, None, metric, progress=False)
     print("ablation: largest effects", [(str(h), round(s, 4)) for h, s in sweep.top(3)])
     path = gna.path_patching(model, clean, corrupt, metric, senders=[gna.Head(0, 1)], receivers=[gna.Head(2, 0)], receiver_input="k")
     print(f"path patching L0H1 -> L2H0 (k): {path:+.4f}")

@@ -27,7 +27,7 @@ warnings.simplefilter("ignore", gna.discovery.PositionalAnswerWarning)  # this t
 # %% What one sweep costs: every head, with prefix reuse (a head of layer l costs L - l blocks).
 encoded = task.encode()
 with gna.cost_meter(model) as cost:
-    gna.ablation_sweep(model, task, gna.candidate_accuracy(encoded.candidate_ids, encoded.correct), progress=False)
+    gna.ablation_sweep(model, task, None, gna.candidate_accuracy(encoded.candidate_ids, encoded.correct), progress=False)
 print(f"ablation sweep of {len(model.heads)} heads: {cost.describe(len(task))}")
 
 # %% Discovery records its cost in the circuit (summary, JSON, report).

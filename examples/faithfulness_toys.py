@@ -27,7 +27,7 @@ for name in ("llama", "mamba2", "falcon_h1"):
     heads = [*circuit.gather, *circuit.aggregate]
     encoded = task.encode(task.tokenizer_for(model.tokenizer))
     metric = gna.candidate_logit_diff(encoded.candidate_ids, encoded.correct)
-    sweep = gna.ablation_sweep(model, task, metric, how="mean", corrupt=task, progress=False)
+    sweep = gna.ablation_sweep(model, task, task, metric, how="mean", progress=False)
     for how in ("mean", "resample"):
         curve = gna.faithfulness_curve(model, task, sweep, how=how, circuit=heads, progress=False)
         point = curve.circuit_point

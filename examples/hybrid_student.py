@@ -32,7 +32,7 @@ teacher, task = gna.load_toy(TOY), gna.toy_task(TOY, N, seed=2026)
 train = gna.toy_task(TOY, 4000, seed=1).prompts  # other prompts than the evaluation's
 encoded = task.encode(task.tokenizer_for(teacher.tokenizer))
 metric = gna.candidate_logit_diff(encoded.candidate_ids, encoded.correct)
-sweep = gna.ablation_sweep(teacher, task, metric, how="mean", corrupt=task, progress=False)
+sweep = gna.ablation_sweep(teacher, task, task, metric, how="mean", progress=False)
 drops = sweep.baseline - sweep.scores  # [layer, head]: how much ablating the head costs
 order = [gna.Head(int(i) // drops.shape[1], int(i) % drops.shape[1]) for i in torch.argsort(drops.flatten(), descending=True)]
 print("ranking (drop of the logit difference):", ", ".join(f"{h} {float(drops[h.layer, h.head]):+.2f}" for h in order))
@@ -50,7 +50,7 @@ for label, keep, init in CASES[: int(os.environ.get("GNA_EXAMPLE_CASES", len(CAS
     before = gna.evaluate(student, task, progress=False).accuracy
     start = time.perf_counter()
     history = gna.distill(
-        student, teacher, train, steps={"A": STEPS // 3, "B": STEPS}, batch_size=16, lr=2e-3, seed=0, positions="last", show_progress=False
+        student, teacher, train, steps={"A": STEPS // 3, "B": STEPS}, batch_size=16, lr=2e-3, seed=0, positions="last", progress=False
     )
     minutes = (time.perf_counter() - start) / 60
     after = gna.evaluate(student, task, progress=False).accuracy

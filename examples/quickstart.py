@@ -28,7 +28,7 @@ print("logits", tuple(logits.shape), "change from mean-ablating", head, f"{(mean
 # %% Sweeps: every head ablated alone (batched), and activation patching.
 metric = gna.logit_diff(correct=5, incorrect=6)
 for model in (llama, mamba2):
-    sweep = gna.ablation_sweep(model, clean, metric, progress=False)
+    sweep = gna.ablation_sweep(model, clean, None, metric, progress=False)
     print(f"{model.arch.family}: baseline {sweep.baseline:+.4f}; largest effects:", [(str(h), round(s, 4)) for h, s in sweep.top(3)])
     patch = gna.patching_sweep(model, clean, corrupt, metric, sites="resid", by_position=True, progress=False)
     print(patch.to_frame().head().round(4))

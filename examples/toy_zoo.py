@@ -37,7 +37,7 @@ for name in gna.toy_names():
 model, own_task = gna.load_toy("mamba2_counting"), gna.toy_task("mamba2_counting", N, seed=123)
 own = own_task.encode()
 metric = gna.candidate_accuracy(own.candidate_ids, own.correct)
-sweep = gna.ablation_sweep(model, own_task, metric, progress=False)
+sweep = gna.ablation_sweep(model, own_task, None, metric, progress=False)
 print(sweep.to_frame().sort_values("score").head().round(3))
 
 # %% MMLU and KV retrieval build the same annotations for any tokenizer.

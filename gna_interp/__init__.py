@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._lazy import lazy_attribute, public_dir
+from ._lazy import lazy_attribute, moved_attribute, public_dir
 
 __version__ = "0.1.0"
 
@@ -66,9 +66,7 @@ _EXPORTS: dict[str, str] = {
     "edge_faithfulness_curve": "scoring.edge_faithfulness",
     "EdgeFaithfulnessCurve": "scoring.edge_faithfulness",
     "EdgeResult": "patching",
-    "entropy": "attention",
     "evaluate": "scoring.evaluation",
-    "evaluation": "scoring.evaluation:",
     "faithfulness_curve": "scoring.faithfulness",
     "FaithfulnessCurve": "scoring.faithfulness",
     "RetentionCurve": "scoring.retention_results",
@@ -81,7 +79,6 @@ _EXPORTS: dict[str, str] = {
     "load_toy": "zoo",
     "models": "models:",
     "logit_diff": "patching",
-    "mass_on": "attention",
     "patching": "patching:",
     "patching_sweep": "patching",
     "path_patching": "patching",
@@ -96,7 +93,6 @@ _EXPORTS: dict[str, str] = {
     "target_logprob": "patching",
     "scoring": "scoring:",
     "tasks": "tasks:",
-    "top1_mass": "attention",
     "toy_card": "zoo",
     "toy_names": "zoo",
     "toy_task": "zoo",
@@ -106,10 +102,22 @@ _EXPORTS: dict[str, str] = {
 }
 """Public name -> where it lives, relative to this package (one line per name)."""
 
+_MOVED: dict[str, str] = {
+    "entropy": "attention.entropy",
+    "mass_on": "attention.mass_on",
+    "top1_mass": "attention.top1_mass",
+    "evaluation": "scoring",
+}
+"""Old top-level name -> its namespace now (issue 53: generic helpers under the namespace they
+measure, no ``evaluation`` module beside `evaluate` and `Evaluation`): it still resolves, with a
+`FutureWarning`, for one release; not in ``__all__`` nor ``dir(gna_interp)``."""
+
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        return moved_attribute(__name__, name, _MOVED[name])
     return lazy_attribute(__name__, _EXPORTS, name)
 
 

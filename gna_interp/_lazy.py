@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 from typing import Any
 
 
@@ -19,6 +20,23 @@ def lazy_attribute(package: str, exports: dict[str, str], name: str) -> Any:
     module = importlib.import_module(f".{module_name}", package)
     value = module if where.endswith(":") else getattr(module, attribute or name)
     setattr(sys.modules[package], name, value)  # later lookups skip __getattr__
+    return value
+
+
+def moved_attribute(package: str, name: str, where: str) -> Any:
+    """``package.name``, which moved to ``package.where`` (``"attention.entropy"``, or a
+    submodule: ``"scoring"``): that object, with a `FutureWarning` naming the new place, on
+    every use (not cached, so each old spelling warns). The wording is
+    `gna_interp.core.keywords.renamed_message`'s (not imported: this module imports nothing heavy)."""
+    module_name, _, attribute = where.rpartition(".")
+    value = (
+        importlib.import_module(f".{where}", package)
+        if not module_name
+        else getattr(importlib.import_module(f".{module_name}", package), attribute)
+    )
+    old, new = f"{package}.{name}", f"{package}.{where}"
+    message = f"{old} is renamed {new} (issue 53); the old name still works in this release and goes in the next: write {new}"
+    warnings.warn(message, FutureWarning, stacklevel=3)
     return value
 
 

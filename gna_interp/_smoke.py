@@ -13,5 +13,5 @@ def run() -> None:
     metric = gna.logit_diff(5, 6)
     for family in ("llama", "mamba2"):
         model = gna.load(tiny_model(family), tokenizer=tokenizer)
-        sweep = gna.ablation_sweep(model, clean, metric, progress=False)
+        sweep = gna.ablation_sweep(model, clean, None, metric, progress=False)
         print(model, "top heads:", [(str(h), round(s, 4)) for h, s in sweep.top(3)])

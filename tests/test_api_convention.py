@@ -1,13 +1,24 @@
-"""The one calling convention of the public API (issue 40, item 3), read from the
-signatures themselves (`inspect`) so that drift cannot come back unnoticed:
+"""The one calling convention of the public API (issues 40, item 3, and 53, item 6: one
+vocabulary), read from the signatures themselves (`inspect`) so that drift cannot come back
+unnoticed:
 
-- every patching / attribution function takes ``(model, clean, corrupt, metric, *, ...)``
-  (`ablation_sweep`: ``(model, clean, metric, *, ...)``), everything after keyword-only;
-- the corrupted inputs have one name, ``corrupt``: no public parameter is called
-  ``reference`` or ``source`` (but `Patch`'s ``source``, the clean run when denoising);
-- a function that loops has ``progress``; one that stacks copies of the batch has
-  ``max_rows`` and ``memory_budget_mb``;
+- every patching / attribution function and both sweeps take ``(model, clean, corrupt,
+  metric, *, ...)``, everything after keyword-only;
+- the prompts have one name per role: ``clean`` (the prompts measured), ``corrupt`` (the
+  counterfactual ones; no public parameter is called ``reference`` or ``source``, but
+  `Patch`'s ``source``), ``task`` (a `Task`); no ``probe``, ``inputs`` or ``prompts`` (but
+  `GnaModel`'s own methods, which run whatever they are given);
+- a function that loops has ``progress`` (never ``show_progress``); one that chunks its
+  forwards has ``batch_size`` (rows per forward), and one that stacks copies of the batch
+  also ``memory_budget_mb`` (never ``max_rows``);
+- which variant: ``how`` (what replaces a head's output), ``kind`` (which heads),
+  ``method`` (the estimator), ``rule`` (the integration rule of ``steps``), ``direction``
+  (noising or denoising), ``path`` (which paths); each keyword has one meaning, checked
+  from its default;
+- generic helpers live under their namespace (``gna.attention.entropy``), not at the top;
 - curves, interventions and the other entry points take their options keyword-only.
+
+Old names still work for one release, with a warning: `tests/test_vocabulary.py`.
 """
 
 from __future__ import annotations
@@ -21,18 +32,24 @@ import gna_interp as gna
 P = inspect.Parameter
 POSITIONAL = (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)
 
-CLEAN_CORRUPT_METRIC = ["patching_sweep", "attribution_patching", "path_patching", "path_patching_sweep", "edge_attribution"]
+CLEAN_CORRUPT_METRIC = [
+    "ablation_sweep",
+    "patching_sweep",
+    "attribution_patching",
+    "path_patching",
+    "path_patching_sweep",
+    "edge_attribution",
+]
 """Functions of ``(model, clean, corrupt, metric, *, ...)``."""
 
 POSITIONAL_HEADS: dict[str, tuple[str, ...]] = {
-    "ablation_sweep": ("model", "clean", "metric"),
     **{name: ("model", "clean", "corrupt", "metric") for name in CLEAN_CORRUPT_METRIC},
     "circuit_score": ("model", "clean", "corrupt", "metric", "ranking"),
     "faithfulness_curve": ("model", "task", "ranking"),
     "edge_faithfulness_curve": ("model", "task", "ranking"),
     "retention_curve": ("model", "task", "ranking"),
-    "retrieval_ranking": ("model", "probe"),
-    "attention_pattern": ("model", "inputs", "heads"),
+    "retrieval_ranking": ("model", "task"),
+    "attention_pattern": ("model", "clean", "heads"),
     "evaluate": ("model", "task", "interventions"),
     "lm_eval": ("model", "tasks", "interventions"),
     "discover": ("model", "task"),
@@ -53,12 +70,15 @@ STACKS_COPIES = [
     "retrieval_ranking",
     "circuit_score",
 ]
-"""Functions that run copies (or chunks) of the batch per forward: ``max_rows`` and ``memory_budget_mb``."""
+"""Functions that run copies (or chunks) of the batch per forward: ``batch_size`` and ``memory_budget_mb``."""
+
+CHUNKS = ["evaluate", "faithfulness_curve", "retention_curve", "lm_eval", "lm_eval_table", "distill"]
+"""Functions that chunk their prompts (one copy): ``batch_size`` alone."""
 
 LOOPS = [*STACKS_COPIES, "faithfulness_curve", "edge_faithfulness_curve", "retention_curve", "evaluate", "discover", "lm_eval"]
 """Functions with a loop long enough for a bar: ``progress``."""
 
-CORRUPT_INPUTS = ["ablation_sweep", "faithfulness_curve", "edge_faithfulness_curve", "retention_curve", "Ablate", "KeepOnly"]
+CORRUPT_INPUTS = ["faithfulness_curve", "edge_faithfulness_curve", "retention_curve", "Ablate", "KeepOnly"]
 """Functions (besides `CLEAN_CORRUPT_METRIC`) whose other inputs are called ``corrupt``."""
 
 RESULT_FIELDS = {("SweepResult", "reference"), ("EdgeResult", "reference")}
@@ -130,17 +150,30 @@ def test_loops_have_progress(name):
 
 
 @pytest.mark.parametrize("name", STACKS_COPIES)
-def test_batched_copies_have_max_rows_and_a_memory_budget(name):
+def test_batched_copies_have_a_batch_size_and_a_memory_budget(name):
     params = signature(name).parameters
-    for option in ("max_rows", "memory_budget_mb"):
+    for option in ("batch_size", "memory_budget_mb"):
         assert option in params and params[option].kind is P.KEYWORD_ONLY and params[option].default is None, (name, option)
 
 
-def test_every_function_with_max_rows_follows_the_rules():
+@pytest.mark.parametrize("name", CHUNKS)
+def test_chunked_prompts_have_a_batch_size(name):
+    parameter = signature(name).parameters.get("batch_size")
+    assert parameter is not None and parameter.kind is P.KEYWORD_ONLY and isinstance(parameter.default, int), name
+
+
+def test_one_chunking_pair_everywhere():
+    """``batch_size`` and ``memory_budget_mb`` and no other spelling; a memory budget comes
+    with the ``batch_size`` it estimates and a bar."""
+    old = {"max_rows", "show_progress", "batchsize", "chunk_size", "max_batch", "memory_budget", "memory_mb"}
+    found = {name: set(sig.parameters) & old for name, sig in public_signatures()}
+    assert not {name: names for name, names in found.items() if names}, "expected batch_size / memory_budget_mb / progress"
     for name, sig in public_signatures():
-        if "max_rows" in sig.parameters:
-            assert {"memory_budget_mb", "progress"} <= set(sig.parameters), name
-            assert sig.parameters["max_rows"].kind is P.KEYWORD_ONLY, name
+        if "memory_budget_mb" in sig.parameters:
+            assert {"batch_size", "progress"} <= set(sig.parameters), name
+            assert sig.parameters["batch_size"].kind is P.KEYWORD_ONLY, name
+    assert set(STACKS_COPIES) == {name for name, sig in public_signatures() if "memory_budget_mb" in sig.parameters}
+    assert set(STACKS_COPIES + CHUNKS) == {name for name, sig in public_signatures() if "batch_size" in sig.parameters}
 
 
 def test_every_function_with_positional_inputs_follows_the_convention():
@@ -182,3 +215,162 @@ def test_every_export_is_what_it_names_even_after_every_submodule_is_imported():
     for name, where in _EXPORTS.items():
         value = lazy_attribute("gna_interp", _EXPORTS, name)
         assert inspect.ismodule(value) == where.endswith(":"), (name, where, value)
+
+
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "how": ("zero", "mean", "resample", "corrupt"),
+    "kind": ("attention", "ssm", "all"),
+    "method": ("first_order", "exact_upstream", "exact_receiver"),
+    "rule": ("left", "midpoint"),
+    "direction": ("denoise", "noise"),
+    "path": ("all", "direct", "mib"),
+}
+"""The keywords that choose a variant, each with its one meaning (its values): ``how``, what
+replaces a head's output; ``kind``, which heads; ``method``, the estimator; ``rule``, the
+integration rule of ``steps``; ``direction``, which run is patched; ``path``, which paths of a
+sender count."""
+
+RESULTS = {"CircuitScore", "EdgeFaithfulnessCurve", "FaithfulnessCurve", "RetentionCurve", "RetrievalRanking", "SweepResult"}
+"""Results: their fields record a variant (``SweepResult.kind``: "ablation" or "patching", the sweep)."""
+
+SYNONYMS = ("mode", "strategy", "variant", "style", "ablation", "estimator", "algorithm", "approach", "show_progress", "max_rows")
+
+
+def variant_parameters() -> list[tuple[str, inspect.Parameter]]:
+    """Every public parameter with a string default (results' fields left out)."""
+    return [
+        (name, p)
+        for name, sig in public_signatures()
+        if name.split(".")[0] not in RESULTS
+        for p in sig.parameters.values()
+        if isinstance(p.default, str)
+    ]
+
+
+def test_each_variant_keyword_has_one_meaning():
+    """A variant keyword's default is one of its family's values, and a value that belongs to
+    one family only is never the default of another keyword (``"all"`` is shared)."""
+    owner = {value: key for key, values in VARIANTS.items() for value in values if value != "all"}
+    assert len(owner) == sum(len(values) for values in VARIANTS.values()) - 2  # no value in two families but "all"
+    checked = set()
+    for name, parameter in variant_parameters():
+        if parameter.name in VARIANTS:
+            assert parameter.default in VARIANTS[parameter.name], (
+                f"{name}({parameter.name}={parameter.default!r}): expected one of {VARIANTS[parameter.name]}"
+            )
+            checked.add(parameter.name)
+        elif parameter.default in owner:
+            raise AssertionError(f"{name}({parameter.name}={parameter.default!r}): that choice is spelled {owner[parameter.default]}=")
+    assert checked == set(VARIANTS)  # every family is in use: the table is not stale
+
+
+def literal_values(function, parameter: inspect.Parameter) -> set[str]:
+    """The strings a parameter's annotation allows (``Literal[...]``, through unions and aliases)."""
+    import typing
+
+    annotation = parameter.annotation
+    if isinstance(annotation, str):  # postponed (``from __future__ import annotations``)
+        annotation = eval(annotation, {**inspect.unwrap(function).__globals__, "GnaModel": gna.GnaModel})
+    found, stack = set(), [annotation]
+    while stack:
+        item = stack.pop()
+        if typing.get_origin(item) is typing.Literal:
+            found |= {arg for arg in typing.get_args(item) if isinstance(arg, str)}
+        else:
+            stack += typing.get_args(item)
+    return found
+
+
+def test_each_variant_keywords_annotation_allows_only_its_family():
+    """``kind`` of `attention_pattern` names head kinds as ``kind`` does everywhere (not
+    ``"softmax"`` / ``"implicit"``, issue 53); ``direction``, ``rule``, ``path`` list theirs."""
+    checked = []
+    for name in gna.__all__:
+        function = getattr(gna, name)
+        if not inspect.isfunction(function):
+            continue
+        for parameter in inspect.signature(function).parameters.values():
+            if parameter.name in VARIANTS and (values := literal_values(function, parameter)):
+                assert values <= set(VARIANTS[parameter.name]), f"{name}({parameter.name}=): {sorted(values)}"
+                checked.append((name, parameter.name))
+    assert ("attention_pattern", "kind") in checked and ("patching_sweep", "direction") in checked, checked
+
+
+def test_no_synonym_for_a_variant_or_an_option():
+    offenders = [f"{name}({p})" for name, sig in public_signatures() for p in sig.parameters if p in SYNONYMS]
+    assert not offenders, offenders
+
+
+def test_how_is_the_one_name_of_the_replacement():
+    """Every public callable that ablates heads chooses the replacement with ``how``."""
+    ablating = ["Ablate", "KeepOnly", "ablation_sweep", "circuit_score", "faithfulness_curve", "retention_curve", "retrieval_ranking"]
+    for name in ablating:
+        assert signature(name).parameters["how"].kind is P.KEYWORD_ONLY, name
+    assert "how" in inspect.signature(gna.GnaModel.ablated).parameters
+
+
+PROMPT_ROLES = {"clean", "corrupt", "task", "tasks", "data"}
+"""The prompts' arguments by role: ``clean`` the prompts measured, ``corrupt`` the
+counterfactual ones, ``task`` a `Task` (or several, for `retrieval_ranking`), ``tasks``
+lm-eval's task names, ``data`` `distill`'s training text."""
+
+OTHER_PROMPT_NAMES = ("probe", "inputs", "prompts", "texts", "examples", "dataset", "batch", "x")
+
+
+def test_the_prompts_have_one_name_per_role():
+    """No public function takes prompts under another name. `GnaModel`'s own methods (``run``,
+    ``logits``, ``cache``, ``to_batch``...) keep ``inputs``/``batch``: they run what they are
+    given, with no clean or corrupted role; results' fields are records (`RetrievalRanking.probe`:
+    the names of the tasks probed)."""
+    offenders = []
+    for name, sig in public_signatures():
+        if name.startswith("GnaModel.") or name.split(".")[0] in RESULTS:
+            continue
+        offenders += [f"{name}({p})" for p in sig.parameters if p in OTHER_PROMPT_NAMES]
+    assert not offenders, f"expected one of {sorted(PROMPT_ROLES)}: {offenders}"
+    for name in ("evaluate", "faithfulness_curve", "retention_curve", "edge_faithfulness_curve", "discover", "retrieval_ranking"):
+        assert positional(signature(name))[1] == "task", name
+    assert positional(signature("attention_pattern"))[1] == "clean"
+
+
+def test_the_sweeps_share_one_positional_signature():
+    sweeps = sorted(name for name in gna.__all__ if name.endswith("_sweep"))
+    assert sweeps == ["ablation_sweep", "patching_sweep", "path_patching_sweep"]
+    heads = {name: positional(signature(name)) for name in sweeps}
+    assert set(heads.values()) == {("model", "clean", "corrupt", "metric")}, heads
+
+
+GENERIC = {"entropy": "attention", "mass_on": "attention", "top1_mass": "attention"}
+"""Generic helpers -> the namespace they live in (not the top level)."""
+
+
+def test_generic_helpers_live_under_their_namespace():
+    exported = set(gna.__all__) | set(dir(gna))
+    assert not (set(GENERIC) | {"evaluation"}) & exported  # nor the evaluation module beside evaluate and Evaluation
+    for name, namespace in GENERIC.items():
+        module = getattr(gna, namespace)
+        assert name in module.__all__ and callable(getattr(module, name)), (namespace, name)
+    assert {"evaluate", "Evaluation", "evaluate_many"} <= set(gna.scoring.__all__)
+    from gna_interp import _EXPORTS
+
+    short = [name for name, where in _EXPORTS.items() if not where.endswith(":") and name.islower() and "_" not in name]
+    assert set(short) <= {"discover", "distill", "evaluate", "hybridize", "load"}, short  # a one-word function is an entry point
+
+
+def test_the_namespaces_speak_the_same_vocabulary():
+    """The subpackages' public functions too (``gna.attention.ssm_inputs``, ``gna.viz.attention_view``...):
+    no old keyword, no other name for the prompts, but in `GnaModel`'s own methods and results' fields."""
+    old = {"probe", "inputs", "prompts", "texts", "show_progress", "max_rows"}
+    offenders = []
+    for namespace in ("core", "patching", "scoring", "attention", "discovery", "models", "tasks", "viz", "zoo"):
+        module = getattr(gna, namespace)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if not callable(obj) or name in RESULTS or name == "GnaModel":
+                continue
+            try:
+                parameters = inspect.signature(obj).parameters
+            except (TypeError, ValueError):
+                continue
+            offenders += [f"gna.{namespace}.{name}({p})" for p in parameters if p in old]
+    assert not offenders, offenders

@@ -53,12 +53,12 @@ def test_bad_heads(mamba2, llama_tlens):
 
 
 def test_heads_of_a_kind_the_model_lacks(mamba2, llama_tlens):
-    with pytest.raises(ValueError, match=r"kind='softmax' but heads \['L0H1'\] are not softmax heads: .* has implicit heads only"):
-        gna.attention_pattern(mamba2, PROMPTS, [gna.Head(0, 1)], kind="softmax")
-    with pytest.raises(ValueError, match=r"kind='implicit' but heads \['L1H2'\] are not implicit heads: .* has softmax heads only"):
-        gna.attention_pattern(llama_tlens, PROMPTS, [gna.Head(1, 2)], kind="implicit")
-    with pytest.raises(ValueError, match=r"kind='ssm': expected 'softmax', 'implicit' or None"):
-        gna.attention_pattern(llama_tlens, PROMPTS, [gna.Head(1, 2)], kind="ssm")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"kind='attention' but heads \['L0H1'\] are not attention heads: .* has ssm heads only"):
+        gna.attention_pattern(mamba2, PROMPTS, [gna.Head(0, 1)], kind="attention")
+    with pytest.raises(ValueError, match=r"kind='ssm' but heads \['L1H2'\] are not ssm heads: .* has attention heads only"):
+        gna.attention_pattern(llama_tlens, PROMPTS, [gna.Head(1, 2)], kind="ssm")
+    with pytest.raises(ValueError, match=r"kind='mamba': expected 'attention', 'ssm', 'all' or None"):
+        gna.attention_pattern(llama_tlens, PROMPTS, [gna.Head(1, 2)], kind="mamba")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"include_skip=True .* heads \['L1H2'\] are softmax attention heads"):
         gna.attention_pattern(llama_tlens, PROMPTS, [gna.Head(1, 2)], include_skip=True)
     with pytest.raises(ValueError, match=r"layer 0 of .* is an attention layer"):
@@ -85,28 +85,28 @@ def test_bad_normalize_and_metric_inputs(mamba2):
         gna.attention_pattern(mamba2, PROMPTS, [gna.Head(0, 0)], normalize="softmax")  # type: ignore[arg-type]
     pattern = torch.rand(2, 1, 3, 5)
     with pytest.raises(ValueError, match=r"key position 5 out of range: the batch has 5 positions"):
-        gna.mass_on(pattern, [0, 5])
+        gna.attention.mass_on(pattern, [0, 5])
     with pytest.raises(ValueError, match=r"key positions give 3 lists, expected one per prompt \(2\)"):
-        gna.mass_on(pattern, [[0], [1], [2]])
+        gna.attention.mass_on(pattern, [[0], [1], [2]])
     with pytest.raises(ValueError, match=r"key mask of shape \(4,\) does not fit patterns of 2 prompts x 3 queries x 5 keys"):
-        gna.mass_on(pattern, torch.ones(4, dtype=torch.bool))
+        gna.attention.mass_on(pattern, torch.ones(4, dtype=torch.bool))
     with pytest.raises(
         ValueError,
         match=r"must be integer positions \[batch, k\] \(one position per prompt: t\[:, None\]\) or a bool mask; got torch.float32",
     ):
-        gna.mass_on(pattern, torch.tensor([[0.0, 1.0]] * 2))
+        gna.attention.mass_on(pattern, torch.tensor([[0.0, 1.0]] * 2))
     with pytest.raises(ValueError, match=r"got torch.int64 of shape \(2,\) \(a list of ints gives positions shared by every prompt\)"):
-        gna.mass_on(pattern, torch.tensor([0, 1]))  # [batch] elsewhere, a shared set here: refused, not guessed
+        gna.attention.mass_on(pattern, torch.tensor([0, 1]))  # [batch] elsewhere, a shared set here: refused, not guessed
     with pytest.raises(ValueError, match=r"or a bool mask; got torch.int64 of shape \(2, 3, 1\)"):
-        gna.mass_on(pattern, torch.zeros(2, 3, 1, dtype=torch.long))
+        gna.attention.mass_on(pattern, torch.zeros(2, 3, 1, dtype=torch.long))
     with pytest.raises(ValueError, match=r"key positions give 3 lists, expected one per prompt \(2\)"):
-        gna.mass_on(pattern, torch.zeros(3, 1, dtype=torch.long))
+        gna.attention.mass_on(pattern, torch.zeros(3, 1, dtype=torch.long))
     with pytest.raises(ValueError, match=r"key position -6 out of range: the batch has 5 positions"):
-        gna.mass_on(pattern, torch.tensor([[0], [-6]]))
+        gna.attention.mass_on(pattern, torch.tensor([[0], [-6]]))
     with pytest.raises(ValueError, match=r"mass_on expects a pattern \[batch, head, query, key\], got shape \(3, 5\)"):
-        gna.mass_on(pattern[0, 0], [0])
+        gna.attention.mass_on(pattern[0, 0], [0])
     with pytest.raises(ValueError, match=r"at least one key"):
-        gna.entropy(torch.zeros(2, 0))
+        gna.attention.entropy(torch.zeros(2, 0))
 
 
 def test_a_failing_read_leaves_nothing_behind(mamba2):

@@ -34,7 +34,7 @@ def random_pattern(seed: int = 0) -> torch.Tensor:
 def test_metrics_equal_loops():
     pattern = random_pattern()
     keys = [[0, 5], [2], [-1, 1, 1]]  # per prompt; negative from the end; duplicates count once
-    ent, top, mass = gna.entropy(pattern), gna.top1_mass(pattern), gna.mass_on(pattern, keys)
+    ent, top, mass = gna.attention.entropy(pattern), gna.attention.top1_mass(pattern), gna.attention.mass_on(pattern, keys)
     assert ent.shape == top.shape == mass.shape == (3, 2, 4)
     for b in range(3):
         key_set = {k % 6 for k in keys[b]}
@@ -52,17 +52,17 @@ def test_metrics_equal_loops():
 
 def test_mass_on_key_spec_forms():
     pattern = random_pattern(1)
-    shared = gna.mass_on(pattern, [1, 3])
+    shared = gna.attention.mass_on(pattern, [1, 3])
     mask = torch.zeros(6, dtype=torch.bool)
     mask[[1, 3]] = True
     assert int(shared.isnan().sum()) == 1, "the row with no mass"
     integer = torch.tensor([[1, 3], [1, -3], [-5, 3]])  # [batch, k], negative counts from the end
     for same in (mask, mask.expand(3, 6), mask.expand(3, 4, 6), [[1, 3]] * 3, [-5, -3], integer):
-        assert torch.allclose(gna.mass_on(pattern, same), shared, equal_nan=True)
-    whole = gna.mass_on(pattern, list(range(6)))
+        assert torch.allclose(gna.attention.mass_on(pattern, same), shared, equal_nan=True)
+    whole = gna.attention.mass_on(pattern, list(range(6)))
     finite = ~whole.isnan()
     assert torch.allclose(whole[finite], torch.ones_like(whole[finite]))
-    assert torch.all(gna.mass_on(pattern, [[], [], []])[finite] == 0)
+    assert torch.all(gna.attention.mass_on(pattern, [[], [], []])[finite] == 0)
 
 
 def test_normalize_rows():
@@ -72,18 +72,18 @@ def test_normalize_rows():
     sums = row.sum(-1)
     assert torch.allclose(sums[sums > 0], torch.ones_like(sums[sums > 0]))
     assert float(sums[0, 1, 2]) == 0.0, "a row with no mass stays zero"
-    assert torch.allclose(row.max(-1).values[sums > 0], gna.top1_mass(pattern)[sums > 0])
+    assert torch.allclose(row.max(-1).values[sums > 0], gna.attention.top1_mass(pattern)[sums > 0])
 
 
 def test_metrics_on_real_softmax_rows(llama_tlens):
     """Softmax rows are distributions already: metrics agree with direct formulas."""
     pattern = gna.attention_pattern(llama_tlens, PROMPTS, [gna.Head(2, 1), gna.Head(1, 5)], query_positions=[-1])
     p = pattern[:, :, 0]
-    assert torch.allclose(gna.entropy(pattern)[:, :, 0], -(p * p.clamp_min(1e-30).log()).sum(-1), atol=1e-6)
-    assert torch.allclose(gna.top1_mass(pattern)[:, :, 0], p.max(-1).values)
+    assert torch.allclose(gna.attention.entropy(pattern)[:, :, 0], -(p * p.clamp_min(1e-30).log()).sum(-1), atol=1e-6)
+    assert torch.allclose(gna.attention.top1_mass(pattern)[:, :, 0], p.max(-1).values)
     ends = torch.zeros(len(PROMPTS), pattern.shape[-1], dtype=torch.bool)
     ends[:, -3:] = True
-    assert torch.allclose(gna.mass_on(pattern, ends)[:, :, 0], p[..., -3:].sum(-1), atol=1e-6)
+    assert torch.allclose(gna.attention.mass_on(pattern, ends)[:, :, 0], p[..., -3:].sum(-1), atol=1e-6)
 
 
 def test_normalize_option_of_attention_pattern(ssm_pair):

@@ -195,7 +195,7 @@ def _batch_logsumexp(logits: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", ["llama-tlens", "mamba2"])
 def test_chunked_rows_equal_the_whole_batch(plain, name):
-    """max_rows splits the rows of each forward-and-backward; the scores are the whole
+    """batch_size splits the rows of each forward-and-backward; the scores are the whole
     batch's (1e-6), for a per-row metric and one that mixes the rows, with integrated
     gradients, by position, and under a per-row (resample) intervention."""
     model = plain[name][1]
@@ -212,7 +212,7 @@ def test_chunked_rows_equal_the_whole_batch(plain, name):
         whole = gna.attribution_patching(model, CLEAN, CORRUPT, metric, progress=False, **case)
         assert whole.effects().abs().nan_to_num().max() > 1e-3, "no effect: the comparison could not fail"
         for rows in (1, 2):
-            chunked = gna.attribution_patching(model, CLEAN, CORRUPT, metric, max_rows=rows, progress=False, **case)
+            chunked = gna.attribution_patching(model, CLEAN, CORRUPT, metric, batch_size=rows, progress=False, **case)
             assert abs(chunked.baseline - whole.baseline) < 1e-6 and abs(chunked.reference - whole.reference) < 1e-6
             assert torch.allclose(chunked.scores, whole.scores, atol=1e-6, rtol=0, equal_nan=True), (case, rows)
     assert no_hooks_left(model)

@@ -42,7 +42,7 @@ def test_padded_batch_agrees(llama_models):
 def test_ablation_sweeps_agree(llama_models, how):
     metric = gna.logit_diff(5, 6)
     reference = None if how == "zero" else CORRUPT
-    results = {name: gna.ablation_sweep(m, CLEAN, metric, how=how, corrupt=reference, progress=False) for name, m in llama_models.items()}
+    results = {name: gna.ablation_sweep(m, CLEAN, reference, metric, how=how, progress=False) for name, m in llama_models.items()}
     assert torch.allclose(results["tlens"].scores, results["nnsight"].scores, atol=TOL)
     assert abs(results["tlens"].baseline - results["nnsight"].baseline) < TOL
     assert results["tlens"].scores.isfinite().all()

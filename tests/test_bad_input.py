@@ -18,7 +18,7 @@ def test_head_or_layer_out_of_range(llama_tlens, head, pattern):
     with pytest.raises(ValueError, match=pattern):
         llama_tlens.logits(CLEAN, [gna.Ablate([head])])
     with pytest.raises(ValueError, match=pattern):
-        gna.ablation_sweep(llama_tlens, CLEAN, gna.logit_diff(5, 6), heads=[head], progress=False)
+        gna.ablation_sweep(llama_tlens, CLEAN, None, gna.logit_diff(5, 6), heads=[head], progress=False)
 
 
 def test_negative_head_or_layer():
@@ -70,7 +70,7 @@ def test_empty_heads(llama_tlens):
     with pytest.raises(ValueError, match=r"Ablate heads is empty"):
         gna.Ablate([])
     with pytest.raises(ValueError, match=r"heads is empty"):
-        gna.ablation_sweep(llama_tlens, CLEAN, gna.logit_diff(5, 6), heads=[], progress=False)
+        gna.ablation_sweep(llama_tlens, CLEAN, None, gna.logit_diff(5, 6), heads=[], progress=False)
 
 
 @pytest.mark.parametrize("how", ["zeros", "Mean", None])
@@ -79,7 +79,7 @@ def test_unknown_ablation_kind(llama_tlens, how):
     with pytest.raises(ValueError, match=expected):
         gna.Ablate([gna.Head(0, 0)], how=how)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=expected):
-        gna.ablation_sweep(llama_tlens, CLEAN, gna.logit_diff(5, 6), how=how, progress=False)  # type: ignore[arg-type]
+        gna.ablation_sweep(llama_tlens, CLEAN, None, gna.logit_diff(5, 6), how=how, progress=False)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=expected), llama_tlens.ablated([gna.Head(0, 0)], how=how):  # type: ignore[arg-type]
         pass
 

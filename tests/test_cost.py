@@ -26,7 +26,7 @@ def test_meter_counts_a_forward_and_a_sweep_by_hand(any_model):
         model.logits(PROMPTS)
         assert (outer.forwards, outer.rows, outer.block_rows, outer.requests) == (1, 4, 4 * n_layers, 0)
         with gna.cost_meter(model) as inner:
-            gna.ablation_sweep(model, PROMPTS, gna.logit_diff(5, 6), max_rows=8, progress=False)
+            gna.ablation_sweep(model, PROMPTS, None, gna.logit_diff(5, 6), batch_size=8, progress=False)
     per_layer = [sum(1 for h in heads if h.layer == layer) for layer in range(n_layers)]
     assert all(n % 2 == 0 for n in per_layer)  # chunks of 2 never straddle two layers
     chunks = sum(n // 2 for n in per_layer)

@@ -70,7 +70,7 @@ def test_sweeps_path_patching_patterns_and_attribution(handles, backend):
     cpu, gpu = models[backend, "cpu"], models[backend, GPU]
     metric = gna.logit_diff(5, 6)
     for name, run in {
-        "ablation": lambda m: gna.ablation_sweep(m, CLEAN, metric, progress=False).scores,
+        "ablation": lambda m: gna.ablation_sweep(m, CLEAN, None, metric, progress=False).scores,
         "patching": lambda m: gna.patching_sweep(m, CLEAN, CORRUPT, metric, progress=False).scores,
         "attribution": lambda m: gna.attribution_patching(m, CLEAN, CORRUPT, metric).scores,
     }.items():

@@ -105,7 +105,7 @@ def test_ablation_attribution_is_exact_where_the_metric_is_linear(tokenizer, nam
     metric = candidate_logit_diff([5, 6, 7], [0, 1, 2, 0])
     prompts = ["w5 w6 w7 w8", "w9 w10 w11 w12", "w13 w14 w15 w16", "w17 w18 w19 w20"]
     estimate = gna.patching.ablation_attribution(model, prompts, metric, heads=last)
-    exact = gna.ablation_sweep(model, prompts, metric, heads=last, progress=False)
+    exact = gna.ablation_sweep(model, prompts, None, metric, heads=last, progress=False)
     assert estimate.kind == "attribution" and abs(estimate.baseline - exact.baseline) < 1e-4
     assert (exact.scores[-1] - exact.baseline).abs().max() > 1e-2  # the comparison is not vacuous
     assert torch.allclose(estimate.scores, exact.scores, atol=1e-4, equal_nan=True)

@@ -267,9 +267,9 @@ def test_senders_after_a_receiver_have_no_edge(models):
         ({"receivers": [H(0, 0)]}, ValueError, r"no head precedes the receivers \['L0H0'\]"),
         ({"method": "atp"}, ValueError, r"method='atp': expected one of \('first_order', 'exact_upstream', 'exact_receiver'\)"),
         (
-            {"method": "exact_upstream", "max_rows": 8},
+            {"method": "exact_upstream", "batch_size": 8},
             ValueError,
-            r"max_rows=8 with method='exact_upstream': this method does not chunk.*expected max_rows=None",
+            r"batch_size=8 with method='exact_upstream': this method does not chunk.*expected batch_size=None",
         ),
         (
             {"method": "exact_receiver", "memory_budget_mb": 64.0},
@@ -341,7 +341,7 @@ def test_cost_meter_counts_the_stated_passes(models, name, steps):
     n, per_chunk = len(CLEAN), 2
     chunks = -(-copies // per_chunk)
     with gna.cost_meter(model) as cost:
-        gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, steps=steps, receivers=receivers, max_rows=per_chunk * n)
+        gna.edge_attribution(model, CLEAN, CORRUPT, METRIC, steps=steps, receivers=receivers, batch_size=per_chunk * n)
     assert copies >= 3 and chunks >= 2
     assert cost.forwards == 1 + steps * (1 + chunks)
     assert cost.backwards == steps * (1 + chunks)

@@ -29,7 +29,7 @@ def test_swapped_inputs_and_metric_are_named_as_swapped(llama_tlens, task):
         r"metric=Task\('toy_mcq', 4 prompts, 4 segments\) \(Task\) is not; call ablation_sweep\(model, clean, metric, \.\.\.\)"
     )
     with pytest.raises(TypeError, match=swapped):
-        gna.ablation_sweep(llama_tlens, metric, task)  # type: ignore[arg-type]
+        gna.ablation_sweep(llama_tlens, metric, None, task)  # type: ignore[arg-type]
     with pytest.raises(
         TypeError,
         match=r"patching_sweep: the arguments corrupt and metric are swapped: .*call patching_sweep\(model, clean, corrupt, metric, ",
@@ -40,7 +40,7 @@ def test_swapped_inputs_and_metric_are_named_as_swapped(llama_tlens, task):
     with pytest.raises(TypeError, match=r"edge_attribution: the arguments corrupt and metric are swapped"):
         gna.edge_attribution(llama_tlens, CLEAN, metric, CORRUPT, receivers=[gna.Head(1, 0)])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"ablation_sweep: metric='accuracy' is not callable: .*is a name, not a metric"):
-        gna.ablation_sweep(llama_tlens, CLEAN, "accuracy")  # type: ignore[arg-type]
+        gna.ablation_sweep(llama_tlens, CLEAN, None, "accuracy")  # type: ignore[arg-type]
     assert no_hooks_left(llama_tlens)
 
 
@@ -63,7 +63,7 @@ def test_every_entry_point_that_needs_a_task_says_how_to_build_one(llama_tlens):
     for call, run in calls.items():
         with pytest.raises(TypeError, match=rf"^{call}: task=\['w5 w6 w7', 'w8 w9 w10'\] \(list\): {how}; prompts alone have no answers"):
             run()
-    with pytest.raises(TypeError, match=rf"^retrieval_ranking: probe\[0\]='w5' \(str\): {how}"):
+    with pytest.raises(TypeError, match=rf"^retrieval_ranking: task\[0\]='w5' \(str\): {how}"):
         gna.retrieval_ranking(llama_tlens, ["w5"])
     with pytest.raises(TypeError, match=rf"^discover: task='llama' \(str\): {how}; a bundled toy's task is gna.toy_task\(name\)"):
         gna.discover(llama_tlens, "llama", progress=False)
@@ -114,7 +114,7 @@ def test_a_metric_returning_a_long_list_is_cut(llama_tlens):
         TypeError,
         match=r"metric .*per_logit returned \[.*\.\.\. \(list\): expected a float, or a tensor .*make its 64 values a tensor: torch",
     ) as raised:
-        gna.ablation_sweep(llama_tlens, CLEAN, per_logit, heads=[gna.Head(0, 0)], progress=False)
+        gna.ablation_sweep(llama_tlens, CLEAN, None, per_logit, heads=[gna.Head(0, 0)], progress=False)
     assert len(str(raised.value)) < 300  # the list is cut to a few values, not printed whole
     assert no_hooks_left(llama_tlens)
 

@@ -246,7 +246,7 @@ def test_the_llama_toys_circuit_alone_carries_its_task(toy_llamas):
         circuit = gna.discover(model, task, progress=False)
     heads = [*circuit.gather, *circuit.aggregate]
     assert circuit.aggregate and circuit.gather
-    sweep = gna.ablation_sweep(model, task, _margin(model, task), how="mean", corrupt=task, progress=False)
+    sweep = gna.ablation_sweep(model, task, task, _margin(model, task), how="mean", progress=False)
     curve = gna.faithfulness_curve(model, task, sweep, circuit=heads, progress=False)
     assert curve.circuit_point is not None
     assert curve.of_clean(curve.circuit_point["accuracy"]) >= 0.9, curve.to_frame()

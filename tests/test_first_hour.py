@@ -99,7 +99,7 @@ def test_a_string_of_heads_is_refused_not_read_letter_by_letter(llama_tlens, swe
 
     def run(heads):
         if sweep == "ablation":
-            return gna.ablation_sweep(llama_tlens, CLEAN, metric, heads=heads, progress=False)
+            return gna.ablation_sweep(llama_tlens, CLEAN, None, metric, heads=heads, progress=False)
         return gna.patching_sweep(llama_tlens, CLEAN, CORRUPT, metric, heads=heads, progress=False)
 
     typed = r"e.g. \[gna.Head\(layer=1, head=0\)\] \(gna.Head.parse\('L1H0'\) builds it\)"
@@ -116,7 +116,7 @@ def test_one_head_sweeps_as_a_list_of_one(llama_tlens):
     """``heads=gna.Head(1, 0)``: that head alone; its score is the metric with it zero-ablated."""
     metric = gna.logit_diff(5, 6)
     head = gna.Head(1, 0)
-    one = gna.ablation_sweep(llama_tlens, CLEAN, metric, heads=head, progress=False)
+    one = gna.ablation_sweep(llama_tlens, CLEAN, None, metric, heads=head, progress=False)
     expected = float(metric(llama_tlens.logits(CLEAN, [gna.Ablate([head])])).mean())
     assert one.scores[1, 0].item() == pytest.approx(expected, abs=1e-5)
     assert int(torch.isfinite(one.scores).sum()) == 1
@@ -131,7 +131,7 @@ def test_one_intervention_needs_no_list_in_sweeps_and_patterns(llama_tlens):
     """``interventions=gna.Truncate(2)`` as ``[gna.Truncate(2)]``, as `evaluate` and `logits` take it."""
     metric = gna.logit_diff(5, 6)
     truncate = gna.Truncate(2)
-    sweep = gna.ablation_sweep(llama_tlens, CLEAN, metric, heads=[gna.Head(0, 1)], interventions=truncate, progress=False)
+    sweep = gna.ablation_sweep(llama_tlens, CLEAN, None, metric, heads=[gna.Head(0, 1)], interventions=truncate, progress=False)
     assert sweep.baseline == pytest.approx(float(metric(llama_tlens.logits(CLEAN, [truncate])).mean()), abs=1e-5)
     patch = gna.patching_sweep(llama_tlens, CLEAN, CORRUPT, metric, heads=[gna.Head(0, 1)], interventions=truncate, progress=False)
     assert patch.baseline == pytest.approx(float(metric(llama_tlens.logits(CORRUPT, [truncate])).mean()), abs=1e-5)
@@ -180,14 +180,14 @@ def test_a_model_that_is_not_loaded_or_comes_second_is_named(llama_tlens, task):
     with pytest.raises(TypeError, match=rf"evaluate: {swapped}: evaluate\(model, task, ...\) takes the model first"):
         gna.evaluate(task, llama_tlens)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=rf"ablation_sweep: {swapped}"):
-        gna.ablation_sweep(task, CLEAN, gna.logit_diff(5, 6))  # type: ignore[arg-type]
+        gna.ablation_sweep(task, CLEAN, None, gna.logit_diff(5, 6))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=rf"patching_sweep: {swapped}"):
         gna.patching_sweep(task, CLEAN, CORRUPT, gna.logit_diff(5, 6))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=rf"attention_pattern: {swapped}"):
         gna.attention_pattern(task, llama_tlens, [gna.Head(0, 0)])  # type: ignore[arg-type]
     wrap = r"expected a gna_interp GnaModel; wrap a transformers model with gna.load\(hf_model, tokenizer=...\)"
     with pytest.raises(TypeError, match=rf"ablation_sweep: model=<a LlamaForCausalLM> \(LlamaForCausalLM\): {wrap}"):
-        gna.ablation_sweep(llama_tlens.hf_model, CLEAN, gna.logit_diff(5, 6))
+        gna.ablation_sweep(llama_tlens.hf_model, CLEAN, None, gna.logit_diff(5, 6))
     meter = r"cost_meter: model='llama' \(str\): expected a gna_interp GnaModel; load it first: gna.load_toy\('llama'\)"
     with pytest.raises(TypeError, match=meter), gna.cost_meter("llama"):
         pass
@@ -220,12 +220,14 @@ def test_prompts_or_a_name_where_a_task_is_expected(llama_tlens, task):
 def test_sharpness_metrics_name_a_pattern_that_is_not_a_tensor(task):
     expected = r"expected a tensor \[\.\.\., key\] of attention weights, e.g. gna.attention_pattern\(model, task, heads, query_positions"
     with pytest.raises(TypeError, match=rf"entropy: pattern=Task\('toy_mcq', 4 prompts, 4 segments\) \(Task\): {expected}"):
-        gna.entropy(task)  # type: ignore[arg-type]
+        gna.attention.entropy(task)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=rf"top1_mass: pattern=\[\[0.5, 0.5\]\] \(list\): {expected}"):
-        gna.top1_mass([[0.5, 0.5]])  # type: ignore[arg-type]
+        gna.attention.top1_mass([[0.5, 0.5]])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=rf"mass_on: pattern=Task\(.*\(Task\): {expected}"):
-        gna.mass_on(task, [0])  # type: ignore[arg-type]
-    assert gna.entropy(torch.tensor([[0.5, 0.5]])).item() == pytest.approx(float(torch.log(torch.tensor(2.0))))  # tensors still work
+        gna.attention.mass_on(task, [0])  # type: ignore[arg-type]
+    assert gna.attention.entropy(torch.tensor([[0.5, 0.5]])).item() == pytest.approx(
+        float(torch.log(torch.tensor(2.0)))
+    )  # tensors still work
 
 
 def test_write_report_names_a_bare_circuit_before_making_the_folder(tmp_path):

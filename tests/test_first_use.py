@@ -47,7 +47,7 @@ def test_lazy_namespace_keeps_every_name():
         assert getattr(gna, name) is not None, name
     from gna_interp import Ablate, evaluate, tasks  # `from` imports go through the same table
 
-    assert Ablate is gna.core.interventions.Ablate and evaluate is gna.evaluation.evaluate and tasks.toy_mcq is gna.tasks.toy_mcq
+    assert Ablate is gna.core.interventions.Ablate and evaluate is gna.scoring.evaluate and tasks.toy_mcq is gna.tasks.toy_mcq
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         _ = gna.no_such_name
 
@@ -199,7 +199,7 @@ def test_a_head_as_a_string_is_refused_with_the_typed_value():
 
 def test_a_metric_name_is_refused_before_any_work(llama_tlens):
     calls = [
-        lambda m: gna.ablation_sweep(llama_tlens, CLEAN, m),
+        lambda m: gna.ablation_sweep(llama_tlens, CLEAN, None, m),
         lambda m: gna.patching_sweep(llama_tlens, CLEAN, CORRUPT, m),
         lambda m: gna.path_patching(llama_tlens, CLEAN, CORRUPT, m, senders=[gna.Head(0, 0)], receivers="logits"),
         lambda m: gna.path_patching_sweep(llama_tlens, CLEAN, CORRUPT, m, receivers="logits"),
@@ -254,7 +254,7 @@ def test_one_switch_for_every_progress_bar(llama_tlens, monkeypatch, capsys, res
     heads = [gna.Head(0, 0), gna.Head(1, 1)]
 
     def bar_drawn() -> bool:
-        gna.ablation_sweep(llama_tlens, CLEAN, gna.logit_diff(5, 6), heads=heads, max_rows=3, progress=True)
+        gna.ablation_sweep(llama_tlens, CLEAN, None, gna.logit_diff(5, 6), heads=heads, batch_size=3, progress=True)
         return "ablation (zero)" in capsys.readouterr().err
 
     monkeypatch.delenv("TQDM_DISABLE", raising=False)

@@ -417,11 +417,11 @@ def test_distill_lowers_each_stages_loss_and_leaves_the_teacher_alone(teacher):
     before = {name: p.detach().clone() for name, p in teacher.hf_model.named_parameters()}
     student = hybridize(teacher, KEEP, init="default", seed=1)
     a0 = stage_a_error(student, teacher)
-    history = distill(student, teacher, TEXTS, stages=("A",), steps=6, batch_size=4, lr=3e-3, show_progress=False)
+    history = distill(student, teacher, TEXTS, stages=("A",), steps=6, batch_size=4, lr=3e-3, progress=False)
     a1 = stage_a_error(student, teacher)
     assert a1 < 0.7 * a0, (a0, a1)
     b0 = kl_to_teacher(student, teacher)
-    history_b = distill(student, teacher, TEXTS, stages=("B",), steps=6, batch_size=4, lr=3e-3, show_progress=False)
+    history_b = distill(student, teacher, TEXTS, stages=("B",), steps=6, batch_size=4, lr=3e-3, progress=False)
     b1 = kl_to_teacher(student, teacher)
     assert b1 < 0.8 * b0, (b0, b1)
     assert history.losses.shape == (6,) and list(history.frame["stage"]) == ["A"] * 6
@@ -434,7 +434,7 @@ def test_distill_lowers_each_stages_loss_and_leaves_the_teacher_alone(teacher):
 
 
 def test_distill_resumed_equals_uninterrupted(teacher, tmp_path):
-    kwargs = dict(steps={"A": 2, "B": 3}, batch_size=3, lr=2e-3, seed=5, checkpoint_every=1, show_progress=False)
+    kwargs = dict(steps={"A": 2, "B": 3}, batch_size=3, lr=2e-3, seed=5, checkpoint_every=1, progress=False)
     whole = hybridize(teacher, KEEP, init="attention")
     history = distill(whole, teacher, TEXTS, checkpoint_dir=tmp_path / "whole", **kwargs)
 
@@ -460,13 +460,13 @@ def test_distill_resumed_equals_uninterrupted(teacher, tmp_path):
 def test_distill_refuses_bad_arguments(teacher):
     student = hybridize(teacher, KEEP)
     with pytest.raises(ValueError, match=r"stages=\['C'\] holds 'C'"):
-        distill(student, teacher, TEXTS, stages=["C"], show_progress=False)
+        distill(student, teacher, TEXTS, stages=["C"], progress=False)
     with pytest.raises(ValueError, match=r"stage 'B' -1 steps"):
-        distill(student, teacher, TEXTS, steps={"A": 1, "B": -1}, show_progress=False)
+        distill(student, teacher, TEXTS, steps={"A": 1, "B": -1}, progress=False)
     with pytest.raises(TypeError, match=r"data='w5 w6'.*list of strings"):
-        distill(student, teacher, "w5 w6", show_progress=False)
+        distill(student, teacher, "w5 w6", progress=False)
     with pytest.raises(TypeError, match=r"expected the GnaModel gna_interp\.hybridize returns"):
-        distill(teacher, teacher, TEXTS, show_progress=False)
+        distill(teacher, teacher, TEXTS, progress=False)
 
 
 def test_a_bridged_teacher_gives_the_same_student(teacher, llama_tlens):
@@ -520,11 +520,11 @@ def test_distill_at_the_last_position_lowers_that_kl(teacher):
         return float((p.exp() * (p - q)).sum(-1).mean())
 
     b0 = last_kl()
-    history = distill(student, teacher, TEXTS, stages=("B",), steps=6, batch_size=12, lr=3e-3, positions="last", show_progress=False)
+    history = distill(student, teacher, TEXTS, stages=("B",), steps=6, batch_size=12, lr=3e-3, positions="last", progress=False)
     assert abs(history.losses[0].item() - b0) < 1e-4  # the stated loss is that KL (all 12 rows, same length)
     assert last_kl() < 0.8 * b0
     with pytest.raises(ValueError, match=r"positions='first'.*\('all', 'last'\)"):
-        distill(student, teacher, TEXTS, positions="first", show_progress=False)
+        distill(student, teacher, TEXTS, positions="first", progress=False)
 
 
 def test_distill_keeps_a_student_that_is_its_teacher_there(teacher):
@@ -534,7 +534,7 @@ def test_distill_keeps_a_student_that_is_its_teacher_there(teacher):
     stays well below what training every parameter reaches (Adam's first steps move each
     copied weight by about lr, gradient or not)."""
     every = [gna.Head(layer, head) for layer in range(teacher.n_layers) for head in range(teacher.n_heads)]
-    kwargs = dict(stages=("B",), steps=5, batch_size=12, lr=3e-3, show_progress=False)
+    kwargs = dict(stages=("B",), steps=5, batch_size=12, lr=3e-3, progress=False)
     student = hybridize(teacher, every, init="attention", combine="sum")
     start = {name: p.detach().clone() for name, p in student.hf_model.named_parameters()}
     distill(student, teacher, TEXTS, **kwargs)
@@ -549,9 +549,9 @@ def test_distill_keeps_a_student_that_is_its_teacher_there(teacher):
     all_kl = kl_to_teacher(everything, teacher)
     assert kept_kl < 0.35 * all_kl, (kept_kl, all_kl)  # measured: 0.00074 against 0.0043
     with pytest.raises(ValueError, match=r"train='mixer'.*\('new', 'all'\)"):
-        distill(student, teacher, TEXTS, train="mixer", show_progress=False)
+        distill(student, teacher, TEXTS, train="mixer", progress=False)
     with pytest.raises(ValueError, match=r"max_grad_norm=0.*positive float or None"):
-        distill(student, teacher, TEXTS, max_grad_norm=0, show_progress=False)
+        distill(student, teacher, TEXTS, max_grad_norm=0, progress=False)
 
 
 def test_distill_new_computes_no_gradient_for_frozen_parameters(teacher):
@@ -574,7 +574,7 @@ def test_distill_new_computes_no_gradient_for_frozen_parameters(teacher):
             assert p.grad is None and not p.requires_grad, name
         assert all(p.grad is not None for name, p in model.named_parameters() if name in new)
 
-    distill(student, teacher, TEXTS, stages=("B",), steps=2, batch_size=3, callback=check, show_progress=False)
+    distill(student, teacher, TEXTS, stages=("B",), steps=2, batch_size=3, callback=check, progress=False)
     assert seen == [0, 1]
     assert {name: p.requires_grad for name, p in model.named_parameters()} == flags
     assert all(p.grad is None for p in model.parameters())
@@ -586,7 +586,7 @@ def test_distill_new_computes_no_gradient_for_frozen_parameters(teacher):
         raise Stop
 
     with pytest.raises(Stop):
-        distill(student, teacher, TEXTS, stages=("A",), steps=2, batch_size=3, callback=stop, show_progress=False)
+        distill(student, teacher, TEXTS, stages=("A",), steps=2, batch_size=3, callback=stop, progress=False)
     assert {name: p.requires_grad for name, p in model.named_parameters()} == flags
 
 

@@ -322,8 +322,8 @@ def test_mixed_pattern_lists_give_one_tensor(pair):
     mixed = [ssm[0], attention[0], ssm[1], attention[1], ssm[2], attention[2]]
     got = gna.attention_pattern(model, PROMPTS, mixed, query_positions=[-1, 2])
     assert got.shape == (len(PROMPTS), 6, 2, model.to_batch(PROMPTS).n_pos)
-    soft = gna.attention_pattern(model, PROMPTS, attention, query_positions=[-1, 2], kind="softmax")
-    implicit = gna.attention_pattern(model, PROMPTS, ssm, query_positions=[-1, 2], kind="implicit")
+    soft = gna.attention_pattern(model, PROMPTS, attention, query_positions=[-1, 2], kind="attention")
+    implicit = gna.attention_pattern(model, PROMPTS, ssm, query_positions=[-1, 2], kind="ssm")
     assert torch.allclose(got[:, 1::2], soft, atol=1e-6) and torch.allclose(got[:, 0::2], implicit, atol=1e-6)
     assert torch.allclose(soft.sum(-1)[:, :, 0], torch.ones(len(PROMPTS), 3), atol=1e-5), "softmax rows sum to 1"
 
@@ -433,10 +433,10 @@ def test_zamba2_per_application_sweeps_and_patterns(zamba):
     expected = torch.tensor(
         [float(metric(call_counter_run(hf, batch, h.head, shared_applications(model).index(h.layer), width)[0]).mean()) for h in heads]
     )
-    for max_rows in (len(PROMPTS), 100):
-        sweep = gna.ablation_sweep(model, PROMPTS, metric, heads=heads, max_rows=max_rows, progress=False)
+    for batch_size in (len(PROMPTS), 100):
+        sweep = gna.ablation_sweep(model, PROMPTS, None, metric, heads=heads, batch_size=batch_size, progress=False)
         got = torch.stack([sweep.scores[h.layer, h.head] for h in heads])
-        assert torch.allclose(got, expected, atol=1e-5), max_rows
+        assert torch.allclose(got, expected, atol=1e-5), batch_size
     raw = eager_attention(hf, batch)
     for call, layer in enumerate(shared_applications(model)):
         got = gna.attention_pattern(model, PROMPTS, [H(layer, i) for i in range(4)])
@@ -546,7 +546,7 @@ def test_ablation_sweep_has_nan_for_missing_heads(pair):
     def metric(logits):
         return logits[:, -1, 5]
 
-    sweep = gna.ablation_sweep(model, CLEAN, metric, progress=False)
+    sweep = gna.ablation_sweep(model, CLEAN, None, metric, progress=False)
     assert sweep.scores.shape == (model.n_layers, model.n_heads)
     for layer, n in enumerate(model.heads_per_layer):
         assert not sweep.scores[layer, :n].isnan().any() and sweep.scores[layer, n:].isnan().all()
@@ -679,11 +679,11 @@ def test_bad_heads_name_the_layer_and_its_heads(tokenizer):
     with pytest.raises(ValueError, match=r"head L1H8 out of range: layer 1 of .* has heads 0..7 \(attention 0..3, ssm 4..7\)"):
         gna.attention_pattern(zamba, PROMPTS, [H(1, 8)])
     with pytest.raises(ValueError, match=r"head L1H0 out of range: layer 1 of .* has 0 heads \(no attention or SSM mixer"):
-        gna.ablation_sweep(nemotron, PROMPTS, lambda x: x[:, -1, 5], heads=[H(1, 0)], progress=False)
+        gna.ablation_sweep(nemotron, PROMPTS, None, lambda x: x[:, -1, 5], heads=[H(1, 0)], progress=False)
     with pytest.raises(ValueError, match=r"head L3H2 out of range: layer 3 of .* has 0 heads"), nemotron.ablated([H(0, 1), H(3, 2)]):
         pass
-    with pytest.raises(ValueError, match=r"kind='softmax' but heads \['L1H5'\] are not softmax heads: .* has implicit and softmax"):
-        gna.attention_pattern(zamba, PROMPTS, [H(1, 0), H(1, 5)], kind="softmax")
+    with pytest.raises(ValueError, match=r"kind='attention' but heads \['L1H5'\] are not attention heads: .* has attention and ssm"):
+        gna.attention_pattern(zamba, PROMPTS, [H(1, 0), H(1, 5)], kind="attention")
     with pytest.raises(ValueError, match=r"heads \['L1H1'\] of .* are attention heads: SSM inputs exist only for SSM heads"):
         gna.attention.ssm_inputs(zamba, PROMPTS, 1, heads=[4, 1])
     with pytest.raises(ValueError, match=r"layer 1 of .* is an mlp layer: SSM inputs exist only in SSM layers"):
@@ -713,7 +713,7 @@ def test_failures_leave_no_residue(family, tokenizer):
 
     heads = [H(3, 1), H(1, 6), H(0, 2)] if family == "zamba2-shared" else [H(0, 1), H(1, 6), H(2, 3)]
     with pytest.raises(Boom):
-        gna.ablation_sweep(model, CLEAN, exploding, heads=heads, max_rows=len(CLEAN), progress=False)
+        gna.ablation_sweep(model, CLEAN, None, exploding, heads=heads, batch_size=len(CLEAN), progress=False)
     with pytest.raises(Boom), model.ablated(heads):
         gna.attention_pattern(model, CLEAN, heads)
         raise Boom("user code failed inside the context")

@@ -71,8 +71,8 @@ def test_ablating_every_head_equals_zeroing_the_out_projection(all_models, llama
 def test_chunking_does_not_change_scores(all_models, name):
     model = all_models[name]
     metric = gna.logit_diff(5, 6)
-    one = gna.ablation_sweep(model, CLEAN, metric, max_rows=len(CLEAN), progress=False)
-    many = gna.ablation_sweep(model, CLEAN, metric, max_rows=7 * len(CLEAN), progress=False)
+    one = gna.ablation_sweep(model, CLEAN, None, metric, batch_size=len(CLEAN), progress=False)
+    many = gna.ablation_sweep(model, CLEAN, None, metric, batch_size=7 * len(CLEAN), progress=False)
     assert torch.allclose(one.scores, many.scores, atol=TOL)
 
 

@@ -71,11 +71,11 @@ def test_remote_programs_compute_the_final_position_alone(llama_hf, tokenizer):
     shapes: list[tuple[int, ...]] = []
     handle = remote.hf_model.get_output_embeddings().register_forward_hook(lambda m, args, out: shapes.append(tuple(out.shape)))
     try:
-        declared = gna.ablation_sweep(remote, CLEAN, gna.logit_diff(5, 6), heads=heads, progress=False)
+        declared = gna.ablation_sweep(remote, CLEAN, None, gna.logit_diff(5, 6), heads=heads, progress=False)
     finally:
         handle.remove()
     assert shapes and all(shape[1] == 1 for shape in shapes), shapes
-    undeclared = gna.ablation_sweep(local, CLEAN, lambda logits: logits[:, -1, 5] - logits[:, -1, 6], heads=heads, progress=False)
+    undeclared = gna.ablation_sweep(local, CLEAN, None, lambda logits: logits[:, -1, 5] - logits[:, -1, 6], heads=heads, progress=False)
     torch.testing.assert_close(declared.scores, undeclared.scores, atol=TOL, rtol=0, equal_nan=True)
     assert declared.baseline == pytest.approx(undeclared.baseline, abs=TOL)
 
@@ -101,7 +101,7 @@ def test_sweeps_and_patching_give_the_same_numbers(family_models, backend):
     assert logits_read(declared) == 1 and logits_read(undeclared) == 0 and logits_read(base) == 1
     heads = [gna.Head(layer, h) for layer in range(2) for h in range(2)]
     for run in (
-        lambda metric: gna.ablation_sweep(model, CLEAN, metric, heads=heads, progress=False),
+        lambda metric: gna.ablation_sweep(model, CLEAN, None, metric, heads=heads, progress=False),
         lambda metric: gna.patching_sweep(model, CLEAN, CORRUPT, metric, sites="resid", progress=False),
     ):
         a, b = run(declared), run(undeclared)

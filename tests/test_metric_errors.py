@@ -78,7 +78,7 @@ def test_metrics_refuse_bad_arguments_when_built(build, error, pattern):
 def test_a_bad_metric_argument_is_named_inside_a_sweep(llama_tlens):
     before = llama_tlens.logits(CLEAN)
     with pytest.raises(ValueError, match=r"logit_diff: position=40 out of range for logits of 5 positions"):
-        gna.ablation_sweep(llama_tlens, CLEAN, gna.logit_diff(5, 6, position=40), heads=[gna.Head(0, 0)], progress=False)
+        gna.ablation_sweep(llama_tlens, CLEAN, None, gna.logit_diff(5, 6, position=40), heads=[gna.Head(0, 0)], progress=False)
     with pytest.raises(ValueError, match=r"logit_diff: correct holds token id 999, .*vocabulary of 64"):
         gna.patching_sweep(llama_tlens, CLEAN, CORRUPT, gna.logit_diff(999, 10), heads=[gna.Head(0, 0)], progress=False)
     assert torch.equal(llama_tlens.logits(CLEAN), before)  # nothing outlived the failed calls
@@ -154,7 +154,7 @@ def test_a_metric_returning_no_number_is_named(llama_tlens, returned):
     expected = rf"metric .*my_metric returned {shown} \({kind}\): expected a float, or a tensor \(a scalar, or one value per row"
     heads = [gna.Head(0, 0)]
     with pytest.raises(TypeError, match=expected):
-        gna.ablation_sweep(llama_tlens, CLEAN, my_metric, heads=heads, progress=False)
+        gna.ablation_sweep(llama_tlens, CLEAN, None, my_metric, heads=heads, progress=False)
     with pytest.raises(TypeError, match=expected):
         gna.patching_sweep(llama_tlens, CLEAN, CORRUPT, my_metric, heads=heads, progress=False)
     with pytest.raises(TypeError, match=expected):
@@ -170,11 +170,11 @@ def test_an_empty_metric_result_is_named(llama_tlens):
         return logits[:0, -1, 0]
 
     with pytest.raises(ValueError, match=r"metric .*empty_metric returned an empty tensor: expected a float, or a tensor"):
-        gna.ablation_sweep(llama_tlens, CLEAN, empty_metric, heads=[gna.Head(0, 0)], progress=False)
+        gna.ablation_sweep(llama_tlens, CLEAN, None, empty_metric, heads=[gna.Head(0, 0)], progress=False)
 
 
 def test_plain_numbers_are_still_accepted(llama_tlens):
-    result = gna.ablation_sweep(llama_tlens, CLEAN, lambda logits: 2, heads=[gna.Head(0, 0)], progress=False)
+    result = gna.ablation_sweep(llama_tlens, CLEAN, None, lambda logits: 2, heads=[gna.Head(0, 0)], progress=False)
     assert result.baseline == 2.0
     assert float(result.scores[0, 0]) == 2.0
 
@@ -207,7 +207,7 @@ def test_a_model_that_cannot_tell_candidates_apart_scores_zero(backend):
     assert torch.equal(evaluation.margins, torch.zeros(len(task)))
     encoded = task.encode(model.tokenizer)
     metric = gna.candidate_accuracy(encoded.candidate_ids, encoded.correct)
-    assert gna.ablation_sweep(model, task, metric, heads=[gna.Head(0, 0)], progress=False).baseline == 0.0
+    assert gna.ablation_sweep(model, task, None, metric, heads=[gna.Head(0, 0)], progress=False).baseline == 0.0
 
 
 def test_labels_that_tokenize_alike_are_refused():

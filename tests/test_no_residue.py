@@ -47,9 +47,9 @@ def test_failure_leaves_no_residue(fresh, sweep):
     model, hf_before, logits_before, weights = fresh
     with pytest.raises(Boom):
         if sweep == "ablation":
-            gna.ablation_sweep(model, CLEAN, _exploding_metric(after=2), max_rows=len(CLEAN), progress=False)
+            gna.ablation_sweep(model, CLEAN, None, _exploding_metric(after=2), batch_size=len(CLEAN), progress=False)
         elif sweep == "patching":
-            gna.patching_sweep(model, CLEAN, CORRUPT, _exploding_metric(after=3), max_rows=len(CLEAN), progress=False)
+            gna.patching_sweep(model, CLEAN, CORRUPT, _exploding_metric(after=3), batch_size=len(CLEAN), progress=False)
         else:
             with model.ablated([gna.Head(0, 0)]):
                 raise Boom("user code failed inside the context")

@@ -78,7 +78,7 @@ def test_nan_in_an_out_projection_names_its_head_columns(llama_models, backend):
         with pytest.raises(NonFiniteLogitsError, match=expected):
             model.logits(CLEAN, logits_to_keep=1)
         with pytest.raises(NonFiniteLogitsError, match=expected):
-            gna.ablation_sweep(model, CLEAN, gna.logit_diff(5, 6), heads=[gna.Head(2, 0)], progress=False)
+            gna.ablation_sweep(model, CLEAN, None, gna.logit_diff(5, 6), heads=[gna.Head(2, 0)], progress=False)
     assert no_hooks_left(model)
 
 
@@ -111,9 +111,9 @@ def test_metric_of_shape_batch_by_k_is_refused(llama_models, backend):
         return logits[:, -1, [5, 6, 7]]
 
     with pytest.raises(ValueError, match=rf"metric .*per_candidate returned a tensor of shape \({n_rows}, 3\): expected a scalar"):
-        gna.ablation_sweep(model, CLEAN, per_candidate, heads=[gna.Head(0, 0)], progress=False)
+        gna.ablation_sweep(model, CLEAN, None, per_candidate, heads=[gna.Head(0, 0)], progress=False)
     with pytest.raises(
         ValueError, match=rf"returned a tensor of shape \(2,\): expected a scalar or one value per row \[batch\] \({n_rows}\)"
     ):
-        gna.ablation_sweep(model, CLEAN, lambda logits: logits[:2, -1, 5], heads=[gna.Head(0, 0)], progress=False)
+        gna.ablation_sweep(model, CLEAN, None, lambda logits: logits[:2, -1, 5], heads=[gna.Head(0, 0)], progress=False)
     assert no_hooks_left(model)

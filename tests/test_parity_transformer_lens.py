@@ -144,7 +144,7 @@ def test_noising_and_resample_ablation_equal_head_out_all_pos_with_inputs_swappe
     bridge = mha_llama.backend.bridge
     expected = tl_patching.get_act_patch_attn_head_out_all_pos(bridge, tokens(mha_llama, CLEAN), clean_cache(mha_llama, CORRUPT), tl_metric)
     noised = gna.patching_sweep(mha_llamas[backend], CLEAN, CORRUPT, METRIC, direction="noise", progress=False)
-    resampled = gna.ablation_sweep(mha_llamas[backend], CLEAN, METRIC, how="resample", corrupt=CORRUPT, progress=False)
+    resampled = gna.ablation_sweep(mha_llamas[backend], CLEAN, CORRUPT, METRIC, how="resample", progress=False)
     assert (noised.scores - expected).abs().max() < ATOL
     assert (resampled.scores - expected).abs().max() < ATOL
     assert expected.std() > 100 * ATOL

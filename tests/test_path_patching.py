@@ -319,7 +319,7 @@ def test_sweep_equals_single_calls(models, name):
     model = models[1][name]
     receivers = [H(2, 1), H(2, 2)]
     sweep = gna.path_patching_sweep(
-        model, CLEAN, CORRUPT, METRIC, receivers=receivers, receiver_input="any", max_rows=2 * len(CLEAN), progress=False
+        model, CLEAN, CORRUPT, METRIC, receivers=receivers, receiver_input="any", batch_size=2 * len(CLEAN), progress=False
     )
     assert sweep.scores.shape == (3, model.n_heads) and sweep.kind == "path_patching"
     assert sweep.scores[2].isnan().all() and sweep.scores[:2].isfinite().all()
@@ -393,7 +393,7 @@ def test_raising_metric_leaves_no_residue(models, name):
         return logits[:, -1, 5]
 
     with pytest.raises(RuntimeError, match="metric failed"):
-        gna.path_patching_sweep(model, CLEAN, CORRUPT, metric, receivers=[H(2, 0), "logits"], max_rows=len(CLEAN), progress=False)
+        gna.path_patching_sweep(model, CLEAN, CORRUPT, metric, receivers=[H(2, 0), "logits"], batch_size=len(CLEAN), progress=False)
     assert calls["n"] == 3
     assert torch.equal(model.logits(CLEAN), before)
     if model.backend_name == "tlens":

@@ -52,8 +52,8 @@ def test_sweeps_under_remote_simulation(pair):
     local, remote = pair
     metric = gna.logit_diff(5, 6)
     heads = [gna.Head(layer, h) for layer in range(2) for h in range(2)]
-    a = gna.ablation_sweep(local, CLEAN, metric, heads=heads, progress=False)
-    b = gna.ablation_sweep(remote, CLEAN, metric, heads=heads, progress=False)
+    a = gna.ablation_sweep(local, CLEAN, None, metric, heads=heads, progress=False)
+    b = gna.ablation_sweep(remote, CLEAN, None, metric, heads=heads, progress=False)
     assert torch.allclose(a.scores, b.scores, atol=TOL, equal_nan=True)
     p = gna.patching_sweep(local, CLEAN, CORRUPT, metric, sites="resid", by_position=True, progress=False)
     q = gna.patching_sweep(remote, CLEAN, CORRUPT, metric, sites="resid", by_position=True, progress=False)

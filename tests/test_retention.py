@@ -66,7 +66,7 @@ def test_ranking_matches_an_ablation_sweep_of_candidate_accuracy(toy_llamas, lla
     ranking = gna.retrieval_ranking(model, llama_task, how="mean", progress=False)
     encoded = llama_task.encode(llama_task.tokenizer_for(model.tokenizer))
     metric = gna.candidate_accuracy(encoded.candidate_ids, encoded.correct)
-    sweep = gna.ablation_sweep(model, llama_task, metric, how="mean", corrupt=llama_task, progress=False)
+    sweep = gna.ablation_sweep(model, llama_task, llama_task, metric, how="mean", progress=False)
     assert torch.allclose(ranking.accuracy.float(), sweep.scores, atol=1e-6)
     assert ranking.as_sweep().baseline == pytest.approx(sweep.baseline, abs=1e-6)
     head = ranking.order[0]
@@ -126,11 +126,11 @@ def toy_like_without_numbers():
 
 def test_default_probe_needs_the_vocabulary_and_the_context():
     words = gna.load(tiny_model("llama", seed=0, vocab_size=64), tokenizer=word_tokenizer(), backend="nnsight")
-    with pytest.raises(ValueError, match=r"probe=None: .*cannot encode the default KV probe \(kv_retrieval_20: .*\): pass probe="):
+    with pytest.raises(ValueError, match=r"task=None: .*cannot encode the default KV probe \(kv_retrieval_20: .*\): pass task="):
         gna.retrieval_ranking(words, n=4, progress=False)
     # A tokenizer that splits as the toy one does but lacks the numbers: they become its unknown token.
     unknown = gna.load(tiny_model("llama", seed=0, vocab_size=VOCAB_SIZE), tokenizer=toy_like_without_numbers(), backend="nnsight")
-    with pytest.raises(ValueError, match=r"probe=None: the default KV probe \(kv_retrieval_20\) has words .* lacks .*: pass probe="):
+    with pytest.raises(ValueError, match=r"task=None: the default KV probe \(kv_retrieval_20\) has words .* lacks .*: pass task="):
         gna.retrieval_ranking(unknown, n=4, progress=False)
     short_hf = tiny_model("llama", seed=0, vocab_size=VOCAB_SIZE, max_position_embeddings=90)
     short = gna.load(short_hf, tokenizer=gna.tasks.toy_tokenizer(), backend="nnsight")
@@ -303,8 +303,8 @@ def test_no_hook_outlives_a_failed_ranking(toy_llamas, monkeypatch):
     [
         (lambda m, t: gna.retrieval_ranking(m, t, kind="mlp"), ValueError, r"kind='mlp': expected one of"),
         (lambda m, t: gna.retrieval_ranking(m, t, kind="ssm"), ValueError, r"kind='ssm': toy-llama has no ssm heads"),
-        (lambda m, t: gna.retrieval_ranking(m, "prompts"), TypeError, r"retrieval_ranking: probe='prompts' \(str\): a Task, a"),
-        (lambda m, t: gna.retrieval_ranking(m, [t, 3]), TypeError, r"retrieval_ranking: probe\[1\]=3 \(int\): expected a gna_interp Task"),
+        (lambda m, t: gna.retrieval_ranking(m, "prompts"), TypeError, r"retrieval_ranking: task='prompts' \(str\): a Task, a"),
+        (lambda m, t: gna.retrieval_ranking(m, [t, 3]), TypeError, r"retrieval_ranking: task\[1\]=3 \(int\): expected a gna_interp Task"),
         (lambda m, t: gna.retention_curve(m, t, [], seeds=0), ValueError, r"seeds=0: expected at least one random order"),
         (lambda m, t: gna.retention_curve(m, t, [], seeds=[1, "a"]), TypeError, r"seeds\[1\]='a': expected an int seed"),
         (lambda m, t: gna.retention_curve(m, t, [], sizes=[9]), ValueError, r"sizes\[0\]=9: expected heads kept in 0..8"),

@@ -82,9 +82,9 @@ def test_first_scans_sweep_and_entry_each_take_one_request(pair):
     encoded = task.encode()
     metric = gna.candidate_accuracy(encoded.candidate_ids, encoded.correct)
     heads = [gna.Head(layer, h) for layer in (1, 2) for h in range(8)]
-    sweep = gna.ablation_sweep(local, task, metric, heads=heads, max_rows=4 * N_PROMPTS, progress=False)
+    sweep = gna.ablation_sweep(local, task, None, metric, heads=heads, batch_size=4 * N_PROMPTS, progress=False)
     remote_sweep, cost = _metered(
-        remote, lambda: gna.ablation_sweep(remote, task, metric, heads=heads, max_rows=4 * N_PROMPTS, progress=False)
+        remote, lambda: gna.ablation_sweep(remote, task, None, metric, heads=heads, batch_size=4 * N_PROMPTS, progress=False)
     )
     assert cost.requests == 1 and cost.forwards == 1 + 4
     assert torch.equal(sweep.scores.isnan(), remote_sweep.scores.isnan())

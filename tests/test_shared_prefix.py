@@ -49,8 +49,8 @@ def test_circuits_that_differ_in_the_last_layer_share_the_first_blocks(any_model
     base = model.compile_plan(batch, [])
     metric = gna.logit_diff(5, 6)
     with gna.cost_meter(model) as cost:
-        shared_base, shared = run_variants(model, batch, base, variants, metric, max_rows=8, progress=False)
-    alone_base, alone = run_variants(model, batch, base, variants, metric, max_rows=8, progress=False, reuse_prefix=False)
+        shared_base, shared = run_variants(model, batch, base, variants, metric, batch_size=8, progress=False)
+    alone_base, alone = run_variants(model, batch, base, variants, metric, batch_size=8, progress=False, reuse_prefix=False)
     assert abs(shared_base - alone_base) < TOL
     assert (shared - alone).abs().max() < TOL, (shared, alone)
     assert (alone.max() - alone.min()) > 1e-3  # the circuits differ: the check can tell them apart

@@ -52,7 +52,7 @@ def test_ablation_sweep_equals_weight_zeroing_loop(ssm):
     hf, model = ssm
     metric = gna.logit_diff(5, 6)
     layer1 = [gna.Head(1, h) for h in range(model.n_heads)]
-    sweep = gna.ablation_sweep(model, PROMPTS, metric, heads=layer1, progress=False, max_rows=64)
+    sweep = gna.ablation_sweep(model, PROMPTS, None, metric, heads=layer1, progress=False, batch_size=64)
     batch = model.to_batch(PROMPTS)
     expected = torch.tensor([float(metric(raw_logits(zero_columns(hf, head, model.head_dim), batch)).mean()) for head in layer1])
     assert torch.allclose(sweep.scores[1], expected, atol=TOL)

@@ -516,7 +516,7 @@ def test_ablation_sweep_skips_the_foreign_layer(how, tokenizer):
 
     with gna.swap_layers(gna.load(hf, tokenizer=tokenizer) if how == "swap a GnaModel" else hf, donor, [1]) as swapped:
         model = swapped if how == "swap a GnaModel" else gna.load(swapped, tokenizer=tokenizer)
-        sweep = gna.ablation_sweep(model, PROMPTS, metric, progress=False)
+        sweep = gna.ablation_sweep(model, PROMPTS, None, metric, progress=False)
         alone = {head: float(metric(model.logits(PROMPTS, [gna.Ablate([head])])).mean()) for head in model.heads}
         baseline = float(metric(model.logits(PROMPTS)).mean())
     assert sorted({head.layer for head in alone}) == [0, 2] and len(alone) == 12

@@ -143,7 +143,7 @@ def test_a_failing_forward_leaves_the_bridge_as_it_was(tokenizer):
         raise Boom("metric failed")
 
     with pytest.raises(Boom):
-        gna.ablation_sweep(model, CLEAN, exploding, heads=[H(0, 1), H(1, 2)], progress=False)
+        gna.ablation_sweep(model, CLEAN, None, exploding, heads=[H(0, 1), H(1, 2)], progress=False)
     assert_pristine(model)
     bad = gna.core.plan.Plan()
     bad.add(model.head_site(H(1, 2))[0], gna.core.plan.Edit(torch.ones(1, 1, 1, 1, dtype=torch.bool), torch.zeros(3, 3, 3, 3, 3)))

@@ -136,7 +136,7 @@ def test_patching_and_sweeps(trio):
 
     subset = one_of_each_mixer(tl) + [h for h in tl.heads if h.head == 0]
     sweeps = [
-        lambda m: gna.ablation_sweep(m, CLEAN, metric, how="mean", corrupt=PROMPTS, heads=subset, progress=False),
+        lambda m: gna.ablation_sweep(m, CLEAN, PROMPTS, metric, how="mean", heads=subset, progress=False),
         lambda m: gna.patching_sweep(m, CLEAN, CORRUPT, metric, heads=subset, progress=False),
     ]
     for sweep in sweeps:
@@ -320,7 +320,7 @@ def test_failures_leave_no_residue_on_the_bridge(family, tokenizer):
         return values[:, -1, 5]
 
     with pytest.raises(Boom):
-        gna.ablation_sweep(model, CLEAN, exploding, heads=heads, max_rows=len(CLEAN), progress=False)
+        gna.ablation_sweep(model, CLEAN, None, exploding, heads=heads, batch_size=len(CLEAN), progress=False)
     with pytest.raises(Boom):
         gna.path_patching(model, CLEAN, CORRUPT, exploding, senders=[heads[0]], receivers=[*heads[1:], "logits"])
     with pytest.raises(Boom), model.ablated(heads):

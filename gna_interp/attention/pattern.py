@@ -11,6 +11,7 @@ and ``interventions`` applied.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -21,7 +22,7 @@ from ..core.arch import LayerKind
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Intervention, as_interventions
-from ..core.keywords import suggest_keywords
+from ..core.keywords import renamed, renamed_message, suggest_keywords
 from ..core.plan import Read, Site
 from ..models.handle import check_model
 from .capture import SSMInputs, recipe_for
@@ -34,16 +35,19 @@ if TYPE_CHECKING:
     from ..core.inputs import Batch
     from ..models.handle import GnaModel
 
-HeadKind = Literal["softmax", "implicit"]
-KINDS: dict[LayerKind, HeadKind] = {LayerKind.ATTENTION: "softmax", LayerKind.SSM: "implicit"}
+HeadKind = Literal["attention", "ssm", "all"]
+KINDS: dict[LayerKind, str] = {LayerKind.ATTENTION: "attention", LayerKind.SSM: "ssm"}
+OLD_KINDS = {"softmax": "attention", "implicit": "ssm"}
+"""``kind=``'s old values (issue 53: ``kind`` names a head kind as everywhere else), kept for one release."""
 DEFAULT_MAX_BYTES = 2 * 1024**3
 """Default memory budget of one `attention_pattern` call (2 GiB)."""
 
 
+@renamed(inputs="clean")
 @suggest_keywords
 def attention_pattern(
     model: GnaModel,
-    inputs: Any,
+    clean: Any,
     heads: Head | Iterable[Head],
     *,
     query_positions: QueryPositions = None,
@@ -53,11 +57,11 @@ def attention_pattern(
     interventions: Intervention | Sequence[Intervention] = (),
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> Tensor:
-    """Attention patterns of ``heads`` on ``inputs``.
+    """Attention patterns of ``heads`` on the prompts ``clean``.
 
     Args:
         model: a loaded `GnaModel` (any backend, any architecture).
-        inputs: prompts or token ids, as for `GnaModel.logits` (left-padded).
+        clean: the prompts measured: prompts or token ids, as for `GnaModel.logits` (left-padded).
         heads: a `Head` or a list of them, from any layers; attention and SSM heads may
             be mixed.
         query_positions: the query rows to compute (see `QueryPositions`): ``None`` for
@@ -68,8 +72,9 @@ def attention_pattern(
         normalize: ``None`` (raw values: probabilities for softmax heads, signed
             ``M[t, s]`` for SSM heads), ``"abs"`` (``|M|``) or ``"row"`` (``|M|`` divided by
             its row sum: a distribution over keys, for display).
-        kind: ``"softmax"`` or ``"implicit"`` to insist on that kind of head (default:
-            each head gives its own kind).
+        kind: ``"attention"`` (softmax patterns) or ``"ssm"`` (implicit ones) to insist on
+            that kind of head, as ``kind`` chooses heads elsewhere (default ``None`` or
+            ``"all"``: each head gives its own kind).
         interventions: applied during the forward, after the model's active ones.
         max_bytes: memory budget; a larger request raises before any work.
 
@@ -81,8 +86,8 @@ def attention_pattern(
     if normalize not in NORMALIZE_OPTIONS:
         raise GnaValueError(f"normalize={normalize!r}: expected one of {NORMALIZE_OPTIONS}")
     heads = _as_heads(model, heads)
-    _check_kinds(model, heads, kind, include_skip)
-    batch = model.to_batch(inputs)
+    _check_kinds(model, heads, _new_kind(kind), include_skip)
+    batch = model.to_batch(clean)
     rows = query_rows(query_positions, batch.n_rows, batch.n_pos)
     _check_budget(batch, len(heads), rows, query_positions, max_bytes)
     located = {head: model.head_site(head) for head in heads}
@@ -108,17 +113,26 @@ def _as_heads(model: GnaModel, heads: Head | Iterable[Head]) -> list[Head]:
     return items
 
 
-def _check_kinds(model: GnaModel, heads: list[Head], kind: HeadKind | None, include_skip: bool) -> None:
+def _new_kind(kind: str | None) -> str | None:
+    """``kind`` in today's values (``None`` for "all"); an old one warns and is mapped."""
+    if kind in OLD_KINDS:
+        message = renamed_message("attention_pattern()", f"kind={kind!r}", f"kind={OLD_KINDS[kind]!r}")
+        warnings.warn(message, FutureWarning, stacklevel=5)  # the caller of attention_pattern
+        return OLD_KINDS[kind]
+    return None if kind == "all" else kind
+
+
+def _check_kinds(model: GnaModel, heads: list[Head], kind: str | None, include_skip: bool) -> None:
     kinds = {head: KINDS[model.head_kind(head)] for head in heads}
     if kind is not None and kind not in KINDS.values():
-        raise GnaValueError(f"kind={kind!r}: expected 'softmax', 'implicit' or None")
+        raise GnaValueError(f"kind={kind!r}: expected 'attention', 'ssm', 'all' or None")
     if kind is not None and any(k != kind for k in kinds.values()):
         present = sorted({KINDS[model.head_kind(h)] for h in model.heads})
         wrong = [str(h) for h in heads if kinds[h] != kind]
         have = " and ".join(present) + ("" if len(present) > 1 else " heads only")
         raise GnaValueError(f"kind={kind!r} but heads {wrong} are not {kind} heads: {model.name} has {have}")
-    if include_skip and any(k == "softmax" for k in kinds.values()):
-        wrong = [str(h) for h in heads if kinds[h] == "softmax"]
+    if include_skip and any(k == "attention" for k in kinds.values()):
+        wrong = [str(h) for h in heads if kinds[h] == "attention"]
         raise GnaValueError(f"include_skip=True adds an SSM's D on the diagonal, but heads {wrong} are softmax attention heads")
 
 
@@ -135,11 +149,12 @@ def _check_budget(batch: Batch, n_heads: int, rows: Tensor, query_positions: Que
     raise GnaValueError(f"attention patterns for {what} need about {need / 2**20:,.0f} MiB, over max_bytes={max_bytes:,}: {hint}")
 
 
+@renamed(inputs="clean")
 def ssm_inputs(
-    model: GnaModel, inputs: Any, layer: int, heads: Sequence[int] | None = None, interventions: Sequence[Intervention] = ()
+    model: GnaModel, clean: Any, layer: int, heads: Sequence[int] | None = None, interventions: Sequence[Intervention] = ()
 ) -> SSMInputs:
     """The `SSMInputs` (``dt``, ``A``, ``B``, ``C``, ``D``, padding mask) of one SSM layer,
-    read from a real forward, for ``heads`` (head numbers in the layer, as in `Head`;
+    read from a real forward on the prompts ``clean``, for ``heads`` (head numbers in the layer, as in `Head`;
     default: every SSM head of the layer). In a hybrid layer the heads must all be SSM
     heads (of its one SSM mixer); the result indexes them in the order given."""
     model.check_layer(layer)
@@ -154,7 +169,7 @@ def ssm_inputs(
     if wrong:
         raise GnaValueError(f"heads {wrong} of {model.name} are attention heads: SSM inputs exist only for SSM heads")
     site = sites[0][0]
-    batch = model.to_batch(inputs)
+    batch = model.to_batch(clean)
     rows = torch.zeros(batch.n_rows, 1, dtype=torch.long)
     return _compute(model, batch, {site: [index for _, index in sites]}, rows, interventions, finish=False)[site]
 

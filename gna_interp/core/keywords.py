@@ -1,12 +1,15 @@
-"""Keyword typos at the front door: `suggest_keywords` makes a public function answer an
+"""Keywords at the front door: `suggest_keywords` makes a public function answer an
 unexpected keyword (``max_head_per_role=``, ``batchsize=``) with a `GnaTypeError` naming it
-and the parameters it was close to, instead of Python's bare ``TypeError``."""
+and the parameters it was close to, instead of Python's bare ``TypeError``. `renamed` (and
+`corrupt_before_metric`, for `ablation_sweep`'s old order) keeps an old spelling working for
+one release (issue 53: one vocabulary), with a `FutureWarning` naming the new one."""
 
 from __future__ import annotations
 
 import difflib
 import functools
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -44,3 +47,55 @@ def suggest_keywords(function: F) -> F:
         return function(*args, **kwargs)
 
     return checked  # type: ignore[return-value]
+
+
+def renamed_message(call: str, old: str, new: str) -> str:
+    """The one wording of a rename's warning: what is old, what to write instead."""
+    return f"{call}: {old} is renamed {new} (issue 53); the old name still works in this release and goes in the next: write {new}"
+
+
+def renamed(**old_to_new: str) -> Callable[[F], F]:
+    """Old keyword names that still work for one release: ``@renamed(show_progress="progress")``
+    makes ``f(show_progress=False)`` call ``f(progress=False)`` with a `FutureWarning` naming
+    the new keyword (`renamed_message`); both at once is a `GnaTypeError`. The signature stays
+    ``function``'s (the new names only), so `inspect.signature` and `suggest_keywords` see the
+    new vocabulary; put ``@renamed`` above ``@suggest_keywords``. ``__renamed__`` keeps the map."""
+
+    def decorate(function: F) -> F:
+        @functools.wraps(function)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            for old, new in old_to_new.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise GnaTypeError(
+                            f"{function.__name__}() got {old}= and {new}=: {old}= is the old name of {new}=, pass {new}= only"
+                        )
+                    warnings.warn(renamed_message(f"{function.__name__}()", f"{old}=", f"{new}="), FutureWarning, stacklevel=2)
+                    kwargs[new] = kwargs.pop(old)
+            return function(*args, **kwargs)
+
+        call.__renamed__ = dict(old_to_new)  # type: ignore[attr-defined]
+        return call  # type: ignore[return-value]
+
+    return decorate
+
+
+def corrupt_before_metric(function: F) -> F:
+    """The old call of ``ablation_sweep(model, clean, metric, *, corrupt=None)`` kept working
+    for one release, with a `FutureWarning`, now that every sweep's head is ``(model, clean,
+    corrupt, metric)``: three positional arguments and no ``metric=`` are the old order, so
+    the third is the metric and ``corrupt=`` (default None) moves before it; ``metric=`` with
+    no ``corrupt`` (it had a default) is ``corrupt=None``."""
+    order = "the order (model, clean, metric, corrupt=None)", "(model, clean, corrupt, metric)"
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if len(args) == 3 and "metric" not in kwargs:
+            warnings.warn(renamed_message(f"{function.__name__}()", *order), FutureWarning, stacklevel=2)
+            args = (*args[:2], kwargs.pop("corrupt", None), args[2])
+        elif len(args) < 3 and "metric" in kwargs and "corrupt" not in kwargs:
+            warnings.warn(renamed_message(f"{function.__name__}()", *order), FutureWarning, stacklevel=2)
+            kwargs["corrupt"] = None
+        return function(*args, **kwargs)
+
+    return call  # type: ignore[return-value]

@@ -390,7 +390,7 @@ def _single_ablations(model: GnaModel, task: Task, heads: list[Head], progress: 
     encoded = task.encode(task.tokenizer_for(model.tokenizer))
     if encoded.single_token:  # one batched sweep, scored by candidate accuracy
         metric = candidate_accuracy(encoded.candidate_ids, encoded.correct)
-        sweep = ablation_sweep(model, task, metric, heads=heads, progress=progress)
+        sweep = ablation_sweep(model, task, None, metric, heads=heads, progress=progress)
         # the share of prompts right, as `evaluate` states it (k / n): the sweep's float32 mean
         # differs in its last bit between devices (40 / 48: 0.83333331 on a CPU, 0.83333337 on
         # an H100), which reordered tied heads

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Resid
-from ..core.keywords import suggest_keywords
+from ..core.keywords import renamed, suggest_keywords
 from ..progress import progress_bar
 
 STAGES = ("A", "B")
@@ -160,6 +160,7 @@ def trained_parameters(model: Any, train: str) -> list[tuple[str, Tensor]]:
     return [(name, p) for name, p in named if any(f".{part}." in f".{name}" for part in NEW_PARTS)]
 
 
+@renamed(show_progress="progress")
 @suggest_keywords
 def distill(
     student: Any,
@@ -178,7 +179,7 @@ def distill(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     checkpoint_every: int = 10,
     callback: Callable[[str, int, float], None] | None = None,
-    show_progress: bool = True,
+    progress: bool = True,
 ) -> DistillHistory:
     """Distil ``teacher`` into ``student`` in place (see the module docstring).
 
@@ -212,7 +213,7 @@ def distill(
             same arguments) continues from it.
         checkpoint_every: see ``checkpoint_dir``.
         callback: ``(stage, step, loss)`` after each step (after the checkpoint, if any).
-        show_progress: a progress bar per stage (`gna_interp.progress`).
+        progress: a progress bar per stage (`gna_interp.progress`).
 
     Returns:
         `DistillHistory`: ``.losses`` ``[n_steps]`` and ``.frame`` (a DataFrame).
@@ -223,7 +224,7 @@ def distill(
     """
     plan = _steps_per_stage(stages, steps)
     _check_pair(student, teacher)
-    options = _Options(batch_size, lr, seed, temperature, positions, train, max_grad_norm, checkpoint_every, callback, show_progress)
+    options = _Options(batch_size, lr, seed, temperature, positions, train, max_grad_norm, checkpoint_every, callback, progress)
     options.check()
     run = _start(student, teacher, _texts_source(data), plan, options, checkpoint_dir)
     with _training_only(student.hf_model, run.params):
@@ -257,7 +258,7 @@ class _Options:
     max_grad_norm: float | None
     checkpoint_every: int
     callback: Callable[[str, int, float], None] | None
-    show_progress: bool
+    progress: bool
 
     def check(self) -> None:
         if self.positions not in POSITIONS:
@@ -351,7 +352,7 @@ def _run_stage(run: _Run, stage: str, total: int, offset: int) -> None:
     optimizer = torch.optim.AdamW(run.params, lr=options.lr)
     if run.saved is not None and run.saved["stage"] == stage and run.done[stage] < total:
         optimizer.load_state_dict(run.saved["optimizer"])
-    for step in progress_bar(range(run.done[stage], total), show=options.show_progress, desc=f"distill stage {stage}"):
+    for step in progress_bar(range(run.done[stage], total), show=options.progress, desc=f"distill stage {stage}"):
         loss = _step_loss(run, stage, offset + step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

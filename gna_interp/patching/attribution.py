@@ -47,7 +47,7 @@ from ..core.compile import heads_by_site
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Intervention
-from ..core.keywords import suggest_keywords
+from ..core.keywords import renamed, suggest_keywords
 from ..core.plan import Edit, Plan, Site, SiteKind
 from ..cost import charge
 from ..models.handle import check_model
@@ -65,6 +65,7 @@ IG_RULES = ("left", "midpoint")
 """Where integrated gradients evaluate the gradient in each of the ``steps`` intervals."""
 
 
+@renamed(max_rows="batch_size")
 @suggest_keywords
 def attribution_patching(
     model: GnaModel,
@@ -79,7 +80,7 @@ def attribution_patching(
     interventions: Sequence[Intervention] = (),
     steps: int = 1,
     rule: Literal["left", "midpoint"] = "left",
-    max_rows: int | None = None,
+    batch_size: int | None = None,
     memory_budget_mb: float | None = None,
     progress: bool = True,
 ) -> SweepResult:
@@ -103,11 +104,11 @@ def attribution_patching(
             only above 1 (every layer's residual stream on one path would patch the
             whole input at once).
         rule: ``"left"`` (``alpha = j / steps``) or ``"midpoint"`` (``(j + 1/2) / steps``).
-        max_rows: rows per forward-and-backward (default: estimated from ``memory_budget_mb``).
+        batch_size: rows per forward-and-backward (default: estimated from ``memory_budget_mb``).
             A batch of more rows runs in chunks, with the same result: each chunk's
             gradient is taken with the other rows' logits held (one more forward, without
             gradients, per point and chunk).
-        memory_budget_mb: the memory a forward may use, to estimate ``max_rows``.
+        memory_budget_mb: the memory a forward may use, to estimate ``batch_size``.
         progress: show a progress bar (over points and chunks).
 
     Returns:
@@ -136,8 +137,8 @@ def attribution_patching(
     reference = reduce_metric(metric(source_out.logits), metric, source.n_rows)
     targets = {site: source_out.acts[site] for site in site_list}
     del source_out  # its logits are read: not held through the forwards and backwards
-    rows = rows_per_forward(model, target.n_pos, max_rows, memory_budget_mb)
-    effects, baseline = integrated_effects(model, target, ambient, targets, metric, steps, rule, max_rows=rows, progress=progress)
+    rows = rows_per_forward(model, target.n_pos, batch_size, memory_budget_mb)
+    effects, baseline = integrated_effects(model, target, ambient, targets, metric, steps, rule, batch_size=rows, progress=progress)
     if not by_position:
         effects = {site: effect.sum(0) for site, effect in effects.items()}
     result = _result(model, sites, chosen, effects, baseline, reference, target.n_pos, by_position, direction)
@@ -217,7 +218,7 @@ def integrated_effects(
     *,
     points: Sequence[int] | None = None,
     baseline: float | None = None,
-    max_rows: int | None = None,
+    batch_size: int | None = None,
     progress: bool = False,
     clean_capture: Collection[Site] = (),
     on_clean: Callable[[dict[Site, Tensor]], None] | None = None,
@@ -235,7 +236,7 @@ def integrated_effects(
             that a caller can stop after the first points (the parts add up to the whole).
         baseline: the metric of the ungated run, if known (else measured: at ``alpha = 0``
             when ``points`` holds it under ``"left"``, else by a plain forward).
-        max_rows: rows per forward-and-backward (default: the whole batch at once); a
+        batch_size: rows per forward-and-backward (default: the whole batch at once); a
             larger batch runs in row chunks, each chunk's backward taken through the
             metric of the whole batch with the other rows' logits held (exact: a row's
             logits depend on that row alone).
@@ -253,7 +254,7 @@ def integrated_effects(
     base = model.compile_plan(batch, ambient)
     points = range(steps) if points is None else points
     n = batch.n_rows
-    per_chunk = n if max_rows is None else max(1, max_rows)
+    per_chunk = n if batch_size is None else max(1, batch_size)
     cuts = [slice(a, min(a + per_chunk, n)) for a in range(0, n, per_chunk)]
     path = _GatePath(model, batch, base, targets, sorted(targets), cuts, logits_read(metric), on_clean)
     if baseline is None and (rule == "midpoint" or 0 not in points):

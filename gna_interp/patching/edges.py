@@ -75,7 +75,7 @@ from ..core.compile import head_mask
 from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Intervention
-from ..core.keywords import suggest_keywords
+from ..core.keywords import renamed, suggest_keywords
 from ..core.plan import Edit, Plan, Site, SiteKind
 from ..cost import charge
 from ..models.handle import check_model
@@ -102,6 +102,7 @@ heads at once, not one by one (a Python loop of small GPU kernels, each read bac
 over the 8,192 channels of each Falcon-Mamba-7B layer), in blocks that bound its size."""
 
 
+@renamed(max_rows="batch_size")
 @suggest_keywords
 def edge_attribution(
     model: GnaModel,
@@ -116,7 +117,7 @@ def edge_attribution(
     receiver_input: str | Sequence[str] = ANY,
     path: PathKind = "all",
     interventions: Sequence[Intervention] = (),
-    max_rows: int | None = None,
+    batch_size: int | None = None,
     memory_budget_mb: float | None = None,
     progress: bool = True,
 ) -> EdgeResult:
@@ -146,11 +147,11 @@ def edge_attribution(
             receiver's mixer), one stream name, or a list of names (``"q"``, ``"k"``,
             ``"v"``; ``"x"``, ``"B"``, ``"C"``, ``"dt"``, ``"gate"``).
         interventions: applied to every run, on top of active contexts.
-        max_rows: rows per stacked forward (one copy of the batch per receiver and
+        batch_size: rows per stacked forward (one copy of the batch per receiver and
             stream), as in `path_patching_sweep`; default: estimated from ``memory_budget_mb``.
             First order only: the exact methods do not chunk and refuse a value.
-        memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``
-            (first order only, as ``max_rows``).
+        memory_budget_mb: the memory a stacked forward may use, to estimate ``batch_size``
+            (first order only, as ``batch_size``).
         method: ``"first_order"`` (the default; with ``steps > 1``, integrated gradients
             with every sender moving together) or ``"exact_upstream"``: each sender's change
             to the receiver's stream taken exactly (path patching's D run, one stacked copy
@@ -180,8 +181,8 @@ def edge_attribution(
     direct = _check_call(model, clean, corrupt, metric, steps, method, path)
     edges = _edges(model, receivers, senders, receiver_input, direct)
     if method != "first_order":
-        return _exact(model, clean, corrupt, metric, edges, receivers, method, steps, interventions, max_rows, memory_budget_mb, progress)
-    run = _prepare(model, clean, corrupt, metric, edges, steps, direct, interventions, max_rows, memory_budget_mb)
+        return _exact(model, clean, corrupt, metric, edges, receivers, method, steps, interventions, batch_size, memory_budget_mb, progress)
+    run = _prepare(model, clean, corrupt, metric, edges, steps, direct, interventions, batch_size, memory_budget_mb)
     return _first_order(run, path, progress)
 
 
@@ -275,13 +276,13 @@ def _exact(
     method: str,
     steps: int,
     interventions: Sequence[Intervention],
-    max_rows: int | None,
+    batch_size: int | None,
     memory_budget_mb: float | None,
     progress: bool,
 ) -> EdgeResult:
     """``method="exact_upstream"`` or ``"exact_receiver"`` (`gna_interp.patching.edges_exact`),
     which refuse the chunking options: they stack one copy per sender or receiver stream."""
-    for name, given in (("max_rows", max_rows), ("memory_budget_mb", memory_budget_mb)):
+    for name, given in (("batch_size", batch_size), ("memory_budget_mb", memory_budget_mb)):
         if given is not None:
             raise GnaValueError(
                 f"{name}={given!r} with method={method!r}: this method does not chunk its stacked forwards "
@@ -342,7 +343,7 @@ def _prepare(
     steps: int,
     direct: bool,
     interventions: Sequence[Intervention],
-    max_rows: int | None,
+    batch_size: int | None,
     memory_budget_mb: float | None,
 ) -> _FirstOrder:
     """The sites the first-order runs capture and edit, and the corrupt run."""
@@ -373,7 +374,7 @@ def _prepare(
         corrupt_batch, model.compile_plan(corrupt_batch, ambient), capture=sender_sites | write_nodes, logits_to_keep=keep, prefix=False
     )
     reference = reduce_metric(metric(corrupt_out.logits), metric, corrupt_batch.n_rows)
-    per_chunk = max(1, rows_per_forward(model, clean_batch.n_pos, max_rows, memory_budget_mb) // clean_batch.n_rows)
+    per_chunk = max(1, rows_per_forward(model, clean_batch.n_pos, batch_size, memory_budget_mb) // clean_batch.n_rows)
     receiver_order = sorted(receiver_sites | {node_site(model, r)[1] for r in nodes})
     by_site: dict[Site, list[tuple[int, int]]] = {}  # site -> (row of ``flat``, head index) of each sender there
     for i, head in enumerate(edges.head_senders):

@@ -78,7 +78,7 @@ from ..backends.jobs import Job
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head, refuse_string
 from ..core.interventions import Intervention
-from ..core.keywords import suggest_keywords
+from ..core.keywords import renamed, suggest_keywords
 from ..core.plan import Site, SiteKind
 from ..models.handle import check_model
 from ..models.jobs import is_batched_remote, run_jobs
@@ -166,6 +166,7 @@ def path_patching(
     return path_scores(setup, [sender_list])[0]
 
 
+@renamed(max_rows="batch_size")
 @suggest_keywords
 def path_patching_sweep(
     model: GnaModel,
@@ -178,7 +179,7 @@ def path_patching_sweep(
     receiver_input: str | Sequence[str] = "any",
     path: PathKind = "all",
     interventions: Sequence[Intervention] = (),
-    max_rows: int | None = None,
+    batch_size: int | None = None,
     memory_budget_mb: float | None = None,
     progress: bool = True,
 ) -> SweepResult:
@@ -186,9 +187,9 @@ def path_patching_sweep(
 
     Args:
         senders: heads to score (default: every head before the last receiver).
-        max_rows: rows per stacked forward (each sender is one copy of the batch in a
+        batch_size: rows per stacked forward (each sender is one copy of the batch in a
             stacked forward; default: estimated from ``memory_budget_mb``).
-        memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
+        memory_budget_mb: the memory a stacked forward may use, to estimate ``batch_size``.
         progress: show a progress bar.
 
     The other arguments are as in `path_patching`.
@@ -207,7 +208,7 @@ def path_patching_sweep(
         sender_list = check_senders(model, senders)
     setup, baseline, reference = prepare(model, clean, corrupt, sender_list, receivers, metric, receiver_input, interventions, path)
     ordered = sorted(sender_list)  # by layer: chunks start late when their senders do
-    per_chunk = max(1, rows_per_forward(model, setup.batch.n_pos, max_rows, memory_budget_mb) // setup.batch.n_rows)
+    per_chunk = max(1, rows_per_forward(model, setup.batch.n_pos, batch_size, memory_budget_mb) // setup.batch.n_rows)
     scores = torch.full((model.n_layers, model.n_heads), float("nan"))
     with progress_bar(total=len(ordered), show=progress, desc="path patching") as bar:
         for offset in range(0, len(ordered), per_chunk):

@@ -26,7 +26,7 @@ from torch import Tensor
 from ..core.compile import ablation_values, head_mask, heads_by_site
 from ..core.heads import Head
 from ..core.interventions import Intervention, as_interventions
-from ..core.keywords import suggest_keywords
+from ..core.keywords import corrupt_before_metric, renamed, suggest_keywords
 from ..core.plan import Edit, Site, SiteKind
 from ..models.handle import check_model
 from .checks import check_ablation, check_sites, head_list, target_and_source
@@ -38,17 +38,19 @@ if TYPE_CHECKING:
     from ..models.handle import GnaModel
 
 
+@corrupt_before_metric
+@renamed(max_rows="batch_size")
 @suggest_keywords
 def ablation_sweep(
     model: GnaModel,
     clean: Any,
+    corrupt: Any,
     metric: Metric,
     *,
     heads: Head | Sequence[Head] | None = None,
     how: str = "zero",
-    corrupt: Any = None,
     interventions: Intervention | Sequence[Intervention] = (),
-    max_rows: int | None = None,
+    batch_size: int | None = None,
     memory_budget_mb: float | None = None,
     progress: bool = True,
 ) -> SweepResult:
@@ -57,13 +59,14 @@ def ablation_sweep(
     Args:
         model: a `GnaModel`.
         clean: the inputs measured (prompts, token ids or a task).
+        corrupt: the inputs ``how="mean"`` averages over and ``"resample"`` reads (``None``
+            for ``"zero"``); positional, as in every sweep.
         metric: logits ``[batch, pos, vocab]`` -> scalar or ``[batch]``.
         heads: heads to sweep: a list of `Head`, or one `Head` (default: every head).
         how: ``"zero"``, ``"mean"`` or ``"resample"`` (see `gna_interp.Ablate`).
-        corrupt: inputs for ``mean`` / ``resample``.
         interventions: applied to every run, the baseline included (e.g. ``Truncate``).
-        max_rows: rows per stacked forward (default: estimated from ``memory_budget_mb``).
-        memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
+        batch_size: rows per stacked forward (default: estimated from ``memory_budget_mb``).
+        memory_budget_mb: the memory a stacked forward may use, to estimate ``batch_size``.
         progress: show a progress bar.
 
     Returns:
@@ -84,11 +87,12 @@ def ablation_sweep(
         site, index = model.head_site(head)
         variants.append(Variant([(site, Edit(head_mask(model.layout, site, [index]), values[site]))]))
     cells = [(head.layer, head.head) for head in heads]
-    chunking = dict(max_rows=max_rows, memory_budget_mb=memory_budget_mb, progress=progress, desc=f"ablation ({how})")
+    chunking = dict(batch_size=batch_size, memory_budget_mb=memory_budget_mb, progress=progress, desc=f"ablation ({how})")
     baseline, scores = score_table(model, batch, base, variants, cells, (model.n_layers, model.n_heads), metric, **chunking)
     return SweepResult(scores, ("layer", "head"), baseline, kind="ablation", meta={"how": how, "n_prompts": batch.n_rows})
 
 
+@renamed(max_rows="batch_size")
 @suggest_keywords
 def patching_sweep(
     model: GnaModel,
@@ -101,7 +105,7 @@ def patching_sweep(
     direction: Literal["denoise", "noise"] = "denoise",
     heads: Head | Sequence[Head] | None = None,
     interventions: Intervention | Sequence[Intervention] = (),
-    max_rows: int | None = None,
+    batch_size: int | None = None,
     memory_budget_mb: float | None = None,
     progress: bool = True,
 ) -> SweepResult:
@@ -118,8 +122,8 @@ def patching_sweep(
             convention); ``"noise"``: run ``clean``, patch in ``corrupt`` values.
         heads: heads to sweep: a list of `Head`, or one `Head` (default every head; ``sites="heads"`` only).
         interventions: applied to every run (e.g. ``Truncate``), on top of active contexts.
-        max_rows: rows per stacked forward (default: estimated from ``memory_budget_mb``).
-        memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
+        batch_size: rows per stacked forward (default: estimated from ``memory_budget_mb``).
+        memory_budget_mb: the memory a stacked forward may use, to estimate ``batch_size``.
         progress: show a progress bar.
 
     Returns:
@@ -153,7 +157,7 @@ def patching_sweep(
         shape, dims = (model.n_layers,), ("layer",)
     if by_position:
         shape, dims = (*shape, n_pos), (*dims, "pos")
-    chunking = dict(max_rows=max_rows, memory_budget_mb=memory_budget_mb, progress=progress, desc=f"patching ({sites})")
+    chunking = dict(batch_size=batch_size, memory_budget_mb=memory_budget_mb, progress=progress, desc=f"patching ({sites})")
     baseline, scores = score_table(model, target, base, variants, cells, shape, metric, **chunking)
     meta = {"direction": direction, "sites": sites, "by_position": by_position}
     return SweepResult(scores, dims, baseline, reference=reference, kind="patching", meta=meta)

@@ -53,7 +53,7 @@ class Variant:
         return min([site.layer for site, _ in self.edits] + list(self.skip_layers))
 
 
-def rows_per_forward(model: GnaModel, n_pos: int, max_rows: int | None, memory_budget_mb: float | None) -> int:
+def rows_per_forward(model: GnaModel, n_pos: int, batch_size: int | None, memory_budget_mb: float | None) -> int:
     """How many rows one forward may hold. The estimate counts the logits and a few
     residual-width activations per layer for every position (float32); a budget the caller
     gives also counts the largest mixer's per-position intermediates (`_mixer_floats`: a
@@ -61,10 +61,10 @@ def rows_per_forward(model: GnaModel, n_pos: int, max_rows: int | None, memory_b
     SSMs too (measured: benchmarks/real_shape.py). The default budget's estimate leaves them
     out: it sets throughput (chunk sizes), not a limit. One copy of the batch runs however
     small the budget."""
-    if max_rows is not None:
-        if max_rows < 1:
-            raise GnaValueError(f"max_rows={max_rows} must be >= 1")
-        return max_rows
+    if batch_size is not None:
+        if batch_size < 1:
+            raise GnaValueError(f"batch_size={batch_size} must be >= 1")
+        return batch_size
     budget = DEFAULT_MEMORY_BUDGET_MB if memory_budget_mb is None else memory_budget_mb
     if budget <= 0:
         raise GnaValueError(f"memory_budget_mb={budget} must be > 0")
@@ -95,7 +95,7 @@ def run_variants(
     variants: Sequence[Variant],
     metric: Metric,
     *,
-    max_rows: int | None = None,
+    batch_size: int | None = None,
     memory_budget_mb: float | None = None,
     progress: bool = True,
     desc: str = "variants",
@@ -103,7 +103,7 @@ def run_variants(
 ) -> tuple[float, Tensor]:
     """The baseline metric (``base`` alone) and ``[n_variants]`` metric of each variant
     (both averaged over the rows)."""
-    per_chunk = max(1, rows_per_forward(model, batch.n_pos, max_rows, memory_budget_mb) // batch.n_rows)
+    per_chunk = max(1, rows_per_forward(model, batch.n_pos, batch_size, memory_budget_mb) // batch.n_rows)
     order = sorted(range(len(variants)), key=lambda i: variants[i].first_layer) if reuse_prefix else list(range(len(variants)))
     starts = {variants[i].first_layer for i in order} if reuse_prefix and base.start is None else set()
     prefix_sites = {Site(SiteKind.RESID, layer) for layer in starts if 0 < layer < model.n_layers}

@@ -33,7 +33,7 @@ from torch import Tensor
 from ..core.compile import Sources, ablation_values, head_mask, heads_by_site
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
-from ..core.keywords import suggest_keywords
+from ..core.keywords import renamed, suggest_keywords
 from ..core.plan import Edit
 from ..models.handle import check_model
 from ..patching.edge_sets import edge_set_logits
@@ -140,6 +140,7 @@ class CircuitScore:
         )
 
 
+@renamed(max_rows="batch_size")
 @suggest_keywords
 def circuit_score(
     model: GnaModel,
@@ -150,7 +151,7 @@ def circuit_score(
     *,
     how: str = "corrupt",
     fractions: Sequence[float] | None = None,
-    max_rows: int | None = None,
+    batch_size: int | None = None,
     memory_budget_mb: float | None = None,
     path: PathKind | Literal["mib"] = "all",
     unit: str | None = None,
@@ -182,8 +183,8 @@ def circuit_score(
         how: ``"corrupt"`` (each head's output on ``corrupt``; also ``"resample"``),
             ``"mean"`` (averaged over every token of ``corrupt``) or ``"zero"``.
         fractions: sizes as fractions of the units, each in (0, 1] (default `MIB_FRACTIONS`).
-        max_rows: rows per stacked forward (heads; default: from ``memory_budget_mb``).
-        memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
+        batch_size: rows per stacked forward (heads; default: from ``memory_budget_mb``).
+        memory_budget_mb: the memory a stacked forward may use, to estimate ``batch_size``.
         path: which edge is ablated (`edge_faithfulness_curve`): ``"all"`` (`path_patching`'s)
             or ``"direct"`` (EAP's: the sender's own write; also ``"embed"``, ``"L0MLP"``,
             ``"logits"`` ends); with ``unit="edge"`` also ``"mib"`` (MIB's own evaluation:
@@ -204,7 +205,7 @@ def circuit_score(
 
     Cost (heads): a clean forward, the ``corrupt`` forward the ablation reads (none for
     ``"zero"``), one copy of the batch per size below every head, stacked (`run_variants`:
-    ``max_rows``, prefix reuse). Edges: `edge_faithfulness_curve`'s per size.
+    ``batch_size``, prefix reuse). Edges: `edge_faithfulness_curve`'s per size.
 
     Example::
 
@@ -215,7 +216,7 @@ def circuit_score(
         return _edge_budgets(model, clean, corrupt, metric, ranking, how, fractions, path, unit, absolute, progress)
     if path == "mib" or isinstance(ranking, MibGraph):
         raise GnaValueError("path='mib' and a MibGraph ranking take unit='edge' (MIB's edge budgets over its graph)")
-    return _circuit_score(model, clean, corrupt, metric, ranking, how, fractions, max_rows, memory_budget_mb, path, progress)
+    return _circuit_score(model, clean, corrupt, metric, ranking, how, fractions, batch_size, memory_budget_mb, path, progress)
 
 
 def _edge_budgets(
@@ -288,7 +289,7 @@ def _circuit_score(
     ranking: SweepResult | Sequence[Head] | EdgeResult | Sequence[Edge],
     how: str,
     fractions: Sequence[float] | None,
-    max_rows: int | None,
+    batch_size: int | None,
     memory_budget_mb: float | None,
     path: PathKind,
     progress: bool,
@@ -318,7 +319,7 @@ def _circuit_score(
         return scored(values, sizes, edges, how, "edge", requested, n_rows)
     heads = rank_heads(model, ranking)  # type: ignore[arg-type]
     sizes = realised_sizes(requested, len(heads))
-    chunking = (max_rows, memory_budget_mb, progress, desc)
+    chunking = (batch_size, memory_budget_mb, progress, desc)
     values, n_rows = _head_points(model, clean, corrupt, metric, heads, sizes, how, *chunking, sources=sources or model.capture_sites)
     return scored(values, sizes, heads, how, "head", requested, n_rows)
 
@@ -402,7 +403,7 @@ def _head_points(
     order: list[Head],
     sizes: list[int],
     how: str,
-    max_rows: int | None,
+    batch_size: int | None,
     memory_budget_mb: float | None,
     progress: bool,
     desc: str,
@@ -425,7 +426,7 @@ def _head_points(
         )
         for k in below
     ]
-    chunking = dict(max_rows=max_rows, memory_budget_mb=memory_budget_mb, progress=progress, desc=desc)
+    chunking = dict(batch_size=batch_size, memory_budget_mb=memory_budget_mb, progress=progress, desc=desc)
     full, scores = run_variants(model, batch, base, variants, metric, **chunking)  # type: ignore[arg-type]
     return {len(order): full, **{k: float(s) for k, s in zip(below, scores, strict=True)}}, batch.n_rows
 

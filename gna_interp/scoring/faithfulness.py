@@ -95,7 +95,7 @@ def faithfulness_curve(
 
     Example::
 
-        sweep = gna.ablation_sweep(model, task, metric, how="mean", corrupt=task)
+        sweep = gna.ablation_sweep(model, task, task, metric, how="mean")
         curve = gna.faithfulness_curve(model, task, sweep, how="mean")
         curve.to_frame()
     """

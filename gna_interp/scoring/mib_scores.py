@@ -57,7 +57,7 @@ def mib_attribution(
     ``path="direct"`` (or ``"mib"``, which ranks the same graph): ``input``, heads and MLPs
     into every head port, MLP and ``logits`` (two calls: head receivers by port, the MLPs and
     logits whole); ``path="all"``: heads into head ports (edge attribution's ``"all"`` has no
-    logits receiver). ``options`` go to `edge_attribution` (``method``, ``steps``, ``max_rows``).
+    logits receiver). ``options`` go to `edge_attribution` (``method``, ``steps``, ``batch_size``).
     """
     scheme = scheme_of(model)
     ports = [p for p in ("q", "k", "v", "x", "B", "C", "dt", "gate") if any(p in model.receiver_inputs(h) for h in model.heads)]

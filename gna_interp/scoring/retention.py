@@ -35,7 +35,7 @@ from ..core.errors import GnaTypeError, GnaValueError, short_repr
 from ..core.heads import Head
 from ..core.inputs import UnknownWordsWarning, unk_id
 from ..core.interventions import ABLATION_KINDS, HEAD_KINDS, Ablate
-from ..core.keywords import suggest_keywords
+from ..core.keywords import renamed, suggest_keywords
 from ..cost import cost_meter
 from ..models.handle import check_model
 from ..patching.metrics import candidate_accuracy
@@ -55,40 +55,44 @@ if TYPE_CHECKING:
 CHANCE_MARGIN = 0.1
 """`retrieval_ranking` warns when the clean probe accuracy is within this of chance."""
 
+EVALUATE_BATCH = 64
+"""`retrieval_ranking`'s prompts per forward where candidates span several tokens, by default (`evaluate`'s)."""
 
+
+@renamed(probe="task", max_rows="batch_size")
 @suggest_keywords
 def retrieval_ranking(
     model: GnaModel,
-    probe: Task | Sequence[Task] | None = None,
+    task: Task | Sequence[Task] | None = None,
     *,
     kind: str = "all",
     how: str = "zero",
     n: int = 100,
     seed: int = 0,
-    max_rows: int | None = None,
+    batch_size: int | None = None,
     memory_budget_mb: float | None = None,
-    batch_size: int = 64,
     progress: bool = True,
 ) -> RetrievalRanking:
     """Rank heads by the probe accuracy their ablation costs (Bick et al. 2026's ranking).
 
     Args:
         model: any `GnaModel`: attention heads, SSM heads, or both (hybrids).
-        probe: a `Task` or a list of them (their drops are averaged, weighted by prompts).
+        task: the probe: a `Task` or a list of them (their drops are averaged, weighted by prompts).
             Default: `tasks.kv_probe` (``n`` dictionary prompts of 20, 30, 40 and 50
             pairs, ``seed``) in the model's own vocabulary; a tokenizer that lacks its words
             is an error (a zoo toy's tokenizer has them, but the toys never saw
-            dictionaries: pass ``probe=gna.toy_task(name)`` for them).
+            dictionaries: pass ``task=gna.toy_task(name)`` for them).
         kind: rank ``"attention"`` heads, ``"ssm"`` heads, or ``"all"``.
         how: ``"zero"`` (the paper's: the head's out-projection slice zeroed), ``"mean"``
             (its mean over each probe task's tokens) or ``"resample"`` (its output on the
             task's corrupted prompts).
         n: the default probe's number of prompts.
         seed: the default probe's seed.
-        max_rows: rows per stacked forward (see `ablation_sweep`).
-        memory_budget_mb: the memory a stacked forward may use, to estimate ``max_rows``.
-        batch_size: prompts per forward where candidates span several tokens (then each
-            head is one `evaluate`, not one variant of a stacked sweep).
+        batch_size: rows per forward: of the stacked sweep (a row: one prompt under one
+            head's ablation; default: estimated from ``memory_budget_mb``, see
+            `ablation_sweep`), or, where candidates span several tokens (then each head is
+            one `evaluate`), prompts per forward (default 64).
+        memory_budget_mb: the memory a stacked forward may use, to estimate ``batch_size``.
         progress: a bar per probe task.
 
     Returns:
@@ -97,25 +101,25 @@ def retrieval_ranking(
 
     Warns:
         UserWarning: when the clean probe accuracy is within 0.1 of chance: the model does
-            not do the probe, so its drops are noise (pass a task it solves as ``probe``).
+            not do the probe, so its drops are noise (pass a task it solves as ``task``).
     """
     check_model(model, "retrieval_ranking")
     if kind not in HEAD_KINDS:
         raise GnaValueError(f"kind={kind!r}: expected one of {HEAD_KINDS}")
     if how not in ABLATION_KINDS:
         raise GnaValueError(f"how={how!r} is not an ablation kind: expected one of {ABLATION_KINDS}")
-    tasks = _probe_tasks(model, probe, n, seed)
+    tasks = _probe_tasks(model, task, n, seed)
     heads = heads_of_kind(model.layout, kind)
     if not heads:
         raise GnaValueError(f"kind={kind!r}: {model.name} has no {kind} heads")
     with cost_meter(model) as cost:
-        accuracy, clean, chance, total = _probe_accuracy(model, tasks, heads, how, max_rows, memory_budget_mb, batch_size, progress)
+        accuracy, clean, chance, total = _probe_accuracy(model, tasks, heads, how, batch_size, memory_budget_mb, progress)
     drop = clean - accuracy
     if clean <= chance + CHANCE_MARGIN:
         names = ", ".join(task.name for task in tasks)
         warnings.warn(
             f"retrieval_ranking: {model.name} answers the probe ({names}) at {clean:.3f}, chance {chance:.3f}: it does not do "
-            "this task, so the drops are noise; pass probe= a task it solves (for a zoo toy, gna.toy_task(name))",
+            "this task, so the drops are noise; pass task= one it solves (for a zoo toy, gna.toy_task(name))",
             stacklevel=2,
         )
     order = sorted(heads, key=lambda h: -float(drop[h.layer, h.head]))  # stable: ties keep model.heads order
@@ -139,9 +143,8 @@ def _probe_accuracy(
     tasks: list[Task],
     heads: list[Head],
     how: str,
-    max_rows: int | None,
+    batch_size: int | None,
     memory_budget_mb: float | None,
-    batch_size: int,
     progress: bool,
 ) -> tuple[Tensor, float, float, int]:
     """Over every probe task, weighted by prompts: ``[layer, head]`` float64 accuracy with
@@ -152,7 +155,7 @@ def _probe_accuracy(
     clean_sum = chance_sum = 0.0
     total = sum(len(task) for task in tasks)
     for task in tasks:
-        clean, ablated = _ablated_accuracy(model, task, heads, how, max_rows, memory_budget_mb, batch_size, progress)
+        clean, ablated = _ablated_accuracy(model, task, heads, how, batch_size, memory_budget_mb, progress)
         weighted += len(task) * ablated
         clean_sum += len(task) * clean
         chance_sum += sum(1.0 / len(example.candidates) for example in task.examples)
@@ -163,10 +166,11 @@ def _probe_accuracy(
 
 
 def _probe_tasks(model: GnaModel, probe: Task | Sequence[Task] | None, n: int, seed: int) -> list[Task]:
+    """``retrieval_ranking``'s ``task=``: the probe tasks, the KV probe for None (checked to fit ``model``)."""
     if probe is None:
         tasks = kv_probe(n, seed)
         unknown = unk_id(model.tokenizer)
-        hint = "pass probe= a Task in its vocabulary, e.g. tasks.kv_retrieval(keys=[...]) or, for a zoo toy, gna.toy_task(name)"
+        hint = "pass task= a Task in its vocabulary, e.g. tasks.kv_retrieval(keys=[...]) or, for a zoo toy, gna.toy_task(name)"
         for task in tasks:
             try:
                 with warnings.catch_warnings():  # unknown words: the error below says what to do
@@ -174,19 +178,19 @@ def _probe_tasks(model: GnaModel, probe: Task | Sequence[Task] | None, n: int, s
                     encoded = task.encode(model.tokenizer)
             except ValueError as error:
                 raise GnaValueError(
-                    f"probe=None: {model.name}'s tokenizer cannot encode the default KV probe ({task.name}: {error}): {hint}"
+                    f"task=None: {model.name}'s tokenizer cannot encode the default KV probe ({task.name}: {error}): {hint}"
                 ) from error
             if unknown is not None and bool((encoded.batch.input_ids == unknown).any()):
                 raise GnaValueError(
-                    f"probe=None: the default KV probe ({task.name}) has words {model.name}'s tokenizer lacks (they tokenize "
+                    f"task=None: the default KV probe ({task.name}) has words {model.name}'s tokenizer lacks (they tokenize "
                     f"to its unknown token): {hint}"
                 )
             limit = getattr(model.hf_model.config, "max_position_embeddings", None)
             longest = int(encoded.batch.attention_mask.sum(1).max())
             if limit is not None and longest > limit:
                 raise GnaValueError(
-                    f"probe=None: the default KV probe's {task.name} prompts have up to {longest} tokens, more than "
-                    f"{model.name}'s context of {limit}: pass a probe that fits, e.g. probe=tasks.kv_probe(pairs=(5, 10)) "
+                    f"task=None: the default KV probe's {task.name} prompts have up to {longest} tokens, more than "
+                    f"{model.name}'s context of {limit}: pass a probe that fits, e.g. task=tasks.kv_probe(pairs=(5, 10)) "
                     "or, for a zoo toy, gna.toy_task(name)"
                 )
         return tasks
@@ -194,10 +198,10 @@ def _probe_tasks(model: GnaModel, probe: Task | Sequence[Task] | None, n: int, s
         return [probe]
     if isinstance(probe, (str, bytes)) or not isinstance(probe, Sequence) or not probe:
         shown = f"{short_repr(probe)} ({type(probe).__name__})"
-        raise GnaTypeError(f"retrieval_ranking: probe={shown}: a Task, a non-empty list of them, or None (the KV probe); {TASK_HOW}")
+        raise GnaTypeError(f"retrieval_ranking: task={shown}: a Task, a non-empty list of them, or None (the KV probe); {TASK_HOW}")
     for index, item in enumerate(probe):
         if not isinstance(item, Task):
-            raise not_a_task(item, "retrieval_ranking", f"probe[{index}]")
+            raise not_a_task(item, "retrieval_ranking", f"task[{index}]")
     return list(probe)
 
 
@@ -206,9 +210,8 @@ def _ablated_accuracy(
     task: Task,
     heads: list[Head],
     how: str,
-    max_rows: int | None,
+    batch_size: int | None,
     memory_budget_mb: float | None,
-    batch_size: int,
     progress: bool,
 ) -> tuple[float, Tensor]:
     """Clean accuracy and ``[layer, head]`` float64 accuracy with each head ablated alone."""
@@ -219,12 +222,13 @@ def _ablated_accuracy(
     table = torch.full((model.n_layers, model.n_heads), math.nan, dtype=torch.float64)
     if encoded.single_token:  # one stacked sweep; a row's score is 0 or 1, so counts are exact
         metric = candidate_accuracy(encoded.candidate_ids, encoded.correct)
-        chunking = dict(max_rows=max_rows, memory_budget_mb=memory_budget_mb, progress=progress)
-        sweep = ablation_sweep(model, task, metric, heads=heads, how=how, corrupt=corrupt, **chunking)  # type: ignore[arg-type]
+        chunking = dict(batch_size=batch_size, memory_budget_mb=memory_budget_mb, progress=progress)
+        sweep = ablation_sweep(model, task, corrupt, metric, heads=heads, how=how, **chunking)  # type: ignore[arg-type]
         rows = len(task)
         for head in heads:
             table[head.layer, head.head] = round(float(sweep.scores[head.layer, head.head]) * rows) / rows
         return round(sweep.baseline * rows) / rows, table
+    batch_size = EVALUATE_BATCH if batch_size is None else batch_size
     clean = evaluate(model, task, batch_size=batch_size, progress=False).accuracy
     for head in progress_bar(heads, show=progress, desc=f"ranking ({how})"):
         ablation = Ablate([head], how=how, corrupt=corrupt)

@@ -32,6 +32,7 @@ from ..attention.sharpness import Normalize
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
 from ..core.inputs import Batch
+from ..core.keywords import renamed
 from .heatmap import Panel, render_png
 
 if TYPE_CHECKING:
@@ -99,9 +100,10 @@ def token_labels(model: GnaModel, ids: Tensor) -> list[str]:
     return labels
 
 
+@renamed(inputs="clean")
 def attention_view(
     model: GnaModel,
-    inputs: Any,
+    clean: Any,
     heads: Head | Iterable[Head],
     row: int = 0,
     *,
@@ -109,11 +111,11 @@ def attention_view(
     include_skip: bool = False,
     title: str | None = None,
 ) -> AttentionView:
-    """Attention patterns of ``heads`` on prompt ``row`` of ``inputs``, any kind of head.
+    """Attention patterns of ``heads`` on prompt ``row`` of ``clean``, any kind of head.
 
     Args:
         model: as for `gna_interp.attention_pattern`.
-        inputs: as for `gna_interp.attention_pattern`.
+        clean: the prompts, as for `gna_interp.attention_pattern`.
         heads: as for `gna_interp.attention_pattern`.
         include_skip: as for `gna_interp.attention_pattern`.
         row: which prompt of the batch to show (its padding is dropped).
@@ -122,7 +124,7 @@ def attention_view(
             values, drawn with a diverging scale).
         title: panel title; default: the model's name.
     """
-    batch = model.to_batch(inputs)
+    batch = model.to_batch(clean)
     if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < batch.n_rows:
         raise GnaValueError(f"row={row!r} out of range: the inputs have prompts 0..{batch.n_rows - 1}")
     start = int(batch.attention_mask[row].argmax())  # first real token (left padding)
@@ -177,9 +179,10 @@ def _render(panels: list[Panel]) -> str:
     )
 
 
+@renamed(inputs="clean")
 def heatmap_png(
     model: GnaModel,
-    inputs: Any,
+    clean: Any,
     head: Head,
     row: int = 0,
     *,
@@ -191,12 +194,13 @@ def heatmap_png(
     Arguments as for `attention_view`."""
     if not isinstance(head, Head):
         raise GnaTypeError(f"heatmap_png draws one head: expected a gna_interp.Head, got {head!r}")
-    return attention_view(model, inputs, head, row, normalize=normalize, include_skip=include_skip).png(path)
+    return attention_view(model, clean, head, row, normalize=normalize, include_skip=include_skip).png(path)
 
 
-def circuit_view(circuit: GnaCircuit, model: GnaModel, inputs: Any, row: int = 0) -> AttentionView:
+@renamed(inputs="clean")
+def circuit_view(circuit: GnaCircuit, model: GnaModel, clean: Any, row: int = 0) -> AttentionView:
     """The circuitsvis view (offline) of a circuit's Gather and Aggregate heads on prompt ``row``."""
     heads = [*circuit.gather, *circuit.aggregate]
     if not heads:
         raise GnaValueError("the circuit has no Gather or Aggregate head to show")
-    return attention_view(model, inputs, heads, row=row, title=f"{circuit.model}: G&A heads")
+    return attention_view(model, clean, heads, row=row, title=f"{circuit.model}: G&A heads")
