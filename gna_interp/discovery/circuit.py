@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.heads import Head
+from ..scoring.verdicts import Verdict
 from .estimate import passes_range
 from .evidence import POSITIONS, ROLES, HeadEvidence, RoleNeed, SpreadRole, Stability, Standing
 from .roles import RoleThresholds, pattern_shortfall
@@ -70,8 +71,14 @@ class GnaCircuit:
             the role sets then hold counting heads, named by where they act, ``count@seg``
             on the segments and ``count@end`` at the final position), ``"none"`` (clean
             accuracy below ``settings["retrieval_floor"]``: no retrieval to explain, no role
-            heads). ``None``: a circuit written before it was recorded. ``headline()`` says it
-            in words (also the JSON's ``"headline"``).
+            heads), ``"partly"`` (it reads the labels in part: with them shuffled, above
+            chance but below clean), ``"undetermined"`` (the label check's interval straddles
+            a line: its verdict says how many prompts would settle it). ``None``: a circuit
+            written before it was recorded. ``headline()`` says it in words (also the JSON's
+            ``"headline"``).
+        verdicts: the tested verdicts (`scoring.verdicts.Verdict`: word, estimate, interval,
+            line, prompts to settle): ``"labels"`` (the mechanism, `verdicts.label_verdict`),
+            with its tests ``"labels_vs_chance"`` and ``"labels_vs_clean"``.
 
     A head in a role's list (``gather``, ``aggregate``) is a member of that role's set;
     `standing` says whether the evidence gives it the role outright (an effect alone, and
@@ -101,6 +108,7 @@ class GnaCircuit:
     spread: dict[str, SpreadRole] = field(default_factory=dict)
     mechanism: str | None = None
     score: dict[str, Any] | None = None
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
 
     # ----- tables and serialisation ---------------------------------------------
     def evidence(self, head: Head) -> HeadEvidence:
@@ -203,6 +211,7 @@ class GnaCircuit:
         data["needs"] = {role: need.to_dict() for role, need in self.needs.items()}
         data["stability"] = None if self.stability is None else self.stability.to_dict()
         data["spread"] = {role: item.to_dict() for role, item in self.spread.items()}
+        data["verdicts"] = {name: verdict.to_dict() for name, verdict in self.verdicts.items()}
         data["headline"] = None if self.mechanism is None else self.headline()  # words for readers; not read back
         return _finite(data) if finite else data
 
@@ -230,6 +239,7 @@ class GnaCircuit:
         data["needs"] = {role: RoleNeed.from_dict(need) for role, need in data["needs"].items()}
         data["stability"] = None if data.get("stability") is None else Stability.from_dict(data["stability"])
         data["spread"] = {role: SpreadRole.from_dict(item) for role, item in data.get("spread", {}).items()}
+        data["verdicts"] = {name: Verdict.from_dict(item) for name, item in data.get("verdicts", {}).items()}
         return cls(**data)
 
     # ----- views -------------------------------------------------------------------
@@ -269,6 +279,11 @@ class GnaCircuit:
                 "(count@seg: on the segments, count@end: at the final position)"
             )
         labels = f", {acc['shuffled_labels']:.3f} with the labels shuffled" if "shuffled_labels" in acc else ""
+        tested = self.verdicts.get("labels")
+        if self.mechanism == "partly":
+            return f"G&A, partly by label: clean accuracy {clean:.3f} (chance {chance:.3f}{labels}): {tested.text if tested else ''}"
+        if self.mechanism == "undetermined":
+            return f"mechanism undetermined: clean accuracy {clean:.3f} (chance {chance:.3f}{labels}): {tested.text if tested else ''}"
         return f"G&A: clean accuracy {clean:.3f} (chance {chance:.3f}{labels}): the model retrieves by label"
 
     def summary(self) -> str:
