@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import parser, set_threads
+from ssm_verdicts import claim_verdicts
 
 import gna_interp as gna
 
@@ -188,16 +189,23 @@ def blocks_swapped(student: Any, teacher: Any, layers: tuple[int, ...]) -> Itera
             slots[layer] = block
 
 
-def mcq_accuracy(hf_model: Any, task: Any) -> tuple[float, Any]:
-    """Accuracy of a raw HF model on a toy task (its letters' logits at the final position;
-    toy prompts have one length, no padding) and the final logits ``[batch, vocab]``."""
+def mcq_correct(hf_model: Any, task: Any) -> tuple[Any, Any]:
+    """Per prompt, whether a raw HF model answers a toy task right (``[batch]`` bool: its
+    letters' logits at the final position; toy prompts have one length, no padding), and the
+    final logits ``[batch, vocab]``."""
     import torch
 
     encoded = task.encode()
     with torch.no_grad():
         logits = hf_model(input_ids=encoded.batch.input_ids).logits[:, -1]
     scores = logits.gather(1, encoded.candidate_ids)
-    return float((scores.argmax(1) == encoded.correct).float().mean()), logits
+    return scores.argmax(1) == encoded.correct, logits
+
+
+def mcq_accuracy(hf_model: Any, task: Any) -> tuple[float, Any]:
+    """`mcq_correct` as an accuracy, with the final logits."""
+    correct, logits = mcq_correct(hf_model, task)
+    return float(correct.float().mean()), logits
 
 
 def swap_part() -> dict[str, Any]:
@@ -211,17 +219,23 @@ def swap_part() -> dict[str, Any]:
     clean, t_logits = mcq_accuracy(t_hf, task)
 
     def swapped_rows() -> tuple[float, dict[str, Any]]:
-        alone, _ = mcq_accuracy(s_hf, task)
-        rows = {}
+        right, _ = mcq_correct(s_hf, task)
+        alone = float(right.float().mean())
+        rows = {"student": {"accuracy": alone, "correct": right.int().tolist()}}
         for layers in SWAPS:
             with blocks_swapped(s_hf, t_hf, layers):
-                accuracy, logits = mcq_accuracy(s_hf, task)
-            rows["+".join(map(str, layers))] = {"accuracy": accuracy, "max_logit_diff_to_teacher": float((logits - t_logits).abs().max())}
+                correct, logits = mcq_correct(s_hf, task)
+            rows["+".join(map(str, layers))] = {
+                "accuracy": float(correct.float().mean()),
+                "max_logit_diff_to_teacher": float((logits - t_logits).abs().max()),
+                "correct": correct.int().tolist(),  # per prompt: the verdicts' paired bootstrap
+            }
         assert mcq_accuracy(s_hf, task)[0] == alone  # the student is back
         # Every block swapped: the teacher itself (embeddings, norms and head are the teacher's copies).
         assert rows["0+1+2+3"]["max_logit_diff_to_teacher"] < 1e-4, rows["0+1+2+3"]
         print(f"  student {alone:.3f}; swapped { ({k: round(v['accuracy'], 3) for k, v in rows.items()}) }", flush=True)
-        return alone, rows
+        student = rows.pop("student")
+        return alone, {**rows, "student": student}
 
     before, before_rows = swapped_rows()
     start = time.perf_counter()
@@ -256,13 +270,17 @@ def shared_task() -> Any:
     return toy_mcq(SMOOTH_PROMPTS, seed=SMOOTH_SEED, layout="label_last", shuffle_labels=True)
 
 
-def single_head_drops(model: Any, task: Any, layer: int) -> dict[str, float]:
+def single_head_drops(model: Any, task: Any, layer: int, per_prompt: dict[str, Any] | None = None) -> dict[str, float]:
     """Accuracy drop (clean - ablated) of each head of ``layer``, zero-ablated alone at the
-    final position (where the Aggregate role reads)."""
-    clean = gna.evaluate(model, task, progress=False).accuracy
+    final position (where the Aggregate role reads); ``per_prompt``, when given, receives each
+    run's per-prompt right or wrong (``"clean"`` and each head: lists of 0/1)."""
+    clean = gna.evaluate(model, task, progress=False)
     final = task.encode(task.tokenizer_for(model.tokenizer)).final
     heads = [h for h in model.heads if h.layer == layer]
-    return {str(h): clean - gna.evaluate(model, task, [gna.Ablate([h], positions=final)], progress=False).accuracy for h in heads}
+    runs = {str(h): gna.evaluate(model, task, [gna.Ablate([h], positions=final)], progress=False) for h in heads}
+    if per_prompt is not None:
+        per_prompt.update({"clean": clean.is_correct.int().tolist(), **{h: e.is_correct.int().tolist() for h, e in runs.items()}})
+    return {h: clean.accuracy - e.accuracy for h, e in runs.items()}
 
 
 def row_stats(model: Any, task: Any, heads: list[Any]) -> dict[str, dict[str, float]]:
@@ -287,6 +305,7 @@ def row_stats(model: Any, task: Any, heads: list[Any]) -> dict[str, dict[str, fl
             "top_is_correct": float((on.argmax(1) == encoded.correct).float().mean()),
             "row_entropy": float(gna.entropy(row).mean()),  # the whole row, every key
             "row_top1": float(gna.top1_mass(row).mean()),
+            "per_prompt": {"entropy": gna.entropy(on).tolist(), "row_entropy": gna.entropy(row).tolist()},  # the verdicts' bootstrap
         }
     return out
 
@@ -297,7 +316,7 @@ def weighted(stats: dict[str, dict[str, float]], drops: dict[str, float]) -> dic
     total = sum(weights.values())
     if total == 0:
         return {}
-    keys = next(iter(stats.values())).keys()
+    keys = [k for k in next(iter(stats.values())) if k != "per_prompt"]
     return {k: sum(weights[h] * stats[h][k] for h in stats) / total for k in keys}
 
 
@@ -341,7 +360,8 @@ def hybrid_part() -> dict[str, Any]:
         def ablated(chosen: list[Any]) -> float:
             return float(gna.evaluate(model, task, [gna.Ablate(chosen, positions=final)], progress=False).accuracy)
 
-        drops = single_head_drops(model, task, layer)
+        per_prompt: dict[str, Any] = {}
+        drops = single_head_drops(model, task, layer, per_prompt)
         positive = {h: max(d, 0.0) for h, d in drops.items()}
         total = sum(positive.values())
         layers[str(layer)] = {
@@ -354,7 +374,9 @@ def hybrid_part() -> dict[str, Any]:
             "attention_share_of_drops": sum(positive[str(h)] for h in attention) / total if total else float("nan"),
             "attention_share_of_heads": len(attention) / len(heads),
         }
-        print(f"  hybrid layer {layer}: { ({k: v for k, v in layers[str(layer)].items() if k != 'single_drops'}) }", flush=True)
+        shown = {k: v for k, v in layers[str(layer)].items() if k != "single_drops"}
+        layers[str(layer)]["per_prompt"] = per_prompt  # the verdicts' bootstrap
+        print(f"  hybrid layer {layer}: {shown}", flush=True)
     return {"source": str(HYBRID), "clean": clean, "chance": 0.25, "prompts": SMOOTH_PROMPTS, "layers": layers}
 
 
@@ -383,6 +405,8 @@ def main() -> None:
         figures[part] = kv_part(args.kv_models, figures.get("d")) if part == "d" else PARTS[part]()
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
+    for claim, verdict in claim_verdicts(json.loads(args.json.read_text())).items():  # each word a test (ssm_verdicts)
+        print(f"VERDICT | {claim} | {verdict['word']} | {verdict['text']}", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,13 @@ from gna_interp.scoring.verdicts import (
     MECHANISMS,
     Verdict,
     accuracy_verdict,
+    bootstrap_verdict,
     carries_verdict,
     collapse_verdict,
+    count_difference_verdict,
     difference_verdict,
     label_verdict,
+    newcombe_interval,
     paired_bootstrap,
     paired_prompts,
     wilson_interval,
@@ -202,3 +205,27 @@ def test_the_mamba_toy_reads_labels_in_part():
     assert expected[0].word == "partly by label" and circuit.mechanism == "partly"
     assert circuit.headline().startswith("G&A, partly by label:") and f"(shuffled {shuffled.accuracy:.3f})" in circuit.headline()
     assert GnaCircuit.from_json(circuit.to_json()) == circuit
+
+
+def test_bootstrap_verdict_of_a_mean_difference_is_the_paired_bootstrap():
+    """The generic bootstrap, given the difference of means, draws the same resamples as the
+    paired one (same seed): the same interval, estimate and word."""
+    rng = torch.Generator().manual_seed(1)
+    a, b = torch.rand(150, generator=rng) < 0.7, torch.rand(150, generator=rng) < 0.5
+    generic = bootstrap_verdict(lambda x, y: float(x.double().mean() - y.double().mean()), [a, b], 0.1, resamples=2000, seed=7)
+    paired = difference_verdict(a, b, 0.1, resamples=2000, seed=7)
+    assert generic.interval == pytest.approx(paired.interval) and generic.estimate == pytest.approx(paired.estimate)
+    assert generic.word == paired.word
+
+
+def test_count_difference_verdict_settles_where_it_says():
+    """Newcombe from counts: undetermined at 40 of 100 against 30 of 100 (line 0); the same
+    shares on the prompts it names settle it."""
+    verdict = count_difference_verdict(40, 100, 30, 100, 0.0)
+    assert verdict.word == "undetermined" and verdict.interval == newcombe_interval(40, 100, 30, 100)
+    n = verdict.prompts_to_settle
+    assert n is not None and n > 100
+    assert (
+        count_difference_verdict(4 * math.ceil(n / 10), 10 * math.ceil(n / 10), 3 * math.ceil(n / 10), 10 * math.ceil(n / 10), 0.0).word
+        == "above"
+    )

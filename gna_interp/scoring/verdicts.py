@@ -28,7 +28,7 @@ The mechanism verdict (`label_verdict`) and the circuit's other verdicts build o
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
 from typing import Any
@@ -304,3 +304,73 @@ def carries_verdict(
     line = share * _as_correct(clean, "clean") + (1.0 - share) * base
     kind = f"alone - ({share:g} clean + {1 - share:g} empty)"
     return difference_verdict(a, line, 0.0, kind, level, ("carries", "partial"), seed=seed)
+
+
+def newcombe_interval(k1: int, n1: int, k2: int, n2: int, level: float = LEVEL) -> tuple[float, float]:
+    """Newcombe's hybrid score interval of ``k1 / n1 - k2 / n2`` (two independent proportions,
+    each with its Wilson interval): for two accuracies recorded as counts only. On the same
+    prompts (positively correlated) it is wider than the paired bootstrap: conservative."""
+    p1, p2 = k1 / n1, k2 / n2
+    l1, u1 = wilson_interval(k1, n1, level)
+    l2, u2 = wilson_interval(k2, n2, level)
+    d = p1 - p2
+    return d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+
+
+def count_difference_verdict(
+    k1: int,
+    n1: int,
+    k2: int,
+    n2: int,
+    line: float,
+    kind: str | None = None,
+    level: float = LEVEL,
+    words: tuple[str, str] = ("above", "below"),
+) -> Verdict:
+    """``k1 / n1 - k2 / n2`` against ``line`` from counts alone (`newcombe_interval`); prompts
+    to settle: each sample scaled by the same factor until the interval clears the line."""
+    interval = newcombe_interval(k1, n1, k2, n2, level)
+    where = side(interval, line)
+    word = {"above": words[0], "below": words[1]}.get(where, where)
+    settle = None
+    if where == "undetermined" and k1 / n1 - k2 / n2 != line:
+        factor = 1.0
+        while factor < MAX_PROMPTS / max(n1, n2):
+            factor *= 1.25
+            if side(newcombe_interval(k1 * factor, n1 * factor, k2 * factor, n2 * factor, level), line) != "undetermined":  # type: ignore[arg-type]
+                settle = round(max(n1, n2) * factor)
+                break
+    verdict = Verdict(word, k1 / n1 - k2 / n2, interval, line, level, max(n1, n2), "newcombe (counts)", kind, settle)
+    return _with_text(verdict)
+
+
+def bootstrap_verdict(
+    statistic: Callable[..., float],
+    columns: Sequence[Tensor],
+    line: float,
+    kind: str | None = None,
+    level: float = LEVEL,
+    words: tuple[str, str] = ("above", "below"),
+    resamples: int = 2_000,
+    seed: int = 0,
+) -> Verdict:
+    """Any ``statistic(*columns)`` of per-prompt values (each column ``[prompt, ...]``, the
+    same prompts) against ``line``: its percentile interval over resamples of the prompts
+    (the same resample for every column). Prompts to settle: ``ceil(n * (z * se / gap) ** 2)``
+    with ``se`` the bootstrap standard deviation (the normal rule of `paired_prompts`)."""
+    n = int(columns[0].shape[0])
+    if any(int(c.shape[0]) != n for c in columns):
+        raise GnaValueError(
+            f"bootstrap_verdict: columns of {[int(c.shape[0]) for c in columns]} prompts: expected the same prompts in each"
+        )
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.tensor([statistic(*(c[idx] for c in columns)) for idx in torch.randint(n, (resamples, n), generator=generator)])
+    tail = (1.0 - level) / 2.0
+    lo, hi = torch.quantile(values.double(), torch.tensor([tail, 1.0 - tail], dtype=torch.float64)).tolist()
+    estimate = float(statistic(*columns))
+    where = side((lo, hi), line)
+    word = {"above": words[0], "below": words[1]}.get(where, where)
+    se, gap = float(values.double().std()), abs(estimate - line)
+    settle = None if where != "undetermined" or gap == 0 else max(n + 1, math.ceil(n * (z_value(level) * se / gap) ** 2))
+    method = f"bootstrap over prompts ({resamples} resamples, seed {seed})"
+    return _with_text(Verdict(word, estimate, (lo, hi), line, level, n, method, kind, settle))
