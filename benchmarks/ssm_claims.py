@@ -23,6 +23,7 @@ Each part replaces its own key in the JSON file and keeps the others. Times on t
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -221,14 +222,14 @@ def swap_part() -> dict[str, Any]:
     def swapped_rows() -> tuple[float, dict[str, Any]]:
         right, _ = mcq_correct(s_hf, task)
         alone = float(right.float().mean())
-        rows = {"student": {"accuracy": alone, "correct": right.int().tolist()}}
+        rows = {"student": {"accuracy": alone, "correct": bits(right)}}
         for layers in SWAPS:
             with blocks_swapped(s_hf, t_hf, layers):
                 correct, logits = mcq_correct(s_hf, task)
             rows["+".join(map(str, layers))] = {
                 "accuracy": float(correct.float().mean()),
                 "max_logit_diff_to_teacher": float((logits - t_logits).abs().max()),
-                "correct": correct.int().tolist(),  # per prompt: the verdicts' paired bootstrap
+                "correct": bits(correct),  # per prompt: the verdicts' paired bootstrap
             }
         assert mcq_accuracy(s_hf, task)[0] == alone  # the student is back
         # Every block swapped: the teacher itself (embeddings, norms and head are the teacher's copies).
@@ -279,7 +280,7 @@ def single_head_drops(model: Any, task: Any, layer: int, per_prompt: dict[str, A
     heads = [h for h in model.heads if h.layer == layer]
     runs = {str(h): gna.evaluate(model, task, [gna.Ablate([h], positions=final)], progress=False) for h in heads}
     if per_prompt is not None:
-        per_prompt.update({"clean": clean.is_correct.int().tolist(), **{h: e.is_correct.int().tolist() for h, e in runs.items()}})
+        per_prompt.update({"clean": bits(clean.is_correct), **{h: bits(e.is_correct) for h, e in runs.items()}})
     return {h: clean.accuracy - e.accuracy for h, e in runs.items()}
 
 
@@ -305,7 +306,7 @@ def row_stats(model: Any, task: Any, heads: list[Any]) -> dict[str, dict[str, fl
             "top_is_correct": float((on.argmax(1) == encoded.correct).float().mean()),
             "row_entropy": float(gna.entropy(row).mean()),  # the whole row, every key
             "row_top1": float(gna.top1_mass(row).mean()),
-            "per_prompt": {"entropy": gna.entropy(on).tolist(), "row_entropy": gna.entropy(row).tolist()},  # the verdicts' bootstrap
+            "per_prompt": {"entropy": gna.entropy(on), "row_entropy": gna.entropy(row)},  # [batch]: `weighted_per_prompt`
         }
     return out
 
@@ -320,6 +321,25 @@ def weighted(stats: dict[str, dict[str, float]], drops: dict[str, float]) -> dic
     return {k: sum(weights[h] * stats[h][k] for h in stats) / total for k in keys}
 
 
+def weighted_per_prompt(stats: dict[str, dict[str, Any]], drops: dict[str, float]) -> dict[str, list[float]]:
+    """Per prompt, the heads' ``entropy`` and ``row_entropy`` averaged as `weighted` does (6 decimals)."""
+    weights = {h: max(drops.get(h, 0.0), 0.0) for h in stats}
+    total = sum(weights.values()) or 1.0
+    keys = ("entropy", "row_entropy")
+    return {k: [round(float(v), 6) for v in sum(weights[h] * stats[h]["per_prompt"][k] for h in stats) / total] for k in keys}
+
+
+def bits(correct: Any) -> str:
+    """``[batch]`` bool as ``"0110..."``: right or wrong per prompt, one character each."""
+    return "".join("1" if value else "0" for value in correct.tolist())
+
+
+def dump(figures: dict[str, Any]) -> str:
+    """The results as JSON, one key a line, each list of numbers on one line."""
+    text = json.dumps(figures, indent=1)
+    return re.sub(r"\[\s*(-?[0-9][-0-9.eE]*(?:,\s*-?[0-9][-0-9.eE]*)*)\s*\]", lambda m: "[" + re.sub(r",\s*", ", ", m.group(1)) + "]", text)
+
+
 def smooth_part() -> dict[str, Any]:
     task = shared_task()
     result: dict[str, Any] = {"prompts": SMOOTH_PROMPTS, "seed": SMOOTH_SEED, "task": task.name, "models": {}}
@@ -330,6 +350,9 @@ def smooth_part() -> dict[str, Any]:
         drops = single_head_drops(model, task, layer)
         heads = [h for h in model.heads if h.layer == layer]
         stats = row_stats(model, task, heads)
+        per_prompt = weighted_per_prompt(stats, drops)  # the verdicts' paired bootstrap; the heads' own rows are not kept
+        for item in stats.values():
+            item.pop("per_prompt")
         top = sorted(drops, key=drops.__getitem__, reverse=True)[:3]
         result["models"][label] = {
             "source": str(source),
@@ -340,6 +363,7 @@ def smooth_part() -> dict[str, Any]:
             "top_heads": top,
             "weighted": weighted(stats, drops),
             "kinds": {str(h): model.head_kind(h).name for h in heads},
+            "per_prompt": per_prompt,
         }
         print(f"  {label}: accuracy {accuracy:.3f}, top heads {top}, weighted {result['models'][label]['weighted']}", flush=True)
     return result
@@ -404,7 +428,7 @@ def main() -> None:
         figures = json.loads(args.json.read_text()) if args.json.exists() else {}
         figures[part] = kv_part(args.kv_models, figures.get("d")) if part == "d" else PARTS[part]()
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=1) + "\n")
+        args.json.write_text(dump(figures) + "\n")
     for claim, verdict in claim_verdicts(json.loads(args.json.read_text())).items():  # each word a test (ssm_verdicts)
         print(f"VERDICT | {claim} | {verdict['word']} | {verdict['text']}", flush=True)
 

@@ -44,13 +44,15 @@ def _claim(word: str, tests: list[Verdict], text: str = "") -> dict[str, Any]:
 
 
 def _weighted(model: dict[str, Any], key: str) -> torch.Tensor | None:
-    """``[prompt]``: the heads' per-prompt ``key`` averaged with their positive single-head drops."""
-    rows = model["rows"]
-    if not all("per_prompt" in r for r in rows.values()):
-        return None
-    weights = {h: max(model["drops"].get(h, 0.0), 0.0) for h in rows}
-    total = sum(weights.values())
-    return sum(weights[h] * torch.tensor(rows[h]["per_prompt"][key], dtype=torch.float64) for h in rows) / total  # type: ignore[return-value]
+    """``[prompt]``: the heads' per-prompt ``key`` averaged with their positive single-head
+    drops (`ssm_claims.weighted_per_prompt`); ``None`` in a JSON written before it was kept."""
+    values = model.get("per_prompt", {}).get(key)
+    return None if values is None else torch.tensor(values, dtype=torch.float64)
+
+
+def _bits(value: str | list[int]) -> list[int]:
+    """Per-prompt right (1) or wrong (0), from ``"0110..."`` (`ssm_claims.bits`) or a list."""
+    return [int(c) for c in value] if isinstance(value, str) else list(value)
 
 
 def smoother(a: dict[str, Any]) -> dict[str, Any]:
@@ -73,8 +75,8 @@ def attention_share(b: dict[str, Any]) -> dict[str, Any]:
         return _claim("undetermined", [], "no per-prompt ablations in the JSON (written before they were kept): rerun part b")
     heads = list(layer["single_drops"])
     attention = torch.tensor([h in layer["attention_heads"] for h in heads])
-    clean = torch.tensor(per_prompt["clean"], dtype=torch.float64)
-    ablated = torch.tensor([per_prompt[h] for h in heads], dtype=torch.float64).T  # [prompt, head]
+    clean = torch.tensor(_bits(per_prompt["clean"]), dtype=torch.float64)
+    ablated = torch.tensor([_bits(per_prompt[h]) for h in heads], dtype=torch.float64).T  # [prompt, head]
 
     def lead(clean: torch.Tensor, ablated: torch.Tensor) -> float:
         positive = (clean.mean() - ablated.mean(0)).clamp(min=0)
@@ -92,7 +94,8 @@ def swap(c: dict[str, Any]) -> dict[str, Any]:
     def gain(key: str) -> Verdict:
         kind = f"layers {key} swapped in - student alone"
         if "correct" in swaps[key] and "student" in swaps:
-            return difference_verdict(swaps[key]["correct"], swaps["student"]["correct"], GAIN_MARGIN, kind, words=("yes", "no"))
+            right, alone = _bits(swaps[key]["correct"]), _bits(swaps["student"]["correct"])
+            return difference_verdict(right, alone, GAIN_MARGIN, kind, words=("yes", "no"))
         k1, k2 = round(swaps[key]["accuracy"] * n), round(c["student_accuracy"] * n)
         return count_difference_verdict(k1, n, k2, n, GAIN_MARGIN, kind, words=("yes", "no"))
 

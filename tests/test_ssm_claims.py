@@ -129,3 +129,14 @@ def test_the_attention_share_verdict_recomputes_the_recorded_share(verdicts_modu
     (test,) = claim["tests"]
     assert test.estimate == pytest.approx(0.40 / (0.40 + 0.10 + 0.05) - 0.5)
     assert claim["word"] == "partly: attention over its share" and test.interval[0] > 0
+
+
+def test_the_results_file_reads_back_exactly(bench):
+    """`dump` puts each list of numbers on one line and reads back to the same figures; `bits`
+    keeps each prompt's right or wrong."""
+    figures = json.loads((ROOT / "benchmarks" / "results" / "ssm_claims.json").read_text())
+    figures["x"] = {"per_prompt": {"entropy": [0.5, -1e-07, 2.0, 3]}, "nested": [[1, 2], {"a": [3]}], "words": ["1", "2"]}
+    text = bench["dump"](figures)
+    assert json.loads(text) == figures
+    assert '"entropy": [0.5, -1e-07, 2.0, 3]' in text
+    assert bench["bits"](torch.tensor([True, False, True])) == "101"

@@ -166,30 +166,35 @@ def test_collapse_and_carries_verdicts():
     assert carries_verdict(bools(80, 200), clean, 0.25, 0.5).word == "partial"
 
 
-@pytest.fixture(scope="module")
-def near_line():
-    """The near-line task: the 4-option Llama toy (4 layers x 8 heads) on 6 options, labels in
-    a random order in every prompt; the first n prompts of one 512-prompt sample."""
-    model = gna.load_toy("llama_4x8")
-    task = toy_mcq(512, seed=0, **{**gna.toy_card("llama_4x8")["task"], "n_options": 6, "shuffle_labels": True})
+@pytest.fixture(scope="module", params=["llama_4x8", "llama_4heads"])
+def near_line(request):
+    """Near-line tasks: a 4-option Llama toy (4 layers x 8 heads; 2 layers x 4 heads) on 6
+    options, labels in a random order in every prompt; the first n prompts of one 512-prompt
+    sample. On the second, the cut-off (shuffled against chance + 0.1) said "counting" at 64
+    prompts and "G&A" from 128 on."""
+    model = gna.load_toy(request.param)
+    task = toy_mcq(512, seed=0, **{**gna.toy_card(request.param)["task"], "n_options": 6, "shuffle_labels": True})
     clean = gna.evaluate(model, task, progress=False)
     shuffled = gna.evaluate(model, gna.tasks.shuffle_labels(task), progress=False)
-    return clean, shuffled
+    return request.param, clean, shuffled
 
 
 @pytest.mark.slow
 def test_the_near_line_task_never_gives_opposite_verdicts(near_line):
-    """n = 64, 128, 256, 512: undetermined, or one word, never two opposite ones (the cut-off
-    said "counting" at 128 and "G&A" at 512)."""
-    clean, shuffled = near_line
-    words = []
+    """n = 64, 128, 256, 512: undetermined, or one word, never two opposite ones; each
+    undetermined verdict names more prompts than it had."""
+    name, clean, shuffled = near_line
+    words, cut_off = [], set()
     for n in (64, 128, 256, 512):
         verdict = label_verdict(clean.is_correct[:n], shuffled.is_correct[:n], clean.chance, 0.10)[0]
-        assert verdict.estimate == pytest.approx(float(shuffled.is_correct[:n].double().mean()))
+        accuracy = float(shuffled.is_correct[:n].double().mean())
+        assert verdict.estimate == pytest.approx(accuracy)
         words.append(verdict.word)
+        cut_off.add("counting" if accuracy < clean.chance + 0.10 else "g&a")
         if verdict.word == "undetermined":
             assert verdict.prompts_to_settle is not None and verdict.prompts_to_settle > n
     assert len({w for w in words if w in OPPOSITE}) <= 1, words
+    assert name != "llama_4heads" or cut_off == {"counting", "g&a"}  # where the cut-off flipped
 
 
 def test_the_mamba_toy_reads_labels_in_part():
