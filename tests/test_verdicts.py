@@ -234,3 +234,26 @@ def test_count_difference_verdict_settles_where_it_says():
         count_difference_verdict(4 * math.ceil(n / 10), 10 * math.ceil(n / 10), 3 * math.ceil(n / 10), 10 * math.ceil(n / 10), 0.0).word
         == "above"
     )
+
+
+@pytest.mark.slow  # a whole discovery: about 5 s
+def test_the_confirmation_tests_each_collapse():
+    """After the confirmation, each role's set and each ablation of the table has its collapse
+    verdict: Wilson's interval (by its definition, `score_test_inversion`) of the accuracy
+    `evaluate` gives with those heads ablated, against chance + chance_margin."""
+    model, task = gna.load_toy("llama"), gna.toy_task("llama", 64, seed=11)
+    circuit = gna.discover(model, task, progress=False)
+    line = circuit.accuracy["chance"] + circuit.settings["chance_margin"]
+    sets = {role: need.heads for role, need in circuit.needs.items()}
+    sets |= {"-gather": circuit.gather, "-aggregate": circuit.aggregate, "-both": [*circuit.gather, *circuit.aggregate]}
+    assert circuit.needs and all(f"collapses:{key}" in circuit.verdicts for key in sets)
+    for key, heads in sets.items():
+        ablated = gna.evaluate(model, task, [gna.Ablate(heads)], progress=False) if heads else gna.evaluate(model, task, progress=False)
+        verdict = circuit.verdicts[f"collapses:{key}"]
+        right = int(ablated.is_correct.sum())
+        assert verdict.estimate == pytest.approx(ablated.accuracy) and verdict.line == pytest.approx(line)
+        assert verdict.interval == pytest.approx(score_test_inversion(right, len(task), verdict.level), abs=1e-9)
+        lo, hi = verdict.interval
+        assert verdict.word == ("collapses" if hi < line else "does not collapse" if lo > line else "undetermined"), verdict.text
+    assert GnaCircuit.from_json(circuit.to_json()) == circuit
+    assert f"tested: {circuit.verdicts['collapses:aggregate'].text}" in circuit.summary()

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.heads import Head
-from ..scoring.verdicts import Verdict
+from ..scoring.verdicts import Verdict, collapse_verdict
 from .estimate import passes_range
 from .evidence import POSITIONS, ROLES, HeadEvidence, RoleNeed, SpreadRole, Stability, Standing
 from .roles import RoleThresholds, pattern_shortfall
@@ -78,7 +78,9 @@ class GnaCircuit:
             ``"headline"``).
         verdicts: the tested verdicts (`scoring.verdicts.Verdict`: word, estimate, interval,
             line, prompts to settle): ``"labels"`` (the mechanism, `verdicts.label_verdict`),
-            with its tests ``"labels_vs_chance"`` and ``"labels_vs_clean"``.
+            with its tests ``"labels_vs_chance"`` and ``"labels_vs_clean"``; after the
+            confirmation, whether each role's set and each ablation of the table collapses
+            accuracy to chance (``"collapses:gather"``, ``"collapses:-both"``...: `collapse_verdicts`).
 
     A head in a role's list (``gather``, ``aggregate``) is a member of that role's set;
     `standing` says whether the evidence gives it the role outright (an effect alone, and
@@ -316,6 +318,8 @@ class GnaCircuit:
             parts.append(f"  {self.role_name(role):9s} {need.describe()}")
             if need.curve:
                 parts.append(f"            curve ({POSITIONS[need.curve_positions]}): {need.describe_curve()}")
+            if f"collapses:{role}" in self.verdicts:
+                parts.append(f"            tested: {self.verdicts[f'collapses:{role}'].text}")
         if self.path_patching is not None:
             parts.append(f"  path      {self.describe_path()}")
         if self.score is not None:
@@ -326,6 +330,23 @@ class GnaCircuit:
             parts.append(f"  cost      {describe_cost(self.cost)}")
         parts += [f"  note: {note}" for note in self.warnings]
         return "\n".join(parts)
+
+
+def collapse_verdicts(circuit: GnaCircuit) -> dict[str, Verdict]:
+    """Whether each role's set (``needs``) and each ablation of the confirmation table
+    (``-gather``, ``-aggregate``, ``-both``) collapses accuracy: its accuracy against chance +
+    ``chance_margin`` (`verdicts.collapse_verdict`, Wilson), from its count of right answers
+    over the circuit's prompts (an accuracy that is not a count of them is skipped)."""
+    n, chance = circuit.n_prompts, circuit.accuracy["chance"]
+    margin = float(circuit.settings.get("chance_margin", 0.10))
+    measured = {role: (need.accuracy, f"{role} set ablated ({len(need.heads)} heads)") for role, need in circuit.needs.items()}
+    measured |= {key: (circuit.accuracy[key], f"{key} ablated") for key in ("-gather", "-aggregate", "-both") if key in circuit.accuracy}
+    found = {}
+    for key, (accuracy, kind) in measured.items():
+        right = round(accuracy * n)
+        if n and abs(right / n - accuracy) < 1e-6:
+            found[f"collapses:{key}"] = collapse_verdict([True] * right + [False] * (n - right), chance, margin, kind)
+    return found
 
 
 COUNTING_NAMES = {"gather": "count@seg", "aggregate": "count@end"}
