@@ -15,7 +15,9 @@ Four measurements, each beside the paper's figure (docs/records/toys.md has the 
 
     python benchmarks/ssm_claims.py [--parts a b c d] [--kv-models ...] [--json benchmarks/results/ssm_claims.json]
 
-Each part replaces its own key in the JSON file and keeps the others. Times on the shared
+Each part replaces its own key in the JSON file and keeps the others, with its per-prompt
+results (right or wrong as ``"0110..."``, entropies per prompt); then each claim's verdict is
+printed (``VERDICT | (a) | ...``), a test with its interval over the prompts (`ssm_verdicts`). Times on the shared
 2-core machine, one thread: (a) and (b) about 2 minutes together; (c) distils for 2 minutes;
 (d) trains 2.4 (Llama), 11.7 (Mamba-2), 1.9 (Llama, std 0.02) and 8.1 (Llama, 4x steps) minutes.
 """
