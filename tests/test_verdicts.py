@@ -257,3 +257,18 @@ def test_the_confirmation_tests_each_collapse():
         assert verdict.word == ("collapses" if hi < line else "does not collapse" if lo > line else "undetermined"), verdict.text
     assert GnaCircuit.from_json(circuit.to_json()) == circuit
     assert f"tested: {circuit.verdicts['collapses:aggregate'].text}" in circuit.summary()
+    # each head of a set ablated alone: clean - ablated against min_effect, Newcombe's interval
+    # built here from the Wilson ends by definition, of the counts `evaluate` gives
+    clean = gna.evaluate(model, task, progress=False)
+    for head in [*circuit.gather, *circuit.aggregate]:
+        if not circuit.evidence(head).verified:
+            continue
+        ablated = gna.evaluate(model, task, [gna.Ablate([head])], progress=False)
+        k1, k2, n = int(clean.is_correct.sum()), int(ablated.is_correct.sum()), len(task)
+        verdict = circuit.verdicts[f"alone:{head}"]
+        (l1, u1), (l2, u2) = score_test_inversion(k1, n, verdict.level), score_test_inversion(k2, n, verdict.level)
+        d = (k1 - k2) / n
+        lo, hi = d - math.hypot(k1 / n - l1, u2 - k2 / n), d + math.hypot(u1 - k1 / n, k2 / n - l2)
+        assert verdict.estimate == pytest.approx(d) and verdict.interval == pytest.approx((lo, hi), abs=1e-9)
+        assert verdict.line == circuit.thresholds.min_effect
+        assert verdict.word == ("effect" if lo > verdict.line else "no effect" if hi < verdict.line else "undetermined")

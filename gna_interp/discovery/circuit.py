@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.heads import Head
-from ..scoring.verdicts import Verdict, collapse_verdict
+from ..scoring.verdicts import Verdict, collapse_verdict, count_difference_verdict
 from .estimate import passes_range
 from .evidence import POSITIONS, ROLES, HeadEvidence, RoleNeed, SpreadRole, Stability, Standing
 from .roles import RoleThresholds, pattern_shortfall
@@ -80,7 +80,9 @@ class GnaCircuit:
             line, prompts to settle): ``"labels"`` (the mechanism, `verdicts.label_verdict`),
             with its tests ``"labels_vs_chance"`` and ``"labels_vs_clean"``; after the
             confirmation, whether each role's set and each ablation of the table collapses
-            accuracy to chance (``"collapses:gather"``, ``"collapses:-both"``...: `collapse_verdicts`).
+            accuracy to chance (``"collapses:gather"``, ``"collapses:-both"``...: `collapse_verdicts`),
+            and whether each head of a set, ablated alone, has an effect (``"alone:L1H0"``:
+            `alone_verdicts`).
 
     A head in a role's list (``gather``, ``aggregate``) is a member of that role's set;
     `standing` says whether the evidence gives it the role outright (an effect alone, and
@@ -299,6 +301,8 @@ class GnaCircuit:
             parts.append(f"  {self.role_name(role):9s} {self.named(getattr(self, role))}")
             if getattr(self, role):
                 parts.append(f"            {self.describe_role(role)}")
+                if (alone := describe_alone(self, role)) is not None:
+                    parts.append(f"            {alone}")
             if role in self.spread:
                 spread = self.spread[role]
                 parts.append(f"            {spread.describe()}")
@@ -347,6 +351,32 @@ def collapse_verdicts(circuit: GnaCircuit) -> dict[str, Verdict]:
         if n and abs(right / n - accuracy) < 1e-6:
             found[f"collapses:{key}"] = collapse_verdict([True] * right + [False] * (n - right), chance, margin, kind)
     return found
+
+
+def alone_verdicts(circuit: GnaCircuit) -> dict[str, Verdict]:
+    """Per head of a role's set ablated alone (``verified``): whether its ablation lowers
+    accuracy by at least ``thresholds.min_effect`` (`Standing`'s effect alone), clean minus
+    ablated against it from the two counts of right answers (`verdicts.count_difference_verdict`,
+    Newcombe: unpaired, so conservative for these paired runs). Keys ``"alone:L1H0"``."""
+    n, clean = circuit.n_prompts, circuit.accuracy["clean"]
+    found = {}
+    for item in circuit.heads:
+        if item.role is None or not item.verified or item.ablated_accuracy is None or not n:
+            continue
+        right, ablated = round(clean * n), round(item.ablated_accuracy * n)
+        if abs(right / n - clean) < 1e-6 and abs(ablated / n - item.ablated_accuracy) < 1e-6:
+            kind = f"{item.head} alone: clean - ablated"
+            words = ("effect", "no effect")
+            found[f"alone:{item.head}"] = count_difference_verdict(right, n, ablated, n, circuit.thresholds.min_effect, kind, words=words)
+    return found
+
+
+def describe_alone(circuit: GnaCircuit, role: str) -> str | None:
+    """``"tested alone: L1H0 effect, L1H2 undetermined (about 300 prompts)"``: each head of the
+    role's set with its `alone_verdicts` verdict (``None``: none recorded)."""
+    tested = [(h, circuit.verdicts.get(f"alone:{h}")) for h in getattr(circuit, role)]
+    shown = [f"{h} {v.word}" + (f" (about {v.prompts_to_settle} prompts)" if v.prompts_to_settle else "") for h, v in tested if v]
+    return f"tested alone: {', '.join(shown)}" if shown else None
 
 
 COUNTING_NAMES = {"gather": "count@seg", "aggregate": "count@end"}

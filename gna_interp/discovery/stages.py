@@ -23,7 +23,7 @@ from ..scoring.verdicts import MECHANISMS, label_verdict
 from ..tasks.base import Task
 from ..tasks.mcq import shuffle_labels
 from . import head_scans, layer_scans, memo, remote
-from .circuit import GnaCircuit, collapse_verdicts
+from .circuit import GnaCircuit, alone_verdicts, collapse_verdicts
 from .confirm import confirm, roles_left_open, spread_check, spread_check_runs
 from .entry import ENTRY_POSITIONS, entry_scan
 from .evidence import HeadEvidence
@@ -311,7 +311,7 @@ def confirm_stage(
     spread_values = confirm(model, task, circuit, threshold, max_heads, evaluate_bars, spread_runs)
     if check_spread:
         spread_check(model, task, encoded, circuit, scan, threshold, max_heads, spread_runs, spread_values)
-    circuit.verdicts.update(collapse_verdicts(circuit))  # from the counts measured: no forward
+    circuit.verdicts.update(collapse_verdicts(circuit) | alone_verdicts(circuit))  # from the counts measured: no forward
 
 
 def label_check(
