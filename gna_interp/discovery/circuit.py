@@ -263,6 +263,11 @@ class GnaCircuit:
         a counting circuit ``"count@seg"`` / ``"count@end"`` (where its heads act)."""
         return COUNTING_NAMES[role] if self.mechanism == "counting" else role
 
+    def _tested(self) -> str:
+        """`` [0.950, 0.988]``: the label check's interval of the shuffled accuracy (``""``: none recorded)."""
+        tested = self.verdicts.get("labels")
+        return "" if tested is None else f" [{tested.interval[0]:.3f}, {tested.interval[1]:.3f}]"
+
     def headline(self) -> str:
         """What the circuit shows, in one sentence with its numbers: the mechanism
         (``"no retrieval to explain: ..."``, ``"counting, not G&A: ..."`` or ``"G&A: ..."``)."""
@@ -278,11 +283,11 @@ class GnaCircuit:
         if self.mechanism == "counting":
             shuffled = acc.get("shuffled_labels", float("nan"))
             return (
-                f"counting, not G&A: with the labels shuffled accuracy falls from {clean:.3f} to {shuffled:.3f} "
+                f"counting, not G&A: with the labels shuffled accuracy falls from {clean:.3f} to {shuffled:.3f}{self._tested()} "
                 f"(chance {chance:.3f}): the model answers by the option's place; its heads count options "
                 "(count@seg: on the segments, count@end: at the final position)"
             )
-        labels = f", {acc['shuffled_labels']:.3f} with the labels shuffled" if "shuffled_labels" in acc else ""
+        labels = f", {acc['shuffled_labels']:.3f}{self._tested()} with the labels shuffled" if "shuffled_labels" in acc else ""
         tested = self.verdicts.get("labels")
         if self.mechanism == "partly":
             return f"G&A, partly by label: clean accuracy {clean:.3f} (chance {chance:.3f}{labels}): {tested.text if tested else ''}"
