@@ -15,7 +15,9 @@ Four measurements, each beside the paper's figure (docs/records/toys.md has the 
 
     python benchmarks/ssm_claims.py [--parts a b c d] [--kv-models ...] [--json benchmarks/results/ssm_claims.json]
 
-Each part replaces its own key in the JSON file and keeps the others. Times on the shared
+Each part replaces its own key in the JSON file and keeps the others, with its per-prompt
+results (right or wrong as ``"0110..."``, entropies per prompt); then each claim's verdict is
+printed (``VERDICT | (a) | ...``), a test with its interval over the prompts (`ssm_verdicts`). Times on the shared
 2-core machine, one thread: (a) and (b) about 2 minutes together; (c) distils for 2 minutes;
 (d) trains 2.4 (Llama), 11.7 (Mamba-2), 1.9 (Llama, std 0.02) and 8.1 (Llama, 4x steps) minutes.
 """
@@ -23,6 +25,7 @@ Each part replaces its own key in the JSON file and keeps the others. Times on t
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import parser, set_threads
+from ssm_verdicts import claim_verdicts
 
 import gna_interp as gna
 
@@ -188,16 +192,23 @@ def blocks_swapped(student: Any, teacher: Any, layers: tuple[int, ...]) -> Itera
             slots[layer] = block
 
 
-def mcq_accuracy(hf_model: Any, task: Any) -> tuple[float, Any]:
-    """Accuracy of a raw HF model on a toy task (its letters' logits at the final position;
-    toy prompts have one length, no padding) and the final logits ``[batch, vocab]``."""
+def mcq_correct(hf_model: Any, task: Any) -> tuple[Any, Any]:
+    """Per prompt, whether a raw HF model answers a toy task right (``[batch]`` bool: its
+    letters' logits at the final position; toy prompts have one length, no padding), and the
+    final logits ``[batch, vocab]``."""
     import torch
 
     encoded = task.encode()
     with torch.no_grad():
         logits = hf_model(input_ids=encoded.batch.input_ids).logits[:, -1]
     scores = logits.gather(1, encoded.candidate_ids)
-    return float((scores.argmax(1) == encoded.correct).float().mean()), logits
+    return scores.argmax(1) == encoded.correct, logits
+
+
+def mcq_accuracy(hf_model: Any, task: Any) -> tuple[float, Any]:
+    """`mcq_correct` as an accuracy, with the final logits."""
+    correct, logits = mcq_correct(hf_model, task)
+    return float(correct.float().mean()), logits
 
 
 def swap_part() -> dict[str, Any]:
@@ -211,17 +222,23 @@ def swap_part() -> dict[str, Any]:
     clean, t_logits = mcq_accuracy(t_hf, task)
 
     def swapped_rows() -> tuple[float, dict[str, Any]]:
-        alone, _ = mcq_accuracy(s_hf, task)
-        rows = {}
+        right, _ = mcq_correct(s_hf, task)
+        alone = float(right.float().mean())
+        rows = {"student": {"accuracy": alone, "correct": bits(right)}}
         for layers in SWAPS:
             with blocks_swapped(s_hf, t_hf, layers):
-                accuracy, logits = mcq_accuracy(s_hf, task)
-            rows["+".join(map(str, layers))] = {"accuracy": accuracy, "max_logit_diff_to_teacher": float((logits - t_logits).abs().max())}
+                correct, logits = mcq_correct(s_hf, task)
+            rows["+".join(map(str, layers))] = {
+                "accuracy": float(correct.float().mean()),
+                "max_logit_diff_to_teacher": float((logits - t_logits).abs().max()),
+                "correct": bits(correct),  # per prompt: the verdicts' paired bootstrap
+            }
         assert mcq_accuracy(s_hf, task)[0] == alone  # the student is back
         # Every block swapped: the teacher itself (embeddings, norms and head are the teacher's copies).
         assert rows["0+1+2+3"]["max_logit_diff_to_teacher"] < 1e-4, rows["0+1+2+3"]
         print(f"  student {alone:.3f}; swapped { ({k: round(v['accuracy'], 3) for k, v in rows.items()}) }", flush=True)
-        return alone, rows
+        student = rows.pop("student")
+        return alone, {**rows, "student": student}
 
     before, before_rows = swapped_rows()
     start = time.perf_counter()
@@ -256,13 +273,17 @@ def shared_task() -> Any:
     return toy_mcq(SMOOTH_PROMPTS, seed=SMOOTH_SEED, layout="label_last", shuffle_labels=True)
 
 
-def single_head_drops(model: Any, task: Any, layer: int) -> dict[str, float]:
+def single_head_drops(model: Any, task: Any, layer: int, per_prompt: dict[str, Any] | None = None) -> dict[str, float]:
     """Accuracy drop (clean - ablated) of each head of ``layer``, zero-ablated alone at the
-    final position (where the Aggregate role reads)."""
-    clean = gna.evaluate(model, task, progress=False).accuracy
+    final position (where the Aggregate role reads); ``per_prompt``, when given, receives each
+    run's per-prompt right or wrong (``"clean"`` and each head: lists of 0/1)."""
+    clean = gna.evaluate(model, task, progress=False)
     final = task.encode(task.tokenizer_for(model.tokenizer)).final
     heads = [h for h in model.heads if h.layer == layer]
-    return {str(h): clean - gna.evaluate(model, task, [gna.Ablate([h], positions=final)], progress=False).accuracy for h in heads}
+    runs = {str(h): gna.evaluate(model, task, [gna.Ablate([h], positions=final)], progress=False) for h in heads}
+    if per_prompt is not None:
+        per_prompt.update({"clean": bits(clean.is_correct), **{h: bits(e.is_correct) for h, e in runs.items()}})
+    return {h: clean.accuracy - e.accuracy for h, e in runs.items()}
 
 
 def row_stats(model: Any, task: Any, heads: list[Any]) -> dict[str, dict[str, float]]:
@@ -287,6 +308,7 @@ def row_stats(model: Any, task: Any, heads: list[Any]) -> dict[str, dict[str, fl
             "top_is_correct": float((on.argmax(1) == encoded.correct).float().mean()),
             "row_entropy": float(gna.attention.entropy(row).mean()),  # the whole row, every key
             "row_top1": float(gna.attention.top1_mass(row).mean()),
+            "per_prompt": {"entropy": gna.attention.entropy(on), "row_entropy": gna.attention.entropy(row)},  # [batch]: `weighted_per_prompt`
         }
     return out
 
@@ -297,8 +319,27 @@ def weighted(stats: dict[str, dict[str, float]], drops: dict[str, float]) -> dic
     total = sum(weights.values())
     if total == 0:
         return {}
-    keys = next(iter(stats.values())).keys()
+    keys = [k for k in next(iter(stats.values())) if k != "per_prompt"]
     return {k: sum(weights[h] * stats[h][k] for h in stats) / total for k in keys}
+
+
+def weighted_per_prompt(stats: dict[str, dict[str, Any]], drops: dict[str, float]) -> dict[str, list[float]]:
+    """Per prompt, the heads' ``entropy`` and ``row_entropy`` averaged as `weighted` does (6 decimals)."""
+    weights = {h: max(drops.get(h, 0.0), 0.0) for h in stats}
+    total = sum(weights.values()) or 1.0
+    keys = ("entropy", "row_entropy")
+    return {k: [round(float(v), 6) for v in sum(weights[h] * stats[h]["per_prompt"][k] for h in stats) / total] for k in keys}
+
+
+def bits(correct: Any) -> str:
+    """``[batch]`` bool as ``"0110..."``: right or wrong per prompt, one character each."""
+    return "".join("1" if value else "0" for value in correct.tolist())
+
+
+def dump(figures: dict[str, Any]) -> str:
+    """The results as JSON, one key a line, each list of numbers on one line."""
+    text = json.dumps(figures, indent=1)
+    return re.sub(r"\[\s*(-?[0-9][-0-9.eE]*(?:,\s*-?[0-9][-0-9.eE]*)*)\s*\]", lambda m: "[" + re.sub(r",\s*", ", ", m.group(1)) + "]", text)
 
 
 def smooth_part() -> dict[str, Any]:
@@ -311,6 +352,9 @@ def smooth_part() -> dict[str, Any]:
         drops = single_head_drops(model, task, layer)
         heads = [h for h in model.heads if h.layer == layer]
         stats = row_stats(model, task, heads)
+        per_prompt = weighted_per_prompt(stats, drops)  # the verdicts' paired bootstrap; the heads' own rows are not kept
+        for item in stats.values():
+            item.pop("per_prompt")
         top = sorted(drops, key=drops.__getitem__, reverse=True)[:3]
         result["models"][label] = {
             "source": str(source),
@@ -321,6 +365,7 @@ def smooth_part() -> dict[str, Any]:
             "top_heads": top,
             "weighted": weighted(stats, drops),
             "kinds": {str(h): model.head_kind(h).name for h in heads},
+            "per_prompt": per_prompt,
         }
         print(f"  {label}: accuracy {accuracy:.3f}, top heads {top}, weighted {result['models'][label]['weighted']}", flush=True)
     return result
@@ -341,7 +386,8 @@ def hybrid_part() -> dict[str, Any]:
         def ablated(chosen: list[Any]) -> float:
             return float(gna.evaluate(model, task, [gna.Ablate(chosen, positions=final)], progress=False).accuracy)
 
-        drops = single_head_drops(model, task, layer)
+        per_prompt: dict[str, Any] = {}
+        drops = single_head_drops(model, task, layer, per_prompt)
         positive = {h: max(d, 0.0) for h, d in drops.items()}
         total = sum(positive.values())
         layers[str(layer)] = {
@@ -354,7 +400,9 @@ def hybrid_part() -> dict[str, Any]:
             "attention_share_of_drops": sum(positive[str(h)] for h in attention) / total if total else float("nan"),
             "attention_share_of_heads": len(attention) / len(heads),
         }
-        print(f"  hybrid layer {layer}: { ({k: v for k, v in layers[str(layer)].items() if k != 'single_drops'}) }", flush=True)
+        shown = {k: v for k, v in layers[str(layer)].items() if k != "single_drops"}
+        layers[str(layer)]["per_prompt"] = per_prompt  # the verdicts' bootstrap
+        print(f"  hybrid layer {layer}: {shown}", flush=True)
     return {"source": str(HYBRID), "clean": clean, "chance": 0.25, "prompts": SMOOTH_PROMPTS, "layers": layers}
 
 
@@ -382,7 +430,9 @@ def main() -> None:
         figures = json.loads(args.json.read_text()) if args.json.exists() else {}
         figures[part] = kv_part(args.kv_models, figures.get("d")) if part == "d" else PARTS[part]()
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=1) + "\n")
+        args.json.write_text(dump(figures) + "\n")
+    for claim, verdict in claim_verdicts(json.loads(args.json.read_text())).items():  # each word a test (ssm_verdicts)
+        print(f"VERDICT | {claim} | {verdict['word']} | {verdict['text']}", flush=True)
 
 
 if __name__ == "__main__":

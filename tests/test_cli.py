@@ -11,6 +11,7 @@ import pytest
 import gna_interp as gna
 from gna_interp.cli import main
 from gna_interp.commands import DEMO_MODELS, DEMO_SEED
+from gna_interp.scoring.verdicts import MECHANISMS, wilson_interval
 
 from .conftest import DEMO_TEST_PROMPTS
 
@@ -204,15 +205,20 @@ def test_demo_summary_fits_120_columns_and_leads_with_faithfulness(demo_run):
 
 
 def test_demo_labels_each_toy_by_its_mechanism(demo_run):
-    """A toy that answers by place (its shuffled-label accuracy falls to chance) is labelled
-    counting in the table, its JSON and its printed headline; the others G&A."""
+    """Each toy's mechanism is its label check's verdict (`verdicts.label_verdict`: the shuffled
+    accuracy's Wilson interval against chance + margin, recomputed here from the recorded
+    accuracy), in the table, its JSON and its printed headline; the Mamba-1 toy reads the
+    labels only in part."""
     result, folder = demo_run
     _, rows = summary_rows(result.stdout)
     for path in folder.glob("toy-*.json"):
         data = json.loads(path.read_text())
-        acc = data["accuracy"]
-        by_place = acc.get("shuffled_labels", 1.0) < acc["chance"] + data["settings"]["chance_margin"]
-        assert data["mechanism"] == ("counting" if by_place else "g&a"), (data["model"], acc)
+        acc, n = data["accuracy"], data["n_prompts"]
+        verdict, floor = data["verdicts"]["labels"], data["verdicts"]["labels_vs_chance"]
+        assert floor["interval"] == pytest.approx(list(wilson_interval(round(acc["shuffled_labels"] * n), n, floor["level"])))
+        assert floor["line"] == pytest.approx(acc["chance"] + data["settings"]["chance_margin"])
+        assert data["mechanism"] == MECHANISMS[verdict["word"]], (data["model"], acc)
+        assert (data["mechanism"] == "partly") == (data["model"] == "toy-mamba"), (data["model"], verdict["text"])
         assert next(r for r in rows if r.startswith(data["model"] + " ")).split()[5] == data["mechanism"]
         assert f"{data['model']}: {data['headline']}" in result.stdout
     # the demo's toys read the labels: the counting ones (mamba2_counting, falcon_h1_counting) are not in it

@@ -11,6 +11,7 @@ import torch
 
 import gna_interp as gna
 from gna_interp.discovery import GnaCircuit, NoRetrievalWarning, PositionalAnswerWarning, discover
+from gna_interp.scoring.verdicts import MECHANISMS, label_verdict
 
 from .toy_circuits import TASK_SEED, TOYS, discovered
 
@@ -168,9 +169,14 @@ def test_the_label_check_is_measured_independently(found):
     near chance. A toy trained with its labels in order answers by the option's place
     and falls to chance; one trained on shuffled labels reads them and does not."""
     model, task, circuit = found
-    shuffled = gna.evaluate(model, gna.tasks.shuffle_labels(task)).accuracy
+    relabelled = gna.evaluate(model, gna.tasks.shuffle_labels(task))
+    shuffled = relabelled.accuracy
     assert circuit.accuracy["shuffled_labels"] == pytest.approx(shuffled)
-    near_chance = shuffled < circuit.accuracy["chance"] + circuit.settings["chance_margin"]
+    clean = gna.evaluate(model, task)
+    verdict = label_verdict(clean.is_correct, relabelled.is_correct, clean.chance, circuit.settings["chance_margin"])[0]
+    assert circuit.verdicts["labels"] == verdict and circuit.mechanism == MECHANISMS[verdict.word]
+    near_chance = verdict.word == "by place"
+    assert near_chance or verdict.word == "by label", verdict.text  # each toy settled on 200 prompts
     name = model.name.removeprefix("toy-")
     assert bool(POSITIONAL_WARNINGS[name]) == near_chance
     assert any("labels shuffled" in note for note in circuit.warnings) == near_chance

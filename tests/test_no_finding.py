@@ -124,12 +124,16 @@ def test_search_at_chance_still_runs_every_stage():
 
 def test_a_model_that_answers_by_place_is_labelled_counting(tmp_path):
     """The bundled Mamba-2 toy falls to chance with its labels shuffled (the label check,
-    measured here independently): its circuit's heads are named counting heads, never
-    Gather / Aggregate, in the summary's role rows, the JSON and the report's headline."""
-    model, task = gna.load_toy("mamba2_counting"), gna.toy_task("mamba2_counting", 64, seed=5)
+    measured here independently: on 128 prompts its one-sided 95% bound lies below chance +
+    0.10; on 64 it straddles that line, and the verdict would be "undetermined"): its
+    circuit's heads are named counting heads, never Gather / Aggregate, in the summary's role
+    rows, the JSON and the report's headline."""
+    model, task = gna.load_toy("mamba2_counting"), gna.toy_task("mamba2_counting", 128, seed=5)
     clean = gna.evaluate(model, task, progress=False)
-    shuffled = gna.evaluate(model, gna.tasks.shuffle_labels(task), progress=False).accuracy
-    assert clean.accuracy > 0.9 and shuffled < clean.chance + 0.10, (clean.accuracy, shuffled)
+    relabelled = gna.evaluate(model, gna.tasks.shuffle_labels(task), progress=False)
+    shuffled = relabelled.accuracy
+    upper = shuffled + 1.645 * math.sqrt(shuffled * (1 - shuffled) / len(task))  # one-sided 95% (normal)
+    assert clean.accuracy > 0.9 and upper < clean.chance + 0.10, (clean.accuracy, shuffled, upper)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PositionalAnswerWarning)
         circuit = gna.discover(model, task, stages=["heads", "roles"], progress=False)

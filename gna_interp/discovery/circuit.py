@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.heads import Head
+from ..scoring.verdicts import Verdict, collapse_verdict, count_difference_verdict
 from .estimate import passes_range
 from .evidence import POSITIONS, ROLES, HeadEvidence, RoleNeed, SpreadRole, Stability, Standing
 from .positions import PositionScan
@@ -74,8 +75,18 @@ class GnaCircuit:
             the role sets then hold counting heads, named by where they act, ``count@seg``
             on the segments and ``count@end`` at the final position), ``"none"`` (clean
             accuracy below ``settings["retrieval_floor"]``: no retrieval to explain, no role
-            heads). ``None``: a circuit written before it was recorded. ``headline()`` says it
-            in words (also the JSON's ``"headline"``).
+            heads), ``"partly"`` (it reads the labels in part: with them shuffled, above
+            chance but below clean), ``"undetermined"`` (the label check's interval straddles
+            a line: its verdict says how many prompts would settle it). ``None``: a circuit
+            written before it was recorded. ``headline()`` says it in words (also the JSON's
+            ``"headline"``).
+        verdicts: the tested verdicts (`scoring.verdicts.Verdict`: word, estimate, interval,
+            line, prompts to settle): ``"labels"`` (the mechanism, `verdicts.label_verdict`),
+            with its tests ``"labels_vs_chance"`` and ``"labels_vs_clean"``; after the
+            confirmation, whether each role's set and each ablation of the table collapses
+            accuracy to chance (``"collapses:gather"``, ``"collapses:-both"``...: `collapse_verdicts`),
+            and whether each head of a set, ablated alone, has an effect (``"alone:L1H0"``:
+            `alone_verdicts`).
 
     A head in a role's list (``gather``, ``aggregate``) is a member of that role's set;
     `standing` says whether the evidence gives it the role outright (an effect alone, and
@@ -106,6 +117,7 @@ class GnaCircuit:
     mechanism: str | None = None
     score: dict[str, Any] | None = None
     positions: PositionScan | None = None
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
 
     # ----- tables and serialisation ---------------------------------------------
     def evidence(self, head: Head) -> HeadEvidence:
@@ -209,6 +221,7 @@ class GnaCircuit:
         data["stability"] = None if self.stability is None else self.stability.to_dict()
         data["spread"] = {role: item.to_dict() for role, item in self.spread.items()}
         data["positions"] = None if self.positions is None else self.positions.to_dict()
+        data["verdicts"] = {name: verdict.to_dict() for name, verdict in self.verdicts.items()}
         data["headline"] = None if self.mechanism is None else self.headline()  # words for readers; not read back
         return _finite(data) if finite else data
 
@@ -237,6 +250,7 @@ class GnaCircuit:
         data["stability"] = None if data.get("stability") is None else Stability.from_dict(data["stability"])
         data["spread"] = {role: SpreadRole.from_dict(item) for role, item in data.get("spread", {}).items()}
         data["positions"] = None if data.get("positions") is None else PositionScan.from_dict(data["positions"])
+        data["verdicts"] = {name: Verdict.from_dict(item) for name, item in data.get("verdicts", {}).items()}
         return cls(**data)
 
     # ----- views -------------------------------------------------------------------
@@ -256,6 +270,11 @@ class GnaCircuit:
         a counting circuit ``"count@seg"`` / ``"count@end"`` (where its heads act)."""
         return COUNTING_NAMES[role] if self.mechanism == "counting" else role
 
+    def _tested(self) -> str:
+        """`` [0.950, 0.988]``: the label check's interval of the shuffled accuracy (``""``: none recorded)."""
+        tested = self.verdicts.get("labels")
+        return "" if tested is None else f" [{tested.interval[0]:.3f}, {tested.interval[1]:.3f}]"
+
     def headline(self) -> str:
         """What the circuit shows, in one sentence with its numbers: the mechanism
         (``"no retrieval to explain: ..."``, ``"counting, not G&A: ..."`` or ``"G&A: ..."``)."""
@@ -271,11 +290,16 @@ class GnaCircuit:
         if self.mechanism == "counting":
             shuffled = acc.get("shuffled_labels", float("nan"))
             return (
-                f"counting, not G&A: with the labels shuffled accuracy falls from {clean:.3f} to {shuffled:.3f} "
+                f"counting, not G&A: with the labels shuffled accuracy falls from {clean:.3f} to {shuffled:.3f}{self._tested()} "
                 f"(chance {chance:.3f}): the model answers by the option's place; its heads count options "
                 "(count@seg: on the segments, count@end: at the final position)"
             )
-        labels = f", {acc['shuffled_labels']:.3f} with the labels shuffled" if "shuffled_labels" in acc else ""
+        labels = f", {acc['shuffled_labels']:.3f}{self._tested()} with the labels shuffled" if "shuffled_labels" in acc else ""
+        tested = self.verdicts.get("labels")
+        if self.mechanism == "partly":
+            return f"G&A, partly by label: clean accuracy {clean:.3f} (chance {chance:.3f}{labels}): {tested.text if tested else ''}"
+        if self.mechanism == "undetermined":
+            return f"mechanism undetermined: clean accuracy {clean:.3f} (chance {chance:.3f}{labels}): {tested.text if tested else ''}"
         return f"G&A: clean accuracy {clean:.3f} (chance {chance:.3f}{labels}): the model retrieves by label"
 
     def summary(self) -> str:
@@ -291,6 +315,8 @@ class GnaCircuit:
             parts.append(f"  {self.role_name(role):9s} {self.named(getattr(self, role))}")
             if getattr(self, role):
                 parts.append(f"            {self.describe_role(role)}")
+                if (alone := describe_alone(self, role)) is not None:
+                    parts.append(f"            {alone}")
             if role in self.spread:
                 spread = self.spread[role]
                 parts.append(f"            {spread.describe()}")
@@ -310,6 +336,8 @@ class GnaCircuit:
             parts.append(f"  {self.role_name(role):9s} {need.describe()}")
             if need.curve:
                 parts.append(f"            curve ({POSITIONS[need.curve_positions]}): {need.describe_curve()}")
+            if f"collapses:{role}" in self.verdicts:
+                parts.append(f"            tested: {self.verdicts[f'collapses:{role}'].text}")
         if self.path_patching is not None:
             parts.append(f"  path      {self.describe_path()}")
         if self.score is not None:
@@ -320,6 +348,49 @@ class GnaCircuit:
             parts.append(f"  cost      {describe_cost(self.cost)}")
         parts += [f"  note: {note}" for note in self.warnings]
         return "\n".join(parts)
+
+
+def collapse_verdicts(circuit: GnaCircuit) -> dict[str, Verdict]:
+    """Whether each role's set (``needs``) and each ablation of the confirmation table
+    (``-gather``, ``-aggregate``, ``-both``) collapses accuracy: its accuracy against chance +
+    ``chance_margin`` (`verdicts.collapse_verdict`, Wilson), from its count of right answers
+    over the circuit's prompts (an accuracy that is not a count of them is skipped)."""
+    n, chance = circuit.n_prompts, circuit.accuracy["chance"]
+    margin = float(circuit.settings.get("chance_margin", 0.10))
+    measured = {role: (need.accuracy, f"{role} set ablated ({len(need.heads)} heads)") for role, need in circuit.needs.items()}
+    measured |= {key: (circuit.accuracy[key], f"{key} ablated") for key in ("-gather", "-aggregate", "-both") if key in circuit.accuracy}
+    found = {}
+    for key, (accuracy, kind) in measured.items():
+        right = round(accuracy * n)
+        if n and abs(right / n - accuracy) < 1e-6:
+            found[f"collapses:{key}"] = collapse_verdict([True] * right + [False] * (n - right), chance, margin, kind)
+    return found
+
+
+def alone_verdicts(circuit: GnaCircuit) -> dict[str, Verdict]:
+    """Per head of a role's set ablated alone (``verified``): whether its ablation lowers
+    accuracy by at least ``thresholds.min_effect`` (`Standing`'s effect alone), clean minus
+    ablated against it from the two counts of right answers (`verdicts.count_difference_verdict`,
+    Newcombe: unpaired, so conservative for these paired runs). Keys ``"alone:L1H0"``."""
+    n, clean = circuit.n_prompts, circuit.accuracy["clean"]
+    found = {}
+    for item in circuit.heads:
+        if item.role is None or not item.verified or item.ablated_accuracy is None or not n:
+            continue
+        right, ablated = round(clean * n), round(item.ablated_accuracy * n)
+        if abs(right / n - clean) < 1e-6 and abs(ablated / n - item.ablated_accuracy) < 1e-6:
+            kind = f"{item.head} alone: clean - ablated"
+            words = ("effect", "no effect")
+            found[f"alone:{item.head}"] = count_difference_verdict(right, n, ablated, n, circuit.thresholds.min_effect, kind, words=words)
+    return found
+
+
+def describe_alone(circuit: GnaCircuit, role: str) -> str | None:
+    """``"tested alone: L1H0 effect, L1H2 undetermined (about 300 prompts)"``: each head of the
+    role's set with its `alone_verdicts` verdict (``None``: none recorded)."""
+    tested = [(h, circuit.verdicts.get(f"alone:{h}")) for h in getattr(circuit, role)]
+    shown = [f"{h} {v.word}" + (f" (about {v.prompts_to_settle} prompts)" if v.prompts_to_settle else "") for h, v in tested if v]
+    return f"tested alone: {', '.join(shown)}" if shown else None
 
 
 COUNTING_NAMES = {"gather": "count@seg", "aggregate": "count@end"}

@@ -193,7 +193,7 @@ def label_check(ctx: Context, state: State) -> None:
     if ctx.settings.check_labels and circuit.mechanism != "none":
         ctx.bar.stage("label check")
         shuffled = None if state.first is None else state.first.shuffled
-        stage.label_check(ctx.model, ctx.task, circuit, _threshold(state, ctx), ctx.evaluate_bars, shuffled)
+        stage.label_check(ctx.model, ctx.task, circuit, state.baseline, ctx.settings.chance_margin, ctx.evaluate_bars, shuffled)
 
 
 def layer_scans(ctx: Context, state: State) -> None:

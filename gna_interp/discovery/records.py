@@ -65,12 +65,18 @@ def _read_evaluation(data: dict[str, Any] | None) -> Evaluation | None:
     return None if data is None else Evaluation(tensor_from_dict(data["scores"]), tensor_from_dict(data["correct"]))
 
 
+def _read_shuffled(data: Any) -> Evaluation | None:
+    """The shuffled-label evaluation; a run directory written before it was kept holds its
+    accuracy only (a number): ``None``, and the label check measures it again."""
+    return _read_evaluation(data) if isinstance(data, dict) else None
+
+
 def _first(item: remote.FirstScans | None) -> dict[str, Any] | None:
     if item is None:
         return None
     return {
         "clean": _evaluation(item.clean),
-        "shuffled": item.shuffled,
+        "shuffled": _evaluation(item.shuffled),
         "truncation": item.truncation,
         "layer_ranges": [[a, b, v] for (a, b), v in item.layer_ranges.items()],
         "groups": [[_heads(g), v] for g, v in item.groups.items()],
@@ -82,7 +88,7 @@ def _read_first(data: dict[str, Any] | None) -> remote.FirstScans | None:
         return None
     ranges = {(a, b): v for a, b, v in data["layer_ranges"]}
     groups = {tuple(_parse(g) or ()): v for g, v in data["groups"]}
-    return remote.FirstScans(_read_evaluation(data["clean"]), data["shuffled"], data["truncation"], ranges, groups)  # type: ignore[arg-type]
+    return remote.FirstScans(_read_evaluation(data["clean"]), _read_shuffled(data["shuffled"]), data["truncation"], ranges, groups)  # type: ignore[arg-type]
 
 
 def _early(item: head_scans.FirstOrder | None) -> dict[str, Any] | None:

@@ -58,7 +58,8 @@ if TYPE_CHECKING:
 @dataclass
 class FirstScans:
     clean: Evaluation
-    shuffled: float | None
+    shuffled: Evaluation | None
+    """The prompts with their labels shuffled (per-prompt: the label check's paired test)."""
     truncation: list[float] | None
     layer_ranges: dict[tuple[int, int], float]
     """Accuracy with layers ``first..last`` skipped, for every range the screened layer scan
@@ -103,7 +104,7 @@ def first_scans(model: GnaModel, task: Task, stages: Any, check_labels: bool, gr
     layer_ranges = dict(zip(ranges, results[first_range:first_group], strict=True))
     if "layers" in stages and truncation is not None:
         layer_ranges |= {(k, n_layers - 1): truncation[k - 1] for k in range(1, n_layers)}
-    return FirstScans(evaluations[0], results[1] if relabelled is not None else None, truncation, layer_ranges, measured)
+    return FirstScans(evaluations[0], evaluations[1] if relabelled is not None else None, truncation, layer_ranges, measured)
 
 
 def pool_heads(model: GnaModel, harmful: list[Head], evidence: dict[Head, HeadEvidence], screen_above: int) -> list[Head]:

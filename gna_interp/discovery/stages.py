@@ -19,10 +19,11 @@ from ..core.heads import Head
 from ..core.interventions import Ablate
 from ..models.structure import ablating_every_head_skips, acts_where_it_writes, mixer_is_the_block
 from ..scoring.evaluation import Evaluation, check_task, evaluate
+from ..scoring.verdicts import MECHANISMS, label_verdict
 from ..tasks.base import Task
 from ..tasks.mcq import shuffle_labels
 from . import head_scans, layer_scans, memo, remote
-from .circuit import GnaCircuit
+from .circuit import GnaCircuit, alone_verdicts, collapse_verdicts
 from .confirm import confirm, roles_left_open, spread_check, spread_check_runs
 from .entry import ENTRY_POSITIONS, entry_scan
 from .evidence import HeadEvidence
@@ -320,26 +321,42 @@ def confirm_stage(
         circuit.positions = positions_pending.scan(scanned, circuit.accuracy["clean"], circuit.thresholds.min_effect)
     if check_spread:
         spread_check(model, task, encoded, circuit, scan, threshold, max_heads, spread_runs, spread_values)
+    circuit.verdicts.update(collapse_verdicts(circuit) | alone_verdicts(circuit))  # from the counts measured: no forward
 
 
 def label_check(
-    model: GnaModel, task: Task, circuit: GnaCircuit, threshold: float, evaluate_bars: bool | None, measured: float | None = None
+    model: GnaModel,
+    task: Task,
+    circuit: GnaCircuit,
+    clean: Evaluation,
+    margin: float,
+    evaluate_bars: bool | None,
+    measured: Evaluation | None = None,
 ) -> None:
-    """Accuracy with the labels shuffled (skipped for tasks that are not multiple choice);
-    ``measured``: already measured (a remote run measures it with the first scans)."""
+    """Accuracy with the labels shuffled (skipped for tasks that are not multiple choice) and
+    the mechanism it shows, tested (`verdicts.label_verdict`, from both evaluations' per-prompt
+    results: no forward of its own): ``circuit.verdicts["labels"]`` (with its two tests,
+    ``"labels_vs_chance"`` and ``"labels_vs_clean"``) and ``circuit.mechanism`` (``"g&a"``,
+    ``"partly"``, ``"counting"`` or ``"undetermined"``). ``measured``: the shuffled prompts'
+    evaluation, already measured (a remote run measures it with the first scans)."""
     try:
         relabelled = shuffle_labels(task)
     except ValueError:
         return
-    shuffled = evaluate(model, relabelled, progress=evaluate_bars).accuracy if measured is None else measured
-    circuit.accuracy["shuffled_labels"] = shuffled
-    if shuffled < threshold:
-        circuit.mechanism = "counting"
+    shuffled = evaluate(model, relabelled, progress=evaluate_bars) if measured is None else measured
+    circuit.accuracy["shuffled_labels"] = shuffled.accuracy
+    verdict, floor, drop = label_verdict(clean.is_correct, shuffled.is_correct, clean.chance, margin)
+    circuit.verdicts.update({"labels": verdict, "labels_vs_chance": floor, "labels_vs_clean": drop})
+    circuit.mechanism = MECHANISMS[verdict.word]
+    if verdict.word == "by place":
         circuit.warnings.append(
-            f"with the labels shuffled, accuracy falls from {circuit.accuracy['clean']:.3f} to {shuffled:.3f}: the model answers "
-            "by the option's place, not by its label, so its heads may count options rather than gather and aggregate them"
+            f"with the labels shuffled, accuracy falls from {circuit.accuracy['clean']:.3f} to {shuffled.accuracy:.3f}: the model "
+            "answers by the option's place, not by its label, so its heads may count options rather than gather and aggregate them "
+            f"({verdict.text})"
         )
         warnings.warn(circuit.warnings[-1], PositionalAnswerWarning, stacklevel=4)
+    elif verdict.word != "by label":
+        circuit.warnings.append(f"the label check: {verdict.text}")
 
 
 def candidates(accuracy: torch.Tensor, verified: torch.Tensor, limit: int, cleared: Sequence[Head] = ()) -> list[Head]:

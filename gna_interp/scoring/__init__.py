@@ -8,7 +8,9 @@
 - `mib`, `mib_graph`, `mib_read`, `mib_scores`: MIB's graph files (`to_mib`, `from_mib`) and
   its edge-budget scores (`circuit_score(..., unit="edge")`, `mib_attribution`);
 - `retention`: retrieval-aware head ranking and keep-only curves against random sets (what
-  they return: `retention_results`).
+  they return: `retention_results`);
+- `verdicts`: every verdict a test with its interval over the prompts (`Verdict`,
+  `label_verdict`: the mechanism the label check shows).
 
 Names are imported on first use (`gna_interp._lazy`).
 """

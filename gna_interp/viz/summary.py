@@ -149,6 +149,10 @@ def _legend(rows: list[tuple[str, ...]]) -> list[str]:
     lines.append("  of its entry layer that carry half of that layer's effect, of the layer's heads")
     if any(r[5] == "counting" for r in rows):
         lines.append("mechanism counting: answers by the option's place; its gather/aggregate cells hold counting heads")
+    if any(r[5] == "partly" for r in rows):
+        lines.append("mechanism partly: with the labels shuffled, accuracy above chance but below clean (a 90% interval each)")
+    if any(r[5] == "undetermined" for r in rows):
+        lines.append("mechanism undetermined: the label check's interval straddles a line (its note says how many prompts settle it)")
     if any(r[5] == "none" for r in rows):
         lines.append("mechanism none: clean accuracy near chance, no retrieval to explain (no heads searched)")
     if any(r[10] != "-" for r in rows):
