@@ -118,7 +118,7 @@ def test_faithfulness_curve_is_drawn_with_its_numbers(report, items, curves):
         alone = curve.circuit_point["accuracy"]
         assert f"{alone:.3f}" in labels and f"clean {curve.clean['accuracy']:.3f}" in labels, labels
         assert f"n = 0, {', '.join(map(str, FAITH_SIZES))}, {len(model.heads)}" in figure
-        assert "discovery&#x27;s own" in figure
+        assert "discovery's own" in html.unescape(figure)  # escaped as &#39; or &#x27;
         table = (index.parent / f"{slug_of(circuit.model)}-faithfulness.csv").read_text().splitlines()
         assert [float(line.split(",")[1]) for line in table[1:]] == pytest.approx(curve.accuracy.tolist())
 

@@ -95,7 +95,7 @@ def _share_panel(axes: Any, inputs: ReportInputs) -> None:
         value = {"clean": curve.clean, "alone": curve.circuit_point, "ablated": curve.ablated}[which]["accuracy"]
         low, high = inputs.interval(which) or (value, value)
         axes.barh(y, value, color=colour, height=0.6)
-        axes.errorbar([value], [y], xerr=[[value - low], [high - value]], color="black", capsize=3, lw=1)
+        axes.errorbar([value], [y], xerr=[[max(0.0, value - low)], [max(0.0, high - value)]], color="black", capsize=3, lw=1)
         inside = value > 0.5  # the label inside a long bar, after a short one
         where, colour = (0.02, "white") if inside else (high + 0.02, "black")
         axes.annotate(f"{value:.3f} [{low:.3f}, {high:.3f}]", (where, y), va="center", fontsize=8, color=colour, weight="bold")

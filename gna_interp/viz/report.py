@@ -78,11 +78,12 @@ def _check_items(items: object) -> None:
     from ..discovery.circuit import GnaCircuit
 
     expected = (
-        "expected a list of ReportInputs (gna.discovery.report_inputs.measure_report) or of (circuit, model, task) tuples, "
-        "e.g. [(circuit, model, task)] (model and task may be None)"
+        "expected a list of (circuit, model, task) tuples, e.g. [(circuit, model, task)] (model and task may be None), "
+        "or of ReportInputs (gna.discovery.report_inputs.measure_report)"
     )
     if isinstance(items, (GnaCircuit, ReportInputs)):
-        raise GnaTypeError(f"write_report: items is one {type(items).__name__}: {expected}")
+        name = items.model if isinstance(items, GnaCircuit) else items.circuit.model
+        raise GnaTypeError(f"write_report: items is one {type(items).__name__} ({name!r}): {expected}")
     if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
         raise GnaTypeError(f"write_report: items={items!r} ({type(items).__name__}): {expected}")
     for index, item in enumerate(items):

@@ -7,8 +7,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from markupsafe import Markup
-
 from ..discovery.evidence import POSITIONS, ROLES
 from ..discovery.report_inputs import drops
 from . import figures
@@ -220,12 +218,12 @@ def picture_context(inputs: ReportInputs) -> dict[str, Any] | None:
         return None
     svg = figures.role_figure(picture, lambda head: _short(circuit, head).replace(" ", "\n"))
     aggregate, gather = circuit.named(circuit.aggregate), circuit.named(circuit.gather)
-    caption = Markup(
-        "Averaged over the task's first {} prompts, aligned by its annotations (rows as distributions of |w|). <b>Aggregate</b> "
+    caption = (
+        f"Averaged over the task's first {picture.n_prompts} prompts, aligned by its annotations (rows as distributions of |w|). Aggregate "
         "heads: the final row's mass on the correct option's segment end against another option's (the mean over the others), "
-        "and on all of each option's tokens. <b>Gather</b> heads: each segment end's row's mass on its own segment against an "
-        "earlier one (the mean over those it sees). Black ticks: a uniform causal row. Aggregate set: {}. Gather set: {}."
-    ).format(picture.n_prompts, aggregate, gather)
+        "and on all of each option's tokens. Gather heads: each segment end's row's mass on its own segment against an "
+        f"earlier one (the mean over those it sees). Black ticks: a uniform causal row. Aggregate set: {aggregate}. Gather set: {gather}."
+    )
     out = {
         "figure": svg, "caption": caption, "view": None, "n_prompts": picture.n_prompts,
         "aggregate": " ".join(map(str, circuit.aggregate)), "gather": " ".join(map(str, circuit.gather)),
@@ -245,7 +243,7 @@ def picture_context(inputs: ReportInputs) -> dict[str, Any] | None:
         )
     fragment = prompt_view_html(view, f"{circuit.model}: prompt {row}").fragment()
     out |= {
-        "view": Markup(fragment),
+        "view": fragment,
         "row": row,
         "heads": circuit.named(view.heads),
         "answered": int(picture.answered.sum()),
