@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,13 +33,11 @@ from ..discovery.report_inputs import ReportInputs, measure_report
 from .mib_view import mib_section
 from .report_context import section_context
 from .report_curves import check_faithfulness, check_retention
-from .report_html import DASH, STYLE, fmt
+from .report_html import STYLE, environment
 from .report_rows import contrast_rows, examined_rows
 from .summary import PARTIAL_BELOW, carry_rows
 
 if TYPE_CHECKING:
-    import jinja2
-
     from ..discovery.circuit import GnaCircuit
     from ..scoring.faithfulness import FaithfulnessCurve
     from ..scoring.mib import MibGraph
@@ -53,23 +50,6 @@ ReportLike = tuple["GnaCircuit", Any, Any]
 
 FIGURES = ("overview", "needs", "faithfulness", "retention", "picture", "layer-scan", "head-scan")
 """The figures of a section, by the name each is saved under (``<model>-<name>.png``)."""
-
-
-@cache
-def environment() -> jinja2.Environment:
-    """The templates shipped in ``gna_interp/viz/templates`` (autoescaped; a missing value is an error)."""
-    import jinja2
-
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("gna_interp.viz", "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-    )
-    env.filters["fmt"] = fmt
-    env.tests["numeric"] = lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
-    env.globals["dash"] = DASH
-    return env
 
 
 def _check_items(items: object) -> None:
