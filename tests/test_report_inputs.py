@@ -6,6 +6,8 @@ table is blank by default; each figure is saved alone as PNG and SVG."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import html
 import math
 import re
@@ -18,6 +20,7 @@ import torch
 
 import gna_interp as gna
 from gna_interp.discovery.report_inputs import ReportInputs, circuit_heads, measure_report, wilson
+from gna_interp.viz.overview import head_grid, headline
 from gna_interp.viz.report import FIGURES, save_figures, write_report
 from gna_interp.viz.report_html import fmt
 
@@ -159,3 +162,17 @@ def test_the_templates_ship_as_package_data():
     globs = re.findall(r'"([^"]+)"', re.search(r"gna_interp = \[(.*?)\]", data).group(1))
     templates = sorted((ROOT / "gna_interp/viz/templates").glob("*"))
     assert templates and all(any(fnmatch(str(t.relative_to(ROOT / "gna_interp")), g) for g in globs) for t in templates)
+
+
+def test_the_sentence_names_no_empty_set_and_the_grid_is_the_models(measured):
+    """A role with no heads is not said to be ablated (its "-gather" accuracy is the clean
+    run's); the overview's grid has the model's layers and heads, each role head in its cell."""
+    model, _, circuit, inputs = measured
+    bare = copy.deepcopy(circuit)
+    bare.gather = []
+    sentence = headline(dataclasses.replace(inputs, circuit=bare))
+    assert "Gather set" not in sentence and f"ablating the Aggregate set {circuit.accuracy['-aggregate']:.3f}" in sentence, sentence
+    layers, width, cells = head_grid(circuit)
+    assert (layers, width) == (model.n_layers, model.n_heads)
+    assert {(h.layer, h.head) for h in [*circuit.gather, *circuit.aggregate]} == set(cells)
+    assert all(cells[h.layer, h.head][0] == "gather" for h in circuit.gather if h not in circuit.aggregate)

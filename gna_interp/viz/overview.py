@@ -51,13 +51,18 @@ def _grid_panel(axes: Any, circuit: GnaCircuit) -> None:
                     (index - 0.45, layer - 0.45), 0.9, 0.9, facecolor=face, edgecolor=colour, hatch=None if outright or not role else "///"
                 )
             )
+    kinds = {(item.head.layer, item.head.head): item.kind for item in circuit.heads if item.kind}
+    if "ssm" in kinds.values():  # a hybrid: each examined head's kind in its cell
+        for (layer, index), kind in kinds.items():
+            axes.text(index, layer, "s" if kind == "ssm" else "a", ha="center", va="center", fontsize=7, color="#333333")
     axes.set_xlim(-0.6, width - 0.4)
     axes.set_ylim(-0.6, layers - 0.4)
     axes.set_xticks(range(width))
     axes.set_yticks(range(layers))
     axes.set_xlabel("head (index in its layer)")
     axes.set_ylabel("layer")
-    axes.set_title("Heads by layer and index, by role", fontsize=9, loc="left")
+    hybrid = any(item.kind == "ssm" for item in circuit.heads)
+    axes.set_title("Heads by layer and index, by role" + (" (a: attention, s: SSM)" if hybrid else ""), fontsize=9, loc="left")
     handles = [Patch(facecolor=ROLE_COLOURS[r], label=r.capitalize()) for r in ("gather", "aggregate")]
     handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="///", label="member of the set only"))
     axes.legend(handles=handles, fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(0, -0.18), ncol=3)
@@ -134,7 +139,8 @@ def headline(inputs: ReportInputs) -> str:
             f"{curve.clean['accuracy']:.3f} with every head and {curve.ablated['accuracy']:.3f} with none: "
             f"{curve.recovered(alone):.0%} of the gap"
         )
-    ablated = [f"the {name} set {acc[key]:.3f}" for key, name in (("-gather", "Gather"), ("-aggregate", "Aggregate")) if key in acc]
+    sets = (("-gather", "Gather", n_g), ("-aggregate", "Aggregate", n_a))
+    ablated = [f"the {name} set {acc[key]:.3f}" for key, name, n in sets if key in acc and n]  # an empty set is never ablated
     if ablated:
         parts.append(f"ablating {' and '.join(ablated)} (chance {acc['chance']:.3f})")
     if not parts:
