@@ -308,7 +308,7 @@ def row_stats(model: Any, task: Any, heads: list[Any]) -> dict[str, dict[str, fl
             "top_is_correct": float((on.argmax(1) == encoded.correct).float().mean()),
             "row_entropy": float(gna.attention.entropy(row).mean()),  # the whole row, every key
             "row_top1": float(gna.attention.top1_mass(row).mean()),
-            "per_prompt": {"entropy": gna.attention.entropy(on), "row_entropy": gna.attention.entropy(row)},  # [batch]: `weighted_per_prompt`
+            "per_prompt": {"entropy": gna.attention.entropy(on), "row_entropy": gna.attention.entropy(row)},  # [batch]
         }
     return out
 

@@ -159,7 +159,7 @@ def test_the_report_states_thresholds_standings_positions_and_path_shares(tmp_pa
     evidence = re.search(r'<p class="caption" data-role="evidence">(.*?)</p>', page, re.S).group(1)
     stated = ["at least 0.02", "gather ratio >= 1.5", "aggregate mass >= 0.3", "lift >= 1.5", "selectivity >= 0.30 (chance 0.25 + 0.05)"]
     assert all(text in evidence for text in stated), evidence
-    contrast = page[: page.index('<section class="model"')]
+    contrast = page[page.index('data-fold="roles"') :]  # the role table, folded below the models
     assert "<td>1 of 4: L1H2</td>" in contrast and "<td>3 of 4</td>" in contrast  # outright; pattern shows it (L1H9 does not)
     assert '<td>-aggregate</td><td>the Aggregate set (4 heads), at every position</td><td class="num">0.540</td>' in page
     shares = dict(re.findall(r"<tr><td>([^<]*)</td><td class=\"num\">-?[\d.]+</td><td class=\"num\">([\d.]+)</td></tr>", page))

@@ -118,7 +118,7 @@ def test_faithfulness_curve_is_drawn_with_its_numbers(report, items, curves):
         alone = curve.circuit_point["accuracy"]
         assert f"{alone:.3f}" in labels and f"clean {curve.clean['accuracy']:.3f}" in labels, labels
         assert f"n = 0, {', '.join(map(str, FAITH_SIZES))}, {len(model.heads)}" in figure
-        assert "discovery&#x27;s own" in figure
+        assert "discovery's own" in html.unescape(figure)  # escaped as &#39; or &#x27;
         table = (index.parent / f"{slug_of(circuit.model)}-faithfulness.csv").read_text().splitlines()
         assert [float(line.split(",")[1]) for line in table[1:]] == pytest.approx(curve.accuracy.tolist())
 
@@ -383,10 +383,16 @@ def test_head_scan_ticks_are_integers(report):
 MEASURE = """<script>
 (function () {
   function views() { return Array.from(document.querySelectorAll('[id^="circuits-vis-"]')); }
-  function box(element) { const r = element.getBoundingClientRect(); return { left: r.left, right: r.right, top: r.top, width: r.width }; }
+  function box(element) {
+    const r = element.getBoundingClientRect(); return { left: r.left, right: r.right, top: r.top, width: r.width, bottom: r.bottom };
+  }
   function measure() {
     const root = document.documentElement;
+    const overview = Array.from(document.querySelectorAll('figure[data-role="overview"]')).map((f) => box(f));
+    const folds = Array.from(document.querySelectorAll("section.model details")).filter((d) => !d.open).length;
+    document.querySelectorAll("details").forEach((d) => { d.open = true; });  // the rest measured unfolded
     const out = {
+      overview: overview, folds: folds,
       scrollWidth: root.scrollWidth, clientWidth: root.clientWidth, innerWidth: window.innerWidth,
       views: views().map((v) => v.childElementCount),
       sections: Array.from(document.querySelectorAll("section.model")).map((s) => box(s)),
@@ -451,6 +457,9 @@ def test_the_page_in_headless_chromium(report, items, curves, tmp_path):
     assert found, f"the views never rendered (rc {result.returncode}): {result.stderr[-2000:]}"
     measured = json.loads(html.unescape(found.group(1)))
     assert measured["innerWidth"] == WINDOW
+    first = measured["overview"]
+    assert len(first) == len(items) and first[0]["bottom"] <= 1000 and all(f["width"] >= 900 for f in first), first  # the first screen
+    assert measured["folds"] >= 8 * len(items), "everything but the figure and the sentence is folded"
     assert measured["scrollWidth"] <= measured["clientWidth"], measured["scrollWidth"]
     assert measured["views"] == [v for v in measured["views"] if v > 0] and len(measured["views"]) == len(items)
     sections = measured["sections"]

@@ -18,7 +18,10 @@ import io
 import re
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ..core.errors import GnaValueError
 
 if TYPE_CHECKING:
     from ..discovery.picture import RolePicture
@@ -26,30 +29,66 @@ if TYPE_CHECKING:
 CORRECT, OTHER, UNIFORM = "#2166ac", "#b8b8b8", "#222222"
 
 
-def to_svg(draw: Callable[[Any], None], size: tuple[float, float]) -> str:
-    """``draw(figure)`` on a new ``size`` (inches) figure, as an ``<svg>`` element whose
-    width follows its container (at most the figure's own width)."""
+class Drawing(str):
+    """A figure's inline ``<svg>`` (a `str`, as the page embeds it) that can also be saved
+    on its own: `save` redraws it into a PNG or SVG file, for a paper."""
+
+    draw: Callable[[Any], None]
+    size: tuple[float, float]
+
+    def __new__(cls, svg: str, draw: Callable[[Any], None], size: tuple[float, float]) -> Drawing:
+        self = super().__new__(cls, svg)
+        self.draw, self.size = draw, size
+        return self
+
+    def save(self, path: str | Path, dpi: int = 200) -> Path:
+        """Write the figure to ``path``: ``.png`` (at ``dpi``) or ``.svg`` (text as text)."""
+        target = Path(path)
+        if target.suffix.lower() not in (".png", ".svg"):
+            raise GnaValueError(f"Drawing.save({str(target)!r}): expected a .png or .svg path")
+        figure = _new_figure(self.draw, self.size, dpi=dpi)
+        with _style():
+            figure.savefig(target, format=target.suffix[1:].lower(), metadata={"Date": None} if target.suffix.lower() == ".svg" else None)
+        return target
+
+
+def _style() -> Any:
     import matplotlib
+
+    return matplotlib.rc_context({"svg.fonttype": "none", "font.size": 9})
+
+
+def _new_figure(draw: Callable[[Any], None], size: tuple[float, float], dpi: int = 72) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    with matplotlib.rc_context({"svg.fonttype": "none", "font.size": 9}):
-        figure = Figure(figsize=size, dpi=72, layout="constrained")
+    with _style():
+        figure = Figure(figsize=size, dpi=dpi, layout="constrained")
         FigureCanvasAgg(figure)
         draw(figure)
-        buffer = io.StringIO()
+    return figure
+
+
+def to_svg(draw: Callable[[Any], None], size: tuple[float, float]) -> Drawing:
+    """``draw(figure)`` on a new ``size`` (inches) figure, as an ``<svg>`` element whose
+    width follows its container (at most the figure's own width); `Drawing.save` writes it
+    on its own."""
+    figure = _new_figure(draw, size)
+    buffer = io.StringIO()
+    with _style():
         figure.savefig(buffer, format="svg", metadata={"Date": None})
     text = buffer.getvalue()
     text = text[text.index("<svg") :]  # no XML prolog or doctype inside HTML
     prefix = f"f{uuid.uuid4().hex[:8]}-"  # matplotlib's ids (figure_1, axes_1...) repeat in every figure of a page
     text = re.sub(r'(\bid="|url\(#|href="#)', rf"\g<1>{prefix}", text)
     width = round(size[0] * 96)
-    return re.sub(
+    text = re.sub(
         r'<svg([^>]*?) width="[^"]*" height="[^"]*"',
         rf'<svg\1 class="figure" style="max-width: {width}px"',
         text,
         count=1,
     )
+    return Drawing(text, draw, size)
 
 
 def _bars(axes: Any, labels: Sequence[str], groups: Sequence[tuple[str, str, Sequence[float], Sequence[float] | None]]) -> None:

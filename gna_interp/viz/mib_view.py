@@ -10,13 +10,13 @@ the circuit is filled, one outside it hollow.
 
 from __future__ import annotations
 
-import html
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import GnaTypeError
 from .figures import to_svg
+from .report_html import environment
 
 if TYPE_CHECKING:
     from ..scoring.mib import MibGraph
@@ -83,14 +83,8 @@ def _row_name(y: float, n_layers: int) -> str:
 
 
 def mib_section(graphs: Sequence[tuple[str, MibGraph]]) -> str:
-    """The report's section: each ``(name, graph)``'s figure, side by side, with a legend."""
+    """The report's section: each ``(name, graph)``'s figure, side by side, with a legend
+    (``viz/templates/mib.html.j2``)."""
     if not graphs:
         raise GnaTypeError("mib=[]: expected (name, MibGraph) pairs to draw")
-    figures = "".join(f'<div class="mib-graph">{mib_figure(graph, html.escape(name))}</div>' for name, graph in graphs)
-    legend = (
-        '<p class="caption">Each circuit as MIB\'s graph file holds it (<code>gna.to_mib</code>): nodes by layer, '
-        '<span style="color:#2166ac">attention heads</span>, <span style="color:#e08214">SSM heads</span> (this '
-        'library\'s extension: <code>s{l}.h{h}</code>), <span style="color:#1b7837">MLPs</span>; filled: in the circuit; '
-        "lines: the circuit's edges.</p>"
-    )
-    return f'<h2>Circuits in MIB\'s format</h2>{legend}<div class="mib-row" style="display:flex;gap:1em;flex-wrap:wrap">{figures}</div>'
+    return environment().get_template("mib.html.j2").render(figures=[mib_figure(graph, name) for name, graph in graphs])

@@ -1,12 +1,15 @@
-"""The HTML pieces of the report (`viz.report`): its style sheet, tables (numbers
-right-aligned, floats to 3 decimals, a dash for nothing measured) and figures."""
+"""The report's style sheet and cell format (`fmt`: floats to 3 decimals, a dash for nothing
+measured); the page itself comes from the templates in ``viz/templates``."""
 
 from __future__ import annotations
 
-import html
 import math
 import re
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import jinja2
 
 STYLE = """
 body { font-family: sans-serif; max-width: 1320px; margin: 1.5em auto; padding: 0 16px; color: #222; }
@@ -22,6 +25,10 @@ section.model { border-top: 2px solid #888; margin-top: 2em; }
 .pair > div { min-width: 0; overflow-x: auto; }
 svg.figure { width: 100%; height: auto; display: block; }
 figure { margin: 0 0 1em; } figcaption { font-size: 0.85em; color: #444; }
+.headline { font-size: 1.05em; max-width: 70em; }
+details { margin: 0.3em 0; } details > summary { cursor: pointer; font-size: 1.0em; padding: 2px 0; }
+details[open] > summary { font-weight: bold; margin-bottom: 0.4em; }
+.files { white-space: nowrap; }
 """
 
 DASH = "\u2014"
@@ -30,21 +37,6 @@ DASH = "\u2014"
 
 def slug_of(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "model"
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return f"<p>{DASH}</p>"
-    columns = list(rows[0])
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(cell(row.get(c)) for c in columns) + "</tr>" for row in rows)
-    return f'<div class="scroll"><table><tr>{head}</tr>{body}</table></div>'
-
-
-def cell(value: Any) -> str:
-    """A table cell; numbers right-aligned, text left."""
-    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return f'<td class="num">{html.escape(fmt(value))}</td>' if numeric else f"<td>{html.escape(fmt(value))}</td>"
 
 
 def fmt(value: Any) -> str:
@@ -56,6 +48,18 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-def figure_html(svg: str, caption: str, **data: str) -> str:
-    attributes = "".join(f' data-{key}="{html.escape(value)}"' for key, value in data.items())
-    return f"<figure{attributes}>{svg}<figcaption>{caption}</figcaption></figure>"
+@cache
+def environment() -> jinja2.Environment:
+    """The templates shipped in ``gna_interp/viz/templates`` (autoescaped; a missing value is an error)."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("gna_interp.viz", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    env.filters["fmt"] = fmt
+    env.tests["numeric"] = lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
+    env.globals["dash"] = DASH
+    return env

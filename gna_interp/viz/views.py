@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor
 
 from ..attention.pattern import attention_pattern
 from ..attention.sharpness import Normalize
@@ -33,6 +32,7 @@ from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
 from ..core.inputs import Batch
 from ..core.keywords import renamed
+from ..discovery.report_inputs import PromptView, token_labels
 from .heatmap import Panel, render_png
 
 if TYPE_CHECKING:
@@ -86,18 +86,11 @@ class AttentionView:
         return target
 
 
-def token_labels(model: GnaModel, ids: Tensor) -> list[str]:
-    """A readable label per token id (``[pos]``): the tokenizer's decoding of that one token."""
-    labels = []
-    for token in ids.tolist():
-        text = model.tokenizer.decode([token]) if model.tokenizer is not None else ""
-        if not text:
-            labels.append(f"<{token}>")
-        elif not text.strip():
-            labels.append(repr(text))  # whitespace tokens stay visible
-        else:
-            labels.append(text.replace("\n", "\\n"))
-    return labels
+def prompt_view_html(view: PromptView, title: str) -> AttentionView:
+    """A `PromptView` measured before (`discovery.report_inputs.prompt_view`) as an
+    `AttentionView`: no forward is run."""
+    names = [str(h) for h in view.heads]
+    return AttentionView([Panel(title, view.tokens, view.pattern, names, bool((view.pattern < 0).any()))])
 
 
 @renamed(inputs="clean")
