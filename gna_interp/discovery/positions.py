@@ -174,8 +174,10 @@ def scan_runs(runner: Runner, task: Task, encoded: EncodedTask, layers: Sequence
         raise GnaValueError(f"how={how!r} is not a position scan's ablation kind: expected one of {SCAN_KINDS}")
     classes, same = position_classes(encoded)
     corrupt = None if how == "zero" else encoded.batch
+    # the final position and the segment ends as the spread check writes them: the same forwards, one memo entry
+    where: dict[str, Tensor] = {**classes, "final": encoded.final, **({"ends": encoded.segment_ends} if "ends" in classes else {})}
     keys = [(int(layer), name) for layer in layers for name in classes]
-    runs = [(task, [Ablate(layer_heads(runner, layer), how=how, corrupt=corrupt, positions=classes[name])]) for layer, name in keys]
+    runs = [(task, [Ablate(layer_heads(runner, layer), how=how, corrupt=corrupt, positions=where[name])]) for layer, name in keys]
     return ScanRuns(keys, runs, same, how)  # type: ignore[arg-type]
 
 
