@@ -20,7 +20,8 @@ from ..scoring.circuit_scores import circuit_score, circuit_score_from
 from ..tasks.base import Task
 from . import memo, remote, sizes
 from .circuit import GnaCircuit
-from .evidence import ROLES, RoleNeed, SpreadRole
+from .entry import segment_positions
+from .evidence import ROLES, HeadEvidence, RoleNeed, SpreadRole
 from .head_scans import HeadScan
 from .joint import collapsing_set
 from .report_inputs import circuit_heads, circuit_ranking
@@ -30,6 +31,11 @@ if TYPE_CHECKING:
     from ..models.handle import GnaModel
     from ..tasks.base import EncodedTask
 
+
+SPREAD_FRACTION = 0.9
+"""A spread role's set in the circuit carries at least this share of its layer's effect at
+the role's positions (`spread_set`), where no set of up to ``max_heads_per_role`` heads takes
+accuracy to chance."""
 
 SpreadRuns = tuple[list[tuple[str, int]], list[tuple[Task, list[Intervention]]]]
 
@@ -49,12 +55,24 @@ def spread_check_runs(model: GnaModel, task: Task, encoded: EncodedTask, circuit
         layers = [layer for layer in circuit.settings["layers"] if clean - circuit.layer_scan[layer] >= min_effect]
     else:
         layers = list(circuit.settings["layers"])
-    where = {"aggregate": encoded.final, "gather": encoded.segment_ends}
+    where = {role: positions for role, (_, positions) in role_positions(circuit, encoded).items()}
     keys: list[tuple[str, int]] = [(role, int(layer)) for role in roles for layer in layers]
     runs: list[tuple[Task, list[Intervention]]] = [
         (task, [Ablate([Head(layer, h) for h in range(model.heads_per_layer[layer])], positions=where[role])]) for role, layer in keys
     ]
     return keys, runs
+
+
+def role_positions(circuit: GnaCircuit, encoded: EncodedTask) -> dict[str, tuple[str, torch.Tensor]]:
+    """Where the spread check ablates each role: the Aggregate role at the final position; the
+    Gather role at the segment ends, or on every segment token where the position scan
+    (`GnaCircuit.positions`) finds no scanned layer acting at the ends but one acting at the
+    labels or the option tokens (a model that gathers through the options themselves)."""
+    gather: tuple[str, torch.Tensor] = ("ends", encoded.segment_ends)
+    scan = circuit.positions
+    if scan is not None and not scan.acts_at(["ends"]) and scan.acts_at(["labels", "options"]):
+        gather = ("segments", segment_positions(encoded))
+    return {"aggregate": ("final", encoded.final), "gather": gather}
 
 
 def spread_check(
@@ -67,6 +85,8 @@ def spread_check(
     max_heads: int,
     premeasured: SpreadRuns | None = None,
     values: Sequence[float] | None = None,
+    *,
+    fraction: float = SPREAD_FRACTION,
 ) -> None:
     """`GnaCircuit.spread`: for each role without a set of up to ``max_heads`` heads that
     reaches chance (an empty role included), where it enters and the best set found.
@@ -91,7 +111,7 @@ def spread_check(
         premeasured = spread_check_runs(model, task, encoded, circuit, open_roles)
         values = runner.accuracies(premeasured[1])  # one request on a remote model
     by_key = dict(zip(premeasured[0], values, strict=True))
-    where = {"aggregate": ("final", encoded.final), "gather": ("ends", encoded.segment_ends)}
+    where = role_positions(circuit, encoded)
     local = runner.has_backward  # the ordering's attribution needs a local backward
     for role in open_roles:
         name, positions = where[role]
@@ -109,9 +129,12 @@ def spread_check(
                 ranked = order or sorted(measured_alone, key=lambda h: (_nan_last(scan.accuracy[entry, h]), h))
                 best = _best_set(model, task, entry, ranked, positions, name, threshold, max_heads) if ranked else None
             curve: list[tuple[int, float]] = []
-            if order and entry is not None and best is not None and not best.reached_chance:
+            if order and entry is not None:  # every spread role sized (`spread_set` reads its curve)
                 width = model.heads_per_layer[entry]
-                curve = sizes.size_curve(sizes.measure(model, task, entry, order, positions), width, clean, measured[entry])
+                fractions = tuple(dict.fromkeys([*sizes.SIZE_FRACTIONS, fraction]))
+                curve = sizes.size_curve(
+                    sizes.measure(model, task, entry, order, positions), width, clean, measured[entry], fractions=fractions
+                )
         groups = [g for g in scan.spread if entry is not None and g.heads[0].layer == entry]
         scan.search_spread(groups)  # a local scan searches the needed heads of the groups shown, and only those
         if scan.tests:
@@ -121,7 +144,8 @@ def spread_check(
             item.sizes, item.order = curve, order
             spent = (circuit.cost or {}).get("size_curves", {}) | {role: sizes.spent(cost, len(task), len(curve) - 2)}
             circuit.cost = {**(circuit.cost or {}), "size_curves": spent}  # `discover` adds its meter's counts
-            circuit.settings["size_curve"] = {"ranked_by": sizes.RANKED_BY, "fractions": list(sizes.SIZE_FRACTIONS)}
+            pinned = list(dict.fromkeys([*sizes.SIZE_FRACTIONS, fraction]))
+            circuit.settings["size_curve"] = {"ranked_by": sizes.RANKED_BY, "fractions": pinned, "spread_fraction": fraction}
         circuit.spread[role] = item
 
 
@@ -154,18 +178,13 @@ def confirm(
     max_heads: int,
     evaluate_bars: bool | None,
     spread_runs: SpreadRuns | None = None,
+    paths: bool = True,
 ) -> list[float] | None:
     """The confirmation: accuracy with each role's heads ablated, the fallback needs, and
     the path-patching check. Returns the accuracies of ``spread_runs`` when they were
     measured in a remote run's confirmation request (None otherwise)."""
     clean = circuit.accuracy["clean"]
-    sets = {"-gather": circuit.gather, "-aggregate": circuit.aggregate, "-both": [*circuit.gather, *circuit.aggregate]}
-    kept = {*circuit.gather, *circuit.aggregate}
-    if kept:
-        layers = {h.layer for h in kept}
-        sets["only_gna"] = [
-            Head(layer, h) for layer in sorted(layers) for h in range(model.heads_per_layer[layer]) if Head(layer, h) not in kept
-        ]
+    sets = confirmation_sets(model, circuit)
     fallback = {
         role: heads for role, heads in (("gather", circuit.gather), ("aggregate", circuit.aggregate)) if heads and role not in circuit.needs
     }
@@ -197,13 +216,82 @@ def confirm(
             model, task, heads, threshold, max_heads, clean, evaluate_progress=evaluate_bars, curve=curve
         )
         circuit.needs[role] = RoleNeed(chosen, accuracy, reached, curve, "all")
+    if paths:
+        confirm_paths(model, task, circuit)
+    return spread_values if batched else None
+
+
+def confirm_paths(model: GnaModel, task: Task, circuit: GnaCircuit) -> None:
+    """The Gather -> Aggregate path-patching check (`gather_to_aggregate`) and MIB's score
+    (`mib_score`) of the circuit's sets as they stand."""
     corrupt = task.corrupted() if circuit_heads(circuit) else None  # made once, for both (none without a head)
     # the score reads its corrupt head outputs from path patching's corrupt run (one forward, one request, for both)
     shared: dict[Site, torch.Tensor] | None = {} if _can_share(model, circuit) else None
     circuit.path_patching = gather_to_aggregate(model, task, circuit, corrupt=corrupt, captured=shared)
     circuit.score = mib_score(model, task, circuit, corrupt=corrupt, captured=shared or None)
     del shared  # the score is done: its corrupt captures go
-    return spread_values if batched else None
+
+
+def spread_set(item: SpreadRole, fraction: float) -> list[Head]:
+    """A spread role's set in the circuit: its best set where that takes accuracy to chance,
+    else the fewest heads of its size curve (most important first) that carry ``fraction`` of
+    the whole layer's effect at the role's positions (`SpreadRole.heads_for`); empty without
+    either."""
+    if item.best is not None and item.best.reached_chance:
+        return list(item.best.heads)
+    if item.sizes and item.order and item.layer is not None:
+        return [Head(item.layer, h) for h in item.order[: item.heads_for(fraction)]]
+    return []
+
+
+def enter_spread(model: GnaModel, task: Task, circuit: GnaCircuit, fraction: float, evaluate_bars: bool | None) -> list[str]:
+    """Each spread role's set (`spread_set`) joins the role's list in the circuit (a head new
+    to the evidence enters it as a member of the set, ``joint=True``); the confirmation's
+    accuracies of the sets that changed are measured again (behind the memo). Returns the
+    roles whose sets grew."""
+    grown = []
+    examined = {item.head: item for item in circuit.heads}
+    for role, item in circuit.spread.items():
+        members: list[Head] = getattr(circuit, role)
+        added = [h for h in spread_set(item, fraction) if h not in members]
+        if not added:
+            continue
+        grown.append(role)
+        members.extend(added)
+        for head in added:
+            if head not in examined:
+                examined[head] = HeadEvidence(head, role, None, False, joint=True, kind=model.head_kind(head).value)
+            elif examined[head].role is None:
+                examined[head].role, examined[head].joint = role, True
+    if grown:
+        circuit.heads = sorted(examined.values(), key=lambda e: e.head)
+        confirm_table(model, task, circuit, evaluate_bars)
+    return grown
+
+
+def confirm_table(model: GnaModel, task: Task, circuit: GnaCircuit, evaluate_bars: bool | None) -> None:
+    """The confirmation's accuracies (``-gather``, ``-aggregate``, ``-both``, ``only_gna``) of
+    the circuit's sets as they stand, each behind the accuracy memo; one request on a remote
+    model."""
+    clean = circuit.accuracy["clean"]
+    sets = confirmation_sets(model, circuit)
+    runs = [(task, [Ablate(heads)]) for heads in sets.values() if heads]
+    values = iter(runner_for(model).accuracies(runs)) if runs else iter(())
+    for name, heads in sets.items():
+        circuit.accuracy[name] = next(values) if heads else clean
+
+
+def confirmation_sets(model: GnaModel, circuit: GnaCircuit) -> dict[str, list[Head]]:
+    """The sets the confirmation ablates: each role's, both, and (``only_gna``) every other
+    head of the G&A layers."""
+    sets = {"-gather": circuit.gather, "-aggregate": circuit.aggregate, "-both": [*circuit.gather, *circuit.aggregate]}
+    kept = {*circuit.gather, *circuit.aggregate}
+    if kept:
+        layers = {h.layer for h in kept}
+        sets["only_gna"] = [
+            Head(layer, h) for layer in sorted(layers) for h in range(model.heads_per_layer[layer]) if Head(layer, h) not in kept
+        ]
+    return sets
 
 
 def _can_share(model: GnaModel, circuit: GnaCircuit) -> bool:

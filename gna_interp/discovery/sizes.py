@@ -119,7 +119,10 @@ def importance_order(
     costly = [h for h in range(width) if bool(verified[layer, h]) and clean - float(accuracy[layer, h]) >= min_effect]
     heads = [Head(layer, h) for h in range(width)]
     sites = sorted(heads_by_site(model.layout, heads))
-    at = sorted({int(p) for p in positions.flatten().tolist()})
+    if positions.dtype == torch.bool:  # a [batch, pos] mask: the columns any row holds
+        at = positions.any(0).nonzero().flatten().tolist()
+    else:
+        at = sorted({int(p) for p in positions.flatten().tolist()})
     estimate = torch.zeros(width)
     n = encoded.batch.n_rows
     rows = max(1, min(ATTRIBUTION_ROWS, ATTRIBUTION_ROW_HEADS // width))

@@ -24,7 +24,7 @@ from ..tasks.base import Task
 from ..tasks.mcq import shuffle_labels
 from . import head_scans, layer_scans, memo, remote
 from .circuit import GnaCircuit, alone_verdicts, collapse_verdicts
-from .confirm import confirm, roles_left_open, spread_check, spread_check_runs
+from .confirm import SPREAD_FRACTION, confirm, confirm_paths, enter_spread, roles_left_open, spread_check, spread_check_runs
 from .entry import ENTRY_POSITIONS, entry_scan
 from .evidence import HeadEvidence
 from .group_testing import stage_one
@@ -314,13 +314,15 @@ def confirm_stage(
     extra = spread_runs or ([], [])
     if positions_pending is not None:
         extra = (extra[0], [*extra[1], *positions_pending.runs])
-    values = confirm(model, task, circuit, threshold, max_heads, evaluate_bars, extra if extra[1] else None)
+    values = confirm(model, task, circuit, threshold, max_heads, evaluate_bars, extra if extra[1] else None, paths=False)
     spread_values = values
     if positions_pending is not None and values is not None:
         spread_values, scanned = values[: len(extra[0])], values[len(extra[0]) :]
         circuit.positions = positions_pending.scan(scanned, circuit.accuracy["clean"], circuit.thresholds.min_effect)
     if check_spread:
         spread_check(model, task, encoded, circuit, scan, threshold, max_heads, spread_runs, spread_values)
+        enter_spread(model, task, circuit, SPREAD_FRACTION, evaluate_bars)
+    confirm_paths(model, task, circuit)
     circuit.verdicts.update(collapse_verdicts(circuit) | alone_verdicts(circuit))  # from the counts measured: no forward
 
 
