@@ -14,7 +14,7 @@ the finished stages' records and carries on after them. A record may end the run
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -264,16 +264,17 @@ class Saved(Protocol):
         """Stage ``index`` ended: ``records`` so far, its own last."""
 
 
-def run(ctx: Context, meter: Cost | None, saved: Saved | None = None) -> tuple[GnaCircuit, Records]:
-    """Carry out `PLAN` on ``ctx``: the circuit (`assemble`d from the records), and the record
-    of each stage run or read. With ``saved`` (a `run_dir.RunDir`), the stages it holds are
-    read, not run, and each stage run is saved there when it ends."""
+def run(ctx: Context, meter: Cost | None, saved: Saved | None = None, stages: Sequence[Stage] = PLAN) -> tuple[GnaCircuit, Records]:
+    """Carry out ``stages`` (`PLAN`) on ``ctx``: the circuit (`assemble`d from the records),
+    and the record of each stage run or read. With ``saved`` (a `run_dir.RunDir` of the
+    same stages), the stages it holds are read, not run, and each stage run is saved there
+    when it ends."""
     records = Records() if saved is None else saved.read(ctx)
     ctx.bar.start(ctx.estimate)
-    for index in range(len(records), len(PLAN)):
+    for index in range(len(records), len(stages)):
         if records.stopped:
             break
-        step = PLAN[index]
+        step = stages[index]
         before = _counts(meter)
         if saved is not None:
             saved.begin(index)

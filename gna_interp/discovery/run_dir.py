@@ -31,6 +31,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,7 @@ import torch
 from ..core.errors import GnaValueError
 from ..scoring.evaluation import evaluate
 from . import memo
-from .plan import PLAN, Records
+from .plan import PLAN, Records, Stage
 from .records import key_from_json, key_to_json, record_from_dict, record_to_dict, scan_in_flight
 from .stage_records import EntryRecord
 
@@ -96,8 +97,11 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 class RunDir:
     """A discovery's folder of finished stages and measured accuracies (module docs)."""
 
-    def __init__(self, path: str | os.PathLike[str], model: GnaModel, task: Task, settings: DiscoverySettings) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], model: GnaModel, task: Task, settings: DiscoverySettings, stages: Sequence[Stage] = PLAN
+    ) -> None:
         self.path = Path(path)
+        self.stages = tuple(stages)
         self.path.mkdir(parents=True, exist_ok=True)
         self.model = model
         self.saved_at = 0.0
@@ -115,13 +119,13 @@ class RunDir:
             self._write(stored, json.dumps(mine, indent=1).encode())
 
     def stage_file(self, index: int) -> Path:
-        return self.path / f"stage-{index:02d}-{PLAN[index].name}.json"
+        return self.path / f"stage-{index:02d}-{self.stages[index].name}.json"
 
     def read(self, ctx: Context) -> Records:
         """The records of the finished stages (module docs); the memo read into the open
         one, and the prefix cache filled when stages remain to run."""
         saved: list[dict] = []
-        for index in range(len(PLAN)):
+        for index in range(len(self.stages)):
             file = self.stage_file(index)
             if not file.exists():
                 break
@@ -135,7 +139,7 @@ class RunDir:
         records = Records([record_from_dict(data, ctx) for data in saved])
         self.finished = len(records)
         self._read_memo(ctx.model)
-        if records and not records.stopped and len(records) < len(PLAN):
+        if records and not records.stopped and len(records) < len(self.stages):
             warm_prefix(ctx.model, ctx.task)
         return records
 

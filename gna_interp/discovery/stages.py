@@ -33,13 +33,14 @@ from .evidence import HeadEvidence
 from .group_testing import stage_one
 from .joint import head_float
 from .roles import RoleScores, RoleThresholds, entry_shares, label, pattern_agrees
+from .settings import SEARCH_STAGES, STAGES
 from .stage_records import LabelInputs, LayerScanRecord, PrescreenRecord
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
     from .context import Context
 
-__all__ = ["LabelInputs"]  # its home is `stage_records`; read here by older code
+__all__ = ["SEARCH_STAGES", "STAGES", "LabelInputs"]  # their homes: `settings`, `stage_records`
 
 
 class NoRetrievalWarning(UserWarning):
@@ -50,12 +51,6 @@ class PositionalAnswerWarning(UserWarning):
     """The model answers multiple-choice prompts by the option's place (counting lines),
     not by reading its label: with the labels shuffled it falls to chance. Its heads may
     then count options rather than gather and aggregate them."""
-
-
-STAGES = ("truncation", "layers", "heads", "entry", "roles", "joint", "confirm")
-SEARCH_STAGES = ("layers", "heads", "entry", "roles", "joint")
-"""The stages that decide which heads a role's set holds: `stability` re-runs only these
-(the truncation scan and the confirmation measure, they do not choose)."""
 
 
 def check_arguments(
