@@ -32,8 +32,10 @@ Before the stages, `estimate.estimate_passes` says about how many passes they wi
 (the stage bar's description; ``circuit.cost["estimate"]``).
 
 The settings are one `DiscoverySettings`; the stages are `plan.PLAN`, carried out by
-`plan.run`, and with ``run_dir`` each finished stage is saved (`run_dir.RunDir`): a run
-started again carries on after the last one.
+`plan.run`: each returns its record (`stage_records`), and the circuit is assembled from the
+records (`stage_records.assemble`; `discover_records` returns both). With ``run_dir`` each
+finished stage's record is saved (`run_dir.RunDir`): a run started again carries on after
+the last one.
 """
 
 from __future__ import annotations

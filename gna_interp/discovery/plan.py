@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..core.errors import GnaTypeError
 from ..cost import COUNTS
 from ..scoring.evaluation import evaluate
-from . import head_scans, remote
+from . import head_scans
 from . import stages as stage
 from .context import Context
 from .evidence import HeadEvidence
@@ -63,15 +63,16 @@ class Stage:
 
 def baseline(ctx: Context, records: Records) -> BaselineRecord:
     """Clean accuracy and the mechanism (`stage.baseline`); remotely the first request
-    (`stage.first_request`), locally the prescreen's first-order forward first (it is the
+    (`Runner.first_request`), locally the prescreen's first-order forward first (it is the
     clean one: it fills the prefix cache for the baseline). Ends the run when there is no
     retrieval to explain."""
     ctx.bar.stage("baseline")
-    first = stage.first_request(ctx) if ctx.batched else None
-    early = None if ctx.batched else stage.early_first_order(ctx)
+    s = ctx.settings
+    first = ctx.runner.first_request(ctx.task, s.stages, s.check_labels, ctx.wide)
+    early = stage.early_first_order(ctx) if first is None else None
     clean = first.clean if first is not None else evaluate(ctx.model, ctx.task, progress=ctx.evaluate_bars)
-    mechanism, notes, floor = stage.baseline(ctx.task, clean, ctx.settings.chance_margin)
-    stop = mechanism == "none" and not ctx.settings.search_at_chance  # no retrieval to explain: no head search
+    mechanism, notes, floor = stage.baseline(ctx.task, clean, s.chance_margin)
+    stop = mechanism == "none" and not s.search_at_chance  # no retrieval to explain: no head search
     return BaselineRecord(clean, floor, mechanism, notes, stop, first, early)
 
 
@@ -152,7 +153,7 @@ def entry(ctx: Context, records: Records) -> EntryRecord:
         evidence = {h: replace(e, entry=entries.get(h, e.entry)) for h, e in evidence.items()}
     scan.record_search()
     tests = {str(layer): tests for layer, tests in scan.tests.items()} if scan.tests else None
-    ahead = remote.pool_heads(ctx.model, harmful, evidence, s.screen_above) if ctx.batched and "joint" in s.stages else []
+    ahead = ctx.runner.pool_ahead(harmful, evidence, s.screen_above) if "joint" in s.stages else []
     return EntryRecord(evidence, scan, tests, ahead)
 
 

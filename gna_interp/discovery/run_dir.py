@@ -38,10 +38,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.errors import GnaValueError
+from ..cost import uncharged
 from ..scoring.evaluation import evaluate
 from . import memo
 from .plan import PLAN, Records, Stage
 from .records import key_from_json, key_to_json, record_from_dict, record_to_dict, scan_in_flight
+from .runner import runner_for
 from .stage_records import EntryRecord
 
 if TYPE_CHECKING:
@@ -208,17 +210,12 @@ class RunDir:
 
 
 def warm_prefix(model: GnaModel, task: Task) -> None:
-    """The clean forward over ``task``, charged to no meter: a resumed local run's prefix
-    cache (`GnaModel.prefix_cache`) holds the task's clean streams, as the stages before
-    had left it. A remote model has no prefix cache: nothing to do."""
-    if model.is_remote or getattr(model, "_prefix", None) is None:
+    """The clean forward over ``task``, charged to no meter (`cost.uncharged`): a resumed
+    local run's prefix cache (`GnaModel.prefix_cache`, the one `discover` holds open) holds
+    the task's clean streams, as the stages before had left it. A remote model has no
+    prefix cache: nothing to do."""
+    if not runner_for(model).has_prefix_cache:
         return
-    meters = getattr(model.backend, "_cost_meters", None)
-    held = list(meters) if meters is not None else []
-    if meters is not None:
-        meters.clear()
-    try:
-        evaluate(model, task, progress=False)
-    finally:
-        if meters is not None:
-            meters[:] = held
+    with model.prefix_cache() as cache, uncharged(model):
+        if cache is not None:
+            evaluate(model, task, progress=False)

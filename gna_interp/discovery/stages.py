@@ -1,5 +1,5 @@
 """The measurements of `discover`'s stages (`plan.PLAN` calls them), in the order it runs them:
-`check_arguments`, `first_request` (a remote run's first request), `baseline` and
+`check_arguments`, `early_first_order`, `baseline` and
 `label_check`, `layer_stages` (truncation and layer scans), `prescreen_stage`, the head scan
 (`head_scans.head_scan`), `entry_stage` (`LabelInputs`), `role_stage`, `entry_ends`,
 and `confirm_stage` (the joint stage asks the runner: `runner.Runner.joint_search`).
@@ -30,7 +30,6 @@ from .circuit import GnaCircuit
 from .confirm import confirm, roles_left_open, spread_check, spread_check_runs
 from .entry import ENTRY_POSITIONS, entry_scan
 from .evidence import HeadEvidence
-from .group_testing import stage_one
 from .joint import head_float
 from .roles import RoleScores, RoleThresholds, entry_shares, label, pattern_agrees
 from .settings import SEARCH_STAGES, STAGES
@@ -68,17 +67,6 @@ def check_arguments(
     for layer in scan_layers:
         model.check_layer(layer)
     return thresholds or RoleThresholds(), scan_layers
-
-
-def first_request(ctx: Context) -> remote.FirstScans:
-    """A remote run's first request (`remote.first_scans`): the baseline, the label check, the
-    truncation and layer scans, and the first stage of group testing of the wide layers
-    (`Context.wide`) when there are at most `remote.SPECULATE_LAYERS` of them."""
-    model, s, wide = ctx.model, ctx.settings, ctx.wide
-    speculated = []
-    if len(wide) <= remote.SPECULATE_LAYERS:
-        speculated = [g for layer in wide for g in stage_one([Head(layer, h) for h in range(model.heads_per_layer[layer])])]
-    return remote.first_scans(model, ctx.task, s.stages, s.check_labels, speculated)
 
 
 def retrieval_floor(chance: float, chance_margin: float, n_prompts: int) -> dict[str, float]:
