@@ -185,7 +185,7 @@ def _context(model: GnaModel, task: Task, settings: DiscoverySettings, progress:
     """The run's `plan.Context`: the arguments checked (`stage.check_arguments`), the pass
     estimate (`estimate_passes`, in ``circuit.settings["estimate"]``) and the stage bar
     (shown with ``progress`` and a ``meter``)."""
-    thresholds, scan_layers = stage.check_arguments(model, task, settings.stages, settings.thresholds, settings.layers)
+    thresholds, scan_layers = stage.check_arguments(model, task, settings)
     s = settings
     knobs = (s.max_candidates, s.pattern_prompts, s.check_labels, s.screen_above, s.prescreen_above, s.keep)
     estimate = estimate_passes(model, len(task), s.stages, scan_layers, *knobs)

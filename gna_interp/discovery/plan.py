@@ -83,9 +83,7 @@ def label_check(ctx: Context, records: Records) -> LabelCheckRecord:
         return LabelCheckRecord()
     ctx.bar.stage("label check")
     measured = None if base.first is None else base.first.shuffled
-    shuffled, warning = stage.label_check(
-        ctx.model, ctx.task, base.clean.accuracy, _threshold(ctx, records), evaluate_bars=ctx.evaluate_bars, measured=measured
-    )
+    shuffled, warning = stage.label_check(ctx, clean=base.clean.accuracy, threshold=_threshold(ctx, records), measured=measured)
     return LabelCheckRecord(shuffled, warning)
 
 
@@ -93,7 +91,7 @@ def layer_scans(ctx: Context, records: Records) -> LayerScanRecord:
     """Truncation and layer scans (`stage.layer_stages`); the run ends here without ``"heads"``."""
     ctx.bar.stage("layer scans")
     base = records.baseline
-    return stage.layer_stages(ctx, base.clean.accuracy, base.clean.chance, base.first)
+    return stage.layer_stages(ctx, base.clean.accuracy, base.clean.chance, first=base.first)
 
 
 def prescreen(ctx: Context, records: Records) -> PrescreenRecord:
@@ -102,7 +100,7 @@ def prescreen(ctx: Context, records: Records) -> PrescreenRecord:
         return PrescreenRecord()
     ctx.bar.stage("prescreen")
     base = records.baseline
-    return stage.prescreen_stage(ctx, base.clean.accuracy, records.of(LayerScanRecord).layer_scan, base.early)
+    return stage.prescreen_stage(ctx, base.clean.accuracy, records.of(LayerScanRecord).layer_scan, early=base.early)
 
 
 def head_scan(ctx: Context, records: Records) -> HeadScanRecord:
@@ -149,7 +147,7 @@ def entry(ctx: Context, records: Records) -> EntryRecord:
     scan, evidence, harmful = owned(ctx, scanned.scan), scanned.evidence, scanned.harmful
     if "entry" in s.stages:
         ctx.bar.stage("entry")
-        entries = stage.entry_stage(ctx, evidence, harmful, scan, records.of(PatternRecord).labels)
+        entries = stage.entry_stage(ctx, evidence, scan, harmful=harmful, labels=records.of(PatternRecord).labels)
         evidence = {h: replace(e, entry=entries.get(h, e.entry)) for h, e in evidence.items()}
     scan.record_search()
     tests = {str(layer): tests for layer, tests in scan.tests.items()} if scan.tests else None
@@ -191,13 +189,13 @@ def joint(ctx: Context, records: Records) -> JointRecord:
             ctx.model,
             ctx.task,
             ctx.encoded,
-            evidence,
-            records.scan,
-            ctx.thresholds,
-            s.pattern_prompts,
-            s.screen_above,
-            ctx.progress,
-            s.joint_search,
+            evidence=evidence,
+            scan=records.scan,
+            thresholds=ctx.thresholds,
+            pattern_prompts=s.pattern_prompts,
+            screen_above=s.screen_above,
+            progress=ctx.progress,
+            method=s.joint_search,
         )
         measured = records.of(RoleRecord).measured
         search.scored = {h: measured[h] for h in records.of(EntryRecord).ahead}
@@ -214,7 +212,7 @@ def confirm(ctx: Context, records: Records) -> ConfirmRecord:
         return ConfirmRecord()
     ctx.bar.stage("confirm")
     before, draft = assemble(ctx, records), assemble(ctx, records)
-    stage.confirm_stage(ctx, draft, owned(ctx, records.scan), _threshold(ctx, records))
+    stage.confirm_stage(ctx, draft, owned(ctx, records.scan), threshold=_threshold(ctx, records))
     cost = None if draft.cost is None else draft.cost.get("size_curves")
     return ConfirmRecord(
         accuracy=_added(before.accuracy, draft.accuracy),

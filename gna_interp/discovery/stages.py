@@ -38,6 +38,7 @@ from .stage_records import LabelInputs, LayerScanRecord, PrescreenRecord
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
     from .context import Context
+    from .settings import DiscoverySettings
 
 __all__ = ["SEARCH_STAGES", "STAGES", "LabelInputs"]  # their homes: `settings`, `stage_records`
 
@@ -52,11 +53,10 @@ class PositionalAnswerWarning(UserWarning):
     then count options rather than gather and aggregate them."""
 
 
-def check_arguments(
-    model: GnaModel, task: Task, stages: Sequence[str], thresholds: RoleThresholds | None, layers: Sequence[int] | None
-) -> tuple[RoleThresholds, list[int]]:
+def check_arguments(model: GnaModel, task: Task, settings: DiscoverySettings) -> tuple[RoleThresholds, list[int]]:
     """`discover`'s arguments checked: the thresholds (default `RoleThresholds()`) and the
     layers to scan (default every layer)."""
+    stages, thresholds, layers = settings.stages, settings.thresholds, settings.layers
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise GnaValueError(f"unknown stages {unknown}: expected a subset of {STAGES}")
@@ -97,7 +97,7 @@ def baseline(task: Task, clean: Evaluation, chance_margin: float) -> tuple[str, 
     return mechanism, notes, floor
 
 
-def layer_stages(ctx: Context, clean: float, chance: float, first: remote.FirstScans | None) -> LayerScanRecord:
+def layer_stages(ctx: Context, clean: float, chance: float, *, first: remote.FirstScans | None) -> LayerScanRecord:
     """The truncation scan with its critical layer, and the layer scan, screened in groups
     (`layer_scans.screen_layers`; a remote run's ``first`` request measured every group it
     may ask for). The record's ``screen``: per layer, the layers skipped in the forward
@@ -120,7 +120,7 @@ def layer_stages(ctx: Context, clean: float, chance: float, first: remote.FirstS
 
 
 def prescreen_stage(
-    ctx: Context, clean: float, layer_scan: list[float] | None, early: head_scans.FirstOrder | None = None
+    ctx: Context, clean: float, layer_scan: list[float] | None, *, early: head_scans.FirstOrder | None = None
 ) -> PrescreenRecord:
     """Too many heads to ablate one by one: the heads the head scan ablates alone
     (`head_scans.prescreen`), the costly wide layers (of the layer scan ``layer_scan``) it
@@ -173,7 +173,7 @@ def early_first_order(ctx: Context) -> head_scans.FirstOrder | None:
 
 
 def entry_stage(
-    ctx: Context, evidence: dict[Head, HeadEvidence], harmful: list[Head], scan: head_scans.HeadScan, labels: LabelInputs | None = None
+    ctx: Context, evidence: dict[Head, HeadEvidence], scan: head_scans.HeadScan, *, harmful: list[Head], labels: LabelInputs | None = None
 ) -> dict[Head, dict[str, float]]:
     """Where each harmful head's effect enters (`entry_scan`): per head measured, its entry
     accuracies. A remote scan's spread-group search travels in the same request (finished
@@ -227,7 +227,7 @@ def role_stage(
     return labelled
 
 
-def confirm_stage(ctx: Context, circuit: GnaCircuit, scan: head_scans.HeadScan, threshold: float) -> None:
+def confirm_stage(ctx: Context, circuit: GnaCircuit, scan: head_scans.HeadScan, *, threshold: float) -> None:
     """The confirmation (`confirm.confirm`), then the spread check of the roles left open
     (`confirm.spread_check`), into ``circuit`` and ``scan``: the stage's own copies."""
     model, task, encoded, max_heads = ctx.model, ctx.task, ctx.encoded, ctx.settings.max_heads_per_role
@@ -240,18 +240,16 @@ def confirm_stage(ctx: Context, circuit: GnaCircuit, scan: head_scans.HeadScan, 
         spread_check(model, task, encoded, circuit, scan, threshold, max_heads, spread_runs, spread_values)
 
 
-def label_check(
-    model: GnaModel, task: Task, clean: float, threshold: float, *, evaluate_bars: bool | None, measured: float | None = None
-) -> tuple[float | None, str | None]:
+def label_check(ctx: Context, *, clean: float, threshold: float, measured: float | None = None) -> tuple[float | None, str | None]:
     """Accuracy with the labels shuffled (``None`` for tasks that are not multiple choice),
     and the warning when it falls to the ``threshold`` (the model answers by the option's
     place: a `PositionalAnswerWarning`); ``measured``: already measured (a remote run
     measures it with the first scans)."""
     try:
-        relabelled = shuffle_labels(task)
+        relabelled = shuffle_labels(ctx.task)
     except ValueError:
         return None, None
-    shuffled = evaluate(model, relabelled, progress=evaluate_bars).accuracy if measured is None else measured
+    shuffled = evaluate(ctx.model, relabelled, progress=ctx.evaluate_bars).accuracy if measured is None else measured
     if shuffled >= threshold:
         return shuffled, None
     note = (
