@@ -126,6 +126,22 @@ def charge_forward(backend: Any, rows: int, start_layer: int, n_layers: int, req
 
 
 @contextmanager
+def uncharged(model: Any) -> Iterator[None]:
+    """Inside the block, nothing run through ``model`` is charged to the meters open on it
+    (`cost_meter`); they count again on exit, exceptions included (a meter opened inside
+    the block is detached then too)."""
+    meters = getattr(getattr(model, "backend", None), "_cost_meters", None)
+    held = list(meters) if meters is not None else []
+    if meters is not None:
+        meters.clear()
+    try:
+        yield
+    finally:
+        if meters is not None:
+            meters[:] = held
+
+
+@contextmanager
 def cost_meter(model: Any) -> Iterator[Cost]:
     """Count the forwards, rows, block evaluations and remote requests of everything run
     through ``model`` inside the block (see the module docs). Meters nest: each counts

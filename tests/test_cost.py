@@ -45,6 +45,21 @@ def test_meter_is_detached_when_the_block_raises(llama_tlens):
         pass
 
 
+def test_uncharged_forwards_reach_no_meter(llama_tlens):
+    """Inside `cost.uncharged` a forward counts on no open meter, raising included; after it
+    the same meter counts again (by hand: one forward of 4 prompts)."""
+    from gna_interp.cost import uncharged
+
+    with gna.cost_meter(llama_tlens) as meter:
+        with uncharged(llama_tlens):
+            llama_tlens.logits(PROMPTS)
+        assert (meter.forwards, meter.rows) == (0, 0)
+        with pytest.raises(ValueError, match="out of range"), uncharged(llama_tlens):
+            llama_tlens.logits(PROMPTS, [gna.Ablate([gna.Head(9, 0)])])
+        llama_tlens.logits(PROMPTS)
+        assert (meter.forwards, meter.rows) == (1, 4)
+
+
 def test_meter_counts_remote_requests(llama_hf, tokenizer):
     """Under ``remote="local"`` every trace is one simulated request."""
     remote = gna.load(copy.deepcopy(llama_hf), tokenizer=tokenizer, remote="local")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import gna_interp as gna
+from gna_interp.discovery import HeadEvidence
 from gna_interp.discovery.runner import LocalRunner, RemoteRunner, runner_for
 from gna_interp.zoo.deep import deep_toy
 
@@ -69,3 +70,20 @@ def test_no_stage_probes_the_backend_for_remote():
 def test_every_forward_of_a_plan_goes_through_run_plan():
     """`backend.run(` only in the handle (`run_plan`) and the prefix cache behind it."""
     assert _lines(r"backend\.run\(", {"models/handle.py", "models/prefix.py"}) == []
+
+
+def test_what_each_engine_measures_ahead(pair):
+    """Locally nothing is measured ahead; remotely the first request gives `evaluate`'s clean
+    accuracy in one request, and the joint pool ahead is every head of the harmful heads'
+    layers not examined yet (listed here by hand)."""
+    local, remote, task = pair
+    assert runner_for(local).first_request(task, ("truncation", "layers"), False, []) is None
+    assert runner_for(local).pool_ahead([H(1, 0)], {}, 64) == []
+    with gna.cost_meter(remote) as cost:
+        first = runner_for(remote).first_request(task, ("truncation", "layers"), False, [])
+    assert cost.requests == 1
+    assert first is not None and first.clean.accuracy == pytest.approx(gna.evaluate(local, task, progress=False).accuracy, abs=1e-9)
+    examined = {H(1, 1): HeadEvidence(H(1, 1), None, 0.5, True)}
+    expected = [H(1, h) for h in range(local.heads_per_layer[1]) if h != 1]
+    assert runner_for(remote).pool_ahead([H(1, 0)], examined, 64) == expected
+    assert runner_for(remote).pool_ahead([H(1, 0)], examined, local.heads_per_layer[1] - 1) == []  # a wide layer: no pool ahead

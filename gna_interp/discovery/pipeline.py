@@ -32,8 +32,10 @@ Before the stages, `estimate.estimate_passes` says about how many passes they wi
 (the stage bar's description; ``circuit.cost["estimate"]``).
 
 The settings are one `DiscoverySettings`; the stages are `plan.PLAN`, carried out by
-`plan.run`, and with ``run_dir`` each finished stage is saved (`run_dir.RunDir`): a run
-started again carries on after the last one.
+`plan.run`: each returns its record (`stage_records`), and the circuit is assembled from the
+records (`stage_records.assemble`; `discover_records` returns both). With ``run_dir`` each
+finished stage's record is saved (`run_dir.RunDir`): a run started again carries on after
+the last one.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from .estimate import StageBar, estimate_passes
 from .evidence import ROLES, Stability
 from .run_dir import RunDir
 from .settings import DiscoverySettings
+from .stage_records import Records
 from .stages import SEARCH_STAGES
 
 if TYPE_CHECKING:
@@ -112,12 +115,7 @@ def discover(
         _check_samples(stability, "stability")
     with model.prefix_cache(), memo.accuracy_memo(model), cost_meter(model) as cost:
         started = time.perf_counter()
-        ctx = _context(model, task, settings, progress, cost)
-        saved = None if run_dir is None else RunDir(run_dir, model, task, settings)
-        try:
-            circuit, records = plan.run(ctx, cost, saved)
-        finally:
-            ctx.bar.close()
+        circuit, records = _run(model, task, settings, progress, run_dir, cost, plan.PLAN)
     spent = Cost(n_layers=cost.n_layers)
     spent.add(**{k: sum(r.cost[k] for r in records) for k in COUNTS})
     spent.peak_memory_mb, spent.memory_source = cost.peak_memory_mb, cost.memory_source
@@ -126,6 +124,47 @@ def discover(
     if stability is not None:
         circuit.stability = _stability(model, _sample_tasks(task, stability, 0), settings, progress)
     return circuit
+
+
+def discover_records(
+    model: GnaModel,
+    task: Task,
+    *,
+    steps: Sequence[plan.Stage] = plan.PLAN,
+    settings: DiscoverySettings | None = None,
+    progress: bool = False,
+    run_dir: str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> tuple[GnaCircuit, Records]:
+    """`discover`'s stages with their records: the circuit `assemble`d from the records
+    (`stage_records.assemble`; without `discover`'s cost summary), and the records, one per
+    stage run (`stage_records.Records`: ``records.of(HeadScanRecord)``...). ``steps``:
+    `plan.PLAN`, or a plan with a stage of your own (docs/architecture.md, "Add a stage").
+    The other arguments as for `discover` (``stages=`` is its setting: the optional stages
+    to run); ``run_dir`` keeps these steps' records."""
+    check_model_and_task(model, task, "discover_records")
+    settings = _settings(settings, options, "discover_records")
+    with model.prefix_cache(), memo.accuracy_memo(model), cost_meter(model) as cost:
+        return _run(model, task, settings, progress, run_dir, cost, steps)
+
+
+def _run(
+    model: GnaModel,
+    task: Task,
+    settings: DiscoverySettings,
+    progress: bool,
+    run_dir: str | os.PathLike[str] | None,
+    meter: Cost,
+    stages: Sequence[plan.Stage],
+) -> tuple[GnaCircuit, Records]:
+    """``stages`` carried out (`plan.run`) in the run's context, with the stage bar, in a run
+    directory when given (inside the caller's memo, prefix cache and ``meter``)."""
+    ctx = _context(model, task, settings, progress, meter)
+    saved = None if run_dir is None else RunDir(run_dir, model, task, settings, stages)
+    try:
+        return plan.run(ctx, meter, saved, stages)
+    finally:
+        ctx.bar.close()
 
 
 def _settings(settings: DiscoverySettings | None, options: dict[str, Any], where: str) -> DiscoverySettings:
@@ -146,7 +185,7 @@ def _context(model: GnaModel, task: Task, settings: DiscoverySettings, progress:
     """The run's `plan.Context`: the arguments checked (`stage.check_arguments`), the pass
     estimate (`estimate_passes`, in ``circuit.settings["estimate"]``) and the stage bar
     (shown with ``progress`` and a ``meter``)."""
-    thresholds, scan_layers = stage.check_arguments(model, task, settings.stages, settings.thresholds, settings.layers)
+    thresholds, scan_layers = stage.check_arguments(model, task, settings)
     s = settings
     knobs = (s.max_candidates, s.pattern_prompts, s.check_labels, s.screen_above, s.prescreen_above, s.keep)
     estimate = estimate_passes(model, len(task), s.stages, scan_layers, *knobs)

@@ -1,369 +1,275 @@
 """`discover` as a list of stages (`PLAN`) that `run` carries out in order.
 
-Each stage is a function ``(ctx, state) -> None``: it reads the run's fixed `Context` (model,
-task, `DiscoverySettings`, the layers to scan...) and what the earlier stages recorded in the
-`State`, and records its own results there (the circuit's fields, the head scan, the
-evidence...). `run` marks each stage on the stage bar, measures what it cost (`StageRecord`)
-and, with a run directory (`run_dir.RunDir`), saves the state after it: a run started again
-reads the last finished stage's state and carries on after it. A stage may end the run
-(``state.done``: nothing to explain, or no head search asked for).
+Each stage is a function ``(ctx, records) -> ItsRecord``: it reads the run's fixed `Context`
+(model, task, `DiscoverySettings`, the runner, the layers to scan...) and the records of the
+stages before it (`stage_records.Records`, read-only), and returns what it measured and
+decided as its own frozen record (`stage_records`). It changes no earlier record: what it
+carries further (the evidence, the head scan, a draft of the circuit) it copies first
+(`stage_records.owned`). `run` marks each stage on the stage bar, sets the record's cost
+and, with a run directory (`run_dir.RunDir`), saves the record: a run started again reads
+the finished stages' records and carries on after them. A record may end the run
+(`Record.ends_run`: nothing to explain, or no head search asked for). The circuit is
+`stage_records.assemble` of the records, at the end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Protocol
 
-from ..core.errors import GnaValueError
-from ..core.heads import Head
+from ..core.errors import GnaTypeError
 from ..cost import COUNTS
 from ..scoring.evaluation import evaluate
-from . import head_scans, positions, remote
+from . import head_scans, positions
 from . import stages as stage
-from .estimate import StageBar
+from .context import Context
 from .evidence import HeadEvidence
 from .joint import JointSearch
-from .roles import RoleScores, RoleThresholds, role_scores
-from .runner import Runner, runner_for
+from .roles import role_scores
+from .stage_records import (
+    BaselineRecord,
+    ConfirmRecord,
+    EntryRecord,
+    HeadScanRecord,
+    JointRecord,
+    LabelCheckRecord,
+    LabelInputs,
+    LayerScanRecord,
+    PatternRecord,
+    PositionRecord,
+    PrescreenRecord,
+    Record,
+    Records,
+    RoleRecord,
+    assemble,
+    owned,
+)
 
 if TYPE_CHECKING:
     from ..cost import Cost
-    from ..models.handle import GnaModel
-    from ..scoring.evaluation import Evaluation
-    from ..tasks.base import EncodedTask, Task
     from .circuit import GnaCircuit
-    from .settings import DiscoverySettings
 
-T = TypeVar("T")
-
-
-@dataclass
-class Context:
-    """What every stage reads and none changes: the model, the task, the settings, and what
-    follows from them (`stage.check_arguments`: the thresholds and layers to scan)."""
-
-    model: GnaModel
-    task: Task
-    settings: DiscoverySettings
-    thresholds: RoleThresholds
-    scan_layers: list[int]
-    estimate: dict[str, Any]
-    bar: StageBar
-    progress: bool
-
-    @cached_property
-    def runner(self) -> Runner:
-        """The engine the stages ask (`runner.runner_for`): local, or remote in few requests."""
-        return runner_for(self.model)
-
-    @property
-    def batched(self) -> bool:
-        """Each stage's forwards in one request (`Runner.batched`: a remote model)."""
-        return self.runner.batched
-
-    @property
-    def evaluate_bars(self) -> bool | None:
-        """`evaluate`'s own default bars for single evaluations, or none."""
-        return None if self.progress else False
-
-    @property
-    def wide(self) -> list[int]:
-        """The scan layers of more than ``screen_above`` heads (group testing)."""
-        if "heads" not in self.settings.stages:
-            return []
-        return [layer for layer in self.scan_layers if self.model.heads_per_layer[layer] > self.settings.screen_above]
-
-    @cached_property
-    def encoded(self) -> EncodedTask:
-        """The task encoded for the model's tokenizer (once per run)."""
-        return self.task.encode(self.task.tokenizer_for(self.model.tokenizer))
-
-
-@dataclass
-class State:
-    """What the stages have recorded so far (the circuit, and what later stages read).
-
-    Attributes:
-        circuit: the circuit so far (from the baseline; `found` reads it).
-        clean: the clean `Evaluation` (``scores`` ``[prompt, candidate]``; `baseline` reads it).
-        first: a remote run's first request (`remote.FirstScans`), else ``None``.
-        early: the prescreen's first-order estimates measured with the baseline
-            (`head_scans.FirstOrder`, ``estimates`` ``[layer, head]``), else ``None``.
-        done: the run ends after the stage that set it.
-        only, adaptive, quiet: the prescreen's heads to ablate alone (``None``: every head),
-            wide layers for group testing, and heads ablated together first (`stage.prescreen_stage`).
-        scan: the head scan (`head_scans.HeadScan`: ``accuracy`` and ``verified`` ``[layer, head]``).
-        candidates, evidence, harmful: the heads examined for roles, their `HeadEvidence`,
-            and those that cost at least ``min_effect`` alone.
-        labels: a local run's pattern scores measured before the entry scan (`stage.LabelInputs`).
-        ahead: a remote run's joint pool heads, scored with the candidates (`remote.pool_heads`).
-        measured: the pattern scores (`RoleScores`) of the candidates and ``ahead``.
-        positions_pending: the layers of a remote run's position scan, measured with the confirmation.
-    """
-
-    circuit: GnaCircuit | None = None
-    clean: Evaluation | None = None
-    first: remote.FirstScans | None = None
-    early: head_scans.FirstOrder | None = None
-    done: bool = False
-    only: list[Head] | None = None
-    adaptive: list[int] = field(default_factory=list)
-    quiet: list[Head] = field(default_factory=list)
-    scan: head_scans.HeadScan | None = None
-    candidates: list[Head] = field(default_factory=list)
-    evidence: dict[Head, HeadEvidence] = field(default_factory=dict)
-    harmful: list[Head] = field(default_factory=list)
-    labels: stage.LabelInputs | None = None
-    ahead: list[Head] = field(default_factory=list)
-    measured: dict[Head, RoleScores] = field(default_factory=dict)
-    positions_pending: list[int] | None = None
-
-    @property
-    def found(self) -> GnaCircuit:
-        """The circuit (after the baseline)."""
-        return _written(self.circuit, "circuit", "baseline")
-
-    @property
-    def baseline(self) -> Evaluation:
-        """The clean evaluation (after the baseline)."""
-        return _written(self.clean, "clean", "baseline")
-
-    @property
-    def scanned(self) -> head_scans.HeadScan:
-        """The head scan (after its stage)."""
-        return _written(self.scan, "scan", "head_scan")
-
-    def resumable(self) -> bool:
-        """Whether the state can be saved: not while a remote scan's search is in flight."""
-        return self.scan is None or self.scan.search is None
-
-
-def _written(value: T | None, name: str, by: str) -> T:
-    if value is None:
-        raise GnaValueError(f"state.{name} read before the {by!r} stage wrote it: a stage of PLAN runs too early")
-    return value
-
-
-@dataclass(frozen=True)
-class StageRecord:
-    """A finished stage: its name and what it cost (`cost.COUNTS` added to the meter)."""
-
-    name: str
-    cost: dict[str, int]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "cost": dict(self.cost)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StageRecord:
-        return cls(data["name"], {k: int(data["cost"].get(k, 0)) for k in COUNTS})
+__all__ = ["PLAN", "Context", "Records", "Stage", "assemble", "run"]
 
 
 @dataclass(frozen=True)
 class Stage:
-    """One step of `PLAN`: ``run(ctx, state)`` records its results in ``state``."""
+    """One step of `PLAN`: ``run(ctx, records)`` returns its ``record`` (a `Record` subclass)."""
 
     name: str
-    run: Callable[[Context, State], None]
+    run: Callable[[Context, Records], Record]
+    record: type[Record]
 
 
-def baseline(ctx: Context, state: State) -> None:
-    """Clean accuracy and the circuit (`stage.baseline`); remotely the first request
-    (`stage.first_request`), locally the prescreen's first-order forward first (it is the
+def baseline(ctx: Context, records: Records) -> BaselineRecord:
+    """Clean accuracy and the mechanism (`stage.baseline`); remotely the first request
+    (`Runner.first_request`), locally the prescreen's first-order forward first (it is the
     clean one: it fills the prefix cache for the baseline). Ends the run when there is no
     retrieval to explain."""
     ctx.bar.stage("baseline")
-    s, model, task = ctx.settings, ctx.model, ctx.task
-    if ctx.batched:
-        state.first = stage.first_request(model, task, s.stages, s.check_labels, ctx.wide)
-    else:
-        backward = ctx.runner.has_backward
-        state.early = stage.early_first_order(model, task, s.stages, ctx.scan_layers, s.screen_above, s.prescreen_above, backward)
-    state.clean = state.first.clean if state.first is not None else evaluate(model, task, progress=ctx.evaluate_bars)
-    settings = {**s.circuit_dict(ctx.scan_layers), "estimate": ctx.estimate}
-    state.circuit = stage.baseline(model, task, state.clean, s.chance_margin, settings)
-    state.done = state.circuit.mechanism == "none" and not s.search_at_chance  # no retrieval to explain: no head search
+    s = ctx.settings
+    first = ctx.runner.first_request(ctx.task, s.stages, s.check_labels, ctx.wide)
+    early = stage.early_first_order(ctx) if first is None else None
+    clean = first.clean if first is not None else evaluate(ctx.model, ctx.task, progress=ctx.evaluate_bars)
+    mechanism, notes, floor = stage.baseline(ctx.task, clean, s.chance_margin)
+    stop = mechanism == "none" and not s.search_at_chance  # no retrieval to explain: no head search
+    return BaselineRecord(clean, floor, mechanism, notes, stop, first, early)
 
 
-def label_check(ctx: Context, state: State) -> None:
+def label_check(ctx: Context, records: Records) -> LabelCheckRecord:
     """Accuracy with the labels shuffled (`stage.label_check`)."""
-    circuit = state.found
-    if ctx.settings.check_labels and circuit.mechanism != "none":
-        ctx.bar.stage("label check")
-        shuffled = None if state.first is None else state.first.shuffled
-        stage.label_check(ctx.model, ctx.task, circuit, state.baseline, ctx.settings.chance_margin, ctx.evaluate_bars, shuffled)
+    base = records.baseline
+    if not ctx.settings.check_labels or base.mechanism == "none":
+        return LabelCheckRecord()
+    ctx.bar.stage("label check")
+    measured = None if base.first is None else base.first.shuffled
+    return stage.label_check(ctx, clean=base.clean, measured=measured)
 
 
-def layer_scans(ctx: Context, state: State) -> None:
+def layer_scans(ctx: Context, records: Records) -> LayerScanRecord:
     """Truncation and layer scans (`stage.layer_stages`); the run ends here without ``"heads"``."""
     ctx.bar.stage("layer scans")
-    s = ctx.settings
-    stage.layer_stages(ctx.model, ctx.task, state.found, s.stages, state.first, ctx.thresholds.min_effect, ctx.progress)
-    state.done = "heads" not in s.stages
+    base = records.baseline
+    return stage.layer_stages(ctx, base.clean.accuracy, base.clean.chance, first=base.first)
 
 
-def position_scan(ctx: Context, state: State) -> None:
+def position_scan(ctx: Context, records: Records) -> PositionRecord:
     """Where each costly layer acts (`positions.position_scan`): its heads ablated together at
-    each position class of the task, before any head search."""
-    s, circuit = ctx.settings, state.found
-    if "positions" in s.stages and ctx.encoded.single_token:  # positions need single-token scoring
-        ctx.bar.stage("positions")
-        clean, min_effect = state.baseline.accuracy, ctx.thresholds.min_effect
-        layers = positions.costly_layers(circuit.layer_scan, ctx.scan_layers, clean, min_effect)
-        if ctx.batched and "confirm" in s.stages:  # remotely, measured in the confirmation's request
-            state.positions_pending = layers
-        else:
-            circuit.positions = positions.position_scan(ctx.runner, ctx.task, ctx.encoded, layers, clean=clean, min_effect=min_effect)
+    each position class of the task, before any head search; on a remote run with a
+    confirmation, measured in the confirmation's request (``pending``)."""
+    s = ctx.settings
+    if "positions" not in s.stages or not ctx.encoded.single_token:  # positions need single-token scoring
+        return PositionRecord()
+    ctx.bar.stage("positions")
+    clean, min_effect = records.baseline.clean.accuracy, ctx.thresholds.min_effect
+    layers = positions.costly_layers(records.of(LayerScanRecord).layer_scan, ctx.scan_layers, clean, min_effect)
+    if ctx.batched and "confirm" in s.stages:
+        return PositionRecord(pending=layers)
+    return PositionRecord(positions.position_scan(ctx.runner, ctx.task, ctx.encoded, layers, clean=clean, min_effect=min_effect))
 
 
-def prescreen(ctx: Context, state: State) -> None:
+def prescreen(ctx: Context, records: Records) -> PrescreenRecord:
     """The heads the head scan ablates alone, when the scan layers hold too many (`stage.prescreen_stage`)."""
-    s, model = ctx.settings, ctx.model
-    if sum(model.heads_per_layer[layer] for layer in ctx.scan_layers) > s.prescreen_above:
-        ctx.bar.stage("prescreen")
-        state.only, state.adaptive, state.quiet = stage.prescreen_stage(
-            model,
-            ctx.task,
-            state.found,
-            ctx.scan_layers,
-            ctx.wide,
-            ctx.thresholds,
-            s.screen_above,
-            s.keep,
-            ctx.batched,
-            state.early,
-        )
+    if sum(ctx.model.heads_per_layer[layer] for layer in ctx.scan_layers) <= ctx.settings.prescreen_above:
+        return PrescreenRecord()
+    ctx.bar.stage("prescreen")
+    base = records.baseline
+    return stage.prescreen_stage(ctx, base.clean.accuracy, records.of(LayerScanRecord).layer_scan, early=base.early)
 
 
-def head_scan(ctx: Context, state: State) -> None:
+def head_scan(ctx: Context, records: Records) -> HeadScanRecord:
     """Single-head ablation (`head_scans.head_scan`), the candidates and their evidence."""
     ctx.bar.stage("head scan")
-    s, clean = ctx.settings, state.baseline.accuracy
+    s, base, screened = ctx.settings, records.baseline, records.of(PrescreenRecord)
+    clean, min_effect = base.clean.accuracy, ctx.thresholds.min_effect
     scan = head_scans.head_scan(
         ctx.model,
         ctx.task,
         ctx.scan_layers,
         screen_above=s.screen_above,
-        only=state.only,
-        adaptive=state.adaptive,
+        only=screened.only,
+        adaptive=screened.adaptive,
         clean=clean,
-        min_effect=ctx.thresholds.min_effect,
+        min_effect=min_effect,
         progress=ctx.progress,
-        known=None if state.first is None else state.first.groups,
+        known=None if base.first is None else base.first.groups,
         defer_search=ctx.batched and "entry" in s.stages,  # the spread groups' search travels with the entry scan
         search_spread=ctx.batched,  # locally, only the groups the spread report shows are searched (`spread_check`)
-        quiet=state.quiet,
+        quiet=screened.quiet,
     )
-    state.scan = scan
-    state.found.head_scan = [[None if v != v else float(v) for v in row] for row in scan.accuracy.tolist()]
-    state.candidates = stage.candidates(scan.accuracy, scan.verified, s.max_candidates, scan.cleared)
-    evidence = {
-        h: HeadEvidence(h, None, float(scan.accuracy[h.layer, h.head]), bool(scan.verified[h.layer, h.head])) for h in state.candidates
-    }
-    state.evidence = evidence
-    min_effect = ctx.thresholds.min_effect
-    state.harmful = [h for h, e in evidence.items() if e.ablated_accuracy is not None and clean - e.ablated_accuracy >= min_effect]
+    candidates = stage.candidates(scan.accuracy, scan.verified, s.max_candidates, scan.cleared)
+    evidence = {h: HeadEvidence(h, None, float(scan.accuracy[h.layer, h.head]), bool(scan.verified[h.layer, h.head])) for h in candidates}
+    harmful = [h for h, e in evidence.items() if e.ablated_accuracy is not None and clean - e.ablated_accuracy >= min_effect]
+    return HeadScanRecord(scan, candidates, evidence, harmful)
 
 
-def patterns(ctx: Context, state: State) -> None:
+def patterns(ctx: Context, records: Records) -> PatternRecord:
     """Locally the pattern scores come first: the entry scan then measures only what the labels read."""
-    if not ctx.batched and "roles" in ctx.settings.stages and state.candidates:
-        ctx.bar.stage("roles")
-        scores = role_scores(ctx.model, ctx.encoded, state.candidates, ctx.settings.pattern_prompts)
-        state.labels = stage.LabelInputs(scores, ctx.thresholds, state.baseline.accuracy)
+    candidates = records.head_scan.candidates
+    if ctx.batched or "roles" not in ctx.settings.stages or not candidates:
+        return PatternRecord()
+    ctx.bar.stage("roles")
+    scores = role_scores(ctx.model, ctx.encoded, candidates, ctx.settings.pattern_prompts)
+    return PatternRecord(LabelInputs(scores, ctx.thresholds, records.baseline.clean.accuracy))
 
 
-def entry(ctx: Context, state: State) -> None:
-    """Where each harmful head's effect enters (`stage.entry_stage`); the head scan's search
-    finished (`HeadScan.record_search`) and its group forwards recorded."""
-    s, scan, circuit = ctx.settings, state.scanned, state.found
+def entry(ctx: Context, records: Records) -> EntryRecord:
+    """Where each harmful head's effect enters (`stage.entry_stage`), on the evidence; the
+    head scan's search finished (`HeadScan.record_search`, on the stage's copy) and its
+    group forwards recorded; remotely, the joint pool heads to score with the candidates."""
+    s, scanned = ctx.settings, records.head_scan
+    scan, evidence, harmful = owned(ctx, scanned.scan), scanned.evidence, scanned.harmful
     if "entry" in s.stages:
         ctx.bar.stage("entry")
-        stage.entry_stage(ctx.model, ctx.task, ctx.encoded, state.evidence, state.harmful, scan, ctx.progress, state.labels)
+        entries = stage.entry_stage(ctx, evidence, scan, harmful=harmful, labels=records.of(PatternRecord).labels)
+        evidence = {h: replace(e, entry=entries.get(h, e.entry)) for h, e in evidence.items()}
     scan.record_search()
-    if scan.tests:
-        circuit.settings["group_testing"] = {str(layer): tests for layer, tests in scan.tests.items()}
-    if ctx.batched and "joint" in s.stages:
-        state.ahead = remote.pool_heads(ctx.model, state.harmful, state.evidence, s.screen_above)
+    tests = {str(layer): tests for layer, tests in scan.tests.items()} if scan.tests else None
+    ahead = ctx.runner.pool_ahead(harmful, evidence, s.screen_above) if "joint" in s.stages else []
+    return EntryRecord(evidence, scan, tests, ahead)
 
 
-def roles(ctx: Context, state: State) -> None:
+def roles(ctx: Context, records: Records) -> RoleRecord:
     """Pattern scores (remotely: with the joint pool's) and the role labels (`stage.role_stage`)."""
-    s, circuit, candidates = ctx.settings, state.found, state.candidates
-    if state.labels is not None:
-        measured = state.labels.scores
+    s, candidates, labels = ctx.settings, records.head_scan.candidates, records.of(PatternRecord).labels
+    evidence = records.evidence
+    if labels is not None:
+        measured = labels.scores
     else:
         ctx.bar.stage("roles")
+        ahead = records.of(EntryRecord).ahead
         measured = (
-            role_scores(ctx.model, ctx.encoded, [*candidates, *state.ahead], s.pattern_prompts)
-            if "roles" in s.stages and candidates
-            else {}
+            role_scores(ctx.model, ctx.encoded, [*candidates, *ahead], s.pattern_prompts) if "roles" in s.stages and candidates else {}
         )
     if "roles" in s.stages and candidates:
-        clean = state.baseline.accuracy
-        stage.role_stage(ctx.model, ctx.task, state.evidence, candidates, state.harmful, measured, ctx.thresholds, clean)
-        if state.labels is not None and "entry" in s.stages:
-            stage.entry_ends(ctx.model, ctx.task, ctx.encoded, state.evidence, ctx.progress)
-    by_harm = sorted(state.evidence.values(), key=lambda e: (e.ablated_accuracy if e.ablated_accuracy is not None else 1.0, e.head))
-    circuit.gather = [e.head for e in by_harm if e.role == "gather"]
-    circuit.aggregate = [e.head for e in by_harm if e.role == "aggregate"]
-    state.measured = measured
+        clean = records.baseline.clean.accuracy
+        evidence = stage.role_stage(ctx, evidence, harmful=records.head_scan.harmful, measured=measured, clean=clean)
+        if labels is not None and "entry" in s.stages:
+            ends = stage.entry_ends(ctx, evidence)
+            evidence = {h: replace(e, entry=ends[h]) if h in ends else e for h, e in evidence.items()}
+    by_harm = sorted(evidence.values(), key=lambda e: (e.ablated_accuracy if e.ablated_accuracy is not None else 1.0, e.head))
+    gather, aggregate = [e.head for e in by_harm if e.role == "gather"], [e.head for e in by_harm if e.role == "aggregate"]
+    return RoleRecord(measured, evidence, gather, aggregate)
 
 
-def joint(ctx: Context, state: State) -> None:
-    """Per role, the set that collapses accuracy (`Runner.joint_search`); the examined heads
-    with their kinds into the circuit."""
-    s, circuit = ctx.settings, state.found
+def joint(ctx: Context, records: Records) -> JointRecord:
+    """Per role, the set that collapses accuracy (`Runner.joint_search`, on the stage's draft
+    of the circuit and copy of the evidence); the examined heads with their kinds."""
+    s, draft, evidence = ctx.settings, assemble(ctx, records), owned(ctx, records.evidence)
+    needs = {}
     if "joint" in s.stages and "roles" in s.stages and ctx.encoded.single_token:  # positions need single-token scoring
         ctx.bar.stage("joint")
         search = JointSearch(
             ctx.model,
             ctx.task,
             ctx.encoded,
-            state.evidence,
-            state.scanned,
-            ctx.thresholds,
-            s.pattern_prompts,
-            s.screen_above,
-            ctx.progress,
-            s.joint_search,
+            evidence=evidence,
+            scan=records.scan,
+            thresholds=ctx.thresholds,
+            pattern_prompts=s.pattern_prompts,
+            screen_above=s.screen_above,
+            progress=ctx.progress,
+            method=s.joint_search,
         )
-        search.scored = {h: state.measured[h] for h in state.ahead}
-        circuit.needs |= ctx.runner.joint_search(search, circuit, _threshold(state, ctx), s.max_heads_per_role)
-    for item in state.evidence.values():
+        measured = records.of(RoleRecord).measured
+        search.scored = {h: measured[h] for h in records.of(EntryRecord).ahead}
+        needs = ctx.runner.joint_search(search, draft, _threshold(ctx, records), s.max_heads_per_role)
+    for item in evidence.values():
         item.kind = ctx.model.head_kind(item.head).value
-    circuit.heads = sorted(state.evidence.values(), key=lambda e: e.head)
+    return JointRecord(evidence, draft.gather, draft.aggregate, needs)
 
 
-def confirm(ctx: Context, state: State) -> None:
-    """The confirmation and the spread check (`stage.confirm_stage`)."""
-    if "confirm" in ctx.settings.stages:
-        ctx.bar.stage("confirm")
-        args = (state.scanned, _threshold(state, ctx), ctx.settings.max_heads_per_role, ctx.evaluate_bars, ctx.batched)
-        layers = state.positions_pending
-        pending = None if layers is None else positions.scan_runs(ctx.runner, ctx.task, ctx.encoded, layers)
-        stage.confirm_stage(ctx.model, ctx.task, ctx.encoded, state.found, *args, positions_pending=pending)
+def confirm(ctx: Context, records: Records) -> ConfirmRecord:
+    """The confirmation, the spread check, the spread sets into the circuit, then path
+    patching and MIB's score on them (`stage.confirm_stage`), measured on the stage's draft of
+    the circuit: the record keeps what they added to it."""
+    if "confirm" not in ctx.settings.stages:
+        return ConfirmRecord()
+    ctx.bar.stage("confirm")
+    before, draft = assemble(ctx, records), assemble(ctx, records)
+    layers = records.of(PositionRecord).pending
+    pending = None if layers is None else positions.scan_runs(ctx.runner, ctx.task, ctx.encoded, layers)
+    stage.confirm_stage(ctx, draft, owned(ctx, records.scan), threshold=_threshold(ctx, records), positions_pending=pending)
+    cost = None if draft.cost is None else draft.cost.get("size_curves")
+    return ConfirmRecord(
+        accuracy=_added(before.accuracy, draft.accuracy),
+        needs=_added(before.needs, draft.needs),
+        path_patching=draft.path_patching,
+        score=draft.score,
+        spread=_added(before.spread, draft.spread),
+        settings=_added(before.settings, draft.settings),
+        size_curves=cost,
+        gather=draft.gather,
+        aggregate=draft.aggregate,
+        heads=draft.heads,
+        verdicts=_added(before.verdicts, draft.verdicts),
+        positions=draft.positions if pending is not None else None,
+    )
 
 
-def _threshold(state: State, ctx: Context) -> float:
+def _added(before: dict, after: dict) -> dict:
+    """The entries of ``after`` new or changed since ``before``."""
+    return {k: v for k, v in after.items() if k not in before or before[k] != v}
+
+
+def _threshold(ctx: Context, records: Records) -> float:
     """Chance + ``chance_margin``: at most this, accuracy has collapsed."""
-    return state.baseline.chance + ctx.settings.chance_margin
+    return records.baseline.clean.chance + ctx.settings.chance_margin
 
 
 PLAN: tuple[Stage, ...] = (
-    Stage("baseline", baseline),
-    Stage("label_check", label_check),
-    Stage("layer_scans", layer_scans),
-    Stage("positions", position_scan),
-    Stage("prescreen", prescreen),
-    Stage("head_scan", head_scan),
-    Stage("patterns", patterns),
-    Stage("entry", entry),
-    Stage("roles", roles),
-    Stage("joint", joint),
-    Stage("confirm", confirm),
+    Stage("baseline", baseline, BaselineRecord),
+    Stage("label_check", label_check, LabelCheckRecord),
+    Stage("layer_scans", layer_scans, LayerScanRecord),
+    Stage("positions", position_scan, PositionRecord),
+    Stage("prescreen", prescreen, PrescreenRecord),
+    Stage("head_scan", head_scan, HeadScanRecord),
+    Stage("patterns", patterns, PatternRecord),
+    Stage("entry", entry, EntryRecord),
+    Stage("roles", roles, RoleRecord),
+    Stage("joint", joint, JointRecord),
+    Stage("confirm", confirm, ConfirmRecord),
 )
 """`discover`'s stages in the order `run` carries them out (module docs)."""
 
@@ -371,35 +277,38 @@ PLAN: tuple[Stage, ...] = (
 class Saved(Protocol):
     """Where a run's stages are kept (`run_dir.RunDir`)."""
 
-    def read(self, ctx: Context) -> tuple[list[StageRecord], State]:
-        """The records of the stages kept, and the state after the last."""
+    def read(self, ctx: Context) -> Records:
+        """The records of the stages kept."""
 
     def begin(self, index: int) -> None:
         """Stage ``index`` starts."""
 
-    def write(self, index: int, records: list[StageRecord], state: State) -> None:
-        """Stage ``index`` ended: ``records`` so far and the state after it."""
+    def write(self, index: int, records: Records) -> None:
+        """Stage ``index`` ended: ``records`` so far, its own last."""
 
 
-def run(ctx: Context, meter: Cost | None, saved: Saved | None = None) -> tuple[GnaCircuit, list[StageRecord]]:
-    """Carry out `PLAN` on ``ctx``: the circuit, and a record per stage run or read. With
-    ``saved`` (a `run_dir.RunDir`), the stages it holds are read, not run (their `State` is
-    the last one's), and each stage run is saved there when it ends."""
-    records, state = ([], State()) if saved is None else saved.read(ctx)
+def run(ctx: Context, meter: Cost | None, saved: Saved | None = None, stages: Sequence[Stage] = PLAN) -> tuple[GnaCircuit, Records]:
+    """Carry out ``stages`` (`PLAN`) on ``ctx``: the circuit (`assemble`d from the records),
+    and the record of each stage run or read. With ``saved`` (a `run_dir.RunDir` of the
+    same stages), the stages it holds are read, not run, and each stage run is saved there
+    when it ends."""
+    records = Records() if saved is None else saved.read(ctx)
     ctx.bar.start(ctx.estimate)
-    for index in range(len(records), len(PLAN)):
-        if state.done:
+    for index in range(len(records), len(stages)):
+        if records.stopped:
             break
-        step = PLAN[index]
+        step = stages[index]
         before = _counts(meter)
         if saved is not None:
             saved.begin(index)
-        step.run(ctx, state)
+        record = step.run(ctx, records)
+        if type(record) is not step.record:
+            raise GnaTypeError(f"stage {step.name!r} returned a {type(record).__name__}: expected its {step.record.__name__}")
         after = _counts(meter)
-        records.append(StageRecord(step.name, {k: after[k] - before[k] for k in COUNTS}))
+        records = records.added(replace(record, cost={k: after[k] - before[k] for k in COUNTS}))
         if saved is not None:
-            saved.write(index, records, state)
-    return state.found, records
+            saved.write(index, records)
+    return assemble(ctx, records), records
 
 
 def _counts(meter: Cost | None) -> dict[str, int]:

@@ -1,13 +1,16 @@
-"""`plan.State` and the accuracy memo's keys to JSON and back, exactly: what a run
-directory's files hold (`run_dir.RunDir`). Floats keep every bit (JSON's shortest repr
-round-trips; NaN and infinities as ``NaN`` / ``Infinity``, which Python's ``json`` reads);
-tensors as their dtype, shape and base64 bytes; heads as ``"L0H3"``."""
+"""The stage records (`stage_records`) and the accuracy memo's keys to JSON and back,
+exactly: what a run directory's files hold (`run_dir.RunDir`). Floats keep every bit
+(JSON's shortest repr round-trips; NaN and infinities as ``NaN`` / ``Infinity``, which
+Python's ``json`` reads); tensors as their dtype, shape and base64 bytes; heads as
+``"L0H3"``. A record is its fields by name (`record_to_dict`): those JSON does not hold go
+through `CODECS`, by field name."""
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -16,13 +19,16 @@ from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import SkipLayers, Truncate
 from ..scoring.evaluation import Evaluation
+from ..scoring.verdicts import Verdict
 from . import head_scans, remote
-from .circuit import GnaCircuit
-from .evidence import HeadEvidence
+from .evidence import HeadEvidence, RoleNeed, SpreadRole
 from .group_testing import SpreadGroup
-from .plan import State
+from .positions import PositionScan
 from .roles import RoleScores, RoleThresholds, scores_from_dict
-from .stages import LabelInputs
+from .stage_records import RECORDS, LabelInputs, Record
+
+if TYPE_CHECKING:
+    from .context import Context
 
 
 def tensor_to_dict(tensor: Tensor) -> dict[str, Any]:
@@ -65,12 +71,6 @@ def _read_evaluation(data: dict[str, Any] | None) -> Evaluation | None:
     return None if data is None else Evaluation(tensor_from_dict(data["scores"]), tensor_from_dict(data["correct"]))
 
 
-def _read_shuffled(data: Any) -> Evaluation | None:
-    """The shuffled-label evaluation; a run directory written before it was kept holds its
-    accuracy only (a number): ``None``, and the label check measures it again."""
-    return _read_evaluation(data) if isinstance(data, dict) else None
-
-
 def _first(item: remote.FirstScans | None) -> dict[str, Any] | None:
     if item is None:
         return None
@@ -88,7 +88,8 @@ def _read_first(data: dict[str, Any] | None) -> remote.FirstScans | None:
         return None
     ranges = {(a, b): v for a, b, v in data["layer_ranges"]}
     groups = {tuple(_parse(g) or ()): v for g, v in data["groups"]}
-    return remote.FirstScans(_read_evaluation(data["clean"]), _read_shuffled(data["shuffled"]), data["truncation"], ranges, groups)  # type: ignore[arg-type]
+    shuffled = _read_evaluation(data["shuffled"]) if isinstance(data["shuffled"], dict) else None  # a number: written before
+    return remote.FirstScans(_read_evaluation(data["clean"]), shuffled, data["truncation"], ranges, groups)  # type: ignore[arg-type]
 
 
 def _early(item: head_scans.FirstOrder | None) -> dict[str, Any] | None:
@@ -110,8 +111,9 @@ def _read_early(data: dict[str, Any] | None) -> head_scans.FirstOrder | None:
 
 
 def _scan(scan: head_scans.HeadScan | None) -> dict[str, Any] | None:
-    """A head scan without its remote search in flight (`State.resumable`); its ``measure``
-    as a flag (`head_scans.group_measure` rebuilds it); ``unsearched`` as indices into ``spread``."""
+    """A head scan without its remote search in flight (``in_flight`` says there was one:
+    `scan_in_flight`); its ``measure`` as a flag (`head_scans.group_measure` rebuilds it);
+    ``unsearched`` as indices into ``spread``."""
     if scan is None:
         return None
     return {
@@ -124,6 +126,7 @@ def _scan(scan: head_scans.HeadScan | None) -> dict[str, Any] | None:
         "cleared": _heads(scan.cleared),
         "clean": scan.clean,
         "min_effect": scan.min_effect,
+        "in_flight": scan.search is not None,
     }
 
 
@@ -140,64 +143,86 @@ def _read_scan(data: dict[str, Any] | None) -> head_scans.HeadScan | None:
     return scan
 
 
-def state_to_dict(state: State) -> dict[str, Any]:
-    """``state`` as JSON-ready values (module docs). The evidence of a circuit whose
-    ``heads`` hold it is kept once, there."""
-    circuit = state.circuit
-    shared = circuit is not None and bool(circuit.heads)
-    labels = state.labels
-    return {
-        "circuit": None if circuit is None else circuit.to_dict(finite=False),
-        "clean": _evaluation(state.clean),
-        "first": _first(state.first),
-        "early": _early(state.early),
-        "done": state.done,
-        "only": _heads(state.only),
-        "adaptive": list(state.adaptive),
-        "quiet": _heads(state.quiet),
-        "scan": _scan(state.scan),
-        "candidates": _heads(state.candidates),
-        "evidence": [str(h) for h in state.evidence] if shared else [e.to_dict() for e in state.evidence.values()],
-        "harmful": _heads(state.harmful),
-        "labels": None
-        if labels is None
-        else {"scores": _scores(labels.scores), "thresholds": labels.thresholds.to_dict(), "clean": labels.clean},
-        "ahead": _heads(state.ahead),
-        "measured": _scores(state.measured),
-        "positions_pending": state.positions_pending,
-    }
+HEAD_LISTS = ("only", "quiet", "candidates", "harmful", "ahead", "gather", "aggregate")
+"""Record fields that hold a list of heads (``None`` kept)."""
 
 
-def state_from_dict(data: dict[str, Any]) -> State:
-    """The `State` of `state_to_dict`."""
-    circuit = None if data["circuit"] is None else GnaCircuit.from_dict(data["circuit"])
-    if circuit is not None and circuit.heads:  # the same objects as the circuit's heads
-        held = {e.head: e for e in circuit.heads}
-        evidence = {Head.parse(h): held[Head.parse(h)] for h in data["evidence"]}
-    else:
-        evidence = {item.head: item for item in (HeadEvidence.from_dict(e) for e in data["evidence"])}
-    labels = data["labels"]
-    state = State(
-        circuit=circuit,
-        clean=_read_evaluation(data["clean"]),
-        first=_read_first(data["first"]),
-        early=_read_early(data["early"]),
-        done=data["done"],
-        only=_parse(data["only"]),
-        adaptive=list(data["adaptive"]),
-        quiet=_parse(data["quiet"]) or [],
-        scan=_read_scan(data["scan"]),
-        candidates=_parse(data["candidates"]) or [],
-        evidence=evidence,
-        harmful=_parse(data["harmful"]) or [],
-        ahead=_parse(data["ahead"]) or [],
-        measured=_read_scores(data["measured"]),
-        positions_pending=data.get("positions_pending"),
-    )
-    if labels is not None:
-        thresholds = RoleThresholds(**{f.name: labels["thresholds"][f.name] for f in fields(RoleThresholds)})
-        state.labels = LabelInputs(_read_scores(labels["scores"]), thresholds, labels["clean"])
-    return state
+def _evidence(items: dict[Head, HeadEvidence]) -> list[dict[str, Any]]:
+    return [e.to_dict() for e in items.values()]
+
+
+def _read_evidence(data: list[dict[str, Any]]) -> dict[Head, HeadEvidence]:
+    return {item.head: item for item in (HeadEvidence.from_dict(e) for e in data)}
+
+
+def _evidence_list(items: list[HeadEvidence] | None) -> list[dict[str, Any]] | None:
+    return None if items is None else [e.to_dict() for e in items]
+
+
+def _read_evidence_list(data: list[dict[str, Any]] | None) -> list[HeadEvidence] | None:
+    return None if data is None else [HeadEvidence.from_dict(e) for e in data]
+
+
+def _labels(labels: LabelInputs | None) -> dict[str, Any] | None:
+    return None if labels is None else {"scores": _scores(labels.scores), "thresholds": labels.thresholds.to_dict(), "clean": labels.clean}
+
+
+def _read_labels(data: dict[str, Any] | None) -> LabelInputs | None:
+    if data is None:
+        return None
+    thresholds = RoleThresholds(**{f.name: data["thresholds"][f.name] for f in fields(RoleThresholds)})
+    return LabelInputs(_read_scores(data["scores"]), thresholds, data["clean"])
+
+
+CODECS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "clean": (_evaluation, _read_evaluation),
+    "first": (_first, _read_first),
+    "early": (_early, _read_early),
+    "scan": (_scan, _read_scan),
+    "evidence": (_evidence, _read_evidence),
+    "labels": (_labels, _read_labels),
+    "measured": (_scores, _read_scores),
+    "needs": (lambda d: {r: n.to_dict() for r, n in d.items()}, lambda d: {r: RoleNeed.from_dict(n) for r, n in d.items()}),
+    "spread": (lambda d: {r: s.to_dict() for r, s in d.items()}, lambda d: {r: SpreadRole.from_dict(s) for r, s in d.items()}),
+    "position_scan": (lambda p: None if p is None else p.to_dict(), lambda d: None if d is None else PositionScan.from_dict(d)),
+    "positions": (lambda p: None if p is None else p.to_dict(), lambda d: None if d is None else PositionScan.from_dict(d)),
+    "heads": (
+        lambda h: None if h is None else [e.to_dict() for e in h],
+        lambda d: None if d is None else [HeadEvidence.from_dict(e) for e in d],
+    ),
+    "verdicts": (lambda d: {k: v.to_dict() for k, v in d.items()}, lambda d: {k: Verdict.from_dict(v) for k, v in d.items()}),
+    **{name: (_heads, _parse) for name in HEAD_LISTS},
+}
+"""Per record field of a kind JSON does not hold, its writer and reader; other fields are
+JSON values already (numbers, strings, lists and dicts of them)."""
+
+
+def record_to_dict(record: Record) -> dict[str, Any]:
+    """``record`` as JSON-ready values (module docs), with its ``stage``."""
+    data = {f.name: CODECS.get(f.name, (_plain, _plain))[0](getattr(record, f.name)) for f in fields(record)}
+    return {"stage": record.stage, **data}
+
+
+def record_from_dict(data: dict[str, Any], ctx: Context) -> Record:
+    """The record of `record_to_dict`; a head scan's group measure rebuilt on ``ctx``'s model and task."""
+    kind = next((k for k in RECORDS if k.stage == data.get("stage")), None)
+    if kind is None:
+        raise GnaValueError(f"a saved record of stage {data.get('stage')!r}: expected one of {[k.stage for k in RECORDS]}")
+    values = {f.name: CODECS.get(f.name, (_plain, _plain))[1](data[f.name]) for f in fields(kind)}
+    scan = values.get("scan")
+    if scan is not None and scan.measure == "group":  # `_scan`: rebuilt here
+        scan.measure = head_scans.group_measure(ctx.model, ctx.task)
+    return kind(**values)
+
+
+def _plain(value: Any) -> Any:
+    return value
+
+
+def scan_in_flight(data: dict[str, Any]) -> bool:
+    """Whether a saved record (`record_to_dict`) holds a head scan whose remote search was
+    still in flight (`HeadScan.search`; read back without it: only a later record's finished scan counts)."""
+    return bool((data.get("scan") or {}).get("in_flight"))
 
 
 def key_to_json(value: Any) -> Any:

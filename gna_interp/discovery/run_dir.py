@@ -7,11 +7,12 @@ The folder holds:
   dtype, shape and bytes) and the task (name, prompts, and `memo.task_key`: SHA-256 of its
   prompts, segments, candidates and answers). A run that differs in any is refused, naming
   what differs.
-- ``stage-NN-<name>.json``: per finished stage (`plan.PLAN`'s ``NN``-th), the stage
-  records so far (`plan.StageRecord`: name and cost) and the `plan.State` after it
-  (`records.state_to_dict`: exact, readable JSON), ``{"format": FORMAT, ...}``. A remote
-  run's head scan, whose spread search is still in flight until the entry stage, is saved
-  with the entry stage.
+- ``stage-NN-<name>.json``: per finished stage (`plan.PLAN`'s ``NN``-th), its record
+  (`stage_records`: what it measured and decided, and its cost; `records.record_to_dict`:
+  exact, readable JSON), ``{"format": FORMAT, "record": ...}``. A run read back takes the
+  records of ``stage-00`` on, up to the first missing file. A remote run's head scan,
+  whose spread search is still in flight until the entry stage, counts only with the
+  entry stage's record (which holds the finished scan): without it, the head scan runs again.
 - ``memo.json``: the accuracy memo (`memo.AccuracyMemo`): every accuracy measured, with the
   stage that measured it and what its forward cost. Read back, the accuracies of finished
   stages are free; those an unfinished stage measured are charged on first use (as their
@@ -30,16 +31,20 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..core.errors import GnaValueError
+from ..cost import uncharged
 from ..scoring.evaluation import evaluate
-from . import head_scans, memo
-from .plan import PLAN, StageRecord, State
-from .records import key_from_json, key_to_json, state_from_dict, state_to_dict
+from . import memo
+from .plan import PLAN, Records, Stage
+from .records import key_from_json, key_to_json, record_from_dict, record_to_dict, scan_in_flight
+from .runner import runner_for
+from .stage_records import EntryRecord
 
 if TYPE_CHECKING:
     from ..models.handle import GnaModel
@@ -47,7 +52,7 @@ if TYPE_CHECKING:
     from .plan import Context
     from .settings import DiscoverySettings
 
-FORMAT = 1
+FORMAT = 2
 """Version of the files' layout; a folder of another version is refused."""
 MEMO_EVERY_S = 2.0
 """Within a stage, the memo is saved after a new accuracy at most this often (and at its end)."""
@@ -94,8 +99,11 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 class RunDir:
     """A discovery's folder of finished stages and measured accuracies (module docs)."""
 
-    def __init__(self, path: str | os.PathLike[str], model: GnaModel, task: Task, settings: DiscoverySettings) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], model: GnaModel, task: Task, settings: DiscoverySettings, stages: Sequence[Stage] = PLAN
+    ) -> None:
         self.path = Path(path)
+        self.stages = tuple(stages)
         self.path.mkdir(parents=True, exist_ok=True)
         self.model = model
         self.saved_at = 0.0
@@ -113,28 +121,29 @@ class RunDir:
             self._write(stored, json.dumps(mine, indent=1).encode())
 
     def stage_file(self, index: int) -> Path:
-        return self.path / f"stage-{index:02d}-{PLAN[index].name}.json"
+        return self.path / f"stage-{index:02d}-{self.stages[index].name}.json"
 
-    def read(self, ctx: Context) -> tuple[list[StageRecord], State]:
-        """The records and the state after the last finished stage (none: ``[]``, a new
-        `State`); the memo read into the open one, and the prefix cache filled when stages
-        remain to run."""
-        last = max((i for i in range(len(PLAN)) if self.stage_file(i).exists()), default=None)
-        records: list[StageRecord] = []
-        state = State()
-        if last is not None:
-            saved = json.loads(self.stage_file(last).read_text())
-            if saved.get("format") != FORMAT:
-                raise GnaValueError(f"{self.stage_file(last)}: format {saved.get('format')!r}, expected {FORMAT}: use a new run_dir")
-            records = [StageRecord.from_dict(r) for r in saved["records"]]
-            state = state_from_dict(saved["state"])
-            if state.scan is not None and state.scan.measure == "group":  # `records._scan`: rebuilt here
-                state.scan.measure = head_scans.group_measure(ctx.model, ctx.task)
+    def read(self, ctx: Context) -> Records:
+        """The records of the finished stages (module docs); the memo read into the open
+        one, and the prefix cache filled when stages remain to run."""
+        saved: list[dict] = []
+        for index in range(len(self.stages)):
+            file = self.stage_file(index)
+            if not file.exists():
+                break
+            data = json.loads(file.read_text())
+            if data.get("format") != FORMAT:
+                raise GnaValueError(f"{file}: format {data.get('format')!r}, expected {FORMAT}: use a new run_dir")
+            saved.append(data["record"])
+        flying = next((i for i, data in enumerate(saved) if scan_in_flight(data)), None)
+        if flying is not None and not any(data["stage"] == EntryRecord.stage for data in saved[flying:]):
+            saved = saved[:flying]  # its search's end is lost: the head scan again (its accuracies read from the memo)
+        records = Records([record_from_dict(data, ctx) for data in saved])
         self.finished = len(records)
         self._read_memo(ctx.model)
-        if records and not state.done and len(records) < len(PLAN):
+        if records and not records.stopped and len(records) < len(self.stages):
             warm_prefix(ctx.model, ctx.task)
-        return records, state
+        return records
 
     def begin(self, index: int) -> None:
         """Stage ``index`` starts: the memo's new accuracies are its."""
@@ -143,14 +152,12 @@ class RunDir:
             opened.stage = index
             opened.on_new = self._memo_saver(opened)
 
-    def write(self, index: int, records: list[StageRecord], state: State) -> None:
-        """Stage ``index`` finished: the memo, then the records and ``state`` (when it can be saved)."""
+    def write(self, index: int, records: Records) -> None:
+        """Stage ``index`` finished: the memo, then its record (the last of ``records``)."""
         opened = memo.open_memo(self.model)
         if opened is not None:
             self._write_memo(opened)
-        if not state.resumable():
-            return
-        data = {"format": FORMAT, "records": [r.to_dict() for r in records], "state": state_to_dict(state)}
+        data = {"format": FORMAT, "record": record_to_dict(records[index])}
         self._write(self.stage_file(index), json.dumps(data, indent=1).encode())
         self.finished = index + 1
 
@@ -203,17 +210,12 @@ class RunDir:
 
 
 def warm_prefix(model: GnaModel, task: Task) -> None:
-    """The clean forward over ``task``, charged to no meter: a resumed local run's prefix
-    cache (`GnaModel.prefix_cache`) holds the task's clean streams, as the stages before
-    had left it. A remote model has no prefix cache: nothing to do."""
-    if model.is_remote or getattr(model, "_prefix", None) is None:
+    """The clean forward over ``task``, charged to no meter (`cost.uncharged`): a resumed
+    local run's prefix cache (`GnaModel.prefix_cache`, the one `discover` holds open) holds
+    the task's clean streams, as the stages before had left it. A remote model has no
+    prefix cache: nothing to do."""
+    if not runner_for(model).has_prefix_cache:
         return
-    meters = getattr(model.backend, "_cost_meters", None)
-    held = list(meters) if meters is not None else []
-    if meters is not None:
-        meters.clear()
-    try:
-        evaluate(model, task, progress=False)
-    finally:
-        if meters is not None:
-            meters[:] = held
+    with model.prefix_cache() as cache, uncharged(model):
+        if cache is not None:
+            evaluate(model, task, progress=False)

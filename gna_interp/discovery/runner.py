@@ -4,7 +4,9 @@ stage may ask of it, and two engines, `LocalRunner` and `RemoteRunner`.
 A stage asks the runner, never the backend: ``runner.batched`` (each stage's forwards travel
 as one request), ``runner.has_backward`` (local gradients: first-order estimates, the spread
 roles' orderings), ``runner.has_prefix_cache`` (forwards over a batch seen before start from
-its cached clean stream), and four measurements:
+its cached clean stream), what it measures ahead (`first_request`: the first stages in one
+request; `pool_ahead`: the joint pool's heads scored with the candidates; none locally, where
+each stage measures what it needs), and four measurements:
 
 - `accuracy`: one intervention set, behind the accuracy memo (`memo.accuracy`);
 - `accuracies`: many sets, in one request on a remote model (`evaluate_many`);
@@ -24,9 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from ..core.heads import Head
 from ..models.jobs import is_batched_remote
 from ..scoring.evaluation import evaluate_many
 from . import memo, remote
+from .group_testing import stage_one
 from .joint import ROLE_POSITIONS
 
 if TYPE_CHECKING:
@@ -38,7 +42,7 @@ if TYPE_CHECKING:
     from ..models.handle import GnaModel
     from ..tasks.base import Task
     from .circuit import GnaCircuit
-    from .evidence import RoleNeed
+    from .evidence import HeadEvidence, RoleNeed
     from .joint import JointSearch
 
 Run = tuple["Task", Sequence["Intervention"]]
@@ -59,6 +63,10 @@ class Runner(Protocol):
 
     @property
     def has_prefix_cache(self) -> bool: ...
+
+    def first_request(self, task: Task, stages: Sequence[str], check_labels: bool, wide: Sequence[int]) -> remote.FirstScans | None: ...
+
+    def pool_ahead(self, harmful: list[Head], evidence: dict[Head, HeadEvidence], screen_above: int) -> list[Head]: ...
 
     def accuracy(self, task: Task, interventions: Sequence[Intervention] = (), *, progress: bool | None = False) -> float: ...
 
@@ -87,6 +95,14 @@ class LocalRunner:
     @property
     def has_prefix_cache(self) -> bool:
         return not self.model.is_remote
+
+    def first_request(self, task: Task, stages: Sequence[str], check_labels: bool, wide: Sequence[int]) -> remote.FirstScans | None:
+        """Nothing measured ahead: each stage measures what it needs (``None``)."""
+        return None
+
+    def pool_ahead(self, harmful: list[Head], evidence: dict[Head, HeadEvidence], screen_above: int) -> list[Head]:
+        """No joint pool heads scored ahead: the joint search scores its pool itself."""
+        return []
 
     def accuracy(self, task: Task, interventions: Sequence[Intervention] = (), *, progress: bool | None = False) -> float:
         """`memo.accuracy`: an evaluation made before in this discovery is answered."""
@@ -121,6 +137,20 @@ class RemoteRunner(LocalRunner):
     @property
     def batched(self) -> bool:
         return True
+
+    def first_request(self, task: Task, stages: Sequence[str], check_labels: bool, wide: Sequence[int]) -> remote.FirstScans | None:
+        """The first request (`remote.first_scans`): the baseline, the label check, the
+        truncation and layer scans, and the first stage of group testing of the ``wide``
+        layers when there are at most `remote.SPECULATE_LAYERS` of them."""
+        speculated = []
+        if len(wide) <= remote.SPECULATE_LAYERS:
+            speculated = [g for layer in wide for g in stage_one([Head(layer, h) for h in range(self.model.heads_per_layer[layer])])]
+        return remote.first_scans(self.model, task, stages, check_labels, speculated)
+
+    def pool_ahead(self, harmful: list[Head], evidence: dict[Head, HeadEvidence], screen_above: int) -> list[Head]:
+        """The heads the joint search may pool that are not examined yet (`remote.pool_heads`):
+        their pattern scores travel with the candidates' in one request."""
+        return remote.pool_heads(self.model, harmful, evidence, screen_above)
 
     def accuracies(self, runs: Sequence[Run]) -> list[float]:
         """Every run in one request (`evaluate_many`)."""

@@ -11,7 +11,6 @@ from typing import Any
 from ..core.errors import GnaTypeError, GnaValueError
 from .joint import check_joint_search
 from .roles import RoleThresholds
-from .stages import STAGES
 
 CIRCUIT_KEYS = (
     "stages",
@@ -28,6 +27,12 @@ CIRCUIT_KEYS = (
     "joint_search",
 )
 """The settings a circuit's ``settings`` dict records, in its order (`DiscoverySettings.circuit_dict`)."""
+
+STAGES = ("truncation", "layers", "positions", "heads", "entry", "roles", "joint", "confirm")
+"""The optional stages `discover` may run (``stages=``, `DiscoverySettings.stages`)."""
+SEARCH_STAGES = ("layers", "heads", "entry", "roles", "joint")
+"""The stages that decide which heads a role's set holds: `stability` re-runs only these
+(the truncation scan and the confirmation measure, they do not choose)."""
 
 
 @dataclass(frozen=True)
