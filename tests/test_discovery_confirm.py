@@ -49,14 +49,14 @@ def test_the_confirmation_runs_the_corrupted_prompts_once(name, monkeypatch):
     model, task = gna.load_toy(name), gna.toy_task(name, 32, seed=4242)
     corrupt = task.corrupted()
     seen: list[list[bool]] = []
-    confirm = stages.confirm
+    confirm = stages.confirm_stage
 
     def confirming(*args, **kwargs):
         with corrupt_forwards(model, corrupt) as reads:
             seen.append(reads)
             return confirm(*args, **kwargs)
 
-    monkeypatch.setattr(stages, "confirm", confirming)
+    monkeypatch.setattr(stages, "confirm_stage", confirming)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         circuit = gna.discover(model, task, progress=False)
