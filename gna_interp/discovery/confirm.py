@@ -24,6 +24,7 @@ from .entry import segment_positions
 from .evidence import ROLES, HeadEvidence, RoleNeed, SpreadRole
 from .head_scans import HeadScan
 from .joint import collapsing_set
+from .positions import layer_heads
 from .report_inputs import circuit_heads, circuit_ranking
 from .runner import runner_for
 
@@ -36,6 +37,9 @@ SPREAD_FRACTION = 0.9
 """A spread role's set in the circuit carries at least this share of its layer's effect at
 the role's positions (`spread_set`), where no set of up to ``max_heads_per_role`` heads takes
 accuracy to chance."""
+
+COVER_TOLERANCE = 0.05
+"""A role's set covers a collapse when its accuracy there is at most the layer's floor plus this."""
 
 SpreadRuns = tuple[list[tuple[str, int]], list[tuple[Task, list[Intervention]]]]
 
@@ -250,23 +254,71 @@ def enter_spread(model: GnaModel, task: Task, circuit: GnaCircuit, fraction: flo
     accuracies of the sets that changed are measured again (behind the memo). Returns the
     roles whose sets grew."""
     grown = []
-    examined = {item.head: item for item in circuit.heads}
     for role, item in circuit.spread.items():
         members: list[Head] = getattr(circuit, role)
         added = [h for h in spread_set(item, fraction) if h not in members]
-        if not added:
-            continue
-        grown.append(role)
-        members.extend(added)
-        for head in added:
+        if added:
+            grown.append(role)
+            members.extend(added)
+    if grown:
+        _examined(model, circuit)
+        confirm_table(model, task, circuit, evaluate_bars)
+    return grown
+
+
+def cover_collapses(
+    model: GnaModel, task: Task, encoded: EncodedTask, circuit: GnaCircuit, scan: HeadScan, threshold: float, evaluate_bars: bool | None
+) -> list[str]:
+    """Each collapse the position scan found (a scanned layer whose heads, ablated together
+    at a role's positions, take accuracy to ``threshold`` or below: the Aggregate role's final
+    position, the Gather role's positions, `role_positions`) is in the circuit: the role's
+    heads of that layer, ablated together there, come within `COVER_TOLERANCE` of the layer's
+    floor there. Where they do not, the layer's heads by importance (`sizes.importance_order`,
+    a local backward) are added, the fewest whose ablation there does (the size curve's,
+    bisected). ``circuit.settings["coverage"]``: per ``"role@L<layer>"``, the positions, the
+    floor, the set's accuracy there and its heads. Returns the roles whose sets grew (their
+    confirmation accuracies measured again)."""
+    if circuit.positions is None:
+        return []
+    runner = runner_for(model)
+    clean, min_effect = circuit.accuracy["clean"], circuit.thresholds.min_effect
+    where = role_positions(circuit, encoded)
+    coverage: dict[str, dict[str, Any]] = {}
+    grown: list[str] = []
+    for layer in circuit.positions.accuracy:
+        for role, (name, positions) in where.items():
+            floor = runner.accuracy(task, [Ablate(layer_heads(runner, layer), positions=positions)])
+            if floor > threshold:
+                continue  # no collapse there
+            members = sorted(h for h in getattr(circuit, role) if h.layer == layer)
+            value = runner.accuracy(task, [Ablate(members, positions=positions)]) if members else clean
+            if value > floor + COVER_TOLERANCE and runner.has_backward:
+                order = sizes.importance_order(model, task, encoded, layer, positions, scan, clean, min_effect)
+                order = [h for h in order if Head(layer, h) not in members]
+                measure = sizes.measure_with(model, task, layer, members, order, positions)
+                k = sizes.fewest_reaching(measure, len(order), floor + COVER_TOLERANCE)
+                added = [Head(layer, h) for h in order[:k]]
+                getattr(circuit, role).extend(h for h in added if h not in getattr(circuit, role))
+                members, value, grown = sorted([*members, *added]), measure(k), [*grown, role]
+            coverage[f"{role}@L{layer}"] = {"positions": name, "floor": floor, "accuracy": value, "heads": [str(h) for h in members]}
+    circuit.settings["coverage"] = coverage
+    if grown:
+        _examined(model, circuit)
+        confirm_table(model, task, circuit, evaluate_bars)
+    return grown
+
+
+def _examined(model: GnaModel, circuit: GnaCircuit) -> None:
+    """Every head of the circuit's sets in its evidence (a head new to it as a member of its
+    set, ``joint=True``), sorted."""
+    examined = {item.head: item for item in circuit.heads}
+    for role in ROLES:
+        for head in getattr(circuit, role):
             if head not in examined:
                 examined[head] = HeadEvidence(head, role, None, False, joint=True, kind=model.head_kind(head).value)
             elif examined[head].role is None:
                 examined[head].role, examined[head].joint = role, True
-    if grown:
-        circuit.heads = sorted(examined.values(), key=lambda e: e.head)
-        confirm_table(model, task, circuit, evaluate_bars)
-    return grown
+    circuit.heads = sorted(examined.values(), key=lambda e: e.head)
 
 
 def confirm_table(model: GnaModel, task: Task, circuit: GnaCircuit, evaluate_bars: bool | None) -> None:

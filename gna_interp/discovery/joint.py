@@ -51,7 +51,7 @@ class JointSearch:
     ``screen_above`` heads), minus heads of the other role. An Aggregate pool head must read
     the options from the final row (``aggregate_mass``) and sit after the first Gather
     head's position; a Gather pool head must sit before the last Aggregate head's position
-    (positions: `_gather_before_aggregate`). Heads it adds get the role with ``joint=True``."""
+    (positions: a bound on the pool, never on a measured label). Heads it adds get the role with ``joint=True``."""
 
     def __init__(
         self,
@@ -94,7 +94,7 @@ class JointSearch:
                 self.evidence[head] = HeadEvidence(head, None, accuracy, verified)
             self.evidence[head].scores = scores
         position = self.model.head_position
-        if role == "aggregate":  # reads the options, after the first Gather head (as `_gather_before_aggregate`)
+        if role == "aggregate":  # reads the options, after the first Gather head (a bound on the search pool, not on any label)
             first_gather = min((position(h) for h in circuit.gather), default=None)
             return [
                 h

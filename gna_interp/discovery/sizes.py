@@ -149,6 +149,30 @@ def measure(model: GnaModel, task: Task, layer: int, order: Sequence[int], posit
     return accuracy
 
 
+def measure_with(
+    model: GnaModel, task: Task, layer: int, kept: Sequence[Head], order: Sequence[int], positions: torch.Tensor
+) -> Callable[[int], float]:
+    """``k -> accuracy`` with ``kept`` and the first ``k`` heads of ``order`` in ``layer``
+    ablated together at ``positions`` (through the accuracy memo)."""
+
+    def accuracy(k: int) -> float:
+        return memo.accuracy(model, task, [Ablate([*kept, *(Head(layer, h) for h in order[:k])], positions=positions)])
+
+    return accuracy
+
+
+def fewest_reaching(measure: Callable[[int], float], width: int, line: float) -> int:
+    """The fewest ``k`` in ``0..width`` whose ``measure(k)`` is at most ``line``, by bisection
+    (exact on a curve that falls monotonically in ``k``; ``width`` where none does)."""
+    if width == 0 or measure(width) > line:
+        return width
+    lo, hi = 0, width  # measure(lo) above the line (k = 0: the caller's own set), measure(hi) at most
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if measure(mid) <= line else (mid, hi)
+    return hi
+
+
 def spent(cost: Cost, n_prompts: int, evaluations: int) -> dict[str, float]:
     """``size_cost``: ``evaluations`` (curve points measured), ``forwards``, ``backwards``,
     ``passes`` over the task."""

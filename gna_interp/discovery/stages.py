@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -28,7 +28,16 @@ from ..tasks.base import Task
 from ..tasks.mcq import shuffle_labels
 from . import head_scans, layer_scans, memo, remote
 from .circuit import GnaCircuit, alone_verdicts, collapse_verdicts
-from .confirm import SPREAD_FRACTION, confirm, confirm_paths, enter_spread, roles_left_open, spread_check, spread_check_runs
+from .confirm import (
+    SPREAD_FRACTION,
+    confirm,
+    confirm_paths,
+    cover_collapses,
+    enter_spread,
+    roles_left_open,
+    spread_check,
+    spread_check_runs,
+)
 from .entry import ENTRY_POSITIONS, entry_scan
 from .evidence import HeadEvidence
 from .joint import head_float
@@ -223,7 +232,6 @@ def role_stage(
         if head in harmful:
             shares = None if item.entry is None else entry_shares(clean, item.ablated_accuracy or 0.0, item.entry)
             item.role = label(scores, thresholds, shares)
-    gather_before_aggregate(labelled, ctx.model.head_position)
     for item in labelled.values():
         item.pattern_agrees = None if item.scores is None else pattern_agrees(item.role, item.scores, thresholds, ctx.task.n_segments)
     return labelled
@@ -254,6 +262,7 @@ def confirm_stage(
     if check_spread:
         spread_check(model, task, encoded, circuit, scan, threshold, max_heads, spread_runs, spread_values)
         enter_spread(model, task, circuit, SPREAD_FRACTION, ctx.evaluate_bars)
+        cover_collapses(model, task, encoded, circuit, scan, threshold, ctx.evaluate_bars)
     confirm_paths(model, task, circuit)
     circuit.verdicts.update(collapse_verdicts(circuit) | alone_verdicts(circuit))  # from the counts measured: no forward
 
@@ -291,26 +300,3 @@ def candidates(accuracy: torch.Tensor, verified: torch.Tensor, limit: int, clear
     found = [(float(accuracy[layer, head]), Head(layer, head)) for layer, head in verified.nonzero().tolist()]
     found += [(float(accuracy[h.layer, h.head]), h) for h in cleared]
     return sorted(head for _, head in sorted(found)[:limit])
-
-
-def gather_before_aggregate(evidence: dict[Head, HeadEvidence], position: Callable[[Head], tuple[int, int]]) -> None:
-    """A Gather head feeds an Aggregate head, so the roles keep the order of the heads'
-    positions (``(layer, stage)``: a Zamba2 layer's Mamba-2 reads its shared attention;
-    FalconH1's parallel mixers share one): drop Gather labels at or after the last
-    Aggregate position (a segment-local head there cannot feed the readout), then, if
-    Gather heads remain, Aggregate labels at or before the first of them (a head there
-    reads no summaries: in layer 0, only token embeddings)."""
-    aggregates = [position(e.head) for e in evidence.values() if e.role == "aggregate"]
-    if not aggregates:
-        return
-    last = max(aggregates)
-    for item in evidence.values():
-        if item.role == "gather" and position(item.head) >= last:
-            item.role = None
-    gathers = [position(e.head) for e in evidence.values() if e.role == "gather"]
-    if not gathers:
-        return
-    first = min(gathers)
-    for item in evidence.values():
-        if item.role == "aggregate" and position(item.head) <= first:
-            item.role = None
