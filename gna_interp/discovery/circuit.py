@@ -12,7 +12,7 @@ from ..core.heads import Head
 from ..scoring.verdicts import Verdict, collapse_verdict, count_difference_verdict
 from .estimate import passes_range
 from .evidence import POSITIONS, ROLES, HeadEvidence, RoleNeed, SpreadRole, Stability, Standing
-from .positions import PositionScan
+from .positions import PositionScan, describe_coverage
 from .positions import describe as describe_positions
 from .roles import RoleThresholds, pattern_shortfall
 
@@ -309,6 +309,8 @@ class GnaCircuit:
             parts.append(f"  mechanism {self.headline()}")
         if self.positions is not None:
             parts.append(f"  where     {describe_positions(self.positions)}")
+        if self.settings.get("coverage"):
+            parts.append(f"  collapses {describe_coverage(self.settings['coverage'])} (each ablated at those positions)")
         for role in ROLES:
             if self.mechanism == "none" and not getattr(self, role) and role not in self.spread:
                 continue

@@ -210,3 +210,12 @@ def describe(scan: PositionScan) -> str:
         values = ", ".join(f"{name} {row[name]:.2f}" for name in acting)
         parts.append(f"L{layer} at {values}" if acting else f"L{layer} nowhere alone")
     return f"{'; '.join(parts)} (whole layer {scan.how}-ablated at each class{merged})"
+
+
+def describe_coverage(coverage: dict[str, dict[str, Any]]) -> str:
+    """Each collapse and the role's set there, in words (the summary's ``collapses`` line;
+    `confirm.cover_collapses`): ``"gather@L0 at ends: layer 0.205, its 4 heads 0.205"``."""
+    return "; ".join(
+        f"{key} at {item['positions']}: layer {item['floor']:.3f}, its {len(item['heads'])} heads {item['accuracy']:.3f}"
+        for key, item in coverage.items()
+    )
