@@ -11,6 +11,7 @@ import dataclasses
 import html
 import math
 import re
+import statistics
 import xml.etree.ElementTree as ET
 from fnmatch import fnmatch
 from pathlib import Path
@@ -19,7 +20,8 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.discovery.report_inputs import ReportInputs, circuit_heads, measure_report, wilson
+from gna_interp.discovery.report_inputs import ReportInputs, circuit_heads, measure_report
+from gna_interp.scoring.verdicts import wilson_interval
 from gna_interp.viz.overview import head_grid, headline
 from gna_interp.viz.report import FIGURES, save_figures, write_report
 from gna_interp.viz.report_html import fmt
@@ -134,7 +136,7 @@ def test_wilson_interval_is_the_score_test_inverted():
         lo, hi = (p, 1.0) if upper else (0.0, p)
         for _ in range(200):
             q = (lo + hi) / 2
-            inside = abs(p - q) <= 1.96 * math.sqrt(q * (1 - q) / n)
+            inside = abs(p - q) <= Z95 * math.sqrt(q * (1 - q) / n)
             if inside == upper:
                 lo = q
             else:
@@ -142,8 +144,11 @@ def test_wilson_interval_is_the_score_test_inverted():
         return (lo + hi) / 2
 
     for p, n in [(0.965, 200), (0.3, 64), (0.5, 10), (0.0, 50), (1.0, 50)]:
-        low, high = wilson(p, n)
+        low, high = wilson_interval(p * n, n, 0.95)  # what `ReportInputs.interval` gives
         assert low == pytest.approx(bound(p, n, False), abs=1e-9) and high == pytest.approx(bound(p, n, True), abs=1e-9), (p, n)
+
+
+Z95 = statistics.NormalDist().inv_cdf(0.975)
 
 
 def test_a_circuit_alone_gets_an_error_naming_the_measuring_function(measured):

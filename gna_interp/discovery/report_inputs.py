@@ -19,6 +19,7 @@ from ..core.errors import GnaTypeError, GnaValueError
 from ..core.heads import Head
 from ..core.inputs import Batch
 from ..scoring.faithfulness import FaithfulnessCurve, faithfulness_curve
+from ..scoring.verdicts import wilson_interval
 from .picture import RolePicture, need_curve, role_picture
 
 if TYPE_CHECKING:
@@ -134,24 +135,19 @@ class ReportInputs:
     view: PromptView | None = None
     retention: RetentionCurve | None = None
 
-    def interval(self, which: str, z: float = 1.96) -> tuple[float, float] | None:
-        """The 95% Wilson interval of an accuracy of the faithfulness curve: ``which`` is
-        ``"clean"``, ``"alone"`` (the circuit kept alone) or ``"ablated"`` (every head);
-        ``None`` without a curve. Binomial over the curve's prompts."""
+    def interval(self, which: str, level: float = 0.95) -> tuple[float, float] | None:
+        """The Wilson interval (two-sided at ``level``, `scoring.verdicts.wilson_interval`) of
+        an accuracy of the faithfulness curve: ``which`` is ``"clean"``, ``"alone"`` (the
+        circuit kept alone) or ``"ablated"`` (every head); ``None`` without a curve. Binomial
+        over the curve's prompts."""
         curve = self.faithfulness
         if curve is None or curve.circuit_point is None:
             return None
         points = {"clean": curve.clean, "alone": curve.circuit_point, "ablated": curve.ablated}
         if which not in points:
             raise GnaValueError(f"interval({which!r}): expected 'clean', 'alone' or 'ablated'")
-        return wilson(float(points[which]["accuracy"]), curve.n_prompts, z)
-
-
-def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a proportion ``p`` of ``n`` trials."""
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+        n = curve.n_prompts
+        return wilson_interval(round(float(points[which]["accuracy"]) * n), n, level)
 
 
 def prompt_view(circuit: GnaCircuit, model: Any, task: Any, row: int) -> PromptView:
