@@ -26,6 +26,7 @@ from .head_scans import HeadScan
 from .joint import collapsing_set
 from .positions import layer_heads
 from .report_inputs import circuit_heads, circuit_ranking
+from .roles import pattern_agrees
 from .runner import runner_for
 
 if TYPE_CHECKING:
@@ -317,7 +318,10 @@ def _examined(model: GnaModel, circuit: GnaCircuit) -> None:
             if head not in examined:
                 examined[head] = HeadEvidence(head, role, None, False, joint=True, kind=model.head_kind(head).value)
             elif examined[head].role is None:
-                examined[head].role, examined[head].joint = role, True
+                item = examined[head]
+                item.role, item.joint = role, True
+                n_options = circuit.n_segments or round(1 / circuit.accuracy["chance"])
+                item.pattern_agrees = None if item.scores is None else pattern_agrees(role, item.scores, circuit.thresholds, n_options)
     circuit.heads = sorted(examined.values(), key=lambda e: e.head)
 
 
