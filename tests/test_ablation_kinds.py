@@ -92,7 +92,7 @@ def test_the_summary_and_the_report_say_which_sets_hold_under_which_kinds(checke
 
 
 def test_the_kinds_survive_json_and_the_record_round_trips(checked):
-    model, task, circuit, records = checked
+    _, _, circuit, records = checked
     again = GnaCircuit.from_json(circuit.to_json())
     assert again.accuracy == circuit.accuracy and again.settings["kinds_checked"] == circuit.settings["kinds_checked"]
     assert {k: v.to_dict() for k, v in again.verdicts.items()} == {k: v.to_dict() for k, v in circuit.verdicts.items()}
@@ -107,7 +107,7 @@ def test_the_kinds_survive_json_and_the_record_round_trips(checked):
 def test_the_check_is_off_by_default_and_refuses_unknown_kinds():
     assert DiscoverySettings().ablation_kinds == ()
     assert DiscoverySettings(ablation_kinds=["resample", "mean", "mean"]).ablation_kinds == ("resample", "mean")
-    with pytest.raises(GnaValueError, match="ablation_kinds=.*'zero'"):
+    with pytest.raises(GnaValueError, match=r"ablation_kinds=.*'zero'"):
         DiscoverySettings(ablation_kinds=("zero",))
     with pytest.raises(GnaValueError, match="give one of the two"):
         gna.discover(gna.load_toy("llama"), gna.toy_task("llama", 8), resamples=2, stability=2, progress=False)
@@ -119,13 +119,13 @@ def test_heads_below_the_stable_frequency_are_marked(checked):
     _, _, circuit, _ = checked
     shown = copy_with_stability(circuit)
     kept, dropped = circuit.gather[0], circuit.gather[1]
-    assert unstable_heads(shown) == {"gather": [(dropped, 0.75)]} and 0.75 < STABLE_FREQUENCY
+    assert unstable_heads(shown) == {"gather": [(dropped, 0.75)]} and STABLE_FREQUENCY > 0.75
     assert f"unstable gather heads (in fewer than 80% of the samples): {dropped} 0.75" in shown.summary()
     assert str(kept) not in shown.summary().split("unstable gather heads")[1]
     from gna_interp.viz.report_context import stability_context
 
     rows = {r["head"]: r for r in stability_context(shown)["rows"]}
-    assert rows[str(dropped)]["marked"].startswith("unstable") and rows[str(kept)]["marked"] == DASH
+    assert rows[str(dropped)]["marked"] == "unstable: 0.75 < 0.80" and rows[str(kept)]["marked"] == DASH
 
 
 def copy_with_stability(circuit: GnaCircuit) -> GnaCircuit:

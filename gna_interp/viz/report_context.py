@@ -113,13 +113,13 @@ def stability_context(circuit: GnaCircuit) -> dict[str, Any] | None:
     if stability is None:
         return None
     role_of = {h: role for role in ROLES for h in map(str, getattr(circuit, role))}
-    unstable = {str(h) for low in unstable_heads(circuit).values() for h, _ in low}
+    unstable = {str(h): f for low in unstable_heads(circuit).values() for h, f in low}
     rows = [
         {
             "head": row["head"],
             "set in this run": role_of.get(row["head"], DASH),
-            **{f"in the {role.capitalize()} set": f"{row[role]} of {stability.k} ({row[role] / stability.k:.2f})" for role in ROLES},
-            "marked": f"unstable: below {STABLE_FREQUENCY:.2f}" if row["head"] in unstable else DASH,
+            **{f"in the {role.capitalize()} set": f"{row[role]} of {stability.k}" for role in ROLES},
+            "marked": f"unstable: {unstable[row['head']]:.2f} < {STABLE_FREQUENCY:.2f}" if row["head"] in unstable else DASH,
         }
         for _, row in stability.to_frame().iterrows()
     ]
