@@ -8,6 +8,8 @@ the stage's record, and (slow) `discover` run by hand on the same bootstrap resa
 from __future__ import annotations
 
 import dataclasses
+import html
+import re
 import warnings
 
 import pytest
@@ -25,6 +27,7 @@ from gna_interp.discovery.records import record_from_dict, record_to_dict
 from gna_interp.discovery.stage_records import KindsRecord
 from gna_interp.scoring.verdicts import collapse_verdict
 from gna_interp.tasks.base import Task
+from gna_interp.viz.report import write_report
 from gna_interp.viz.report_html import DASH
 from gna_interp.viz.report_rows import kinds_rows
 
@@ -156,3 +159,39 @@ def test_resamples_are_discover_on_bootstrap_resamples_by_hand():
     assert circuit.stability is not None and circuit.stability.k == 3
     assert torch.equal(circuit.stability.frequency, counts / 3)
     assert any(h == Head(0, 0) for h in circuit.gather)
+
+
+def test_the_report_folds_the_kinds_table(checked, tmp_path):
+    """The page's kinds table: one row per set with the circuit's accuracies, at every position
+    and at the set's positions, in the same columns for every set."""
+    _, _, circuit, _ = checked
+    page = html.unescape(write_report([(circuit, None, None)], tmp_path).read_text())
+    table = re.search(r'<div data-role="kinds">(.*?)</table>', page, re.S).group(1)
+    acc, cell = circuit.accuracy, '<td class="num">{:.3f}</td>'.format
+    for name, where in (("-gather", "ends"), ("-aggregate", "final")):
+        zero = cell(acc[name]) + cell(acc[f"{name}@zero:{where}"])
+        mean = cell(acc[f"{name}@mean"]) + cell(acc[f"{name}@mean:{where}"])
+        assert re.search(rf"<td>{name}</td><td>{where}</td>{zero}<td>[^<]*</td>{mean}", table), name
+    assert f"<td>-both</td><td>{DASH}</td>{cell(acc['-both'])}<td>{DASH}</td>" in table
+    assert kinds_rows(without_check(circuit)) == [] and kinds_rows(circuit)
+
+
+def without_check(circuit: GnaCircuit) -> GnaCircuit:
+    """The circuit without the check: its keys, verdicts and setting gone."""
+    settings = {k: v for k, v in circuit.settings.items() if k != "kinds_checked"}
+    accuracy = {k: v for k, v in circuit.accuracy.items() if "@" not in k}
+    return dataclasses.replace(circuit, settings=settings, accuracy=accuracy)
+
+
+def test_a_run_dir_resumes_with_the_check(tmp_path):
+    """With the check on, a finished run's folder gives the same circuit without a forward,
+    the kinds record read back from its JSON (reference: the run that wrote it)."""
+    model, task = gna.load_toy("llama"), gna.toy_task("llama", 16, seed=9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = gna.discover(model, task, ablation_kinds=("mean", "resample"), run_dir=tmp_path, progress=False)
+        with gna.cost_meter(model) as spent:
+            again = gna.discover(model, task, ablation_kinds=("mean", "resample"), run_dir=tmp_path, progress=False)
+    assert spent.forwards == 0 and "-gather@resample" in first.accuracy
+    assert again.accuracy == first.accuracy and again.settings["kinds_checked"] == first.settings["kinds_checked"]
+    assert {k: v.to_dict() for k, v in again.verdicts.items()} == {k: v.to_dict() for k, v in first.verdicts.items()}

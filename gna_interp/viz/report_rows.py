@@ -118,14 +118,14 @@ def kinds_rows(circuit: GnaCircuit) -> list[dict[str, Any]]:
     checked = circuit.settings.get("kinds_checked")
     if not checked:
         return []
-    rows = []
-    for row in table(circuit.accuracy, circuit.verdicts, checked.get("where", {})):
-        out: dict[str, Any] = {"set": row["set"]}
+    rows, where = [], checked.get("where", {})
+    for row in table(circuit.accuracy, circuit.verdicts, where):
+        name = str(row["set"])
+        out: dict[str, Any] = {"set": name, "its positions": where.get(name, DASH)}
         for kind in checked["kinds"]:
             if kind in row:
-                at = next((k for k in row if k.startswith(f"{kind}:")), None)
                 out[f"{kind}, every position"] = row[kind]
-                out[f"{kind}, {at.split(':')[1] if at else 'its positions'}"] = row[at] if at else DASH
+                out[f"{kind}, its positions"] = row.get(f"{kind}:{where.get(name)}", DASH)
                 out[f"{kind}: collapses?"] = row.get(f"{kind}?") or DASH
         out["holds under"] = ", ".join(holds([row])[str(row["set"])]) or "none"
         rows.append(out)
