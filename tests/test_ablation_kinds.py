@@ -102,6 +102,8 @@ def test_the_kinds_survive_json_and_the_record_round_trips(checked):
     assert again.summary() == circuit.summary()
     record = records.of(KindsRecord)
     assert record.accuracy and record.cost["forwards"] > 0
+    estimated = circuit.settings["estimate"]["stages"]["kinds"]  # 5 forwards a kind, 2 zero: 12
+    assert estimated == 12.0 and estimated / 1.6 <= record.cost["block_rows"] / (N * 2) <= estimated * 1.6
     read = record_from_dict(record_to_dict(record), None)  # type: ignore[arg-type]
     assert read.accuracy == record.accuracy and read.settings == record.settings and read.note == record.note
     assert {k: v.to_dict() for k, v in read.verdicts.items()} == {k: v.to_dict() for k, v in record.verdicts.items()}

@@ -200,7 +200,7 @@ def _context(model: GnaModel, task: Task, settings: DiscoverySettings, progress:
     thresholds, scan_layers = stage.check_arguments(model, task, settings)
     s = settings
     knobs = (s.max_candidates, s.pattern_prompts, s.check_labels, s.screen_above, s.prescreen_above, s.keep)
-    estimate = estimate_passes(model, len(task), s.stages, scan_layers, *knobs)
+    estimate = estimate_passes(model, len(task), s.stages, scan_layers, *knobs, kinds=len(s.ablation_kinds))
     bar = StageBar(meter, len(task), show=progress and meter is not None)
     return plan.Context(model, task, settings, thresholds, scan_layers, estimate, bar, progress)
 
