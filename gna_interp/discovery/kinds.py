@@ -75,8 +75,10 @@ def kinds_check(
     for name in ("-gather", "-aggregate", "-both"):
         for kind in kinds:
             value = accuracy.get(key(name, kind))
-            right = None if value is None else round(value * n)
-            if right is not None and n and abs(right / n - value) < 1e-6:  # type: ignore[operator]
+            if value is None or not n:
+                continue
+            right = round(value * n)
+            if abs(right / n - value) < 1e-6:  # a count of right answers over the prompts
                 heads = _count(circuit, name)
                 verdicts[verdict_key(name, kind)] = collapse_verdict(
                     [True] * right + [False] * (n - right), chance, margin, f"{name} ablated ({heads} heads, {kind})"
