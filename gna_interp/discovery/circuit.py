@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.heads import Head
 from ..scoring.verdicts import Verdict, collapse_verdict, count_difference_verdict
+from .ablation_kinds import describe_kinds
 from .estimate import passes_range
 from .evidence import POSITIONS, ROLES, HeadEvidence, RoleNeed, SpreadRole, Stability, Standing
 from .positions import PositionScan, describe_coverage
@@ -331,9 +332,11 @@ class GnaCircuit:
                     parts.append(f"            size curve (k most important heads, accuracy): {spread.describe_curve()}")
         if self.gather or self.aggregate:
             parts.append(f"  evidence  {self.evidence_rule()}")
-        parts.append("  accuracy  " + "  ".join(f"{k} {v:.3f}" for k, v in acc.items()))
+        parts.append("  accuracy  " + "  ".join(f"{k} {v:.3f}" for k, v in acc.items() if "@" not in k))  # kinds: below
         if "-gather" in acc:
             parts.append("            (-gather, -aggregate, -both, only_gna: their heads ablated at every position)")
+        kinds = describe_kinds(self.accuracy, self.verdicts, self.settings)
+        parts += [f"  {'kinds' if i == 0 else '':9s} {line}" for i, line in enumerate(kinds)]
         for role, need in self.needs.items():
             parts.append(f"  {self.role_name(role):9s} {need.describe()}")
             if need.curve:
@@ -359,8 +362,9 @@ def collapse_verdicts(circuit: GnaCircuit) -> dict[str, Verdict]:
     over the circuit's prompts (an accuracy that is not a count of them is skipped)."""
     n, chance = circuit.n_prompts, circuit.accuracy["chance"]
     margin = float(circuit.settings.get("chance_margin", 0.10))
-    measured = {role: (need.accuracy, f"{role} set ablated ({len(need.heads)} heads)") for role, need in circuit.needs.items()}
-    measured |= {key: (circuit.accuracy[key], f"{key} ablated") for key in ("-gather", "-aggregate", "-both") if key in circuit.accuracy}
+    measured = {role: (need.accuracy, f"{role} set ablated ({len(need.heads)} heads, zero)") for role, need in circuit.needs.items()}
+    confirmed = [key for key in ("-gather", "-aggregate", "-both") if key in circuit.accuracy]
+    measured |= {key: (circuit.accuracy[key], f"{key} ablated (zero)") for key in confirmed}
     found = {}
     for key, (accuracy, kind) in measured.items():
         right = round(accuracy * n)
@@ -381,7 +385,7 @@ def alone_verdicts(circuit: GnaCircuit) -> dict[str, Verdict]:
             continue
         right, ablated = round(clean * n), round(item.ablated_accuracy * n)
         if abs(right / n - clean) < 1e-6 and abs(ablated / n - item.ablated_accuracy) < 1e-6:
-            kind = f"{item.head} alone: clean - ablated"
+            kind = f"{item.head} alone: clean - ablated (zero)"
             words = ("effect", "no effect")
             found[f"alone:{item.head}"] = count_difference_verdict(right, n, ablated, n, circuit.thresholds.min_effect, kind, words=words)
     return found
@@ -399,20 +403,46 @@ COUNTING_NAMES = {"gather": "count@seg", "aggregate": "count@end"}
 """A counting circuit's role sets, named by where their heads act (`GnaCircuit.role_name`)."""
 
 
+STABLE_FREQUENCY = 0.8
+"""A head of the circuit's set chosen in fewer than this share of the stability samples is
+marked unstable (`unstable_heads`: the summary and the report say so)."""
+
+
+def unstable_heads(circuit: GnaCircuit) -> dict[str, list[tuple[Head, float]]]:
+    """Per role, each head of the circuit's set with its membership frequency over the
+    stability samples (`Stability.frequency`) when below `STABLE_FREQUENCY` (empty: none
+    measured, or every head stable)."""
+    stability = circuit.stability
+    if stability is None:
+        return {}
+    frequency = stability.frequency
+    found = {}
+    for r, role in enumerate(ROLES):
+        low = [(h, float(frequency[r, h.layer, h.head])) for h in getattr(circuit, role)]
+        low = [(h, f) for h, f in low if f < STABLE_FREQUENCY]
+        if low:
+            found[role] = low
+    return found
+
+
 def describe_stability(circuit: GnaCircuit) -> list[str]:
     """Lines: per role, the set sizes over the samples and how often each head of the
-    circuit's set (and any other head chosen) was chosen."""
+    circuit's set (and any other head chosen) was chosen; the heads of the set chosen in
+    fewer than `STABLE_FREQUENCY` of the samples marked."""
     stability = circuit.stability
     if stability is None:
         return []
     how = "bootstrap samples" if stability.sampling == "bootstrap" else "prompt samples"
     lines = [f"over {stability.k} {how} of {', '.join(map(str, sorted(set(stability.n_prompts))))} prompts:"]
-    counts = stability.counts
+    counts, unstable = stability.counts, unstable_heads(circuit)
     for r, role in enumerate(ROLES):
         found = [(int(counts[r, layer, head]), Head(layer, head)) for layer, head in counts[r].nonzero().tolist()]
         chosen = sorted(found, key=lambda c: -c[0])
         heads = ", ".join(f"{head} {count}" for count, head in chosen) or "-"
         lines.append(f"{role} set sizes {', '.join(map(str, stability.sizes(role)))}; chosen (of {stability.k}): {heads}")
+        if role in unstable:
+            marked = ", ".join(f"{h} {f:.2f}" for h, f in unstable[role])
+            lines.append(f"unstable {role} heads (in fewer than {STABLE_FREQUENCY:.0%} of the samples): {marked}")
     return lines
 
 

@@ -71,8 +71,13 @@ def estimate_passes(
     screen_above: int,
     prescreen_above: int,
     prescreen_keep: int,
+    *,
+    kinds: int = 0,
 ) -> dict[str, Any]:
-    """A rough estimate of `discover`'s passes over ``n_prompts`` (module docs):
+    """A rough estimate of `discover`'s passes over ``n_prompts`` (module docs); ``kinds``:
+    the ablation kinds the kinds check adds (`DiscoverySettings.ablation_kinds`), each five
+    forwards (each role's set at every position and at its positions, both sets together),
+    and two zero ablations at the roles' positions:
     ``{"low", "mid", "high", "stages": {stage: passes}, "n_prompts", "text"}``, with ``text``
     like ``"about 25-63 passes over 64 prompts (a rough estimate)"``."""
     n_layers = model.n_layers
@@ -112,6 +117,8 @@ def estimate_passes(
         per["confirm"] = 6.0
         # a copy per size < all; remotely also its clean and corrupt forwards (locally: the cache's, path patching's)
         per["score"] = len(realised_sizes(MIB_FRACTIONS, len(model.heads))) - (1.0 if cached else -1.0)
+        if kinds:
+            per["kinds"] = KINDS_PER_KIND * kinds + 2.0
     mid = sum(per.values())
     low, high = mid / RANGE, mid * RANGE
     estimate: dict[str, Any] = {"low": low, "mid": mid, "high": high, "stages": per, "n_prompts": n_prompts}
@@ -123,6 +130,10 @@ def passes_range(estimate: dict[str, Any]) -> str:
     """An estimate's range in words: ``"24-62 passes"``."""
     return f"{estimate['low']:.0f}-{estimate['high']:.0f} passes"
 
+
+KINDS_PER_KIND = 5.0
+"""Forwards the kinds check runs per ablation kind (`estimate_passes`): measured 10, 11 and 12
+passes for two kinds on the Llama, Mamba-2 and Falcon-H1 toys (200 prompts), 12 estimated."""
 
 COSTLY_LAYERS = 2
 """Wide layers the estimate expects the layer scan to find costly (and group testing to

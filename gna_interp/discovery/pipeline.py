@@ -74,6 +74,7 @@ def discover(
     settings: DiscoverySettings | None = None,
     progress: bool = True,
     stability: int | Sequence[Task] | None = None,
+    resamples: int | None = None,
     run_dir: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> GnaCircuit:
@@ -92,6 +93,12 @@ def discover(
             these settings) and record how often each head is chosen as
             ``circuit.stability``: a number of bootstrap samples of ``task`` (at least
             2), or the sample tasks themselves. ``None`` (default): not measured.
+        resamples: ``k`` bootstrap resamples of the prompts (``len(task)`` drawn with
+            replacement, seeds ``0..k-1``, `prompt_samples`): the search re-run on each, and
+            each head's membership frequency recorded as ``circuit.stability``
+            (`Stability.frequency`); a head of the circuit's set below
+            `circuit.STABLE_FREQUENCY` is marked in the summary and the report. The same as
+            ``stability=k``; give one of the two.
         run_dir: a folder that keeps the run across a crash (`run_dir.RunDir`): each
             finished stage and every accuracy measured is saved there; run again with the
             same model, task and settings, discovery carries on after the last finished
@@ -111,6 +118,11 @@ def discover(
     """
     check_model_and_task(model, task, "discover")  # a swapped (task, model) named as such
     settings = _settings(settings, options, "discover")
+    if resamples is not None:
+        if stability is not None:
+            raise GnaValueError(f"resamples={resamples!r} and stability={stability!r}: give one of the two (resamples=k is stability=k)")
+        _check_k(resamples, "resamples")
+        stability = resamples
     if stability is not None:
         _check_samples(stability, "stability")
     with model.prefix_cache(), memo.accuracy_memo(model), cost_meter(model) as cost:
@@ -188,7 +200,7 @@ def _context(model: GnaModel, task: Task, settings: DiscoverySettings, progress:
     thresholds, scan_layers = stage.check_arguments(model, task, settings)
     s = settings
     knobs = (s.max_candidates, s.pattern_prompts, s.check_labels, s.screen_above, s.prescreen_above, s.keep)
-    estimate = estimate_passes(model, len(task), s.stages, scan_layers, *knobs)
+    estimate = estimate_passes(model, len(task), s.stages, scan_layers, *knobs, kinds=len(s.ablation_kinds))
     bar = StageBar(meter, len(task), show=progress and meter is not None)
     return plan.Context(model, task, settings, thresholds, scan_layers, estimate, bar, progress)
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..core.errors import GnaTypeError
 from ..cost import COUNTS
 from ..scoring.evaluation import evaluate
-from . import head_scans, positions
+from . import head_scans, kinds, positions
 from . import stages as stage
 from .context import Context
 from .evidence import HeadEvidence
@@ -33,6 +33,7 @@ from .stage_records import (
     EntryRecord,
     HeadScanRecord,
     JointRecord,
+    KindsRecord,
     LabelCheckRecord,
     LabelInputs,
     LayerScanRecord,
@@ -248,6 +249,19 @@ def confirm(ctx: Context, records: Records) -> ConfirmRecord:
     )
 
 
+def kinds_check(ctx: Context, records: Records) -> KindsRecord:
+    """The roles ablated by the other kinds (`kinds.kinds_check`, ``ablation_kinds``), on the
+    circuit as the confirmation left it: which roles hold under mean and resample ablation."""
+    s = ctx.settings
+    draft = assemble(ctx, records)
+    if "confirm" not in s.stages or not s.ablation_kinds or not (draft.gather or draft.aggregate):
+        return KindsRecord()
+    ctx.bar.stage("kinds")
+    encoded = ctx.encoded if ctx.encoded.single_token else None  # positions need single-token scoring
+    accuracy, verdicts, checked, note = kinds.kinds_check(ctx.runner, ctx.task, encoded, draft, s.ablation_kinds, s.chance_margin)
+    return KindsRecord(accuracy, verdicts, checked, note)
+
+
 def _added(before: dict, after: dict) -> dict:
     """The entries of ``after`` new or changed since ``before``."""
     return {k: v for k, v in after.items() if k not in before or before[k] != v}
@@ -270,6 +284,7 @@ PLAN: tuple[Stage, ...] = (
     Stage("roles", roles, RoleRecord),
     Stage("joint", joint, JointRecord),
     Stage("confirm", confirm, ConfirmRecord),
+    Stage("kinds", kinds_check, KindsRecord),
 )
 """`discover`'s stages in the order `run` carries them out (module docs)."""
 

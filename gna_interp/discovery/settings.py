@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..core.errors import GnaTypeError, GnaValueError
+from .ablation_kinds import CHECKED as ABLATION_CHECKS
 from .joint import check_joint_search
 from .roles import RoleThresholds
 
@@ -82,6 +83,14 @@ class DiscoverySettings:
             tried, and where they fall short of chance runs the greedy search over the whole
             pool; ``"greedy"`` runs only that search, which re-ranks the rest after each head,
             one forward per pool head at each step.
+        ablation_kinds: after the confirmation, the kinds of ablation besides discovery's zero
+            under which each role's set (and both together) is ablated again, at every
+            position and at the role's positions (`kinds.kinds_check`, the ``"kinds"``
+            stage; `ablation_kinds` has the keys): ``"mean"`` (the head's mean output over
+            the task's tokens), ``"resample"`` (its output on the corrupted prompts: skipped,
+            with a note, where the task has none). The circuit says which roles hold
+            (collapse accuracy to chance) under which kinds. Default ``()``: not checked
+            (it costs about 10 passes on the 2-layer toys: 12 forwards over the task).
     """
 
     stages: tuple[str, ...] = STAGES
@@ -97,6 +106,7 @@ class DiscoverySettings:
     prescreen_keep: int | None = None
     search_at_chance: bool = False
     joint_search: str = "ordered"
+    ablation_kinds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.stages, str) or not isinstance(self.stages, Sequence):
@@ -128,6 +138,10 @@ class DiscoverySettings:
             if not isinstance(getattr(self, name), bool):
                 raise GnaTypeError(f"{name}={getattr(self, name)!r}: expected True or False")
         check_joint_search(self.joint_search)
+        kinds = self.ablation_kinds
+        if isinstance(kinds, str) or not isinstance(kinds, Sequence) or any(k not in ABLATION_CHECKS for k in kinds):
+            raise GnaValueError(f"ablation_kinds={kinds!r}: expected a sequence of some of {ABLATION_CHECKS} (or () for none)")
+        object.__setattr__(self, "ablation_kinds", tuple(dict.fromkeys(kinds)))
 
     @classmethod
     def build(cls, where: str = "discover", **settings: Any) -> DiscoverySettings:
@@ -158,6 +172,7 @@ class DiscoverySettings:
         """Every setting, JSON-ready (``thresholds`` as its dict; ``None`` kept)."""
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["stages"] = list(self.stages)
+        data["ablation_kinds"] = list(self.ablation_kinds)
         data["layers"] = None if self.layers is None else list(self.layers)
         data["thresholds"] = None if self.thresholds is None else self.thresholds.to_dict()
         return data

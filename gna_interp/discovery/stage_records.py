@@ -296,6 +296,29 @@ class PositionRecord(Record):
             circuit.positions = self.position_scan
 
 
+@dataclass(frozen=True)
+class KindsRecord(Record):
+    """The kinds check (`kinds.kinds_check`): each role's set and both together ablated by the
+    other kinds (``accuracy``, keys `ablation_kinds.key`: ``"-gather@mean"``,
+    ``"-gather@mean:ends"``, ``"-gather@zero:ends"``...), their collapse verdicts
+    (``"collapses:-gather@mean"``), what it checked (``settings``: ``{"kinds", "where"}``, kept
+    as ``circuit.settings["kinds_checked"]``) and a ``note`` (resample skipped); empty: not run."""
+
+    stage: ClassVar[str] = "kinds"
+    accuracy: dict[str, float] = field(default_factory=dict)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    settings: dict[str, Any] | None = None
+    note: str | None = None
+
+    def apply(self, circuit: GnaCircuit) -> None:
+        circuit.accuracy.update(self.accuracy)
+        circuit.verdicts.update(self.verdicts)
+        if self.settings is not None:
+            circuit.settings["kinds_checked"] = self.settings
+        if self.note is not None:
+            circuit.warnings.append(self.note)
+
+
 RECORDS: tuple[type[Record], ...] = (
     BaselineRecord,
     LabelCheckRecord,
@@ -308,6 +331,7 @@ RECORDS: tuple[type[Record], ...] = (
     RoleRecord,
     JointRecord,
     ConfirmRecord,
+    KindsRecord,
 )
 """Every kind of record, by its stage's name (`records.record_from_dict` reads them)."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from ..discovery.circuit import STABLE_FREQUENCY, unstable_heads
 from ..discovery.evidence import POSITIONS, ROLES
 from ..discovery.report_inputs import drops
 from . import figures
@@ -14,7 +15,7 @@ from .faithfulness import faithfulness_svg, retention_svg
 from .overview import headline, overview_figure
 from .report_curves import HOW
 from .report_html import DASH, slug_of
-from .report_rows import _ROLE_AT, _short, conditions, cost_rows, examined_rows, path_rows
+from .report_rows import _ROLE_AT, _short, conditions, cost_rows, examined_rows, kinds_rows, path_rows
 from .summary import carries
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ def section_context(inputs: ReportInputs) -> dict[str, Any]:
         "score": circuit.score,
         "score_rows": score_rows(circuit.score) if circuit.score else None,
         "stability": stability_context(circuit),
+        "kinds": kinds_rows(circuit),
         "picture": picture_context(inputs),
         "scans": scans(circuit),
         "examined": examined_rows(circuit),
@@ -111,11 +113,13 @@ def stability_context(circuit: GnaCircuit) -> dict[str, Any] | None:
     if stability is None:
         return None
     role_of = {h: role for role in ROLES for h in map(str, getattr(circuit, role))}
+    unstable = {str(h): f for low in unstable_heads(circuit).values() for h, f in low}
     rows = [
         {
             "head": row["head"],
             "set in this run": role_of.get(row["head"], DASH),
             **{f"in the {role.capitalize()} set": f"{row[role]} of {stability.k}" for role in ROLES},
+            "marked": f"unstable: {unstable[row['head']]:.2f} < {STABLE_FREQUENCY:.2f}" if row["head"] in unstable else DASH,
         }
         for _, row in stability.to_frame().iterrows()
     ]
@@ -126,7 +130,7 @@ def stability_context(circuit: GnaCircuit) -> dict[str, Any] | None:
         else f"{stability.k} prompt samples given ({', '.join(map(str, stability.n_prompts))} prompts)"
     )
     sizes = "; ".join(f"{role.capitalize()} set sizes {', '.join(map(str, stability.sizes(role)))}" for role in ROLES)
-    return {"how": how, "sizes": sizes, "rows": rows}
+    return {"how": how, "sizes": sizes, "rows": rows, "threshold": STABLE_FREQUENCY}
 
 
 def faithfulness_context(circuit: GnaCircuit, curve: FaithfulnessCurve | None) -> dict[str, Any] | None:

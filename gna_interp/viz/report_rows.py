@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..discovery.ablation_kinds import holds, table
 from ..discovery.estimate import passes_range
 from ..discovery.evidence import POSITIONS, ROLES, Standing
 from ..discovery.roles import entry_shares
@@ -108,7 +109,27 @@ def conditions(circuit: GnaCircuit) -> list[dict[str, Any]]:
         "-both": f"both sets ({heads(n_gather + n_aggregate)}), {every}",
         "only_gna": f"every other head of their layers, {every}",
     }
-    return [{"condition": k, "ablated": ablated.get(k, DASH), "accuracy": v} for k, v in circuit.accuracy.items()]
+    return [{"condition": k, "ablated": ablated.get(k, DASH), "accuracy": v} for k, v in circuit.accuracy.items() if "@" not in k]
+
+
+def kinds_rows(circuit: GnaCircuit) -> list[dict[str, Any]]:
+    """The kinds check's table (`ablation_kinds.table`): per set, each kind's accuracy at every
+    position and at the set's positions, and whether it collapses accuracy (empty: not checked)."""
+    checked = circuit.settings.get("kinds_checked")
+    if not checked:
+        return []
+    rows, where = [], checked.get("where", {})
+    for row in table(circuit.accuracy, circuit.verdicts, where):
+        name = str(row["set"])
+        out: dict[str, Any] = {"set": name, "its positions": where.get(name, DASH)}
+        for kind in checked["kinds"]:
+            if kind in row:
+                out[f"{kind}, every position"] = row[kind]
+                out[f"{kind}, its positions"] = row.get(f"{kind}:{where.get(name)}", DASH)
+                out[f"{kind}: collapses?"] = row.get(f"{kind}?") or DASH
+        out["holds under"] = ", ".join(holds([row])[str(row["set"])]) or "none"
+        rows.append(out)
+    return rows
 
 
 def path_rows(path: dict[str, float]) -> list[dict[str, Any]]:
