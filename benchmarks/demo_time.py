@@ -3,9 +3,11 @@
 Each toy's share of the demo (load, discovery, faithfulness curve: `gna_interp.demo.run_toy`)
 runs under the two settings, alternating toy by toy so that both see the same machine load:
 
-- before: torch's own thread count (what ``make demo`` got: one per core), the faithfulness
-  curve at every n up to 32 heads, else 24 sizes (`faithfulness_curve`'s default);
-- after: one torch thread (`DEMO_THREADS`), the curve at doubling sizes (`curve_sizes`).
+- before: torch's own thread count (what ``make demo`` got: one per core), 200 prompts for
+  every toy, the faithfulness curve at every n up to 32 heads, else 24 sizes
+  (`faithfulness_curve`'s default);
+- after: one torch thread (`DEMO_THREADS`), the demo's prompts per toy (`demo_prompts`), the
+  curve at doubling sizes (`curve_sizes`).
 
 Per toy: wall and CPU seconds (this process's, ``time.process_time``) and their ratios, the
 toy's row of the demo table under each (the same circuit), then the whole demo, end to end in
@@ -28,7 +30,7 @@ import time
 from _common import parser
 
 # Private: the demo's own per-toy run and settings (gna_interp.demo), timed as the demo runs them.
-from gna_interp.demo import DEMO_APART, DEMO_MODELS, DEMO_PROMPTS, DEMO_THREADS, curve_sizes, run_toy, torch_threads
+from gna_interp.demo import DEMO_APART, DEMO_MODELS, DEMO_PROMPTS, DEMO_THREADS, curve_sizes, demo_prompts, run_toy, torch_threads
 
 
 def every_size(n_heads: int) -> None:
@@ -62,9 +64,34 @@ START_UP = "from gna_interp.zoo import load_toy; [load_toy(name) for name in ('l
 """What each of the demo's processes does before its first toy: import, load a toy of each backend."""
 
 
+def toy_table(toys: list[str], n: int | None, before_threads: int) -> dict[str, float]:
+    """Print each toy's times before and after (a markdown table) and its rows; the CPU
+    seconds of each toy after."""
+    prompts = demo_prompts(toys, n)
+    head = "| toy | n before -> after | wall before (s) | wall after (s) | wall ratio | CPU before (s) | CPU after (s) | CPU ratio |"
+    print(head + " curve points |\n|" + "---|" * head.count("|"))
+    rows, totals, after_cpu = [], [0.0, 0.0, 0.0, 0.0], {}
+    for name in toys:
+        after = toy_times(name, prompts[name], DEMO_THREADS, curve_sizes)
+        before = toy_times(name, n or DEMO_PROMPTS, before_threads, every_size)
+        figures = (before[0], after[0], before[1], after[1])
+        totals = [t + f for t, f in zip(totals, figures, strict=True)]
+        ratios = f"{before[0] / after[0]:.2f} | {before[1]:.1f} | {after[1]:.1f} | {before[1] / after[1]:.2f}"
+        print(
+            f"| {name} | {n or DEMO_PROMPTS} -> {prompts[name]} | {before[0]:.1f} | {after[0]:.1f} | {ratios} | {before[3]} -> {after[3]} |"
+        )
+        rows.append((before[2], after[2]))
+        after_cpu[name] = after[1]
+    w0, w1, c0, c1 = totals
+    print(f"| all | | {w0:.1f} | {w1:.1f} | {w0 / w1:.2f} | {c0:.1f} | {c1:.1f} | {c0 / c1:.2f} | |\n")
+    print("each toy's row of the demo table (its first line), before then after:\n```")
+    print("\n".join(line for pair in rows for line in pair) + "\n```")
+    return after_cpu
+
+
 def main() -> None:
     arguments = parser(__doc__, threads=False, json_file=False)
-    arguments.add_argument("--n", type=int, default=DEMO_PROMPTS, help="prompts per toy (default %(default)s, the demo's)")
+    arguments.add_argument("--n", type=int, default=None, help="prompts per toy, before and after (default: 200 before, the demo's after)")
     arguments.add_argument("--toys", nargs="+", default=list(DEMO_MODELS), help="toys (default: the demo's)")
     arguments.add_argument("--before-threads", type=int, default=None, help="torch threads before (default: torch's own choice)")
     arguments.add_argument("--no-whole", action="store_true", help="skip the end-to-end run of the demo")
@@ -73,29 +100,9 @@ def main() -> None:
 
     before_threads = args.before_threads or torch.get_num_threads()
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the start; torch's threads {torch.get_num_threads()}")
-    print(f"prompts per toy {args.n}; before: {before_threads} thread(s), every size; after: {DEMO_THREADS} thread(s), doubling sizes\n")
+    print(f"before: {before_threads} thread(s), every size; after: {DEMO_THREADS} thread(s), doubling sizes\n")
     run_toy(args.toys[0], 8, progress=False)  # imports and first loads, outside every toy's time
-    head = "| toy | n | wall before (s) | wall after (s) | wall ratio | CPU before (s) | CPU after (s) | CPU ratio | curve points |"
-    print(head + "\n|" + "---|" * (head.count("|") - 1))
-    rows, totals, after_cpu = [], [0.0, 0.0, 0.0, 0.0], {}
-    for name in args.toys:
-        after = toy_times(name, args.n, DEMO_THREADS, curve_sizes)
-        before = toy_times(name, args.n, before_threads, every_size)
-        figures = (before[0], after[0], before[1], after[1])
-        totals = [t + f for t, f in zip(totals, figures, strict=True)]
-        print(
-            f"| {name} | {args.n} | {before[0]:.1f} | {after[0]:.1f} | {before[0] / after[0]:.2f} | {before[1]:.1f} | {after[1]:.1f} | "
-            f"{before[1] / after[1]:.2f} | {before[3]} -> {after[3]} |",
-            flush=True,
-        )
-        rows.append((name, before[2], after[2]))
-        after_cpu[name] = after[1]
-    w0, w1, c0, c1 = totals
-    print(f"| all | | {w0:.1f} | {w1:.1f} | {w0 / w1:.2f} | {c0:.1f} | {c1:.1f} | {c0 / c1:.2f} | |\n")
-    print("each toy's row of the demo table, before then after (the same circuit and figures):\n```")
-    for _name, before_row, after_row in rows:
-        print(before_row + "\n" + after_row)
-    print("```")
+    after_cpu = toy_table(args.toys, args.n, before_threads)
     _, start_up = timed_run([sys.executable, "-c", START_UP])
     apart = sum(c for name, c in after_cpu.items() if name in DEMO_APART)
     first = sum(c for name, c in after_cpu.items() if name not in DEMO_APART)
@@ -106,9 +113,9 @@ def main() -> None:
     )
     if not args.no_whole:
         with tempfile.TemporaryDirectory() as folder:
-            command = [sys.executable, "-m", "gna_interp.cli", "demo", "--quiet", "--n", str(args.n), "--out", folder]
-            wall, cpu = timed_run(command)
-        print(f"whole demo (gna-interp demo --quiet, --n {args.n}), as loaded: {wall:.1f} s wall, {cpu:.1f} s CPU in its processes")
+            given = ["--n", str(args.n)] if args.n else []
+            wall, cpu = timed_run([sys.executable, "-m", "gna_interp.cli", "demo", "--quiet", "--out", folder, *given])
+        print(f"whole demo (gna-interp demo --quiet {' '.join(given)}), as loaded: {wall:.1f} s wall, {cpu:.1f} s CPU in its processes")
     print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
 
 

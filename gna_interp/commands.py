@@ -15,6 +15,7 @@ from .core.errors import GnaError, GnaValueError
 from .demo import DEMO_MODELS as DEMO_MODELS  # the demo's settings live in `gna_interp.demo`
 from .demo import DEMO_PROMPTS as DEMO_PROMPTS
 from .demo import DEMO_SEED as DEMO_SEED
+from .demo import DEMO_TOY_PROMPTS as DEMO_TOY_PROMPTS
 from .demo import demo_prompts, faithfulness_line
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -286,7 +287,7 @@ def demo(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out)
     quiet_libraries()
     prompts = demo_prompts([name for name in DEMO_MODELS if name in toy_names()], args.n)
-    run_demo(prompts, out, progress=not args.quiet, estimate=args.n in (None, DEMO_PROMPTS))
+    run_demo(prompts, out, progress=not args.quiet, estimate=args.n is None)
     return 0
 
 

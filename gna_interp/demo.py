@@ -3,8 +3,9 @@ summary table printed as soon as that toy is done, then each circuit's lines and
 report.
 
 Time: on a machine of two cores or more, the slowest toy (`DEMO_APART`) runs in a second
-process beside the others, every process on one torch thread (`DEMO_THREADS`), and the
-faithfulness curve has a point per doubling of the heads kept (`curve_sizes`). Per toy,
+process beside the others, every process on one torch thread (`DEMO_THREADS`), the hybrid
+toy on fewer prompts (`DEMO_TOY_PROMPTS`), and the faithfulness curve has a point per
+doubling of the heads kept (`curve_sizes`). Per toy,
 before and after: ``benchmarks/results/demo_time.md`` (``benchmarks/demo_time.py``). Nothing
 heavy is imported at module level: the CLI's parser reads the constants below.
 """
@@ -22,7 +23,11 @@ from pathlib import Path
 from typing import Any
 
 DEMO_PROMPTS = 200
-"""Prompts per toy in the demo (and ``discover --task toy``'s default)."""
+"""Prompts per toy in the demo (but `DEMO_TOY_PROMPTS`), and ``discover --task toy``'s default."""
+DEMO_TOY_PROMPTS = {"falcon_h1": 100}
+"""Fewer prompts for the slowest toy of the demo's first process (the hybrid: half its time, its
+circuit and figures as on 200 prompts but for one member head that alone has no effect,
+``benchmarks/results/demo_time.md``)."""
 DEMO_SEED = 2026
 DEMO_MODELS = ("llama", "mamba2", "falcon_h1", "mamba")
 """The bundled toy models the demo runs: a Transformer, two SSMs (Mamba-2 heads, Mamba-1 channels) and a hybrid."""
@@ -38,8 +43,8 @@ processes' CPU time, ``benchmarks/results/demo_time.md``), printed before it sta
 
 
 def demo_prompts(names: list[str], n: int | None = None) -> dict[str, int]:
-    """Prompts per toy: ``n`` when given, else `DEMO_PROMPTS`."""
-    return {name: n or DEMO_PROMPTS for name in names}
+    """Prompts per toy: ``n`` for every toy when given, else `DEMO_TOY_PROMPTS` or `DEMO_PROMPTS`."""
+    return {name: n or DEMO_TOY_PROMPTS.get(name, DEMO_PROMPTS) for name in names}
 
 
 def cores() -> int:
@@ -68,12 +73,13 @@ def torch_threads(n: int) -> Iterator[None]:
 
 @dataclass
 class ToyRun:
-    """One toy's share of the demo: its circuit, model and task, its faithfulness curve (None
+    """One toy's share of the demo: the toy's name, its circuit, model and task, its faithfulness curve (None
     for a circuit without heads) with the curve's cost (`cost.Cost`), and the time each part took.
 
     ``seconds`` / ``cpu_seconds``: wall and process CPU time from loading the toy to the end
     of its curve; ``discovery_seconds`` and ``curve_seconds``: wall time of those two parts."""
 
+    name: str
     circuit: Any
     model: Any
     task: Any
@@ -103,7 +109,7 @@ def run_toy(name: str, n: int, *, progress: bool, sizes: Callable[[int], list[in
     with cost_meter(model) as cost:
         curve = circuit_faithfulness(circuit, model, task, sizes=sizes(len(model.heads)), progress=progress)
     end = time.perf_counter()
-    return ToyRun(circuit, model, task, curve, cost, end - start, time.process_time() - cpu, found - start, end - found)
+    return ToyRun(name, circuit, model, task, curve, cost, end - start, time.process_time() - cpu, found - start, end - found)
 
 
 def faithfulness_line(circuit: Any, curve: Any, forwards: int, passes: float, seconds: float) -> str:
@@ -169,7 +175,7 @@ def print_after(runs: list[ToyRun], out: Path, apart: list[str]) -> Path:
     circuits = [run.circuit for run in runs]
     curves = {run.circuit.model: run.curve for run in runs if run.curve is not None}
     print("\n".join(summary_legend(circuits, curves)))
-    times = [f"{run.circuit.model} {run.seconds:.1f} s" + (" (second process)" if run.circuit.model[4:] in apart else "") for run in runs]
+    times = [f"{run.circuit.model} {run.seconds:.1f} s" + (" (second process)" if run.name in apart else "") for run in runs]
     print(f"time per toy (load, discovery, faithfulness curve): {', '.join(times)}\n")
     for run in runs:
         if run.curve is not None and run.curve.circuit_point is not None:
