@@ -146,7 +146,7 @@ def run_demo(prompts: dict[str, int], out: Path, *, progress: bool, estimate: bo
 
     start = time.perf_counter()
     apart = [name for name in prompts if name in DEMO_APART] if cores() >= 2 else []
-    expected = f"about {DEMO_SECONDS} s on an idle 2-core machine" if estimate else f"{DEMO_SECONDS} s at the default prompts"
+    expected = f"about {DEMO_SECONDS} s on an idle 2-core machine" + ("" if estimate else " at the default prompts")
     toys = ", ".join(f"{name} ({n} prompts{', second process' if name in apart else ''})" for name, n in prompts.items())
     print(f"demo: {len(prompts)} toys, {expected}: {toys}", flush=True)
     widths = stream_widths([f"toy-{name}" for name in prompts])
@@ -155,6 +155,8 @@ def run_demo(prompts: dict[str, int], out: Path, *, progress: bool, estimate: bo
     with torch_threads(DEMO_THREADS), second_process(apart, prompts) as pending:
         for name, n in prompts.items():
             if name in pending:
+                if progress and not pending[name].done():
+                    print(f"waiting for toy {name} (second process) ...", file=sys.stderr, flush=True)
                 runs.append(_with_model(pending[name].result(), name, n))
             else:
                 if progress:

@@ -34,7 +34,8 @@ def test_demo_states_its_time_first_and_times_each_toy(demo_run):
     result, _ = demo_run
     lines = result.stdout.splitlines()
     models = [name for name in demo.DEMO_MODELS if name in gna.toy_names()]
-    assert lines[0].startswith(f"demo: {len(models)} toys, {demo.DEMO_SECONDS} s at the default prompts: "), lines[0]
+    expected = f"about {demo.DEMO_SECONDS} s on an idle 2-core machine at the default prompts: "  # the suite's demo runs --n
+    assert lines[0].startswith(f"demo: {len(models)} toys, {expected}"), lines[0]
     assert re.findall(r"(\w+) \((\d+) prompts", lines[0]) == [(name, str(DEMO_TEST_PROMPTS)) for name in models]
     timing = next(line for line in lines if line.startswith("time per toy"))
     assert re.findall(r"toy-(\w+) [\d.]+ s", timing) == models
@@ -77,3 +78,20 @@ def test_demo_prints_each_row_as_its_toy_finishes(tmp_path, capsys, monkeypatch)
     circuit = runs["llama"].circuit
     alone, clean = alone_and_clean("llama", 16, {*circuit.gather, *circuit.aggregate})
     assert (cells[1], cells[6]) == (f"{alone:.3f}", f"{clean:.3f}"), cells
+
+
+def test_curve_sizes_are_the_powers_of_two_below_the_head_count():
+    """`curve_sizes` against a brute-force twin: every k in 1..n-1 that is a power of two."""
+    for n_heads in (1, 2, 8, 16, 24, 256, 257):
+        assert demo.curve_sizes(n_heads) == [k for k in range(1, n_heads) if k & (k - 1) == 0], n_heads
+
+
+def test_torch_threads_are_restored_after_an_error():
+    """The demo's thread setting does not outlive its block, an exception included."""
+    import torch
+
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="inside"), demo.torch_threads(before + 1):
+        assert torch.get_num_threads() == before + 1
+        raise RuntimeError("inside")
+    assert torch.get_num_threads() == before
