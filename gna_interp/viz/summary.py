@@ -81,12 +81,17 @@ def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, wid
     return "\n".join([*lines, *_legend(rows)])
 
 
+_MECHANISM_WORDS = ("g&a", "partly", "counting", "undetermined", "none")
+"""The ``mechanism`` cell's words (`stream_widths` fits the longest)."""
+
+
 def stream_widths(models: list[str], width: int = SUMMARY_WIDTH) -> list[int]:
     """Column widths fixed before any row is known, for a table printed a row at a time
     (`summary_header`, `summary_row_lines`, `summary_legend`): each figure's widest form,
     ``carries`` at `CARRIES_WIDTH`, the two head lists sharing the rest of ``width`` evenly."""
     room = "x" * width  # head cells as wide as the table: the two lists split what is left
-    template = (max(models, key=len, default="model"), "0.000", "100%", "0.00", "x" * CARRIES_WIDTH, "counting", *["0.000"] * 5, room, room)
+    mechanism = max(_MECHANISM_WORDS, key=len)
+    template = (max(models, key=len, default="model"), "0.000", "100%", "0.00", "x" * CARRIES_WIDTH, mechanism, *["0.000"] * 5, room, room)
     return _column_widths([template], width)
 
 
