@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", parents=[quiet], help="G&A discovery on the bundled toys (Llama, Mamba-2, Mamba-1, hybrid); writes an offline report"
     )
     demo.add_argument("--out", default="gna-report", help="report folder (default: gna-report)")
-    demo.add_argument("--n", type=int, default=cmd.DEMO_PROMPTS, help=f"prompts per model (default {cmd.DEMO_PROMPTS})")
+    fewer = ", ".join(f"{n} for {name}" for name, n in cmd.DEMO_TOY_PROMPTS.items())
+    demo.add_argument("--n", type=int, help=f"prompts per model (default {cmd.DEMO_PROMPTS}; {fewer})")
     demo.set_defaults(func=cmd.demo)
 
     discover = commands.add_parser("discover", parents=[quiet], help="find the Gather and Aggregate heads of a model on a task")

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from .core.errors import GnaError, GnaValueError
+from .demo import DEMO_MODELS as DEMO_MODELS  # the demo's settings live in `gna_interp.demo`
+from .demo import DEMO_PROMPTS as DEMO_PROMPTS
+from .demo import DEMO_SEED as DEMO_SEED
+from .demo import DEMO_TOY_PROMPTS as DEMO_TOY_PROMPTS
+from .demo import demo_prompts, faithfulness_line
 
-DEMO_PROMPTS = 200
-DEMO_SEED = 2026
-DEMO_MODELS = ("llama", "mamba2", "falcon_h1", "mamba")
-"""The bundled toy models the demo runs: a Transformer, an SSM and a hybrid."""
 DTYPES = ("float32", "float16", "bfloat16")
 """``--dtype`` choices (names of torch dtypes)."""
 
@@ -276,54 +277,24 @@ def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, wid
 
 
 def demo(args: argparse.Namespace) -> int:
-    """Discovery on the bundled Transformer, SSM (Mamba-2 heads, Mamba-1 channels) and hybrid toy models, summary, offline report."""
-    from .discovery import discover
-    from .viz.report import write_report
-    from .zoo import load_toy, toy_names, toy_task
+    """Discovery on the bundled Transformer, SSM (Mamba-2 heads, Mamba-1 channels) and hybrid toy
+    models, each toy's summary row as it finishes, then the offline report (`gna_interp.demo`)."""
+    from .demo import run_demo
+    from .zoo import toy_names
 
-    if args.n < 1:
+    if args.n is not None and args.n < 1:
         raise GnaValueError(f"--n {args.n}: expected a positive number of prompts")
     out = check_out_dir(args.out)
     quiet_libraries()
-    items = []
-    for name in [n for n in DEMO_MODELS if n in toy_names()]:
-        model, task = load_toy(name), toy_task(name, args.n, seed=DEMO_SEED)
-        print(f"discovering G&A heads in toy {name} ({model.backend_name}, {model.n_layers} layers x {model.n_heads} heads) ...")
-        with warnings.catch_warnings():  # the circuit keeps its notes; printed below the table
-            warnings.simplefilter("ignore")
-            items.append((discover(model, task, progress=not args.quiet), model, task))
-    circuits = [item[0] for item in items]
-    print()
-    curves = {}
-    for circuit, model, task in items:  # first: the table leads each model with what its circuit carries
-        curve = faithfulness_of(circuit, model, task, progress=not args.quiet)
-        if curve is not None:
-            curves[circuit.model] = curve
-    print()
-    print(summary_table(circuits, curves))
-    for circuit in circuits:
-        if circuit.mechanism is not None:
-            print(f"{circuit.model}: {circuit.headline()}")
-        for role in ("gather", "aggregate"):
-            if getattr(circuit, role):
-                print(f"{circuit.model}: {circuit.role_name(role)} {circuit.describe_role(role)}")
-        for role, need in circuit.needs.items():
-            print(f"{circuit.model}: {need.describe(circuit.role_name(role))}")
-        if circuit.path_patching is not None:
-            print(f"{circuit.model}: path patching {circuit.describe_path()}")
-        for note in circuit.warnings:
-            print(f"{circuit.model}: note: {note}")
-    for rule in dict.fromkeys(c.evidence_rule() for c in circuits if c.gather or c.aggregate):
-        print(f"\nevidence: {rule}")
-    index = write_report(items, out, faithfulness=curves)
-    print(f"\nreport: {index} (opens offline)")
+    prompts = demo_prompts([name for name in DEMO_MODELS if name in toy_names()], args.n)
+    run_demo(prompts, out, progress=not args.quiet, estimate=args.n is None)
     return 0
 
 
 def faithfulness_of(circuit: Any, model: Any, task: Any, *, progress: bool = True, say: bool = True, sizes: Any = None) -> Any:
     """The report's faithfulness curve of ``circuit`` (`discovery.report_inputs.circuit_faithfulness`:
     mean ablation, ranked by discovery's own head scan), with one line saying what the
-    circuit carries alone and what the curve cost."""
+    circuit carries alone and what the curve cost (`demo.faithfulness_line`)."""
     from .cost import cost_meter
     from .discovery.report_inputs import circuit_faithfulness
 
@@ -331,14 +302,7 @@ def faithfulness_of(circuit: Any, model: Any, task: Any, *, progress: bool = Tru
     with cost_meter(model) as cost:
         curve = circuit_faithfulness(circuit, model, task, sizes=sizes, progress=progress)
     if curve is not None and curve.circuit_point is not None and say:
-        alone = curve.circuit_point["accuracy"]
-        discovery = f" (discovery: {circuit.cost['passes']:.1f})" if circuit.cost and "passes" in circuit.cost else ""
-        print(
-            f"{circuit.model}: faithfulness: the circuit's {len(curve.circuit)} heads alone (every other head mean-ablated) "
-            f"{alone:.3f}, {curve.of_clean(alone):.0%} of clean {curve.clean['accuracy']:.3f} (every head ablated "
-            f"{curve.ablated['accuracy']:.3f}); curve of {len(curve.sizes)} sizes: {cost.forwards} forwards, "
-            f"{cost.passes(len(task)):.1f} passes{discovery}, {time.perf_counter() - start:.1f} s"
-        )
+        print(faithfulness_line(circuit, curve, cost.forwards, cost.passes(len(task)), time.perf_counter() - start))
     return curve
 
 

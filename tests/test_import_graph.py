@@ -25,7 +25,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("scoring",),
     ("discovery",),
     ("viz", "zoo"),
-    ("harness", "commands", "cli", "_smoke", ""),  # "": the top-level namespace
+    ("harness", "commands", "demo", "cli", "_smoke", ""),  # "": the top-level namespace
 )
 
 

@@ -81,6 +81,36 @@ def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, wid
     return "\n".join([*lines, *_legend(rows)])
 
 
+_MECHANISM_WORDS = ("g&a", "partly", "counting", "undetermined", "none")
+"""The ``mechanism`` cell's words (`stream_widths` fits the longest)."""
+
+
+def stream_widths(models: list[str], width: int = SUMMARY_WIDTH) -> list[int]:
+    """Column widths fixed before any row is known, for a table printed a row at a time
+    (`summary_header`, `summary_row_lines`, `summary_legend`): each figure's widest form,
+    ``carries`` at `CARRIES_WIDTH`, the two head lists sharing the rest of ``width`` evenly."""
+    room = "x" * width  # head cells as wide as the table: the two lists split what is left
+    mechanism = max(_MECHANISM_WORDS, key=len)
+    template = (max(models, key=len, default="model"), "0.000", "100%", "0.00", "x" * CARRIES_WIDTH, mechanism, *["0.000"] * 5, room, room)
+    return _column_widths([template], width)
+
+
+def summary_header(widths: list[int]) -> list[str]:
+    """The table's header line and its rule, at ``widths`` (`stream_widths`)."""
+    header = _lines_of(_COLUMNS, widths)[0]
+    return [header, "-" * len(header)]
+
+
+def summary_row_lines(circuit: Any, curve: Any, widths: list[int]) -> list[str]:
+    """One circuit's row (``curve``: its faithfulness curve, or None) at ``widths``, wrapped as in `summary_table`."""
+    return _lines_of(_summary_row(circuit, curve), widths)
+
+
+def summary_legend(circuits: list[Any], curves: dict[str, Any] | None = None) -> list[str]:
+    """The lines under the table of ``circuits`` (what its columns, tags and mechanisms mean)."""
+    return _legend([_summary_row(c, (curves or {}).get(c.model)) for c in circuits])
+
+
 def _summary_row(c: Any, curve: Any) -> tuple[str, ...]:
     """One circuit's cells (``curve``: its model's faithfulness curve, or None)."""
 
