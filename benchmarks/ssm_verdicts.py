@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+# Private: gna_interp.scoring.verdicts's tests are not re-exported at the top level (its Verdict is read from a circuit).
 from gna_interp.scoring.verdicts import Verdict, accuracy_verdict, bootstrap_verdict, count_difference_verdict, difference_verdict
 
 ENTROPY_MARGIN = 0.05

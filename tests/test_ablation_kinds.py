@@ -163,6 +163,7 @@ def test_resamples_are_discover_on_bootstrap_resamples_by_hand():
     assert any(h == Head(0, 0) for h in circuit.gather)
 
 
+@pytest.mark.slow  # make test stays within 5 minutes; CI runs it in make test-slow
 def test_the_report_folds_the_kinds_table(checked, tmp_path):
     """The page's kinds table: one row per set with the circuit's accuracies, at every position
     and at the set's positions, in the same columns for every set."""

@@ -66,6 +66,7 @@ def both_searches(deep_mamba2):
 
 
 @pytest.mark.slow
+@pytest.mark.slow  # the deep toy discovered twice: make test stays within 5 minutes
 def test_the_entry_scan_measures_what_the_labels_read(deep_mamba2, both_searches):
     """Every label equals the label from all three position sets measured (here, with
     `evaluate`: each scanned head ablated only at the final position, only on the segment
@@ -108,6 +109,7 @@ def test_the_entry_scan_measures_what_the_labels_read(deep_mamba2, both_searches
     assert skipped > 0  # something was left unmeasured: the test shows the saving is real
 
 
+@pytest.mark.slow  # make test stays within 5 minutes; CI runs it in make test-slow
 def test_ordered_and_greedy_find_the_same_heads_on_the_deep_toy(both_searches):
     ordered, greedy = both_searches
     assert set(ordered.gather) == set(greedy.gather)

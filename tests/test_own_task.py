@@ -238,6 +238,7 @@ print(os.path.isdir(folder))
 """
 
 
+@pytest.mark.slow  # make test stays within 5 minutes; CI runs it in make test-slow
 def test_toy_tasks_leave_no_temporary_folder(tmp_path):
     """Every toy task loaded in a fresh interpreter whose temporary directory is empty: the
     toy tokenizer's folder is there while it runs and gone once it exits."""
