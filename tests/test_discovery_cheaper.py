@@ -118,6 +118,7 @@ def test_ordered_and_greedy_find_the_same_heads_on_the_deep_toy(both_searches):
     assert ordered.settings["joint_search"] == "ordered" and greedy.settings["joint_search"] == "greedy"
 
 
+@pytest.mark.slow  # the deep toy discovered twice: make test stays within 5 minutes
 def test_quiet_heads_are_cleared_by_their_group(deep_mamba2, both_searches):
     """The heads a costly narrow layer cleared together: their prescreen estimate is exactly
     0, their group's accuracy is `evaluate`'s with them ablated, and (the premise) each
