@@ -104,6 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="also re-run the search on K bootstrap samples of the prompts; count how often each head is chosen",
     )
     discover.add_argument(
+        "--resamples",
+        type=int,
+        metavar="K",
+        help="also re-run the search on K bootstrap resamples of the prompts: each head's membership frequency, heads under 0.8 marked",
+    )
+    discover.add_argument(
+        "--ablation-kinds",
+        nargs="+",
+        choices=("mean", "resample"),
+        metavar="KIND",
+        help="also ablate each role's set by these kinds (mean, resample): which roles hold under which kinds",
+    )
+    discover.add_argument(
         "--run-dir",
         metavar="DIR",
         help="keep the run in DIR (each finished stage, every accuracy measured): run again to carry on after a crash",

@@ -318,7 +318,12 @@ def discover_command(args: argparse.Namespace) -> int:
     model = load_model_of(args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        circuit = discover(model, task, progress=not args.quiet, stability=args.stability, run_dir=getattr(args, "run_dir", None))
+        options = {"resamples": args.resamples} if getattr(args, "resamples", None) is not None else {}
+        if getattr(args, "ablation_kinds", None):
+            options["ablation_kinds"] = tuple(args.ablation_kinds)
+        circuit = discover(
+            model, task, progress=not args.quiet, stability=args.stability, run_dir=getattr(args, "run_dir", None), **options
+        )
     for warning in caught:  # to stderr (stdout may be JSON); the summary repeats the circuit's own notes
         if args.json or str(warning.message) not in circuit.warnings:
             print(f"warning: {warning.message}", file=sys.stderr)

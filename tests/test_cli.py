@@ -558,3 +558,19 @@ def test_zoo_train_family_errors(args, message, tmp_path, capsys):
     assert main([*args, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.slow
+def test_discover_takes_the_ablation_kinds_and_resamples(capsys):
+    """`--ablation-kinds mean --resamples 2`: the JSON holds the mean-ablated confirmation
+    (equal to `evaluate` with the same mean ablation, run here) and two resampled sets."""
+    status, out, err = run(
+        ["discover", "--model", "llama", "--n", "24", "--ablation-kinds", "mean", "--resamples", "2", "--json", "--quiet"], capsys
+    )
+    assert status == 0, err[-2000:]
+    data = json.loads(out[out.index("{") : out.rindex("}") + 1])
+    model, task = gna.load_toy("llama"), gna.toy_task("llama", 24)
+    aggregate = [gna.Head.parse(h) for h in data["aggregate"]]
+    direct = gna.evaluate(model, task, [gna.Ablate(aggregate, how="mean", corrupt=task)], progress=False).accuracy
+    assert data["accuracy"]["-aggregate@mean"] == pytest.approx(direct, abs=1e-9)
+    assert len(data["stability"]["sets"]) == 2
