@@ -87,7 +87,7 @@ def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, wid
     carries (``alone``: accuracy with only its heads kept, every other head mean-ablated, and
     ``share``, the gap from every head ablated to clean it recovers, from ``curves``: the
     model's faithfulness curve; ``path``: path patching's share of the clean -> corrupt gap;
-    ``carries``: whole or partial, `carries`), then the mechanism and the confirmation
+    ``carries``: the tested verdict, `carries`), then the mechanism and the confirmation
     accuracies, then its heads per role, wrapped inside their cells. In models with both
     kinds of heads, each head is tagged ``(a)`` attention or ``(s)`` SSM."""
     rows = [_summary_row(c, (curves or {}).get(c.model)) for c in circuits]
