@@ -25,6 +25,11 @@ CARRIES_SHARE = 0.8
 """The line of `carries_from_curve`: the circuit kept alone recovers this share of the gap from every head ablated to clean."""
 
 
+def percent(value: float | None) -> str:
+    """A share as the texts print it (``"73%"``; ``"-"`` for none or NaN): one formatter for the table and the verdict."""
+    return "-" if value is None or value != value else f"{float(value):.0%}"
+
+
 def mover_interval(counts: list[tuple[float, float, float]], level: float = LEVEL) -> tuple[float, float]:
     """The interval of ``sum(c * k / n)`` over ``counts`` of ``(c, k, n)`` (independent proportions,
     each with its Wilson interval at ``level``): MOVER's recovered variance estimates."""
@@ -73,8 +78,7 @@ def carries_text(v: Verdict, curve: Any, share: float) -> str:
     none 0.230 to clean 0.970, against 80% (alone - (0.8 clean + 0.2 none) -0.039 [-0.121,
     0.043], 90% interval, mover (counts), 100 prompts); about 640 prompts would settle it"``."""
     alone, clean, none = (float(p["accuracy"]) for p in (curve.circuit_point, curve.clean, curve.ablated))
-    recovered = curve.recovered(alone)
-    of_gap = "-" if recovered != recovered else f"{float(recovered):.0%}"
+    of_gap = percent(curve.recovered(alone))
     text = (
         f"{v.word}: alone {alone:.3f} recovers {of_gap} of the gap from none {none:.3f} to clean {clean:.3f}, against {share:.0%} "
         f"({v.kind} {v.estimate:.3f} [{v.interval[0]:.3f}, {v.interval[1]:.3f}], {v.level:.0%} interval, {v.method}, {v.n} prompts)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..scoring.carries import CARRIES_SHARE, carries_from_curve
+from ..scoring.carries import CARRIES_SHARE, carries_from_curve, percent
 from ..scoring.verdicts import LEVEL
 
 SUMMARY_WIDTH = 120
@@ -139,7 +139,7 @@ def _summary_row(c: Any, curve: Any) -> tuple[str, ...]:
     share = carried_share(c, curve)
     alone = "-" if curve is None or curve.circuit_point is None else f"{curve.circuit_point['accuracy']:.3f}"
     path = (getattr(c, "path_patching", None) or {}).get("fraction_of_effect")
-    carried = (alone, "-" if share is None else f"{share:.0%}", "-" if path is None or path != path else f"{path:.2f}", carries(c, curve))
+    carried = (alone, percent(share), "-" if path is None or path != path else f"{path:.2f}", carries(c, curve))
     accuracies = (cell(k) for k in ("clean", "-gather", "-aggregate", "-both", "shuffled_labels"))
     return (c.model, *carried, c.mechanism or "-", *accuracies, heads("gather"), heads("aggregate"))
 
