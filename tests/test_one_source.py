@@ -55,6 +55,7 @@ def plain(text: str) -> str:
 def listed(cell: str, heads: list[str]) -> None:
     """A head-list cell of the demo table against the JSON's list: all of it, or ``"N: first,…"``."""
     if len(heads) > HEADS_SHOWN + 1:
+        assert ": " in cell, (cell, heads)
         count, names = cell.split(": ")
         assert int(count) == len(heads) and plain(names).split(",") == [*heads[:HEADS_SHOWN], "…"], (cell, heads)
     else:
@@ -139,6 +140,20 @@ def check_summary(inputs: Any) -> None:
         assert set(need["heads"]) <= set(data[role]), (role, need["heads"], data[role])  # a needed head is one of its role's set
         line = next(line for line in lines if line.startswith(f"  {circuit.role_name(role):9s} needs"))
         assert line.split("needs ")[1].startswith(f"{len(need['heads'])} head(s): {need['accuracy']:.3f} ")
+        if need["curve"]:  # the line under it: each step's head and accuracy
+            steps = lines[lines.index(line) + 1].split("): ", 1)[1]
+            expected = ", ".join(f"{'+' if i else ''}{p['head']} {p['accuracy']:.3f}" for i, p in enumerate(need["curve"]))
+            assert plain(steps) == expected, (steps, need["curve"])
+    for role, spread in data["spread"].items():
+        if spread["sizes"]:
+            size = next(line for line in lines if f"size: the {role.capitalize()} role needs" in line)
+            assert f"needs {spread['heads_for_half']} of " in size, (size, spread["heads_for_half"])
+            curve_line = lines[lines.index(size) + 1].split("): ", 1)[1]
+            assert curve_line == ", ".join(f"{k}: {a:.3f}" for k, a in spread["sizes"]), (curve_line, spread["sizes"])
+    if data["mechanism"] not in (None, "none"):
+        clean, shuffled = data["accuracy"]["clean"], data["accuracy"].get("shuffled_labels")
+        said = f"falls from {clean:.3f} to {shuffled:.3f}" if data["mechanism"] == "counting" else f"clean accuracy {clean:.3f} "
+        assert said in data["headline"] and data["headline"] in text, (said, data["headline"])
     path = data["path_patching"]
     if path is not None:
         line = next(line for line in lines if line.startswith("  path      "))
