@@ -115,13 +115,17 @@ def run_toy(name: str, n: int, *, progress: bool, sizes: Callable[[int], list[in
 def faithfulness_line(circuit: Any, curve: Any, forwards: int, passes: float, seconds: float) -> str:
     """What ``circuit``'s heads carry alone (``curve``'s circuit point, against clean and every
     head ablated), and what its curve cost: ``forwards``, ``passes`` over the task, ``seconds``."""
+    from .scoring.carries import carries_from_curve
+
     alone = curve.circuit_point["accuracy"]
+    carried = carries_from_curve(curve)
     discovery = f" (discovery: {circuit.cost['passes']:.1f})" if circuit.cost and "passes" in circuit.cost else ""
     return (
         f"{circuit.model}: faithfulness: the circuit's {len(curve.circuit)} heads alone (every other head mean-ablated) "
         f"{alone:.3f}, {curve.of_clean(alone):.0%} of clean {curve.clean['accuracy']:.3f} (every head ablated "
         f"{curve.ablated['accuracy']:.3f}); curve of {len(curve.sizes)} sizes: {forwards} forwards, "
         f"{passes:.1f} passes{discovery}, {seconds:.1f} s"
+        + ("" if carried is None or circuit.mechanism == "none" else f"; carries {carried.text}")
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.heads import Head
+from ..scoring.carries import carries_from_curve
 from ..scoring.verdicts import Verdict, collapse_verdict, count_difference_verdict
 from .ablation_kinds import describe_kinds
 from .estimate import passes_range
@@ -303,7 +304,8 @@ class GnaCircuit:
             return f"mechanism undetermined: clean accuracy {clean:.3f} (chance {chance:.3f}{labels}): {tested.text if tested else ''}"
         return f"G&A: clean accuracy {clean:.3f} (chance {chance:.3f}{labels}): the model retrieves by label"
 
-    def summary(self) -> str:
+    def summary(self, faithfulness: Any = None) -> str:
+        """The circuit in lines; with its ``faithfulness`` curve (`report_inputs.circuit_faithfulness`), whether it carries the task."""
         acc = self.accuracy
         parts = [f"{self.model} on {self.task} ({self.n_prompts} prompts)"]
         if self.mechanism is not None:
@@ -345,6 +347,8 @@ class GnaCircuit:
                 parts.append(f"            tested: {self.verdicts[f'collapses:{role}'].text}")
         if self.path_patching is not None:
             parts.append(f"  path      {self.describe_path()}")
+        if self.mechanism != "none" and (carried := carries_from_curve(faithfulness)) is not None:
+            parts.append(f"  carries   {carried.text}")
         if self.score is not None:
             parts.append(f"  score     {describe_score(self.score)}")
         if self.stability is not None:

@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING, Any
 from ..core.errors import GnaTypeError, GnaValueError
 from ..core.keywords import suggest_keywords
 from ..discovery.report_inputs import ReportInputs, measure_report
+from ..scoring.carries import CARRIES_SHARE
 from .mib_view import mib_section
 from .report_context import section_context
 from .report_curves import check_faithfulness, check_retention
 from .report_html import STYLE, environment
 from .report_rows import contrast_rows, examined_rows
-from .summary import PARTIAL_BELOW, carry_rows
+from .summary import carry_rows
 
 if TYPE_CHECKING:
     from ..discovery.circuit import GnaCircuit
@@ -149,7 +150,7 @@ def write_report(
             sections=sections,
             carry_rows=carry_rows(circuits, {one.circuit.model: one.faithfulness for one in inputs if one.faithfulness}),
             contrast_rows=contrast_rows(circuits),
-            partial_below=f"{PARTIAL_BELOW:g}",
+            carries_share=f"{CARRIES_SHARE:.0%}",
             max_heads=circuits[0].settings.get("max_heads_per_role", 8) if circuits else 8,
             mib=None if mib is None else mib_section(mib),
         )

@@ -16,7 +16,7 @@ from .overview import headline, overview_figure
 from .report_curves import HOW
 from .report_html import DASH, slug_of
 from .report_rows import _ROLE_AT, _short, conditions, cost_rows, examined_rows, kinds_rows, path_rows
-from .summary import carries
+from .summary import carries_words
 
 if TYPE_CHECKING:
     from ..discovery.circuit import GnaCircuit
@@ -46,7 +46,7 @@ def section_context(inputs: ReportInputs) -> dict[str, Any]:
         "overview": overview_figure(inputs),
         "overview_caption": OVERVIEW_CAPTION,
         "mechanism": circuit.headline() if circuit.mechanism is not None else None,
-        "carries": carries(circuit, curve) if curve is not None or circuit.path_patching is not None else None,
+        "carries": carries_words(circuit, curve),
         "warnings": list(circuit.warnings),
         "spread": spread_notes(circuit),
         "evidence": circuit.evidence_rule() if circuit.gather or circuit.aggregate else None,

@@ -1,19 +1,20 @@
 """The demo's summary table (`summary_table`): one row per circuit, led by how much of the
-task the circuit carries (`carries`: whole, or partial with each spread role's size)."""
+task the circuit carries (`carries`: whole, partial with each spread role's size, or undetermined)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..scoring.carries import CARRIES_SHARE, carries_from_curve, percent
+from ..scoring.verdicts import LEVEL
+
 SUMMARY_WIDTH = 120
 """The demo's summary table fits this many columns (head lists wrap inside their cells)."""
-CARRIES_WIDTH = 10
+CARRIES_WIDTH = 12
 """The demo table's ``carries`` column wraps its words at this width."""
-PARTIAL_BELOW = 0.5
-"""A circuit carries the task only in part (the demo table's ``carries``: ``partial``) when
-its heads kept alone recover less than this share of the gap from every head ablated to
-clean (``share``), or its Gather -> Aggregate path patching moves less than this share of
-the clean -> corrupt gap (``path``)."""
+HEADS_SHOWN = 3
+"""A head list longer than `HEADS_SHOWN` + 1 shows in the demo table as its count and its first
+`HEADS_SHOWN` heads (``"33: L0H70,L0H4,L0H6,…"``); the full list is in the JSON and the report."""
 
 
 def carried_share(circuit: Any, curve: Any) -> float | None:
@@ -26,16 +27,17 @@ def carried_share(circuit: Any, curve: Any) -> float | None:
 
 
 def carries(circuit: Any, curve: Any) -> str:
-    """The demo table's verdict: ``"whole"``, or ``"partial"`` (`PARTIAL_BELOW`) with the size
-    of each spread role whose curve was measured (``"partial: Aggregate spread, 5/128 for
-    half"``); ``"-"`` when neither share is known or there is nothing to carry."""
-    if circuit.mechanism == "none":
+    """The demo table's verdict (`scoring.carries.carries_from_curve`: the circuit kept alone
+    against `CARRIES_SHARE` of the gap from every head ablated to clean, tested): ``"whole"``,
+    ``"partial"`` with the size of each spread role whose curve was measured (``"partial:
+    Aggregate spread, 5/128 for half"``), or ``"undetermined (N prompts settle)"``; ``"-"``
+    without a curve or when there is nothing to carry."""
+    verdict = None if circuit.mechanism == "none" else carries_from_curve(curve)
+    if verdict is None:
         return "-"
-    path = (getattr(circuit, "path_patching", None) or {}).get("fraction_of_effect")
-    shares = [v for v in (carried_share(circuit, curve), path) if v is not None and v == v]
-    if not shares:
-        return "-"
-    if min(shares) >= PARTIAL_BELOW:
+    if verdict.word == "undetermined":
+        return "undetermined" + (f" ({verdict.prompts_to_settle} prompts settle)" if verdict.prompts_to_settle else "")
+    if verdict.word == "whole":
         return "whole"
     sized = [
         f"{role.capitalize()} spread, {item.heads_for(0.5)}/{item.width} for half"
@@ -43,6 +45,20 @@ def carries(circuit: Any, curve: Any) -> str:
         if item.sizes
     ]
     return "partial" + (": " + "; ".join(sized) if sized else "")
+
+
+def carries_words(circuit: Any, curve: Any) -> str | None:
+    """The carries verdict in words with its numbers (`carries_from_curve`'s text); ``None``
+    without a curve or when there is nothing to carry."""
+    verdict = None if circuit.mechanism == "none" else carries_from_curve(curve)
+    return None if verdict is None else verdict.text
+
+
+def compact_heads(names: list[str], shown: int = HEADS_SHOWN) -> str:
+    """``names`` joined by commas, or when more than ``shown + 1`` their count and the first ``shown``."""
+    if len(names) <= shown + 1:
+        return ",".join(names) or "-"
+    return f"{len(names)}: " + ",".join(names[:shown]) + ",…"
 
 
 _COLUMNS = (
@@ -71,7 +87,7 @@ def summary_table(circuits: list[Any], curves: dict[str, Any] | None = None, wid
     carries (``alone``: accuracy with only its heads kept, every other head mean-ablated, and
     ``share``, the gap from every head ablated to clean it recovers, from ``curves``: the
     model's faithfulness curve; ``path``: path patching's share of the clean -> corrupt gap;
-    ``carries``: whole or partial, `carries`), then the mechanism and the confirmation
+    ``carries``: the tested verdict, `carries`), then the mechanism and the confirmation
     accuracies, then its heads per role, wrapped inside their cells. In models with both
     kinds of heads, each head is tagged ``(a)`` attention or ``(s)`` SSM."""
     rows = [_summary_row(c, (curves or {}).get(c.model)) for c in circuits]
@@ -115,7 +131,7 @@ def _summary_row(c: Any, curve: Any) -> tuple[str, ...]:
     """One circuit's cells (``curve``: its model's faithfulness curve, or None)."""
 
     def heads(role: str) -> str:
-        return c.named(getattr(c, role)).replace(" (attention)", "(a)").replace(" (ssm)", "(s)").replace(", ", ",")
+        return compact_heads([c.named([h]).replace(" (attention)", "(a)").replace(" (ssm)", "(s)") for h in getattr(c, role)])
 
     def cell(key: str) -> str:
         return f"{c.accuracy[key]:.3f}" if key in c.accuracy else "-"
@@ -123,7 +139,7 @@ def _summary_row(c: Any, curve: Any) -> tuple[str, ...]:
     share = carried_share(c, curve)
     alone = "-" if curve is None or curve.circuit_point is None else f"{curve.circuit_point['accuracy']:.3f}"
     path = (getattr(c, "path_patching", None) or {}).get("fraction_of_effect")
-    carried = (alone, "-" if share is None else f"{share:.0%}", "-" if path is None or path != path else f"{path:.2f}", carries(c, curve))
+    carried = (alone, percent(share), "-" if path is None or path != path else f"{path:.2f}", carries(c, curve))
     accuracies = (cell(k) for k in ("clean", "-gather", "-aggregate", "-both", "shuffled_labels"))
     return (c.model, *carried, c.mechanism or "-", *accuracies, heads("gather"), heads("aggregate"))
 
@@ -175,8 +191,11 @@ def _legend(rows: list[tuple[str, ...]]) -> list[str]:
         lines.append("(a) attention head, (s) SSM head")
     lines.append("alone: accuracy with only the circuit's heads kept (every other head mean-ablated); share: of the gap from")
     lines.append("  every head ablated to clean; path: Gather -> Aggregate path patching's share of the clean -> corrupt gap")
-    lines.append(f"carries: partial when share or path is under {PARTIAL_BELOW:g}, with each spread role's size: the most important heads")
-    lines.append("  of its entry layer that carry half of that layer's effect, of the layer's heads")
+    lines.append(f"carries: alone against {CARRIES_SHARE:.0%} of the gap from every head ablated to clean, tested ({LEVEL:.0%} interval):")
+    lines.append("  whole above, partial below (with each spread role's size: the most important heads of its entry layer that")
+    lines.append("  carry half of that layer's effect, of the layer's heads), undetermined with the prompts that would settle it")
+    if any(r[-2].split(":")[0].isdigit() or r[-1].split(":")[0].isdigit() for r in rows):
+        lines.append(f"gather, aggregate: a long list as its count and its first {HEADS_SHOWN} heads (every head: the JSON and the report)")
     if any(r[5] == "counting" for r in rows):
         lines.append("mechanism counting: answers by the option's place; its gather/aggregate cells hold counting heads")
     if any(r[5] == "partly" for r in rows):
