@@ -67,3 +67,21 @@ def test_a_scan_kind_that_is_not_one_is_refused() -> None:
     model, task, encoded = _encoded("llama", 4)
     with pytest.raises(GnaValueError, match="how='resample'"):
         position_scan(LocalRunner(model), task, encoded, [0], clean=1.0, min_effect=0.1, how="resample")
+
+
+def test_the_report_shows_where_each_layer_acts(tmp_path) -> None:
+    """The report's "where each layer acts" fold holds the position scan's accuracies and the
+    coverage's floors, each as the circuit's JSON has it (to the 3 decimals shown)."""
+    import re
+
+    from gna_interp.viz.report import write_report
+
+    model, task = gna.load_toy("llama"), gna.toy_task("llama", 24, seed=3)
+    circuit = gna.discover(model, task, progress=False)
+    page = write_report([(circuit, None, None)], tmp_path).read_text()
+    fold = page[page.index('data-fold="positions"') :]
+    fold = fold[: fold.index("</details>")]
+    cells = [float(x) for x in re.findall(r"<td>(\d\.\d{3})</td>", fold)]
+    expected = [round(v, 3) for row in circuit.positions.accuracy.values() for v in row.values()]
+    expected += [round(item[k], 3) for item in circuit.settings["coverage"].values() for k in ("floor", "accuracy")]
+    assert cells == expected and circuit.settings["coverage"]

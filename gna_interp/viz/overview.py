@@ -64,8 +64,10 @@ def _grid_panel(axes: Any, circuit: GnaCircuit) -> None:
     hybrid = any(item.kind == "ssm" for item in circuit.heads)
     axes.set_title("Heads by layer and index, by role" + (" (a: attention, s: SSM)" if hybrid else ""), fontsize=9, loc="left")
     handles = [Patch(facecolor=ROLE_COLOURS[r], label=r.capitalize()) for r in ("gather", "aggregate")]
+    if any(role == "both" for role, _ in cells.values()):  # a head in both sets
+        handles.append(Patch(facecolor=ROLE_COLOURS["both"], label="in both sets"))
     handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="///", label="member of the set only"))
-    axes.legend(handles=handles, fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(0, -0.18), ncol=3)
+    axes.legend(handles=handles, fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(0, -0.18), ncol=3 if len(handles) == 3 else 2)
 
 
 def _collapse_panel(axes: Any, circuit: GnaCircuit) -> None:

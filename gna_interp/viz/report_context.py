@@ -15,7 +15,7 @@ from .faithfulness import faithfulness_svg, retention_svg
 from .overview import headline, overview_figure
 from .report_curves import HOW
 from .report_html import DASH, slug_of
-from .report_rows import _ROLE_AT, _short, conditions, cost_rows, examined_rows, kinds_rows, path_rows
+from .report_rows import _ROLE_AT, _short, conditions, cost_rows, coverage_rows, examined_rows, kinds_rows, path_rows, position_rows
 from .summary import carries_words
 
 if TYPE_CHECKING:
@@ -64,6 +64,12 @@ def section_context(inputs: ReportInputs) -> dict[str, Any]:
         "score_rows": score_rows(circuit.score) if circuit.score else None,
         "stability": stability_context(circuit),
         "kinds": kinds_rows(circuit),
+        "positions": position_rows(circuit),
+        "positions_note": None
+        if circuit.positions is None
+        else f"whole layer {circuit.positions.how}-ablated at each class"
+        + "".join(f"; {name} = {twin}" for name, twin in circuit.positions.same.items()),
+        "coverage": coverage_rows(circuit),
         "picture": picture_context(inputs),
         "scans": scans(circuit),
         "examined": examined_rows(circuit),

@@ -182,3 +182,34 @@ def cost_rows(cost: dict[str, Any]) -> list[dict[str, Any]]:
     for role, spent in (cost.get("size_curves") or {}).items():
         rows.append({"what": f"{role.capitalize()} size curve", "value": f"{spent['passes']:.1f} passes"})
     return rows
+
+
+def position_rows(circuit: GnaCircuit) -> list[dict[str, Any]]:
+    """The position scan's table (`GnaCircuit.positions`): per scanned layer, the accuracy with
+    its heads ablated together at each position class, and the classes where that costs
+    (empty: not measured). A class cleared with others (``PositionScan.cleared``, where
+    present) shows the group's accuracy."""
+    scan = circuit.positions
+    if scan is None:
+        return []
+    rows = []
+    for layer, values in scan.accuracy.items():
+        row: dict[str, Any] = {"layer": layer, **{name: f"{value:.3f}" for name, value in values.items()}}
+        row["acts at"] = ", ".join(scan.acting(layer)) or "nowhere alone"
+        rows.append(row)
+    return rows
+
+
+def coverage_rows(circuit: GnaCircuit) -> list[dict[str, Any]]:
+    """Each collapse the circuit covers (``settings["coverage"]``): the role and layer, where,
+    the layer's floor there and the role's heads of that layer ablated there."""
+    return [
+        {
+            "collapse": key,
+            "positions": item["positions"],
+            "whole layer": f"{item['floor']:.3f}",
+            "the role's heads": f"{item['accuracy']:.3f}",
+            "heads": ", ".join(item["heads"]),
+        }
+        for key, item in circuit.settings.get("coverage", {}).items()
+    ]
