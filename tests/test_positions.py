@@ -94,3 +94,31 @@ def test_the_screen_clears_the_other_classes_of_a_layer_acting_only_at_the_final
     assert cost.forwards == batches * (2 * 2 + len(others)) and batches >= 1
     assert type(scan).from_dict(scan.to_dict()) == scan
     assert "elsewhere" in describe(scan)
+
+
+def test_the_entry_scan_reads_a_cleared_layer_without_measuring_its_heads() -> None:
+    """A layer the screen clears at every position but the final one (layer 1 of the Llama
+    toy): the entry scan gives its heads that accuracy on the segments and at their ends,
+    without a forward (the final position still measured); each head measured there by
+    `evaluate` costs less than ``min_effect`` too (the premise the clearing rests on), and
+    layer 0's heads are measured as without it."""
+    from gna_interp.discovery.entry import entry_scan, segment_positions
+
+    model, task, encoded = _encoded("llama", 24)
+    clean = evaluate(model, task, progress=False).accuracy
+    with accuracy_memo(model):
+        scan = position_scan(LocalRunner(model), task, encoded, [0, 1], clean=clean, min_effect=0.1)
+    heads = [Head(1, h) for h in range(model.heads_per_layer[1])] + [Head(0, 0)]
+    with accuracy_memo(model), gna.cost_meter(model) as cost:
+        found = entry_scan(model, task, encoded, heads, progress=False, cleared=scan.cleared)
+    with accuracy_memo(model), gna.cost_meter(model) as full_cost:
+        full = entry_scan(model, task, encoded, heads, progress=False)
+    where = {"segments": segment_positions(encoded), "ends": encoded.segment_ends}
+    for head in heads[:-1]:
+        assert found[head]["segments"] == found[head]["ends"] == scan.cleared[1]
+        assert found[head]["final"] == full[head]["final"]
+        for name, positions in where.items():
+            direct = evaluate(model, task, [Ablate([head], positions=positions)], progress=False).accuracy
+            assert clean - direct < 0.1 and full[head][name] == pytest.approx(direct, abs=1e-9)
+    assert found[heads[-1]] == full[heads[-1]]
+    assert full_cost.forwards - cost.forwards == 2 * (len(heads) - 1) * (full_cost.forwards // (3 * len(heads)))
