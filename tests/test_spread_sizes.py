@@ -139,6 +139,29 @@ def test_the_order_is_by_importance_not_by_index(mamba):
     assert rest != sorted(rest)
 
 
+def test_one_attribution_serves_both_entry_layers(mamba):
+    """Within discovery's accuracy memo, the Gather layer's ordering (layer 0, on the
+    segments) runs the attribution that the Aggregate layer's (layer 1, final position) then
+    reads: no forward or backward of its own, and the same order as layer 1's run alone (no
+    memo: its own attribution of layer 1's heads only); without a memo, each runs its own."""
+    from gna_interp.discovery.entry import segment_positions
+    from gna_interp.discovery.memo import accuracy_memo
+
+    model, task, encoded = mamba
+    scan = scan_with(model, {gna.Head(1, 22): 0.9})
+    alone = sizes.importance_order(model, task, encoded, 1, encoded.final, scan, 1.0, 0.02)
+    with accuracy_memo(model), gna.cost_meter(model) as first:
+        gather = sizes.importance_order(model, task, encoded, 0, segment_positions(encoded), scan, 1.0, 0.02)
+        with gna.cost_meter(model) as second:
+            shared = sizes.importance_order(model, task, encoded, 1, encoded.final, scan, 1.0, 0.02)
+    assert shared == alone and sorted(gather) == list(range(128))
+    assert (second.forwards, second.backwards) == (0, 0) and first.backwards == 1  # 16 prompts: one chunk
+    with gna.cost_meter(model) as apart:
+        sizes.importance_order(model, task, encoded, 0, segment_positions(encoded), scan, 1.0, 0.02)
+        sizes.importance_order(model, task, encoded, 1, encoded.final, scan, 1.0, 0.02)
+    assert apart.backwards == 2
+
+
 def test_the_final_position_order_finds_the_heads_single_ablation_finds(mamba):
     """Brute force: every head of layer 1 ablated alone at the final position (the candidate logit
     difference's change); the ordering's top 10 (nothing verified) hold at least 7 of its top 10
