@@ -59,11 +59,12 @@ def test_the_estimate_brackets_toys_it_was_not_fitted_on(name):
 
 # The Llama toy (2 layers x 4 heads) at 64 prompts on a local model, term by term (module
 # docs of `gna_interp.discovery.estimate`): baseline 1, label check 1, truncation 0 (the
-# prefix cache), layers min(2, (2 - 1) / 2) = 0.5, positions 2 layers x 6 classes x (2 + 1) /
-# (2 x 2) = 9, heads 4 x 1 + 4 x 1/2 = 6, entry and joint 2.5 x (8 candidates x 6 / 8) = 15,
-# roles 64 / 64 = 1, confirm 6, score 4 sizes of 8 heads less the cache's = 3: 42.5, so
-# 42.5 / 1.6 = 26.6 to 42.5 x 1.6 = 68. The head scan alone: 1 + 1 + 6 = 8, so 5.0 to 12.8.
-LLAMA_TEXT = "about 27-68 passes over 64 prompts (a rough estimate)"
+# prefix cache), layers min(2, (2 - 1) / 2) = 0.5, positions 2 layers x (2 + 7) / 2 screened
+# forwards x (2 + 1) / (2 x 2) = 6.75, heads 4 x 1 + 4 x 1/2 = 6, entry and joint 2.5 x (8
+# candidates x 6 / 8) = 15, roles 64 / 64 = 1, confirm 6, score 4 sizes of 8 heads less the
+# cache's = 3: 40.25, so 40.25 / 1.6 = 25.2 to 40.25 x 1.6 = 64.4. The head scan alone: 1 + 1
+# + 6 = 8, so 5.0 to 12.8.
+LLAMA_TEXT = "about 25-64 passes over 64 prompts (a rough estimate)"
 LLAMA_HEADS_TEXT = "about 5-13 passes over 64 prompts (a rough estimate)"
 
 
@@ -78,8 +79,8 @@ def test_the_estimate_follows_the_stages_and_the_heads():
     only_heads = estimate_passes(llama, 64, ["heads"], [0, 1], *knobs)
     assert full["stages"]["heads"] == pytest.approx(4 * 1 + 4 * 0.5) and wider["stages"]["heads"] == pytest.approx(8 + 4)
     assert only_heads["mid"] < full["mid"] < wider["mid"]
-    assert full["stages"]["positions"] == pytest.approx(9.0)
-    assert full["mid"] == pytest.approx(42.5) and only_heads["mid"] == pytest.approx(8.0)
+    assert full["stages"]["positions"] == pytest.approx(6.75)
+    assert full["mid"] == pytest.approx(40.25) and only_heads["mid"] == pytest.approx(8.0)
     assert full["text"] == LLAMA_TEXT and only_heads["text"] == LLAMA_HEADS_TEXT
 
 

@@ -11,7 +11,7 @@ from gna_interp.core.errors import GnaValueError
 from gna_interp.core.heads import Head
 from gna_interp.core.interventions import Ablate
 from gna_interp.discovery.memo import accuracy_memo
-from gna_interp.discovery.positions import POSITION_CLASSES, position_classes, position_scan
+from gna_interp.discovery.positions import POSITION_CLASSES, describe, position_classes, position_scan
 from gna_interp.discovery.runner import LocalRunner
 from gna_interp.scoring.evaluation import evaluate
 
@@ -49,7 +49,7 @@ def test_the_scan_measures_what_evaluate_measures() -> None:
     model, task, encoded = _encoded("llama", 24)
     clean = evaluate(model, task, progress=False).accuracy
     with accuracy_memo(model):
-        scan = position_scan(LocalRunner(model), task, encoded, [0, 1], clean=clean, min_effect=0.1)
+        scan = position_scan(LocalRunner(model), task, encoded, [0, 1], clean=clean, min_effect=0.1, screen=False)
     classes, _ = position_classes(encoded)
     for layer in (0, 1):
         heads = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
@@ -85,3 +85,58 @@ def test_the_report_shows_where_each_layer_acts(tmp_path) -> None:
     expected = [round(v, 3) for row in circuit.positions.accuracy.values() for v in row.values()]
     expected += [round(item[k], 3) for item in circuit.settings["coverage"].values() for k in ("floor", "accuracy")]
     assert cells == expected and circuit.settings["coverage"]
+
+
+def test_the_screen_clears_the_other_classes_of_a_layer_acting_only_at_the_final_position() -> None:
+    """The screened scan (discover's): each layer at the final position, then at every other
+    class together; layer 1 (Aggregate) costs nothing there, so its other classes are cleared
+    by that one forward (its accuracy: `evaluate` at the union of their masks) and not measured;
+    layer 0 costs there, so each class is measured alone, as the unscreened scan measures it.
+    Forwards: 2 per layer, and one per other class of layer 0."""
+    model, task, encoded = _encoded("llama", 24)
+    clean = evaluate(model, task, progress=False).accuracy
+    with accuracy_memo(model):
+        full = position_scan(LocalRunner(model), task, encoded, [0, 1], clean=clean, min_effect=0.1, screen=False)
+    with accuracy_memo(model), gna.cost_meter(model) as cost:
+        scan = position_scan(LocalRunner(model), task, encoded, [0, 1], clean=clean, min_effect=0.1)
+    classes, _ = position_classes(encoded)
+    others = [name for name in classes if name != "final"]
+    union = torch.stack([classes[name] for name in others]).any(0)
+    heads = [Head(1, h) for h in range(model.heads_per_layer[1])]
+    direct = evaluate(model, task, [Ablate(heads, positions=union)], progress=False).accuracy
+    assert list(scan.cleared) == [1] and scan.cleared[1] == pytest.approx(direct, abs=1e-9) and clean - direct < 0.1
+    assert scan.accuracy[1] == {"final": full.accuracy[1]["final"]}
+    assert scan.accuracy[0] == full.accuracy[0] and scan.acting(0) == full.acting(0)
+    assert scan.acts_at(list(classes)) == full.acts_at(list(classes))
+    batches = cost.forwards // (2 * 2 + len(others))  # evaluate's forwards per measurement (its chunks)
+    assert cost.forwards == batches * (2 * 2 + len(others)) and batches >= 1
+    assert type(scan).from_dict(scan.to_dict()) == scan
+    assert "elsewhere" in describe(scan)
+
+
+def test_the_entry_scan_reads_a_cleared_layer_without_measuring_its_heads() -> None:
+    """A layer the screen clears at every position but the final one (layer 1 of the Llama
+    toy): the entry scan gives its heads that accuracy on the segments and at their ends,
+    without a forward (the final position still measured); each head measured there by
+    `evaluate` costs less than ``min_effect`` too (the premise the clearing rests on), and
+    layer 0's heads are measured as without it."""
+    from gna_interp.discovery.entry import entry_scan, segment_positions
+
+    model, task, encoded = _encoded("llama", 24)
+    clean = evaluate(model, task, progress=False).accuracy
+    with accuracy_memo(model):
+        scan = position_scan(LocalRunner(model), task, encoded, [0, 1], clean=clean, min_effect=0.1)
+    heads = [Head(1, h) for h in range(model.heads_per_layer[1])] + [Head(0, 0)]
+    with accuracy_memo(model), gna.cost_meter(model) as cost:
+        found = entry_scan(model, task, encoded, heads, progress=False, cleared=scan.cleared)
+    with accuracy_memo(model), gna.cost_meter(model) as full_cost:
+        full = entry_scan(model, task, encoded, heads, progress=False)
+    where = {"segments": segment_positions(encoded), "ends": encoded.segment_ends}
+    for head in heads[:-1]:
+        assert found[head]["segments"] == found[head]["ends"] == scan.cleared[1]
+        assert found[head]["final"] == full[head]["final"]
+        for name, positions in where.items():
+            direct = evaluate(model, task, [Ablate([head], positions=positions)], progress=False).accuracy
+            assert clean - direct < 0.1 and full[head][name] == pytest.approx(direct, abs=1e-9)
+    assert found[heads[-1]] == full[heads[-1]]
+    assert full_cost.forwards - cost.forwards == 2 * (len(heads) - 1) * (full_cost.forwards // (3 * len(heads)))

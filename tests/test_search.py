@@ -71,6 +71,34 @@ def test_greedy_equals_its_brute_force_twin_on_interacting_heads(seed):
     assert (got[0], got[2]) == (want[0], pytest.approx(want[1]))
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_with_quiet_heads_equals_its_brute_force_twin_with_fewer_calls(seed):
+    """Quiet heads (each costing less than ``min_drop`` alone) are not measured at the first
+    step where another head costs ``min_drop``: the same set and curve as the exhaustive twin
+    (interacting heads: a quiet pair may matter together, found at the second step), fewer
+    oracle calls; where no other head costs, they are measured as before."""
+    rng = random.Random(seed)
+    heads = list(range(7))
+    single = {h: rng.uniform(0.05, 0.3) if h < 3 else rng.uniform(0.0, 0.019) for h in heads}
+    pair = {frozenset(p): rng.uniform(0.0, 0.15) for p in itertools.combinations(heads, 2)}
+
+    def oracle(chosen: list[int]) -> float:
+        calls.append(list(chosen))
+        return 1.0 - sum(single[h] for h in chosen) - sum(pair[frozenset(p)] for p in itertools.combinations(chosen, 2))
+
+    calls: list[list[int]] = []
+    want = brute_greedy(heads, oracle, 1.0, 0.2, 4)
+    full = len(calls)
+    calls.clear()
+    got = search.greedy_set(heads, oracle, 1.0, 0.2, 4, quiet={3, 4, 5, 6}, min_drop=0.02)
+    assert (got[0], got[2]) == (want[0], pytest.approx(want[1]))
+    assert [c for c in calls if len(c) == 1] == [[0], [1], [2]] and len(calls) == full - 4
+    calls.clear()
+    alone = search.greedy_set([3, 4, 5], oracle, 1.0, 0.2, 4, quiet={3, 4, 5}, min_drop=0.02)  # none costs: all measured
+    assert [c for c in calls if len(c) == 1] == [[3], [4], [5]]
+    assert alone[0] == brute_greedy([3, 4, 5], oracle, 1.0, 0.2, 4)[0]
+
+
 def test_ordered_keeps_heads_that_lower_accuracy_by_min_drop():
     oracle, calls = additive({0: 0.3, 1: 0.01, 2: 0.2, 3: 0.3})
     chosen, curve, value = search.ordered_set([0, 1, 2, 3], oracle, 1.0, 0.45, 8, min_drop=0.02)

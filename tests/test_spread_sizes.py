@@ -139,6 +139,29 @@ def test_the_order_is_by_importance_not_by_index(mamba):
     assert rest != sorted(rest)
 
 
+def test_one_attribution_serves_both_entry_layers(mamba):
+    """Within discovery's accuracy memo, the Gather layer's ordering (layer 0, on the
+    segments) runs the attribution that the Aggregate layer's (layer 1, final position) then
+    reads: no forward or backward of its own, and the same order as layer 1's run alone (no
+    memo: its own attribution of layer 1's heads only); without a memo, each runs its own."""
+    from gna_interp.discovery.entry import segment_positions
+    from gna_interp.discovery.memo import accuracy_memo
+
+    model, task, encoded = mamba
+    scan = scan_with(model, {gna.Head(1, 22): 0.9})
+    alone = sizes.importance_order(model, task, encoded, 1, encoded.final, scan, 1.0, 0.02)
+    with accuracy_memo(model), gna.cost_meter(model) as first:
+        gather = sizes.importance_order(model, task, encoded, 0, segment_positions(encoded), scan, 1.0, 0.02)
+        with gna.cost_meter(model) as second:
+            shared = sizes.importance_order(model, task, encoded, 1, encoded.final, scan, 1.0, 0.02)
+    assert shared == alone and sorted(gather) == list(range(128))
+    assert (second.forwards, second.backwards) == (0, 0) and first.backwards == 1  # 16 prompts: one chunk
+    with gna.cost_meter(model) as apart:
+        sizes.importance_order(model, task, encoded, 0, segment_positions(encoded), scan, 1.0, 0.02)
+        sizes.importance_order(model, task, encoded, 1, encoded.final, scan, 1.0, 0.02)
+    assert apart.backwards == 2
+
+
 def test_the_final_position_order_finds_the_heads_single_ablation_finds(mamba):
     """Brute force: every head of layer 1 ablated alone at the final position (the candidate logit
     difference's change); the ordering's top 10 (nothing verified) hold at least 7 of its top 10
@@ -160,12 +183,14 @@ def test_the_final_position_order_finds_the_heads_single_ablation_finds(mamba):
 
 def test_a_circuit_under_the_line_is_marked_partial_with_its_size():
     """The demo table leads with what each circuit carries: ``alone``, ``share`` (of the gap from
-    every head ablated to clean), ``path`` (path patching's share of the gap); under
-    `PARTIAL_BELOW` on either, the row says partial with the spread role's size, within 120
-    columns."""
-    from gna_interp.viz.summary import PARTIAL_BELOW, carries, summary_table
+    every head ablated to clean), ``path`` (path patching's share of the gap), and the carries
+    verdict (`scoring.carries.carries_from_curve`, tested against 80% of the gap on 200
+    prompts): a circuit clearly under the line says partial with the spread role's size,
+    within 120 columns; one clearly above it, whole."""
+    from gna_interp.scoring.carries import CARRIES_SHARE
+    from gna_interp.viz.summary import carries, summary_table
 
-    assert PARTIAL_BELOW == 0.5
+    assert CARRIES_SHARE == 0.8
     role = role_with([(0, 1.0), (1, 0.965), (5, 0.605), (128, 0.29)])
 
     def circuit(model, path, spread):
@@ -181,7 +206,8 @@ def test_a_circuit_under_the_line_is_marked_partial_with_its_size():
         )
 
     def curve(alone):
-        return SimpleNamespace(circuit_point={"accuracy": alone}, recovered=lambda a: (a - 0.275) / (1.0 - 0.275))
+        points = {"circuit_point": {"accuracy": alone}, "clean": {"accuracy": 1.0}, "ablated": {"accuracy": 0.275}}
+        return SimpleNamespace(**points, n_prompts=200, recovered=lambda a: (a - 0.275) / (1.0 - 0.275))
 
     weak, strong = circuit("toy-mamba", 0.03, {"aggregate": role}), circuit("toy-llama", 0.93, {})
     assert carries(weak, curve(0.275)) == "partial: Aggregate spread, 5/128 for half"
@@ -194,5 +220,5 @@ def test_a_circuit_under_the_line_is_marked_partial_with_its_size():
     assert lines[2].split()[:6] == ["toy-llama", "0.990", "99%", "0.93", "whole", "g&a"]
     assert lines[3].split()[:5] == ["toy-mamba", "0.275", "0%", "0.03", "partial:"]
     start = lines[0].index("carries")
-    cell = " ".join(line[start : start + 10].strip() for line in lines[3:])  # the cell's words, wrapped
+    cell = " ".join(line[start : start + 12].strip() for line in lines[3:])  # the cell's words, wrapped
     assert "partial: Aggregate spread, 5/128 for half" in " ".join(cell.split()), table

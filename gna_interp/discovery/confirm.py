@@ -288,6 +288,8 @@ def cover_collapses(
     grown: list[str] = []
     for layer in circuit.positions.accuracy:
         for role, (name, positions) in where.items():
+            if role == "gather" and layer in circuit.positions.cleared:
+                continue  # the screen cleared every class but the final one: no collapse there
             floor = runner.accuracy(task, [Ablate(layer_heads(runner, layer), positions=positions)])
             if floor > threshold:
                 continue  # no collapse there

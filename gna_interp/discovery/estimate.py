@@ -13,7 +13,8 @@ cached clean prefix at layer ``l`` costs ``(L - l) / L`` of one. The estimate co
   (one), the confirmation (about six) and MIB's circuit score (a clean and a corrupt forward,
   and a pass per circuit size);
 - the position scan: each costly layer (about `COSTLY_LAYERS`) ablated at each of the
-  task's six position classes (`positions.POSITION_CLASSES`), at the mean prefix share;
+  task's six position classes (`positions.POSITION_CLASSES`) remotely; locally screened
+  (`SCREENED_POSITION_FORWARDS` per layer), at the mean prefix share;
 - the head scan: each head of the scanned layers ablated once, ``(L - l) / L`` per head;
   past ``prescreen_above`` heads only the ``prescreen_keep`` ranked heads (plus an
   attribution pass; each at the mean share ``(L + 1) / (2 L)``, its layer unknown), and
@@ -56,6 +57,12 @@ POSITION_CLASSES_SCANNED = 6
 """The position classes the position scan measures per layer (`positions.POSITION_CLASSES`;
 fewer where one holds the positions of another or none)."""
 
+SCREENED_POSITION_FORWARDS = (2 + 1 + POSITION_CLASSES_SCANNED) / 2
+"""The screened position scan's forwards per costly layer on a local model
+(`positions.position_scan`): the G&A pair's mean of two for the Aggregate layer (the final
+position, then every other class together, which costs nothing) and seven for the Gather
+layer (those two, then each of the five other classes alone)."""
+
 RANGE = 1.6
 """The estimate's range: ``mid / RANGE`` to ``mid * RANGE`` (the stated factor)."""
 
@@ -93,8 +100,9 @@ def estimate_passes(
         per["truncation"] = 0.0 if cached else (n_layers + 1) / 2
     if "layers" in stages:
         per["layers"] = min(SCREEN_PASSES, (n_layers - 1) / 2) if cached else 2 * (n_layers - 1.0)
-    if "positions" in stages:  # each costly layer (about the G&A pair's) ablated at six position classes
-        per["positions"] = min(len(layers), COSTLY_LAYERS) * POSITION_CLASSES_SCANNED * ((n_layers + 1) / (2 * n_layers) if cached else 1.0)
+    if "positions" in stages:  # each costly layer (about the G&A pair's) ablated at the position classes
+        forwards = SCREENED_POSITION_FORWARDS if cached else POSITION_CLASSES_SCANNED
+        per["positions"] = min(len(layers), COSTLY_LAYERS) * forwards * ((n_layers + 1) / (2 * n_layers) if cached else 1.0)
     heads = [(layer, model.heads_per_layer[layer]) for layer in layers]
     total = sum(h for _, h in heads)
     if "heads" in stages:

@@ -128,6 +128,14 @@ class JointSearch:
 
         return sorted((h for h in pool if costly(h)), key=key)
 
+    def quiet(self, pool: Sequence[Head], clean: float) -> set[Head]:
+        """The heads of ``pool`` whose ablation at every position (the head scan's, alone or in
+        a group that holds them) costs less than ``min_effect``: ablated at the role's positions
+        alone they cost no more (`search.greedy_set`'s ``quiet``: not measured at its first step
+        where another head costs)."""
+        alone = {h: self.evidence[h].ablated_accuracy for h in pool if h in self.evidence}
+        return {h for h, value in alone.items() if value is not None and clean - value < self.thresholds.min_effect}
+
     def run(self, circuit: GnaCircuit, role: str, threshold: float, max_heads: int) -> RoleNeed | None:
         """The role's joint set (``None`` if no head lowers accuracy at the role's positions:
         confirmation then falls back to the most harmful heads of the role)."""
@@ -145,6 +153,7 @@ class JointSearch:
             method=self.method,
             min_drop=self.thresholds.min_effect,
             track=_bar(self.progress, f"joint {role}"),
+            quiet=self.quiet(pool, clean),
         )
         curve = list(zip(chosen, values, strict=True))
         if not chosen:

@@ -53,6 +53,9 @@ class AccuracyMemo:
         self.pending: dict[tuple, dict[str, int]] = {}
         self.stage = -1
         self.on_new: Callable[[], None] | None = None
+        # first-order attributions already run (`sizes.importance_order`: one backward per
+        # chunk serves each role's entry layer); not kept by a run directory
+        self.attributions: dict[tuple, object] = {}
 
     def task_key(self, task: Task) -> str:
         """``task``'s content key (`task_key`), computed once per task held."""

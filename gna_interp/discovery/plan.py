@@ -163,7 +163,9 @@ def entry(ctx: Context, records: Records) -> EntryRecord:
     scan, evidence, harmful = owned(ctx, scanned.scan), scanned.evidence, scanned.harmful
     if "entry" in s.stages:
         ctx.bar.stage("entry")
-        entries = stage.entry_stage(ctx, evidence, scan, harmful=harmful, labels=records.of(PatternRecord).labels)
+        where = records.of(PositionRecord).position_scan  # its layers cleared at every position but the final one
+        labels = records.of(PatternRecord).labels
+        entries = stage.entry_stage(ctx, evidence, scan, harmful=harmful, labels=labels, cleared=None if where is None else where.cleared)
         evidence = {h: replace(e, entry=entries.get(h, e.entry)) for h, e in evidence.items()}
     scan.record_search()
     tests = {str(layer): tests for layer, tests in scan.tests.items()} if scan.tests else None

@@ -9,7 +9,10 @@ one whose ablation there costs nothing does not: no role is named there.
 
 The scan's forwards run behind the accuracy memo (one request on a remote model,
 `Runner.accuracies`); on a local model each starts from the cached clean prefix before its
-layer (`GnaModel.run_plan`).
+layer (`GnaModel.run_plan`), and each layer is screened first (`position_scan`): ablated at
+the final position, then at every other class together; only where that costs is each
+other class measured alone (a layer that acts only at the final position, an Aggregate
+layer, takes two forwards, not six).
 """
 
 from __future__ import annotations
@@ -106,6 +109,10 @@ class PositionScan:
         clean: the clean accuracy; ``min_effect``: the cost that counts.
         how: the ablation kind (`SCAN_KINDS`).
         same: classes merged into an earlier one with the same positions (`position_classes`).
+        cleared: ``{layer: accuracy}`` with the layer ablated at every class but the final
+            position together, where that cost less than ``min_effect``: those classes were
+            cleared together (monotone effects, as group testing assumes) and are not in
+            ``accuracy[layer]``.
     """
 
     accuracy: dict[int, dict[str, float]]
@@ -113,6 +120,7 @@ class PositionScan:
     min_effect: float
     how: str = "zero"
     same: dict[str, str] = field(default_factory=dict)
+    cleared: dict[int, float] = field(default_factory=dict)
 
     def acting(self, layer: int) -> list[str]:
         """The classes where ablating ``layer`` costs at least ``min_effect``, in scan order."""
@@ -136,12 +144,15 @@ class PositionScan:
             "min_effect": self.min_effect,
             "how": self.how,
             "same": dict(self.same),
+            "cleared": {str(layer): value for layer, value in self.cleared.items()},
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PositionScan:
         accuracy = {int(layer): {str(k): float(v) for k, v in row.items()} for layer, row in data["accuracy"].items()}
-        return cls(accuracy, float(data["clean"]), float(data["min_effect"]), str(data.get("how", "zero")), dict(data.get("same", {})))
+        cleared = {int(layer): float(v) for layer, v in data.get("cleared", {}).items()}
+        how, same = str(data.get("how", "zero")), dict(data.get("same", {}))
+        return cls(accuracy, float(data["clean"]), float(data["min_effect"]), how, same, cleared)
 
 
 def layer_heads(runner: Runner, layer: int) -> list[Head]:
@@ -168,29 +179,66 @@ class ScanRuns:
         return PositionScan(accuracy, float(clean), float(min_effect), self.how, dict(self.same))
 
 
-def scan_runs(runner: Runner, task: Task, encoded: EncodedTask, layers: Sequence[int], how: str = "zero") -> ScanRuns:
-    """The forwards of a position scan of ``layers`` (`position_scan`)."""
+REST = "rest"
+"""`scan_runs`'s name for every class but the final position together (the screen's group)."""
+
+
+def scan_runs(
+    runner: Runner, task: Task, encoded: EncodedTask, layers: Sequence[int], how: str = "zero", names: Sequence[str] | None = None
+) -> ScanRuns:
+    """The forwards of a position scan of ``layers`` (`position_scan`): each layer at each
+    class, or at each of ``names`` (classes, or `REST`: every class but ``"final"`` together)."""
     if how not in SCAN_KINDS:
         raise GnaValueError(f"how={how!r} is not a position scan's ablation kind: expected one of {SCAN_KINDS}")
     classes, same = position_classes(encoded)
     corrupt = None if how == "zero" else encoded.batch
     # the final position and the segment ends as the spread check writes them: the same forwards, one memo entry
     where: dict[str, Tensor] = {**classes, "final": encoded.final, **({"ends": encoded.segment_ends} if "ends" in classes else {})}
-    keys = [(int(layer), name) for layer in layers for name in classes]
+    rest = [mask for name, mask in classes.items() if name != "final"]
+    if rest:
+        where[REST] = torch.stack(rest).any(0)
+    keys = [(int(layer), name) for layer in layers for name in (classes if names is None else names) if name in where]
     runs = [(task, [Ablate(layer_heads(runner, layer), how=how, corrupt=corrupt, positions=where[name])]) for layer, name in keys]
     return ScanRuns(keys, runs, same, how)  # type: ignore[arg-type]
 
 
 def position_scan(
-    runner: Runner, task: Task, encoded: EncodedTask, layers: Sequence[int], *, clean: float, min_effect: float, how: str = "zero"
+    runner: Runner,
+    task: Task,
+    encoded: EncodedTask,
+    layers: Sequence[int],
+    *,
+    clean: float,
+    min_effect: float,
+    how: str = "zero",
+    screen: bool = True,
 ) -> PositionScan:
     """`PositionScan` of ``layers`` on ``task``: each layer's heads ablated together (``how``:
     zero, or their mean over the task's own non-padding tokens) at each class of
-    `position_classes`, every forward asked of ``runner`` at once (one request on a remote
-    model; locally behind the accuracy memo). ``len(layers) * len(classes)`` forwards."""
-    planned = scan_runs(runner, task, encoded, layers, how)
-    values = runner.accuracies(planned.runs) if planned.runs else []
-    return planned.scan(values, clean, min_effect)
+    `position_classes`, behind the accuracy memo.
+
+    ``screen`` (a local runner): per layer, the final position, then every other class
+    together (`REST`); where that costs less than ``min_effect`` those classes are cleared
+    together (`PositionScan.cleared`: monotone effects, as group testing assumes), else each
+    is measured alone. Two forwards for a layer that acts only at the final position, one
+    more than ``len(classes)`` for one that acts elsewhere. Without it (or on a batched
+    runner: one request), every layer at every class: ``len(layers) * len(classes)`` forwards."""
+    if not screen or getattr(runner, "batched", False):
+        planned = scan_runs(runner, task, encoded, layers, how)
+        values = runner.accuracies(planned.runs) if planned.runs else []
+        return planned.scan(values, clean, min_effect)
+    first = scan_runs(runner, task, encoded, layers, how, names=["final", REST])
+    measured = dict(zip(first.keys, runner.accuracies(first.runs), strict=True))
+    cleared = {layer: value for (layer, name), value in measured.items() if name == REST and clean - value < min_effect}
+    costly = [layer for layer in layers if (int(layer), REST) in measured and int(layer) not in cleared]
+    rest = scan_runs(runner, task, encoded, costly, how, names=[n for n in position_classes(encoded)[0] if n != "final"])
+    measured |= dict(zip(rest.keys, runner.accuracies(rest.runs), strict=True))
+    accuracy: dict[int, dict[str, float]] = {int(layer): {} for layer in layers}
+    for name in position_classes(encoded)[0]:  # in class order
+        for layer in accuracy:
+            if (layer, name) in measured:
+                accuracy[layer][name] = float(measured[layer, name])
+    return PositionScan(accuracy, float(clean), float(min_effect), how, dict(first.same), cleared)
 
 
 def costly_layers(layer_scan: Sequence[float] | None, scan_layers: Sequence[int], clean: float, min_effect: float) -> list[int]:
@@ -208,7 +256,10 @@ def describe(scan: PositionScan) -> str:
     for layer, row in scan.accuracy.items():
         acting = scan.acting(layer)
         values = ", ".join(f"{name} {row[name]:.2f}" for name in acting)
-        parts.append(f"L{layer} at {values}" if acting else f"L{layer} nowhere alone")
+        text = f"L{layer} at {values}" if acting else f"L{layer} nowhere alone"
+        if layer in scan.cleared:
+            text += f" (elsewhere {scan.cleared[layer]:.2f}: every class but the final position together)"
+        parts.append(text)
     return f"{'; '.join(parts)} (whole layer {scan.how}-ablated at each class{merged})"
 
 

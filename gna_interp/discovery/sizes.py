@@ -110,33 +110,55 @@ def importance_order(
     nothing) by index, last. The size, not the sign: on the Mamba-1 toy (final
     position) the estimate's sign is wrong for L1H22 (+0.08 estimated, -0.49 measured, 32 prompts), and
     by size its top 10 hold 8 of the brute-force single-ablation top 10 (6 by signed value)."""
-    from ..core.compile import heads_by_site
-    from ..patching.attribution import integrated_effects
-    from ..patching.metrics import candidate_logit_diff
-
     width = model.heads_per_layer[layer]
     accuracy, verified = scan.accuracy, scan.verified
     costly = [h for h in range(width) if bool(verified[layer, h]) and clean - float(accuracy[layer, h]) >= min_effect]
     heads = [Head(layer, h) for h in range(width)]
-    sites = sorted(heads_by_site(model.layout, heads))
     if positions.dtype == torch.bool:  # a [batch, pos] mask: the columns any row holds
         at = positions.any(0).nonzero().flatten().tolist()
     else:
         at = sorted({int(p) for p in positions.flatten().tolist()})
     estimate = torch.zeros(width)
-    n = encoded.batch.n_rows
+    for effects, weight in _attribution(model, task, encoded, layer):
+        for head in heads:
+            site, index = model.head_site(head)
+            estimate[head.head] += float(effects[site][at, index].sum()) * weight
+    rest = sorted((h for h in range(width) if h not in costly), key=lambda h: (-abs(float(estimate[h])), h))
+    return sorted(costly, key=lambda h: (float(accuracy[layer, h]), h)) + rest
+
+
+def _attribution(model: GnaModel, task: Task, encoded: EncodedTask, layer: int) -> list[tuple[dict, float]]:
+    """Per chunk of prompts, the first-order effect of zero-ablating every head of ``layer``
+    and of each later layer as wide or narrower (site -> ``[pos, head]``), and the chunk's
+    share of the task: one forward (from the cached prefix before ``layer``) and one
+    backward per chunk, as for ``layer`` alone (a forward from ``layer`` runs the later layers
+    anyway, and a gate at 0 changes no other gate's gradient). Kept in the open accuracy memo,
+    so a later role's entry layer reads them (the Mamba-1 toy's Aggregate layer after its Gather
+    layer: 4 backwards, not 8)."""
+    from ..core.compile import heads_by_site
+    from ..patching.attribution import integrated_effects
+    from ..patching.metrics import candidate_logit_diff
+
+    width = model.heads_per_layer[layer]
     rows = max(1, min(ATTRIBUTION_ROWS, ATTRIBUTION_ROW_HEADS // width))
+    kept, ambient = memo.open_memo(model), memo.memo_key(model.active_interventions)
+    cache: dict = {} if kept is None or ambient is None else kept.attributions  # unkeyable ambient: not kept
+    key = (kept.task_key(task) if kept is not None else "", rows, ambient)
+    for (task_of, rows_of, ambient_of, first), value in cache.items():
+        if (task_of, rows_of, ambient_of) == key and first <= layer:
+            return value  # type: ignore[no-any-return]
+    later = [q for q in range(layer, model.n_layers) if model.heads_per_layer[q] <= width]
+    sites = sorted(heads_by_site(model.layout, [Head(q, h) for q in later for h in range(model.heads_per_layer[q])]))
+    n, out = encoded.batch.n_rows, []
     for start in range(0, n, rows):
         stop = min(start + rows, n)
         chunk = Batch(encoded.batch.input_ids[start:stop], encoded.batch.attention_mask[start:stop])
         metric = candidate_logit_diff(encoded.candidate_ids[start:stop], encoded.correct[start:stop])
         targets = {site: torch.zeros(()) for site in sites}
         effects, _ = integrated_effects(model, chunk, list(model.active_interventions), targets, metric, 1, "left")
-        for head in heads:
-            site, index = model.head_site(head)
-            estimate[head.head] += float(effects[site][at, index].sum()) * (stop - start) / n
-    rest = sorted((h for h in range(width) if h not in costly), key=lambda h: (-abs(float(estimate[h])), h))
-    return sorted(costly, key=lambda h: (float(accuracy[layer, h]), h)) + rest
+        out.append((effects, (stop - start) / n))
+    cache[(*key, layer)] = out
+    return out
 
 
 def measure(model: GnaModel, task: Task, layer: int, order: Sequence[int], positions: torch.Tensor) -> Callable[[int], float]:

@@ -184,7 +184,13 @@ def early_first_order(ctx: Context) -> head_scans.FirstOrder | None:
 
 
 def entry_stage(
-    ctx: Context, evidence: dict[Head, HeadEvidence], scan: head_scans.HeadScan, *, harmful: list[Head], labels: LabelInputs | None = None
+    ctx: Context,
+    evidence: dict[Head, HeadEvidence],
+    scan: head_scans.HeadScan,
+    *,
+    harmful: list[Head],
+    labels: LabelInputs | None = None,
+    cleared: dict[int, float] | None = None,
 ) -> dict[Head, dict[str, float]]:
     """Where each harmful head's effect enters (`entry_scan`): per head measured, its entry
     accuracies. A remote scan's spread-group search travels in the same request (finished
@@ -192,13 +198,15 @@ def entry_stage(
     are measured first), only what the role labels read: every head on the segments, then
     at the final position only the heads whose label depends on it (`needs_final`); the
     segment ends of the heads labelled Gather come after the labels (`entry_ends`).
-    Without, all three for every head (one request remotely)."""
+    Without, all three for every head (one request remotely). ``cleared``: the position
+    scan's layers cleared at every position but the final one (`entry_scan`'s)."""
     model, task, encoded, progress = ctx.model, ctx.task, ctx.encoded, ctx.progress
     local = [h for h in harmful if acts_where_it_writes(model, h)]
     pending = scan.search.pending if scan.search is not None else []
     searched: list[float] = []
     where = ("segments",) if labels is not None else ENTRY_POSITIONS
-    entries = dict(entry_scan(model, task, encoded, local, progress=progress, extra=pending, extra_values=searched, where=where))
+    found = entry_scan(model, task, encoded, local, progress=progress, extra=pending, extra_values=searched, where=where, cleared=cleared)
+    entries = dict(found)
     if scan.search is not None and searched:
         scan.search.finish(searched)
     if labels is not None:

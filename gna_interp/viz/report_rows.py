@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..discovery.ablation_kinds import holds, table
 from ..discovery.estimate import passes_range
 from ..discovery.evidence import POSITIONS, ROLES, Standing
+from ..discovery.positions import POSITION_CLASSES
 from ..discovery.roles import entry_shares
 from .report_html import DASH
 
@@ -187,14 +188,22 @@ def cost_rows(cost: dict[str, Any]) -> list[dict[str, Any]]:
 def position_rows(circuit: GnaCircuit) -> list[dict[str, Any]]:
     """The position scan's table (`GnaCircuit.positions`): per scanned layer, the accuracy with
     its heads ablated together at each position class, and the classes where that costs
-    (empty: not measured). A class cleared with others (``PositionScan.cleared``, where
-    present) shows the group's accuracy."""
+    (empty: not measured). The classes of a layer the screen cleared together
+    (``PositionScan.cleared``) read "with the others" and the group's accuracy."""
     scan = circuit.positions
     if scan is None:
         return []
+    names = list(dict.fromkeys(name for values in scan.accuracy.values() for name in values))
+    names = [name for name in POSITION_CLASSES if name in names or scan.cleared]
+    names = [name for name in names if name not in scan.same]
     rows = []
     for layer, values in scan.accuracy.items():
-        row: dict[str, Any] = {"layer": layer, **{name: f"{value:.3f}" for name, value in values.items()}}
+        row: dict[str, Any] = {"layer": layer}
+        for name in names:
+            if name in values:
+                row[name] = f"{values[name]:.3f}"
+            else:
+                row[name] = f"with the others {scan.cleared[layer]:.3f}" if layer in scan.cleared else DASH
         row["acts at"] = ", ".join(scan.acting(layer)) or "nowhere alone"
         rows.append(row)
     return rows
