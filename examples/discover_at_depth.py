@@ -35,7 +35,11 @@ circuit = gna.discover(model, task, progress=False)
 print(circuit.summary())
 
 # %% The same on a "remote" model: each stage is one nnsight session request.
+# The cover step (spread sets, each collapse covered) orders heads by a local backward, which a
+# remote model has not: compare the search itself, every stage but "cover".
+searched = tuple(stage for stage in gna.discovery.STAGES if stage != "cover")
+circuit = gna.discover(model, task, progress=False, stages=searched)
 remote = gna.load(copy.deepcopy(model.hf_model), tokenizer=model.tokenizer, remote="local")
-remote_circuit = gna.discover(remote, task, progress=False)
+remote_circuit = gna.discover(remote, task, progress=False, stages=searched)
 print(f"remote='local': {remote_circuit.cost['requests']} requests, heads {remote_circuit.gather} | {remote_circuit.aggregate}")
 assert remote_circuit.gather == circuit.gather and remote_circuit.aggregate == circuit.aggregate

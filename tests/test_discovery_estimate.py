@@ -62,9 +62,9 @@ def test_the_estimate_brackets_toys_it_was_not_fitted_on(name):
 # prefix cache), layers min(2, (2 - 1) / 2) = 0.5, positions 2 layers x (2 + 7) / 2 screened
 # forwards x (2 + 1) / (2 x 2) = 6.75, heads 4 x 1 + 4 x 1/2 = 6, entry and joint 2.5 x (8
 # candidates x 6 / 8) = 15, roles 64 / 64 = 1, confirm 6, score 4 sizes of 8 heads less the
-# cache's = 3: 40.25, so 40.25 / 1.6 = 25.2 to 40.25 x 1.6 = 64.4. The head scan alone: 1 + 1
-# + 6 = 8, so 5.0 to 12.8.
-LLAMA_TEXT = "about 25-64 passes over 64 prompts (a rough estimate)"
+# cache's = 3, cover 2 roles x 1.5 x log2(4) x 3 / 4 = 4.5: 44.75, so 44.75 / 1.6 = 28.0 to
+# 44.75 x 1.6 = 71.6. The head scan alone: 1 + 1 + 6 = 8, so 5.0 to 12.8.
+LLAMA_TEXT = "about 28-72 passes over 64 prompts (a rough estimate)"
 LLAMA_HEADS_TEXT = "about 5-13 passes over 64 prompts (a rough estimate)"
 
 
@@ -80,7 +80,8 @@ def test_the_estimate_follows_the_stages_and_the_heads():
     assert full["stages"]["heads"] == pytest.approx(4 * 1 + 4 * 0.5) and wider["stages"]["heads"] == pytest.approx(8 + 4)
     assert only_heads["mid"] < full["mid"] < wider["mid"]
     assert full["stages"]["positions"] == pytest.approx(6.75)
-    assert full["mid"] == pytest.approx(40.25) and only_heads["mid"] == pytest.approx(8.0)
+    assert full["stages"]["cover"] == pytest.approx(4.5)
+    assert full["mid"] == pytest.approx(44.75) and only_heads["mid"] == pytest.approx(8.0)
     assert full["text"] == LLAMA_TEXT and only_heads["text"] == LLAMA_HEADS_TEXT
 
 

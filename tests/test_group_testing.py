@@ -180,18 +180,20 @@ def test_a_remote_run_reports_the_same_spread_in_no_extra_request(mamba2):
 
 
 def test_an_empty_role_is_never_silent(mamba2):
-    """With labels made impossible (an entry share above 1), no head gets a role by its
-    label: each empty role still names where it enters (the final position for Aggregate,
-    the segment ends for Gather) and the best set of that layer with its curve, each point
-    re-measured; the role's set in the circuit is then the spread set (`confirm.spread_set`),
-    every head of it a member of the set (``joint``), none labelled."""
+    """With labels made impossible (an entry share above 1), no head gets a role: each empty
+    role still names where it enters (the final position for Aggregate, the segment ends for
+    Gather) and the best set of that layer with its curve, each point re-measured. Without
+    the cover step (not in ``stages``) the spread sets stay out of the circuit; with it, each
+    role's set is its spread set (`confirm.spread_set`), every head a member of the set."""
     model, task = mamba2
     thresholds = gna.discovery.RoleThresholds(entry_share=1.5)
-    circuit = _discover(model, task, thresholds=thresholds, stages=("truncation", "layers", "heads", "entry", "roles", "confirm"))
-    assert circuit.needs == {}
+    stages = ("truncation", "layers", "heads", "entry", "roles", "confirm")
+    circuit = _discover(model, task, thresholds=thresholds, stages=stages)
+    assert circuit.gather == [] and circuit.aggregate == [] and circuit.needs == {}
+    covered = _discover(model, task, thresholds=thresholds, stages=(*stages, "cover"))
     for role in ("gather", "aggregate"):
-        assert getattr(circuit, role) == spread_set(circuit.spread[role], SPREAD_FRACTION) != []
-        assert all(circuit.evidence(h).joint for h in getattr(circuit, role))
+        assert getattr(covered, role) == spread_set(covered.spread[role], SPREAD_FRACTION) != []
+        assert all(covered.evidence(h).joint for h in getattr(covered, role))
     encoded = task.encode()
     where = {"final": encoded.final, "ends": encoded.segment_ends}
     assert set(circuit.spread) == {"gather", "aggregate"}

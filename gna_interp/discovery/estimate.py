@@ -15,6 +15,8 @@ cached clean prefix at layer ``l`` costs ``(L - l) / L`` of one. The estimate co
 - the position scan: each costly layer (about `COSTLY_LAYERS`) ablated at each of the
   task's six position classes (`positions.POSITION_CLASSES`) remotely; locally screened
   (`SCREENED_POSITION_FORWARDS` per layer), at the mean prefix share;
+- the cover step (local runs): per role about `COVER_PER_DOUBLING` forwards per doubling of the
+  widest scanned layer (the spread sets' size curves, the collapses' bisection);
 - the head scan: each head of the scanned layers ablated once, ``(L - l) / L`` per head;
   past ``prescreen_above`` heads only the ``prescreen_keep`` ranked heads (plus an
   attribution pass; each at the mean share ``(L + 1) / (2 L)``, its layer unknown), and
@@ -62,6 +64,12 @@ SCREENED_POSITION_FORWARDS = (2 + 1 + POSITION_CLASSES_SCANNED) / 2
 (`positions.position_scan`): the G&A pair's mean of two for the Aggregate layer (the final
 position, then every other class together, which costs nothing) and seven for the Gather
 layer (those two, then each of the five other classes alone)."""
+
+COVERED_ROLES = ("gather", "aggregate")
+COVER_PER_DOUBLING = 1.5
+"""The cover step's forwards per role per doubling of the widest scanned layer (`confirm.enter_spread`'s size
+curve and `confirm.cover_collapses`' bisection: about ``log2`` of the width each, where a role is spread or a
+collapse is not yet covered; set from the bundled toys, 2026-11-29)."""
 
 RANGE = 1.6
 """The estimate's range: ``mid / RANGE`` to ``mid * RANGE`` (the stated factor)."""
@@ -127,6 +135,9 @@ def estimate_passes(
         per["score"] = len(realised_sizes(MIB_FRACTIONS, len(model.heads))) - (1.0 if cached else -1.0)
         if kinds:
             per["kinds"] = KINDS_PER_KIND * kinds + 2.0
+        if "cover" in stages and cached:  # remotely not run (it orders heads by a local backward)
+            widest = max((h for _, h in heads), default=1)
+            per["cover"] = len(COVERED_ROLES) * COVER_PER_DOUBLING * math.log2(max(widest, 2)) * (n_layers + 1) / (2 * n_layers)
     mid = sum(per.values())
     low, high = mid / RANGE, mid * RANGE
     estimate: dict[str, Any] = {"low": low, "mid": mid, "high": high, "stages": per, "n_prompts": n_prompts}

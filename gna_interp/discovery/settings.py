@@ -29,7 +29,7 @@ CIRCUIT_KEYS = (
 )
 """The settings a circuit's ``settings`` dict records, in its order (`DiscoverySettings.circuit_dict`)."""
 
-STAGES = ("truncation", "layers", "positions", "heads", "entry", "roles", "joint", "confirm")
+STAGES = ("truncation", "layers", "positions", "heads", "entry", "roles", "joint", "confirm", "cover")
 """The optional stages `discover` may run (``stages=``, `DiscoverySettings.stages`)."""
 SEARCH_STAGES = ("layers", "heads", "entry", "roles", "joint")
 """The stages that decide which heads a role's set holds: `stability` re-runs only these

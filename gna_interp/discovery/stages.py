@@ -245,6 +245,14 @@ def role_stage(
     return labelled
 
 
+NOT_COVERED = (
+    "the spread roles' sets and the collapses the position scan found were not added to the circuit: ordering a "
+    "layer's heads needs a local backward, which a remote model has not (stage 'cover'; the circuit holds the sets "
+    "the search found)"
+)
+"""The note of a run asked to cover its collapses on a runner without a backward."""
+
+
 def confirm_stage(
     ctx: Context, circuit: GnaCircuit, scan: head_scans.HeadScan, *, threshold: float, positions_pending: ScanRuns | None = None
 ) -> None:
@@ -269,8 +277,11 @@ def confirm_stage(
         circuit.positions = positions_pending.scan(scanned, circuit.accuracy["clean"], circuit.thresholds.min_effect)
     if check_spread:
         spread_check(model, task, encoded, circuit, scan, threshold, max_heads, spread_runs, spread_values)
-        enter_spread(model, task, circuit, SPREAD_FRACTION, ctx.evaluate_bars)
-        cover_collapses(model, task, encoded, circuit, scan, threshold, ctx.evaluate_bars)
+        if "cover" in ctx.settings.stages and ctx.runner.has_backward:
+            enter_spread(model, task, circuit, SPREAD_FRACTION, ctx.evaluate_bars)
+            cover_collapses(model, task, encoded, circuit, scan, threshold, ctx.evaluate_bars)
+        elif "cover" in ctx.settings.stages:
+            circuit.warnings.append(NOT_COVERED)
     confirm_paths(model, task, circuit)
     circuit.verdicts.update(collapse_verdicts(circuit) | alone_verdicts(circuit))  # from the counts measured: no forward
 
