@@ -140,3 +140,19 @@ def test_the_entry_scan_reads_a_cleared_layer_without_measuring_its_heads() -> N
             assert clean - direct < 0.1 and full[head][name] == pytest.approx(direct, abs=1e-9)
     assert found[heads[-1]] == full[heads[-1]]
     assert full_cost.forwards - cost.forwards == 2 * (len(heads) - 1) * (full_cost.forwards // (3 * len(heads)))
+
+
+def test_a_scan_measured_at_once_is_screened_as_the_local_one() -> None:
+    """A remote run measures every class and the rest together in one request
+    (`scan_runs(..., names=[*classes, REST])`, `ScanRuns.scan`): the screen applied to those
+    values gives the local screened scan exactly (the same accuracies, the same cleared layers)."""
+    from gna_interp.discovery.positions import REST, scan_runs
+
+    model, task, encoded = _encoded("llama", 24)
+    clean = evaluate(model, task, progress=False).accuracy
+    runner = LocalRunner(model)
+    with accuracy_memo(model):
+        local = position_scan(runner, task, encoded, [0, 1], clean=clean, min_effect=0.1)
+        planned = scan_runs(runner, task, encoded, [0, 1], names=[*position_classes(encoded)[0], REST])
+        at_once = planned.scan(runner.accuracies(planned.runs), clean, 0.1)
+    assert at_once == local and local.cleared

@@ -80,6 +80,35 @@ def role_positions(circuit: GnaCircuit, encoded: EncodedTask) -> dict[str, tuple
     return {"aggregate": ("final", encoded.final), "gather": gather}
 
 
+SEGMENTS_KEY = "gather@segments"
+"""`speculate_segments`' key for the Gather role's layers ablated on the segments."""
+
+
+def speculate_segments(model: GnaModel, task: Task, encoded: EncodedTask, runs: SpreadRuns) -> SpreadRuns:
+    """``runs`` (`spread_check_runs`) with each Gather layer also ablated on every segment
+    token: a remote run measures them in the confirmation's request before its position scan
+    says where the Gather role is searched (`settle_segments` keeps one of the two)."""
+    on_segments = segment_positions(encoded)
+    layers = [layer for role, layer in runs[0] if role == "gather"]
+    more = [(task, [Ablate([Head(layer, h) for h in range(model.heads_per_layer[layer])], positions=on_segments)]) for layer in layers]
+    return [*runs[0], *((SEGMENTS_KEY, layer) for layer in layers)], [*runs[1], *more]  # type: ignore[list-item]
+
+
+def settle_segments(circuit: GnaCircuit, encoded: EncodedTask, runs: SpreadRuns, values: Sequence[float]) -> tuple[SpreadRuns, list[float]]:
+    """The spread runs (and their values) at the Gather role's positions as the position scan
+    now says (`role_positions`): those of `speculate_segments` under the Gather role's key, or
+    the segment ends'."""
+    on_segments = role_positions(circuit, encoded)["gather"][0] == "segments"
+    kept: list[tuple[tuple[str, int], int]] = []
+    for index, (role, layer) in enumerate(runs[0]):
+        if role == SEGMENTS_KEY:
+            if on_segments:
+                kept.append((("gather", layer), index))
+        elif not (role == "gather" and on_segments):
+            kept.append(((role, layer), index))
+    return ([key for key, _ in kept], [runs[1][i] for _, i in kept]), [values[i] for _, i in kept]
+
+
 def spread_check(
     model: GnaModel,
     task: Task,

@@ -232,7 +232,8 @@ def confirm(ctx: Context, records: Records) -> ConfirmRecord:
     ctx.bar.stage("confirm")
     before, draft = assemble(ctx, records), assemble(ctx, records)
     layers = records.of(PositionRecord).pending
-    pending = None if layers is None else positions.scan_runs(ctx.runner, ctx.task, ctx.encoded, layers)
+    names = [*positions.position_classes(ctx.encoded)[0], positions.REST]  # screened as a local scan is
+    pending = None if layers is None else positions.scan_runs(ctx.runner, ctx.task, ctx.encoded, layers, names=names)
     stage.confirm_stage(ctx, draft, owned(ctx, records.scan), threshold=_threshold(ctx, records), positions_pending=pending)
     cost = None if draft.cost is None else draft.cost.get("size_curves")
     return ConfirmRecord(

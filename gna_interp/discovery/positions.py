@@ -172,11 +172,18 @@ class ScanRuns:
     how: str
 
     def scan(self, values: Sequence[float], clean: float, min_effect: float) -> PositionScan:
-        """The `PositionScan` of ``values`` (one accuracy per run, in order)."""
+        """The `PositionScan` of ``values`` (one accuracy per run, in order). Where the runs hold
+        `REST` (every class but the final position together), the screen `position_scan`
+        applies locally is applied to them: a layer whose `REST` costs less than ``min_effect``
+        keeps only its final position and is cleared (`PositionScan.cleared`), so a remote
+        scan, which measures every class at once, equals the local one."""
+        measured = {key: float(value) for key, value in zip(self.keys, values, strict=True)}
+        cleared = {layer: value for (layer, name), value in measured.items() if name == REST and clean - value < min_effect}
         accuracy: dict[int, dict[str, float]] = {layer: {} for layer, _ in self.keys}
-        for (layer, name), value in zip(self.keys, values, strict=True):
-            accuracy[layer][name] = float(value)
-        return PositionScan(accuracy, float(clean), float(min_effect), self.how, dict(self.same))
+        for (layer, name), value in measured.items():
+            if name != REST and (layer not in cleared or name == "final"):
+                accuracy[layer][name] = value
+        return PositionScan(accuracy, float(clean), float(min_effect), self.how, dict(self.same), cleared)
 
 
 REST = "rest"
@@ -224,7 +231,8 @@ def position_scan(
     more than ``len(classes)`` for one that acts elsewhere. Without it (or on a batched
     runner: one request), every layer at every class: ``len(layers) * len(classes)`` forwards."""
     if not screen or getattr(runner, "batched", False):
-        planned = scan_runs(runner, task, encoded, layers, how)
+        names = [*position_classes(encoded)[0], REST] if screen else None  # one request: the screen applied to it
+        planned = scan_runs(runner, task, encoded, layers, how, names=names)
         values = runner.accuracies(planned.runs) if planned.runs else []
         return planned.scan(values, clean, min_effect)
     first = scan_runs(runner, task, encoded, layers, how, names=["final", REST])

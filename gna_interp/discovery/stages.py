@@ -35,6 +35,8 @@ from .confirm import (
     cover_collapses,
     enter_spread,
     roles_left_open,
+    settle_segments,
+    speculate_segments,
     spread_check,
     spread_check_runs,
 )
@@ -267,6 +269,8 @@ def confirm_stage(
     # request (every role that may stay open), so the check costs no request of its own.
     check_spread = encoded.single_token and circuit.accuracy["clean"] >= threshold
     spread_runs = spread_check_runs(model, task, encoded, circuit, roles_left_open(circuit)) if check_spread and ctx.batched else None
+    if spread_runs is not None and positions_pending is not None:  # where the Gather role is searched is not known yet
+        spread_runs = speculate_segments(model, task, encoded, spread_runs)
     extra = spread_runs or ([], [])
     if positions_pending is not None:
         extra = (extra[0], [*extra[1], *positions_pending.runs])
@@ -275,6 +279,8 @@ def confirm_stage(
     if positions_pending is not None and values is not None:
         spread_values, scanned = values[: len(extra[0])], values[len(extra[0]) :]
         circuit.positions = positions_pending.scan(scanned, circuit.accuracy["clean"], circuit.thresholds.min_effect)
+        if spread_runs is not None:
+            spread_runs, spread_values = settle_segments(circuit, encoded, spread_runs, spread_values)
     if check_spread:
         spread_check(model, task, encoded, circuit, scan, threshold, max_heads, spread_runs, spread_values)
         if "cover" in ctx.settings.stages and ctx.runner.has_backward:
