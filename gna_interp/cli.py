@@ -33,6 +33,36 @@ def _model_help() -> str:
     return f"a bundled toy model ({', '.join(toy_names())}), a local folder, or a hub id"
 
 
+def _discover_options(discover: argparse.ArgumentParser) -> None:
+    """`gna-interp discover`'s own options (its model and task arguments come from the shared helpers)."""
+    discover.add_argument("--out", help="write an offline HTML report into this folder")
+    discover.add_argument("--json", action="store_true", help="print the circuit as JSON")
+    discover.add_argument(
+        "--stability",
+        type=int,
+        metavar="K",
+        help="also re-run the search on K bootstrap samples of the prompts; count how often each head is chosen",
+    )
+    discover.add_argument(
+        "--resamples",
+        type=int,
+        metavar="K",
+        help="also re-run the search on K bootstrap resamples of the prompts: each head's membership frequency, heads under 0.8 marked",
+    )
+    discover.add_argument(
+        "--ablation-kinds",
+        nargs="+",
+        choices=("mean", "resample"),
+        metavar="KIND",
+        help="also ablate each role's set by these kinds (mean, resample): which roles hold under which kinds",
+    )
+    discover.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        help="keep the run in DIR (each finished stage, every accuracy measured): run again to carry on after a crash",
+    )
+
+
 def _model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help=_model_help())
     parser.add_argument("--backend", choices=("tlens", "nnsight"), help="default: tlens for Transformers, nnsight otherwise")
@@ -95,32 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     discover = commands.add_parser("discover", parents=[quiet], help="find the Gather and Aggregate heads of a model on a task")
     _model_arguments(discover)
     _task_arguments(discover)
-    discover.add_argument("--out", help="write an offline HTML report into this folder")
-    discover.add_argument("--json", action="store_true", help="print the circuit as JSON")
-    discover.add_argument(
-        "--stability",
-        type=int,
-        metavar="K",
-        help="also re-run the search on K bootstrap samples of the prompts; count how often each head is chosen",
-    )
-    discover.add_argument(
-        "--resamples",
-        type=int,
-        metavar="K",
-        help="also re-run the search on K bootstrap resamples of the prompts: each head's membership frequency, heads under 0.8 marked",
-    )
-    discover.add_argument(
-        "--ablation-kinds",
-        nargs="+",
-        choices=("mean", "resample"),
-        metavar="KIND",
-        help="also ablate each role's set by these kinds (mean, resample): which roles hold under which kinds",
-    )
-    discover.add_argument(
-        "--run-dir",
-        metavar="DIR",
-        help="keep the run in DIR (each finished stage, every accuracy measured): run again to carry on after a crash",
-    )
+    _discover_options(discover)
     discover.set_defaults(func=cmd.discover_command)
 
     ablate = commands.add_parser("ablate", parents=[quiet], help="accuracy on a task before and after ablating heads")
