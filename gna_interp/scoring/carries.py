@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .verdicts import LEVEL, MAX_PROMPTS, Verdict, side, wilson_interval
+from .verdicts import LEVEL, MAX_PROMPTS, Verdict, settle_words, side, wilson_interval
 
 CARRIES_SHARE = 0.8
 """The line of `carries_from_curve`: the circuit kept alone recovers this share of the gap from every head ablated to clean."""
@@ -83,7 +83,4 @@ def carries_text(v: Verdict, curve: Any, share: float) -> str:
         f"{v.word}: alone {alone:.3f} recovers {of_gap} of the gap from none {none:.3f} to clean {clean:.3f}, against {share:.0%} "
         f"({v.kind} {v.estimate:.3f} [{v.interval[0]:.3f}, {v.interval[1]:.3f}], {v.level:.0%} interval, {v.method}, {v.n} prompts)"
     )
-    if not v.settled:
-        text += "; on the line: no number of prompts settles it" if v.prompts_to_settle is None else ""
-        text += f"; about {v.prompts_to_settle} prompts would settle it" if v.prompts_to_settle is not None else ""
-    return text
+    return text + settle_words(v)

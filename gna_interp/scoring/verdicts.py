@@ -220,10 +220,16 @@ def _with_text(v: Verdict) -> Verdict:
         f"{what}{v.estimate:.3f} [{v.interval[0]:.3f}, {v.interval[1]:.3f}] ({v.level:.0%} interval, {v.method}, {v.n} prompts) "
         f"against {v.line:.3f}: {v.word}"
     )
-    if not v.settled:
-        text += "; on the line: no number of prompts settles it" if v.prompts_to_settle is None else ""
-        text += f"; about {v.prompts_to_settle} prompts would settle it" if v.prompts_to_settle is not None else ""
-    return Verdict(**{**v.__dict__, "text": text})
+    return Verdict(**{**v.__dict__, "text": text + settle_words(v)})
+
+
+def settle_words(v: Verdict) -> str:
+    """What would settle an undetermined verdict, in words (empty for a settled one)."""
+    if v.settled:
+        return ""
+    if v.prompts_to_settle is None:
+        return "; on the line: no number of prompts settles it"
+    return f"; about {v.prompts_to_settle} prompts would settle it"
 
 
 MECHANISMS = {"by label": "g&a", "partly by label": "partly", "by place": "counting", "undetermined": "undetermined"}
