@@ -278,11 +278,10 @@ def spread_set(item: SpreadRole, fraction: float) -> list[Head]:
     return []
 
 
-def enter_spread(model: GnaModel, task: Task, circuit: GnaCircuit, fraction: float, evaluate_bars: bool | None) -> list[str]:
+def enter_spread(model: GnaModel, circuit: GnaCircuit, fraction: float) -> list[str]:
     """Each spread role's set (`spread_set`) joins the role's list in the circuit (a head new
-    to the evidence enters it as a member of the set, ``joint=True``); the confirmation's
-    accuracies of the sets that changed are measured again (behind the memo). Returns the
-    roles whose sets grew."""
+    to the evidence enters it as a member of the set, ``joint=True``). Returns the roles whose
+    sets grew (the caller measures the confirmation's table again once, `confirm_table`)."""
     grown = []
     for role, item in circuit.spread.items():
         members: list[Head] = getattr(circuit, role)
@@ -292,13 +291,10 @@ def enter_spread(model: GnaModel, task: Task, circuit: GnaCircuit, fraction: flo
             members.extend(added)
     if grown:
         _examined(model, circuit)
-        confirm_table(model, task, circuit, evaluate_bars)
     return grown
 
 
-def cover_collapses(
-    model: GnaModel, task: Task, encoded: EncodedTask, circuit: GnaCircuit, scan: HeadScan, threshold: float, evaluate_bars: bool | None
-) -> list[str]:
+def cover_collapses(model: GnaModel, task: Task, encoded: EncodedTask, circuit: GnaCircuit, scan: HeadScan, threshold: float) -> list[str]:
     """Each collapse the position scan found (a scanned layer whose heads, ablated together
     at a role's positions, take accuracy to ``threshold`` or below: the Aggregate role's final
     position, the Gather role's positions, `role_positions`) is in the circuit: the role's
@@ -306,8 +302,8 @@ def cover_collapses(
     floor there. Where they do not, the layer's heads by importance (`sizes.importance_order`,
     a local backward) are added, the fewest whose ablation there does (the size curve's,
     bisected). ``circuit.settings["coverage"]``: per ``"role@L<layer>"``, the positions, the
-    floor, the set's accuracy there and its heads. Returns the roles whose sets grew (their
-    confirmation accuracies measured again)."""
+    floor, the set's accuracy there and its heads. Returns the roles whose sets grew (the
+    caller measures the confirmation's table again once, `confirm_table`)."""
     if circuit.positions is None:
         return []
     runner = runner_for(model)
@@ -336,7 +332,6 @@ def cover_collapses(
     circuit.settings["coverage"] = coverage
     if grown:
         _examined(model, circuit)
-        confirm_table(model, task, circuit, evaluate_bars)
     return grown
 
 

@@ -32,6 +32,7 @@ from .confirm import (
     SPREAD_FRACTION,
     confirm,
     confirm_paths,
+    confirm_table,
     cover_collapses,
     enter_spread,
     roles_left_open,
@@ -284,8 +285,9 @@ def confirm_stage(
     if check_spread:
         spread_check(model, task, encoded, circuit, scan, threshold, max_heads, spread_runs, spread_values)
         if "cover" in ctx.settings.stages and ctx.runner.has_backward:
-            enter_spread(model, task, circuit, SPREAD_FRACTION, ctx.evaluate_bars)
-            cover_collapses(model, task, encoded, circuit, scan, threshold, ctx.evaluate_bars)
+            grown = enter_spread(model, circuit, SPREAD_FRACTION) + cover_collapses(model, task, encoded, circuit, scan, threshold)
+            if grown:  # the sets grew: the confirmation's table once more, on the sets as they end
+                confirm_table(model, task, circuit, ctx.evaluate_bars)
         elif "cover" in ctx.settings.stages:
             circuit.warnings.append(NOT_COVERED)
     confirm_paths(model, task, circuit)
