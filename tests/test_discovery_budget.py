@@ -15,6 +15,7 @@ import torch
 import gna_interp as gna
 from gna_interp.core.heads import Head
 from gna_interp.discovery import group_testing, head_scans, layer_scans
+from gna_interp.discovery.confirm import SIZED
 from gna_interp.patching.metrics import candidate_logit_diff
 from gna_interp.zoo.deep import deep_head, deep_toy, placed_channels
 
@@ -180,8 +181,13 @@ def test_the_mamba1_toy_remote_run_takes_at_most_10_requests():
         far = gna.discover(remote, task, progress=False, stages=searched)
     assert far.gather == local.gather and far.aggregate == local.aggregate and far.gather and far.aggregate
     assert far.head_scan == local.head_scan and far.accuracy == local.accuracy
-    unsized = {role: dataclasses.replace(item, sizes=[], order=[]) for role, item in local.spread.items()}
-    assert far.spread == unsized and far.needs == local.needs  # remotely, no size curve (no local backward)
+    # remotely, no size curve (no local backward): the groups' needed heads are searched instead
+    unsized = {role: dataclasses.replace(item, sizes=[], order=[], groups=[]) for role, item in local.spread.items()}
+    assert {role: dataclasses.replace(item, groups=[]) for role, item in far.spread.items()} == unsized and far.needs == local.needs
+    for role, item in local.spread.items():
+        far_groups = far.spread[role].groups
+        assert [(g.heads, g.accuracy, g.parts) for g in item.groups] == [(g.heads, g.accuracy, g.parts) for g in far_groups]
+        assert all(g.skipped == SIZED and not g.needed for g in item.groups if g.searched) and not any(g.skipped for g in far_groups)
     assert far.score == local.score and far.score is not None
     assert far.cost["requests"] <= 10 and local.cost["requests"] == 0, far.cost
 

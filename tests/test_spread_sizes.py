@@ -67,6 +67,38 @@ def test_the_bisection_stops_at_its_bound():
     assert role_with(points).heads_for(0.5) >= brute_heads_for(curve, 0.5)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_cover_bisection_from_a_curves_points_finds_what_brute_force_finds(seed):
+    """`sizes.fewest_reaching` with ``known`` points (a size curve's, as the cover step passes
+    them): the fewest ``k`` at or under the line is brute force's, no known point is measured
+    again, and the bracket they give saves evaluations against starting from nothing."""
+    generator = torch.Generator().manual_seed(seed)
+    effects = torch.rand(300, generator=generator) ** 4
+    effects = effects.sort(descending=True).values * 0.7 / effects.sum()
+    curve = [1.0, *(1.0 - effects.cumsum(0)).tolist()]
+    line = curve[-1] + 0.02
+    exact = next(k for k, value in enumerate(curve) if value <= line)
+    known = {k: curve[k] for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 300)}
+    with_known: list[int] = []
+    without: list[int] = []
+    assert sizes.fewest_reaching(lambda k: with_known.append(k) or curve[k], 300, line, known) == exact
+    assert sizes.fewest_reaching(lambda k: without.append(k) or curve[k], 300, line) == exact
+    assert not set(with_known) & set(known) and len(with_known) < len(without)
+
+
+def test_a_spread_group_left_to_the_size_curve_says_so():
+    """A group whose needed heads were not searched because its role is sized says why, and
+    keeps it through JSON (a searched group's dict is unchanged)."""
+    from gna_interp.discovery.confirm import SIZED
+    from gna_interp.discovery.group_testing import SpreadGroup
+
+    heads = [gna.Head(0, h) for h in range(4)]
+    group = SpreadGroup(heads, 0.3, (0.9, 0.95), skipped=SIZED)
+    assert group.describe().endswith(f"; needs not searched ({SIZED})") and "redundant" not in group.describe()
+    assert SpreadGroup.from_dict(group.to_dict()) == group
+    assert "skipped" not in SpreadGroup(heads, 0.3, (0.9, 0.95)).to_dict()
+
+
 def test_heads_for_on_a_hand_built_curve():
     """Effect = clean - accuracy; the whole layer's effect 0.8 (1.0 -> 0.2): half is 0.4, first
     reached at k = 4 (effect 0.5); the upper end of the bracket, never interpolated; a curve

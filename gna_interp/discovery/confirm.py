@@ -42,6 +42,9 @@ accuracy to chance."""
 COVER_TOLERANCE = 0.05
 """A role's set covers a collapse when its accuracy there is at most the layer's floor plus this."""
 
+SIZED = "the role's size curve orders the layer's heads instead"
+"""Why a local run leaves a spread role's groups unsearched (`group_testing.SpreadGroup.skipped`)."""
+
 SpreadRuns = tuple[list[tuple[str, int]], list[tuple[Task, list[Intervention]]]]
 
 
@@ -170,7 +173,11 @@ def spread_check(
                     sizes.measure(model, task, entry, order, positions), width, clean, measured[entry], fractions=fractions
                 )
         groups = [g for g in scan.spread if entry is not None and g.heads[0].layer == entry]
-        scan.search_spread(groups)  # a local scan searches the needed heads of the groups shown, and only those
+        if curve:  # the size curve orders the layer's heads: a search of the groups' needed heads would add nothing the set uses
+            for group in groups:
+                group.skipped = SIZED if any(group is item for item in scan.unsearched) else ""
+        else:
+            scan.search_spread(groups)  # a local scan searches the needed heads of the groups shown, and only those
         if scan.tests:
             circuit.settings["group_testing"] = {str(layer): tests for layer, tests in scan.tests.items()}
         item = SpreadRole(role, name, measured, entry, best, max_heads, groups)
@@ -213,10 +220,12 @@ def confirm(
     evaluate_bars: bool | None,
     spread_runs: SpreadRuns | None = None,
     paths: bool = True,
+    table: bool = True,
 ) -> list[float] | None:
     """The confirmation: accuracy with each role's heads ablated, the fallback needs, and
     the path-patching check. Returns the accuracies of ``spread_runs`` when they were
-    measured in a remote run's confirmation request (None otherwise)."""
+    measured in a remote run's confirmation request (None otherwise). ``table=False``: a
+    local run leaves the accuracies to `confirm_table`, once the sets are final."""
     clean = circuit.accuracy["clean"]
     sets = confirmation_sets(model, circuit)
     fallback = {
@@ -229,7 +238,7 @@ def confirm(
     if batched:  # one request: every accuracy below
         extra = spread_runs[1] if spread_runs is not None else ()
         measured, prefixes, spread_values = remote.confirm(model, task, {k: v for k, v in sets.items() if v}, fallback, max_heads, extra)
-    for name, heads in sets.items():
+    for name, heads in sets.items() if table or batched else ():
         if not heads:
             circuit.accuracy[name] = clean
         elif batched:
@@ -322,9 +331,10 @@ def cover_collapses(model: GnaModel, task: Task, encoded: EncodedTask, circuit: 
             value = runner.accuracy(task, [Ablate(members, positions=positions)]) if members else clean
             if value > floor + COVER_TOLERANCE and runner.has_backward:
                 order = sizes.importance_order(model, task, encoded, layer, positions, scan, clean, min_effect)
+                known = _curve_after(circuit.spread.get(role), layer, name, members, order)
                 order = [h for h in order if Head(layer, h) not in members]
                 measure = sizes.measure_with(model, task, layer, members, order, positions)
-                k = sizes.fewest_reaching(measure, len(order), floor + COVER_TOLERANCE)
+                k = sizes.fewest_reaching(measure, len(order), floor + COVER_TOLERANCE, known)
                 added = [Head(layer, h) for h in order[:k]]
                 getattr(circuit, role).extend(h for h in added if h not in getattr(circuit, role))
                 members, value, grown = sorted([*members, *added]), measure(k), [*grown, role]
@@ -333,6 +343,19 @@ def cover_collapses(model: GnaModel, task: Task, encoded: EncodedTask, circuit: 
     if grown:
         _examined(model, circuit)
     return grown
+
+
+def _curve_after(item: SpreadRole | None, layer: int, name: str, members: Sequence[Head], order: Sequence[int]) -> dict[int, float]:
+    """The points of ``item``'s size curve past ``members``, as ``k`` heads of ``order`` added
+    to them (`cover_collapses`' bisection starts from them): where the curve was measured in
+    ``layer`` at the same positions ``name``, in the same ``order``, and ``members`` are its
+    first heads (the spread set a `spread_set` entered). Empty otherwise."""
+    if item is None or item.layer != layer or item.positions != name or list(item.order) != list(order):
+        return {}
+    m = len(members)
+    if {h.head for h in members} != set(order[:m]) or any(h.layer != layer for h in members):
+        return {}
+    return {k - m: accuracy for k, accuracy in item.sizes if k >= m}
 
 
 def _examined(model: GnaModel, circuit: GnaCircuit) -> None:

@@ -44,6 +44,7 @@ class SpreadGroup:
             (empty: the effect is redundant, no head or quarter of the group is needed).
         searched: whether ``needed`` was searched: not for a group whose effect is below
             twice ``min_effect`` (`group_testing`).
+        skipped: why a group that could be searched was not (``""``: it was, or could not be).
     """
 
     heads: list[Head]
@@ -51,6 +52,7 @@ class SpreadGroup:
     parts: tuple[float, ...]
     needed: list[Head] = field(default_factory=list)
     searched: bool = True
+    skipped: str = ""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -59,20 +61,22 @@ class SpreadGroup:
             "parts": list(self.parts),
             "needed": [str(h) for h in self.needed],
             "searched": self.searched,
+            **({"skipped": self.skipped} if self.skipped else {}),
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> SpreadGroup:
         parts = tuple(float(v) for v in data["parts"])
         needed = [Head.parse(h) for h in data.get("needed", [])]
-        return cls([Head.parse(h) for h in data["heads"]], data["accuracy"], parts, needed, bool(data.get("searched", True)))
+        heads = [Head.parse(h) for h in data["heads"]]
+        return cls(heads, data["accuracy"], parts, needed, bool(data.get("searched", True)), str(data.get("skipped", "")))
 
     def describe(self) -> str:
         """``"L1H0-L1H127 (128 heads) 0.310 together, parts 0.950 / 0.930; needs L1H3, L1H9"``."""
         ends = f"{self.heads[0]}-{self.heads[-1]}" if len(self.heads) > 1 else str(self.heads[0])
         text = f"{ends} ({len(self.heads)} heads) {self.accuracy:.3f} together, parts {' / '.join(f'{v:.3f}' for v in self.parts)}"
-        if not self.searched:
-            return text + "; needs not searched (its effect is below twice min_effect)"
+        if not self.searched or self.skipped:
+            return text + f"; needs not searched ({self.skipped or 'its effect is below twice min_effect'})"
         needed = ", ".join(map(str, self.needed)) if self.needed else "no head alone (redundant)"
         return text + f"; needs {needed}"
 

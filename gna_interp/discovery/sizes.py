@@ -183,15 +183,26 @@ def measure_with(
     return accuracy
 
 
-def fewest_reaching(measure: Callable[[int], float], width: int, line: float) -> int:
+def fewest_reaching(measure: Callable[[int], float], width: int, line: float, known: dict[int, float] | None = None) -> int:
     """The fewest ``k`` in ``0..width`` whose ``measure(k)`` is at most ``line``, by bisection
-    (exact on a curve that falls monotonically in ``k``; ``width`` where none does)."""
-    if width == 0 or measure(width) > line:
+    (exact on a curve that falls monotonically in ``k``; ``width`` where none does).
+    ``known``: ``k -> measure(k)`` already measured (a size curve's points): the bisection
+    starts from the tightest bracket they give, and none of them is measured again."""
+    points = dict(known or {})
+
+    def at(k: int) -> float:
+        if k not in points:
+            points[k] = measure(k)
+        return points[k]
+
+    if width == 0 or at(width) > line:
         return width
-    lo, hi = 0, width  # measure(lo) above the line (k = 0: the caller's own set), measure(hi) at most
+    # measure(lo) above the line (k = 0: the caller's own set), measure(hi) at most
+    lo = max((k for k, value in points.items() if 0 <= k < width and value > line), default=0)
+    hi = min(k for k, value in points.items() if lo < k <= width and value <= line)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if measure(mid) <= line else (mid, hi)
+        lo, hi = (lo, mid) if at(mid) <= line else (mid, hi)
     return hi
 
 

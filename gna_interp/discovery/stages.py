@@ -275,7 +275,9 @@ def confirm_stage(
     extra = spread_runs or ([], [])
     if positions_pending is not None:
         extra = (extra[0], [*extra[1], *positions_pending.runs])
-    values = confirm(model, task, circuit, threshold, max_heads, ctx.evaluate_bars, extra if extra[1] else None, paths=False)
+    # locally the table is measured once, at the end, on the sets as they end
+    pending = extra if extra[1] else None
+    values = confirm(model, task, circuit, threshold, max_heads, ctx.evaluate_bars, pending, paths=False, table=ctx.batched)
     spread_values = values
     if positions_pending is not None and values is not None:
         spread_values, scanned = values[: len(extra[0])], values[len(extra[0]) :]
@@ -286,10 +288,12 @@ def confirm_stage(
         spread_check(model, task, encoded, circuit, scan, threshold, max_heads, spread_runs, spread_values)
         if "cover" in ctx.settings.stages and ctx.runner.has_backward:
             grown = enter_spread(model, circuit, SPREAD_FRACTION) + cover_collapses(model, task, encoded, circuit, scan, threshold)
-            if grown:  # the sets grew: the confirmation's table once more, on the sets as they end
+            if grown and ctx.batched:  # the sets grew: the confirmation's table once more, on the sets as they end
                 confirm_table(model, task, circuit, ctx.evaluate_bars)
         elif "cover" in ctx.settings.stages:
             circuit.warnings.append(NOT_COVERED)
+    if not ctx.batched:
+        confirm_table(model, task, circuit, ctx.evaluate_bars)
     confirm_paths(model, task, circuit)
     circuit.verdicts.update(collapse_verdicts(circuit) | alone_verdicts(circuit))  # from the counts measured: no forward
 
