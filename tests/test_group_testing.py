@@ -481,3 +481,33 @@ def test_a_saved_head_scan_keeps_what_spares_its_search():
     assert again == group and again.inside == group.inside and gna.Head(0, 40) in {h for g in group.inside for h in g}
     assert search_needed(measure, again, 1.0, 0.02) == search_needed(measure, group, 1.0, 0.02) == 5
     assert again.needed == group.needed == [gna.Head(0, 40)]
+
+
+@pytest.mark.slow
+def test_the_mamba1_toys_spread_search_spares_tests_and_names_what_brute_force_names():
+    """The trained 2 x 128 Mamba-1 toy, 200 prompts (seed 4242), layer 1 group-tested: its
+    spread groups (the layer, 0.26 together; L1H20-L1H23, 0.74) searched with what the scan
+    measured inside them (`spared`) name the same heads as the search without it (parts and
+    inside groups dropped: the search before issue 52's cut) at fewer evaluations (1 against 8
+    here), and L1H20-L1H23's names what brute force does: each channel un-ablated alone, the
+    other three ablated, back within ``min_effect`` of clean."""
+    from gna_interp.discovery.group_testing import search_needed
+    from gna_interp.discovery.head_scans import group_measure
+
+    if "mamba" not in gna.toy_names():
+        pytest.skip("the Mamba-1 toy is not bundled yet")
+    model, task = gna.load_toy("mamba"), gna.toy_task("mamba", 200, seed=4242)
+    clean = gna.evaluate(model, task).accuracy
+    scan = head_scan(model, task, [1], screen_above=0, clean=clean, progress=False, search_spread=False)
+    groups = [group for group in scan.spread if group.searched]
+    assert [(g.heads[0], len(g.heads)) for g in groups] == [(gna.Head(1, 0), 128), (gna.Head(1, 20), 4)]
+    measure, tests = group_measure(model, task), {"spared": 0, "blind": 0}
+    for group in groups:
+        blind = dataclasses.replace(group, parts=(), inside=[])
+        tests["spared"] += search_needed(measure, group, clean, 0.02)
+        tests["blind"] += search_needed(measure, blind, clean, 0.02)
+        assert group.needed == blind.needed
+    quad = groups[1].heads
+    brute = [h for h in quad if clean - gna.evaluate(model, task, [gna.Ablate([g for g in quad if g != h])]).accuracy < 0.02]
+    assert groups[1].needed == brute == [gna.Head(1, 22)] and groups[0].needed == []
+    assert tests == {"spared": 1, "blind": 8}
