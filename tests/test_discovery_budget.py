@@ -138,7 +138,10 @@ def test_the_mamba1_toy_costs_at_most_110_passes():
     """The trained 2 x 128 Mamba-1 toy (every channel a head, both layers group-tested), 200
     prompts: the toy's channels (Gather L0H70, L0H6, L0H1; Aggregate L1H22 and L1H92, which
     costs 0.035 alone in a half that costs nothing: found since group testing searches such
-    a half, `group_testing.masked_parts`), in at most 110 passes (99.8 measured, with the entry
+    a half, `group_testing.masked_parts`), in at most 110 passes (136.8 measured on 2026-11-29, with the
+    position scan, the spread sets and the coverage; 144.3 before the spread groups' search spared the
+    parts a costly group measured inside settles, `group_testing.spared`: 11 of its tests, 7.5
+    passes; the head scan's own group testing is 59.0 of them, 74 evaluations; 99.8 with the entry
     scan measuring what the labels read and the ordered joint search, which falls back to the
     greedy one here; 103.8 before: about 10 of
     them MIB's circuit score, about 5 the spread Aggregate role's size curve with the 4 backwards
@@ -221,7 +224,9 @@ def test_a_wide_layer_the_layer_scan_clears_is_neither_ranked_nor_ablated():
 def test_the_wide_deep_mamba1_costs_at_most_110_passes():
     """The benchmark's wide deep Mamba-1 (the toy at layers 3-4 of 8, 512 channels a layer,
     live filler), 64 prompts: the toy's channels at their placed places (the toy's own
-    discovery on the same prompts), in at most 110 passes (103.0 measured with MIB's circuit
+    discovery on the same prompts), in at most 110 passes (123.5 measured on 2026-11-29, 56.25 of
+    them the head scan's group testing; 130.25 before the spread groups' search spared the parts a
+    costly group measured inside settles, `group_testing.spared`: 13 tests; 103.0 with MIB's circuit
     score and group testing's search of masked halves (issue 42, item 5); 74.0 before both, 6.0
     of them the spread Aggregate role's size curve, with the 2 backwards of its ordering's
     attribution; the record's 86.0 before it was on earlier code; 119.0 before the layer scan

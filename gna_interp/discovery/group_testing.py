@@ -1,18 +1,17 @@
 """Adaptive group testing: which heads of a set cost accuracy, scored by a callable.
 
-Pure: nothing here runs a model. A `Measure` (task accuracy with each group of heads
-ablated together) is the only contact with one; ``head_scans.head_scan`` builds it.
+Pure: nothing here runs a model. A `Measure` (task accuracy with each group of heads ablated together) is the
+only contact with one; ``head_scans.head_scan`` builds it.
 
-`group_testing`: the heads are ablated together, and every group whose removal costs
-accuracy is split in halves, recursively, down to single heads (groups of at most
-`SINGLES_AT`: into single heads at once) (*verified*); the heads of a group that costs
-nothing keep its accuracy (*screened*). Finding ``k`` critical heads among ``N`` costs
-about ``2 k log2(N / k) + 1`` group forwards instead of ``N``. A group whose effect
-neither half explains (a role spread over many heads) is kept, with the heads the effect
-needs (`SpreadGroup`). A half that costs nothing is searched anyway where the halves do
-not add up to their group (`masked_parts`: its heads interact, and may cancel a costly
-head's cost). `StagedGroupTesting` gets the same findings in 2 or 3 rounds (the
-tree measured level after level in batches, every layer together), for a remote model.
+`group_testing`: the heads are ablated together, and every group whose removal costs accuracy is split in
+halves, recursively, down to single heads (groups of at most `SINGLES_AT`: into single heads at once)
+(*verified*); the heads of a group that costs nothing keep its accuracy (*screened*). Finding ``k`` critical
+heads among ``N`` costs about ``2 k log2(N / k) + 1`` group forwards instead of ``N``. A group whose effect
+neither half explains (a role spread over many heads) is kept, with the heads the effect needs
+(`SpreadGroup`). A half that costs nothing is searched anyway where the halves do not add up to their group
+(`masked_parts`: its heads interact, and may cancel a costly head's cost). `StagedGroupTesting` gets the same
+findings in 2 or 3 rounds (the tree measured level after level in batches, every layer together), for a
+remote model.
 """
 
 from __future__ import annotations
@@ -29,21 +28,20 @@ Member = TypeVar("Member")
 
 @dataclass
 class SpreadGroup:
-    """A group of heads whose joint ablation costs accuracy that its parts (halves, or
-    single heads for a group of at most `SINGLES_AT`) do not explain: none costs
-    ``min_effect`` alone, or their effects add up to less than half the group's
-    (`group_testing`): an effect spread over many heads, which single-head ablation
-    cannot see.
+    """A group of heads whose joint ablation costs accuracy that its parts (halves, or single heads for a group of
+    at most `SINGLES_AT`) do not explain: none costs ``min_effect`` alone, or their effects add up to less than half
+    the group's (`group_testing`): an effect spread over many heads, which single-head ablation cannot see.
 
     Attributes:
         heads: the group, ablated together.
         accuracy: task accuracy with it ablated.
         parts: accuracy with each part ablated alone.
-        needed: heads the group's effect needs: with the rest of the group kept ablated,
-            un-ablating any one of them brings accuracy back within ``min_effect`` of clean
-            (empty: the effect is redundant, no head or quarter of the group is needed).
-        searched: whether ``needed`` was searched: not for a group whose effect is below
-            twice ``min_effect`` (`group_testing`).
+        needed: heads the group's effect needs: with the rest of the group kept ablated, un-ablating any one of them
+            brings accuracy back within ``min_effect`` of clean (empty: the effect is redundant, no head or quarter
+            of the group is needed).
+        searched: whether ``needed`` was searched: not for a group whose effect is below twice ``min_effect``.
+        inside: the costly groups the scan measured inside it, which spare its search tests (`spared`; not saved by
+            `to_dict`, not compared).
         skipped: why a group that could be searched was not (``""``: it was, or could not be).
     """
 
@@ -53,16 +51,12 @@ class SpreadGroup:
     needed: list[Head] = field(default_factory=list)
     searched: bool = True
     skipped: str = ""
+    inside: list[frozenset[Head]] = field(default_factory=list, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "heads": [str(h) for h in self.heads],
-            "accuracy": self.accuracy,
-            "parts": list(self.parts),
-            "needed": [str(h) for h in self.needed],
-            "searched": self.searched,
-            **({"skipped": self.skipped} if self.skipped else {}),
-        }
+        data: dict[str, object] = {"heads": [str(h) for h in self.heads], "accuracy": self.accuracy, "parts": list(self.parts)}
+        data |= {"needed": [str(h) for h in self.needed], "searched": self.searched}
+        return data | ({"skipped": self.skipped} if self.skipped else {})
 
     @classmethod
     def from_dict(cls, data: dict) -> SpreadGroup:
@@ -86,14 +80,14 @@ class GroupTesting:
     """What `group_testing` found in one set of heads.
 
     Attributes:
-        singles: accuracy of each head measured alone (every head whose groups all cost
-            at least ``min_effect`` down to itself).
-        screened: for every other head, the accuracy of the smallest group it was measured
-            in that cost less than ``min_effect`` (or a spread group's half).
+        singles: accuracy of each head measured alone (every head whose groups all cost at least ``min_effect`` down
+            to itself).
+        screened: for every other head, the accuracy of the smallest group it was measured in that cost less than
+            ``min_effect`` (or a spread group's half).
         spread: groups whose effect no half explains (`SpreadGroup`).
         tests: group forwards run (each an evaluation of the task).
-        rounds: rounds of tests (each round's groups are independent: one request remotely,
-            where `StagedGroupTesting` batches the rounds further).
+        rounds: rounds of tests (each round's groups are independent: one request remotely, where
+            `StagedGroupTesting` batches the rounds further).
     """
 
     singles: dict[Head, float]
@@ -109,56 +103,46 @@ SINGLES_AT = 4
 Measure = Callable[[list[list[Head]]], list[float]]
 """Task accuracy with each group of heads ablated (all of a group's heads together)."""
 
+Known = dict[tuple[Head, ...], float]
+"""Group accuracies measured already (`StagedGroupTesting`'s ``known``)."""
+
 
 def group_testing(
     measure: Measure, heads: Sequence[Head], clean: float, min_effect: float, search: bool = True, masked: bool = True
 ) -> GroupTesting:
-    """Adaptive group testing for the heads whose single ablation costs at least
-    ``min_effect`` accuracy below ``clean``.
+    """Adaptive group testing for the heads whose single ablation costs at least ``min_effect`` accuracy below
+    ``clean``.
 
-    Rounds: ablate every group of the round together (``measure``); a group that costs
-    less than ``min_effect`` is cleared (its heads are *screened* with its accuracy); one
-    that costs more is split in halves for the next round, down to single heads (measured
-    alone); a costly group of at most `SINGLES_AT` heads goes to single heads at once
-    (as cheap as bisecting it, and cheaper where most of its heads cost accuracy).
-    Ablating more heads is assumed to cost at least as much as ablating fewer
-    (monotone effects): then every head that costs ``min_effect`` alone lies in costly
-    groups all the way down, and is found. ``k`` such heads among ``N`` cost at most ``1 +
-    2 k ceil(log2 N)`` tests, in at most ``ceil(log2 N) + 1`` rounds.
+    Rounds: ablate every group of the round together (``measure``); a group that costs less than ``min_effect``
+    is cleared (its heads are *screened* with its accuracy); one that costs more is split in halves for the
+    next round, down to single heads (measured alone); a costly group of at most `SINGLES_AT` heads goes to
+    single heads at once (as cheap as bisecting it, and cheaper where most of its heads cost accuracy).
+    Ablating more heads is assumed to cost at least as much as ablating fewer (monotone effects): then every
+    head that costs ``min_effect`` alone lies in costly groups all the way down, and is found. ``k`` such heads
+    among ``N`` cost at most ``1 + 2 k ceil(log2 N)`` tests, in at most ``ceil(log2 N) + 1`` rounds.
 
-    **Interactions.** A costly group whose parts all cost less than ``min_effect`` holds
-    an effect spread over many heads: single-head ablation would miss it, and so would
-    bisection; so does, in part, one whose parts' effects add up to less than half its
-    own (the union costs more than its parts explain). Such a group is kept as a
-    `SpreadGroup` (its costly parts are still split), and searched for the heads its
-    effect needs with the rest of the group kept ablated: each half's halves (quarters) are
-    un-ablated in turn (the group minus that quarter is ablated); a quarter without which
-    the effect falls below ``min_effect`` is needed, and is split the same way, the rest
-    of the group still ablated, down to single heads. A redundant effect (every quarter
-    can be spared) ends there, with no head named. A group whose effect is below twice
-    ``min_effect`` is kept but not searched (``searched=False``): there a part would be
-    "needed" for recovering less than ``min_effect``, an amount the scan counts as no
-    effect anywhere else (every part qualifies, and the search splits the whole group).
+    **Interactions.** A costly group whose parts all cost less than ``min_effect``, or whose parts' effects add
+    up to less than half its own, holds an effect spread over many heads, which single-head ablation and
+    bisection miss: it is kept as a `SpreadGroup` (its costly parts still split) and searched for the heads its
+    effect needs (`_needed_heads`); not one whose effect is below twice ``min_effect`` (``searched=False``:
+    there a part would be "needed" for recovering less than ``min_effect``, no effect anywhere else here).
 
-    **Masked heads** (``masked``). Monotone effects fail where heads cancel (the trained
-    Mamba-1 toy's L1H92, 0.035 alone, in a half that costs nothing): where a split's halves
-    do not add up to the group (`masked_parts`), the half that costs nothing is split as if
-    costly, no test spent to decide it. Additive effects never trigger it; heads that cancel
-    where no measured split shows it are still missed.
+    **Masked heads** (``masked``). Monotone effects fail where heads cancel (the trained Mamba-1 toy's L1H92,
+    0.035 alone, in a half that costs nothing): where a split's halves do not add up to the group
+    (`masked_parts`), the half that costs nothing is split as if costly, no test spent to decide it. Additive
+    effects never trigger it; heads that cancel where no measured split shows it are still missed.
 
     Args:
         measure: accuracy with each group ablated (one call per round).
         heads: the heads to search (usually one layer's).
         clean: accuracy with nothing ablated.
         min_effect: the smallest drop in accuracy that counts.
-        search: search the spread groups' needed heads here; ``False``: leave it to the
-            caller (`search_needed`, e.g. only for the groups a report shows), ``needed``
-            empty until then.
-        masked: search a half that costs nothing where the split does not add up
-            (`masked_parts`); ``False``: clear it, as before issue 42.
+        search: search the spread groups' needed heads here; ``False``: leave it to the caller (`search_needed`,
+            e.g. only for the groups a report shows), ``needed`` empty until then.
+        masked: search a half that costs nothing where the split does not add up (`masked_parts`); ``False``: clear
+            it, as before issue 42.
 
-    Returns:
-        `GroupTesting`.
+    Returns `GroupTesting`.
     """
     singles: dict[Head, float] = {}
     screened: dict[Head, float] = {}
@@ -167,9 +151,11 @@ def group_testing(
     pending: list[tuple[list[Head], tuple[int, int] | None]] = [(list(heads), None)] if heads else []
     parents: list[tuple[list[Head], float]] = []  # groups split this round: (heads, accuracy)
     suspects: set[tuple[Head, ...]] = set()  # cleared groups searched anyway (`masked_parts`)
+    seen: list[frozenset[Head]] = []  # the costly groups measured (`SpreadGroup.inside`)
     while pending:
         values = measure([group for group, _ in pending])
         tests, rounds = tests + len(pending), rounds + 1
+        seen += [frozenset(group) for (group, _), value in zip(pending, values, strict=True) if clean - value >= min_effect]
         children: dict[int, list[tuple[list[Head], float]]] = {}
         split: list[tuple[list[Head], tuple[int, int] | None]] = []
         next_parents: list[tuple[list[Head], float]] = []
@@ -184,14 +170,13 @@ def group_testing(
         for index, measured in children.items():
             spread += _judge_split(parents[index], measured, clean, min_effect, masked, suspects, next_parents, split)
         pending, parents = split, next_parents
-    extra = _search_spread(measure, spread, clean, min_effect, search)
+    extra = _search_spread(measure, spread, clean, min_effect, search, seen)
     return GroupTesting(singles, screened, spread, tests + extra[0], rounds + extra[1])
 
 
 def _settle(group: list[Head], value: float, costly: bool, singles: dict[Head, float], screened: dict[Head, float]) -> None:
-    """`group_testing`: a costly single head into ``singles`` (out of ``screened``, where a
-    cleared group searched anyway put it: `masked_parts`); a group that costs nothing, each
-    of its heads into ``screened`` with its accuracy."""
+    """`group_testing`: a costly single head into ``singles`` (out of ``screened``, where a cleared group searched
+    anyway put it: `masked_parts`); each head of a group that costs nothing into ``screened``, with its accuracy."""
     if len(group) == 1 and costly:
         singles[group[0]] = value
         screened.pop(group[0], None)
@@ -200,15 +185,17 @@ def _settle(group: list[Head], value: float, costly: bool, singles: dict[Head, f
             screened[head] = value
 
 
-def _search_spread(measure: Measure, spread: list[SpreadGroup], clean: float, min_effect: float, search: bool) -> tuple[int, int]:
-    """`group_testing`'s spread groups marked ``searched`` (an effect of at least twice
-    ``min_effect``) and, with ``search``, their needed heads found (`_needed_heads`).
-    Returns the tests and rounds it ran."""
+def _search_spread(
+    measure: Measure, spread: list[SpreadGroup], clean: float, min_effect: float, search: bool, seen: list[frozenset[Head]]
+) -> tuple[int, int]:
+    """`group_testing`'s spread groups marked ``searched`` (an effect of at least twice ``min_effect``), given the
+    costly groups ``seen`` inside them, and searched with ``search`` (`_needed_heads`): the tests and rounds it ran."""
     tests = rounds = 0
     for item in spread:
         item.searched = clean - item.accuracy >= 2 * min_effect
+        item.inside = [group for group in seen if group < frozenset(item.heads)]
         if item.searched and search:
-            item.needed, extra = _needed_heads(measure, item.heads, clean, min_effect)
+            item.needed, extra = _needed_heads(measure, item, clean, min_effect)
             tests, rounds = tests + extra[0], rounds + extra[1]
     return tests, rounds
 
@@ -223,10 +210,9 @@ def _judge_split(
     next_parents: list[tuple[list[Head], float]],
     split: list[tuple[list[Head], tuple[int, int] | None]],
 ) -> list[SpreadGroup]:
-    """`group_testing`'s reading of a ``parent`` group (heads, accuracy) from its parts'
-    accuracies (``measured``): ``[SpreadGroup]`` when its parts do not explain its cost; the
-    parts that cost nothing but may hide a costly head (`masked_parts`) added to ``suspects``
-    and split for the next round (``next_parents``, ``split``)."""
+    """`group_testing`'s reading of a ``parent`` group (heads, accuracy) from its parts' accuracies (``measured``):
+    ``[SpreadGroup]`` when its parts do not explain its cost; the parts that cost nothing but may hide a costly head
+    (`masked_parts`) added to ``suspects`` and split for the next round (``next_parents``, ``split``)."""
     group, value = parent
     parts = [part for part, _ in measured]
     effects = [clean - v for _, v in measured]
@@ -241,31 +227,29 @@ def _judge_split(
 
 
 def search_needed(measure: Measure, group: SpreadGroup, clean: float, min_effect: float) -> int:
-    """Fill ``group.needed`` by `group_testing`'s search (for a group found with
-    ``search=False``; nothing for one whose effect is below twice ``min_effect``, which
-    `group_testing` does not search either). Returns the tests it ran."""
+    """Fill ``group.needed`` by `group_testing`'s search (for a group found with ``search=False``; nothing for one
+    whose effect is below twice ``min_effect``, which `group_testing` does not search either). Returns the tests it
+    ran."""
     if not group.searched:
         return 0
-    group.needed, (tests, _) = _needed_heads(measure, group.heads, clean, min_effect)
+    group.needed, (tests, _) = _needed_heads(measure, group, clean, min_effect)
     return tests
 
 
 def block_size(n_heads: int) -> int:
-    """`staged_group_testing`'s first stage stops halving at groups of this many heads, for
-    a layer of ``n_heads``: the power of two nearest ``sqrt(n_heads / 2)``, at least
-    `SINGLES_AT` (8 for 128, 16 for 512, 64 for 8,192)."""
+    """`staged_group_testing`'s first stage stops halving at groups of this many heads, for a layer of ``n_heads``:
+    the power of two nearest ``sqrt(n_heads / 2)``, at least `SINGLES_AT` (8 for 128, 16 for 512, 64 for 8,192)."""
     return max(SINGLES_AT, 2 ** round(math.log2(max(1.0, math.sqrt(n_heads / 2)))))
 
 
 def masked_parts(parts: list[list[Member]], effects: Sequence[float], effect: float, min_effect: float) -> list[list[Member]]:
-    """The parts of a measured split that `group_testing` searches though they cost nothing:
-    where the split's halves (``parts``, ``effects`` below clean) do not add up to the
-    group's own ``effect`` (by ``min_effect`` or more, either way) and one half costs
-    ``min_effect``, the other half's heads interact, so its cost of nothing may hide a
-    head that costs ``min_effect`` alone (heads whose effects cancel: the trained Mamba-1
-    toy's L1H92, 0.035 alone, in a half that costs nothing). Decided from values already
-    measured; not for single heads (``parts`` of one head each: measured alone already).
-    The members may be heads or layers (`layer_scans.screen_layers` splits groups of layers)."""
+    """The parts of a measured split that `group_testing` searches though they cost nothing: where the split's halves
+    (``parts``, ``effects`` below clean) do not add up to the group's own ``effect`` (by ``min_effect`` or more,
+    either way) and one half costs ``min_effect``, the other half's heads interact, so its cost of nothing may hide a
+    head that costs ``min_effect`` alone (heads whose effects cancel: the trained Mamba-1 toy's L1H92, 0.035 alone, in
+    a half that costs nothing). Decided from values already measured; not for single heads (``parts`` of one head
+    each: measured alone already). The members may be heads or layers (`layer_scans.screen_layers` splits groups of
+    layers)."""
     if len(parts) < 2 or all(len(part) == 1 for part in parts) or max(effects) < min_effect:
         return []
     if abs(effect - sum(effects)) < min_effect:
@@ -293,8 +277,8 @@ def _halving(group: list[Head]) -> list[list[Head]]:
 
 
 def stage_one(heads: Sequence[Head]) -> list[list[Head]]:
-    """`staged_group_testing`'s first stage for one layer's ``heads``: the layer and its
-    halves, recursively, down to groups of at most `block_size` heads."""
+    """`staged_group_testing`'s first stage for one layer's ``heads``: the layer and its halves, recursively, down to
+    groups of at most `block_size` heads."""
     heads = list(heads)
     return _tree(heads, block_size(len(heads))) if heads else []
 
@@ -305,28 +289,26 @@ heads in one round (every part's complement, down to single heads)."""
 
 
 class StagedGroupTesting:
-    """`group_testing`'s findings in few rounds, for a remote model, where a round (one
-    request) costs far more than a forward: each layer's bisection tree is measured level
-    after level in batches, and `group_testing`'s rules are applied to the values, so the
-    findings are exactly `group_testing`'s (the same tree, the same decisions), at more
-    forwards (the levels below a group that costs nothing are measured too).
+    """`group_testing`'s findings in few rounds, for a remote model, where a round (one request) costs far
+    more than a forward: each layer's bisection tree is measured level after level in batches, and
+    `group_testing`'s rules are applied to the values, so the findings are exactly `group_testing`'s (the same
+    tree, the same decisions), at more forwards (the levels below a group that costs nothing are measured too).
 
     Rounds, every layer's groups together:
 
-    1. every layer's `stage_one` groups (the layer, halved down to `block_size`; ``known``
-       values are not measured again: a remote `discover` sends this stage with its first
-       scans);
-    2. every group of the tree below each costly block reached by costly groups (halves,
-       then single heads at `SINGLES_AT`): the bisection is then complete;
-    3. the search of the spread groups' needed heads (`group_testing`): every part's
-       complement, down to single heads, for a group of at most `SEARCH_AT_ONCE` heads, the
-       quarters for a larger one, more rounds only where a larger group needs a part.
-       `pending` and `finish` let a caller send this round with other work (a remote
-       `discover`: with the entry scan).
+    1. every layer's `stage_one` groups (the layer, halved down to `block_size`; ``known`` values are not
+       measured again: a remote `discover` sends this stage with its first scans);
+    2. every group of the tree below each costly block reached by costly groups (halves, then single heads at
+       `SINGLES_AT`): the bisection is then complete;
+    3. the search of the spread groups' needed heads (`group_testing`): the complement of `first_parts` and of
+       every part below them (but those `spared`), down to single heads, for a group of at most
+       `SEARCH_AT_ONCE` heads, of `first_parts` for a larger one, more rounds only where a larger group needs
+       a part. `pending` and `finish` let a caller send this round with other work (a remote `discover`: with
+       the entry scan).
 
     Attributes:
-        results: one `GroupTesting` per layer (``rounds``: the rounds that measured any of its
-            groups); its spread groups' ``needed`` are filled by `finish`.
+        results: one `GroupTesting` per layer (``rounds``: the rounds that measured any of its groups); its
+            spread groups' ``needed`` are filled by `finish`.
     """
 
     def __init__(
@@ -335,7 +317,7 @@ class StagedGroupTesting:
         layers: Sequence[Sequence[Head]],
         clean: float,
         min_effect: float,
-        known: dict[tuple[Head, ...], float] | None = None,
+        known: Known | None = None,
         masked: bool = True,
     ) -> None:
         self.measure, self.clean, self.min_effect, self.masked = measure, clean, min_effect, masked
@@ -354,10 +336,10 @@ class StagedGroupTesting:
         self._searches = self._start()
 
     def _start(self) -> list[tuple[int, SpreadGroup, list[list[Head]], bool]]:
-        """Each searched spread group's search from its start: its quarters (every part
-        below them as well, ``deep``, for a group of at most `SEARCH_AT_ONCE` heads)."""
+        """Each searched spread group's search from its start: `first_parts` (every part below them as well, ``deep``,
+        for a group of at most `SEARCH_AT_ONCE` heads)."""
         return [
-            (i, group, [p for half in _halves(group.heads) for p in _halves(half)], len(group.heads) <= SEARCH_AT_ONCE)
+            (i, group, first_parts(group, self.clean, self.min_effect), len(group.heads) <= SEARCH_AT_ONCE)
             for i, found in enumerate(self.results)
             for group in found.spread
             if group.searched
@@ -377,17 +359,19 @@ class StagedGroupTesting:
         return self.clean - value >= self.min_effect
 
     def _walk(self) -> tuple[list[GroupTesting], list[tuple[int, list[Head]]]]:
-        """`group_testing`'s rounds on the measured values: the findings, and the costly
-        groups whose parts are not measured yet."""
+        """`group_testing`'s rounds on the measured values: the findings, and the costly groups whose parts are not
+        measured yet."""
         out, frontier = [], []
         for i, heads in enumerate(self.layers):
             found = GroupTesting({}, {}, [], *self.counts[i])
             level = [(heads, False)] if heads else []  # (group, searched though it costs nothing)
+            seen: list[frozenset[Head]] = []  # the costly groups walked (`SpreadGroup.inside`)
             while level:
                 below = []
                 for group, suspect in level:
                     value = self.memo[tuple(group)]
                     costly = self._costly(value)
+                    seen += [frozenset(group)] if costly else []
                     if not costly:
                         found.screened.update((h, value) for h in group)
                     elif len(group) == 1:
@@ -407,23 +391,25 @@ class StagedGroupTesting:
                 level = below
             for item in found.spread:
                 item.searched = self.clean - item.accuracy >= 2 * self.min_effect
+                item.inside = [group for group in seen if group < frozenset(item.heads)]
             out.append(found)
         return out, frontier
 
     def _pending(self) -> list[tuple[int, list[Head]]]:
-        """``(layer index, group)`` of the searches' next round: each part's complement in its
-        spread group (and every part below it, for a ``deep`` search)."""
+        """``(layer index, group)`` of the searches' next round: each part's complement in its spread group (and every
+        part below it, for a ``deep`` search)."""
         out = []
         for i, group, parts, deep in self._searches:
             for part in parts:
                 for sub in _halving(part) if deep else [part]:
-                    out.append((i, [h for h in group.heads if h not in set(sub)]))
+                    if not spared(group, sub, self.clean, self.min_effect):
+                        out.append((i, [h for h in group.heads if h not in set(sub)]))
         return out
 
     def _advance(self) -> None:
-        """Take the searches as far as the measured values go (`group_testing`'s search:
-        a part whose complement costs less than ``min_effect`` is needed, and halved down to
-        single heads); what is left waits for a round, every part below it then measured."""
+        """Take the searches as far as the measured values go (`group_testing`'s search: a part whose complement costs
+        less than ``min_effect`` is needed, and halved down to single heads); what is left waits for a round, every
+        part below it then measured."""
         searches, self._searches = self._searches, []
         for i, group, parts, _ in searches:
             split: list[list[Head]] = []
@@ -437,7 +423,7 @@ class StagedGroupTesting:
                     if len(current) == 1:
                         group.needed.append(current[0])
                     else:
-                        queue += _halves(current)
+                        queue += [half for half in _halves(current) if not spared(group, half, self.clean, self.min_effect)]
             if split:
                 self._searches.append((i, group, split, True))
             else:
@@ -450,8 +436,8 @@ class StagedGroupTesting:
         return [list(g) for g in {tuple(g): None for _, g in self._pending() if tuple(g) not in self.memo}]
 
     def finish(self, values: Sequence[float] | None = None) -> list[GroupTesting]:
-        """Run the search to its end and return `results`; ``values``: the accuracies of
-        `pending`'s groups, measured by the caller."""
+        """Run the search to its end and return `results`; ``values``: the accuracies of `pending`'s groups, measured
+        by the caller."""
         self._advance()
         while self._searches:
             self._run(self._pending(), values)
@@ -463,25 +449,38 @@ class StagedGroupTesting:
 
 
 def staged_group_testing(
-    measure: Measure,
-    layers: Sequence[Sequence[Head]],
-    clean: float,
-    min_effect: float,
-    known: dict[tuple[Head, ...], float] | None = None,
-    masked: bool = True,
+    measure: Measure, layers: Sequence[Sequence[Head]], clean: float, min_effect: float, known: Known | None = None, masked: bool = True
 ) -> list[GroupTesting]:
-    """`StagedGroupTesting`'s findings (`group_testing`'s, for every layer of ``layers`` at
-    once), its search included: one `GroupTesting` per layer."""
+    """`StagedGroupTesting`'s findings (`group_testing`'s, for every layer of ``layers`` at once), its search
+    included: one `GroupTesting` per layer."""
     return StagedGroupTesting(measure, layers, clean, min_effect, known, masked).finish()
 
 
-def _needed_heads(measure: Measure, group: list[Head], clean: float, min_effect: float) -> tuple[list[Head], tuple[int, int]]:
-    """Heads of a spread group its effect needs (`group_testing`), and ``(tests, rounds)``."""
+def spared(group: SpreadGroup, part: Sequence[Head], clean: float, min_effect: float) -> bool:
+    """Whether ``part`` of a spread group is not needed, known without a test: un-ablating it leaves ablated a group
+    measured to cost at least ``min_effect`` (a costly part of the split, ``group.parts``, or one of
+    `SpreadGroup.inside`), so under monotone effects the rest of the group costs at least as much (the premise by
+    which the search splits only the parts it finds needed)."""
+    costly = [frozenset(p) for p, value in zip(_parts(group.heads), group.parts, strict=False) if clean - value >= min_effect]
+    return any(known.isdisjoint(part) for known in [*costly, *group.inside])
+
+
+def first_parts(group: SpreadGroup, clean: float, min_effect: float) -> list[list[Head]]:
+    """A spread group's search's first parts (`group_testing`): its halves' halves, but those `spared` (the halves are
+    measured alone in the split: a quarter of a half whose other half costs ``min_effect`` is spared)."""
+    return [part for half in _halves(group.heads) for part in _halves(half) if not spared(group, part, clean, min_effect)]
+
+
+def _needed_heads(measure: Measure, group: SpreadGroup, clean: float, min_effect: float) -> tuple[list[Head], tuple[int, int]]:
+    """The heads a spread group's effect needs (`group_testing`), and ``(tests, rounds)``: its quarters
+    (`first_parts`) are un-ablated in turn, the rest of the group kept ablated; a part without which the effect falls
+    below ``min_effect`` is needed, and its halves (but those `spared`) are searched the same way, down to single
+    heads. A redundant effect (no quarter needed) names no head."""
     needed: list[Head] = []
     tests = rounds = 0
-    pending = [part for half in _halves(group) for part in _halves(half)]
+    pending = first_parts(group, clean, min_effect)
     while pending:
-        values = measure([[h for h in group if h not in set(part)] for part in pending])
+        values = measure([[h for h in group.heads if h not in set(part)] for part in pending])
         tests, rounds = tests + len(pending), rounds + 1
         split = []
         for part, value in zip(pending, values, strict=True):
@@ -489,7 +488,7 @@ def _needed_heads(measure: Measure, group: list[Head], clean: float, min_effect:
                 if len(part) == 1:
                     needed.append(part[0])
                 else:
-                    split += _halves(part)
+                    split += [half for half in _halves(part) if not spared(group, half, clean, min_effect)]
         pending = split
     return sorted(needed), (tests, rounds)
 

@@ -120,6 +120,7 @@ def _scan(scan: head_scans.HeadScan | None) -> dict[str, Any] | None:
         "accuracy": tensor_to_dict(scan.accuracy),
         "verified": tensor_to_dict(scan.verified),
         "spread": [g.to_dict() for g in scan.spread],
+        "inside": [[_heads(sorted(group)) for group in g.inside] for g in scan.spread],  # what spares their search
         "tests": [[layer, n] for layer, n in scan.tests.items()],
         "unsearched": [next(i for i, g in enumerate(scan.spread) if g is item) for item in scan.unsearched],
         "measure": scan.measure is not None,
@@ -134,6 +135,8 @@ def _read_scan(data: dict[str, Any] | None) -> head_scans.HeadScan | None:
     if data is None:
         return None
     spread = [SpreadGroup.from_dict(g) for g in data["spread"]]
+    for group, inside in zip(spread, data.get("inside", []), strict=False):  # absent from a record written before it
+        group.inside = [frozenset(_parse(heads) or ()) for heads in inside]
     scan = head_scans.HeadScan(
         tensor_from_dict(data["accuracy"]), tensor_from_dict(data["verified"]), spread, dict(map(tuple, data["tests"]))
     )
