@@ -213,10 +213,13 @@ def confirm(
     evaluate_bars: bool | None,
     spread_runs: SpreadRuns | None = None,
     paths: bool = True,
+    table: bool = True,
 ) -> list[float] | None:
     """The confirmation: accuracy with each role's heads ablated, the fallback needs, and
     the path-patching check. Returns the accuracies of ``spread_runs`` when they were
-    measured in a remote run's confirmation request (None otherwise)."""
+    measured in a remote run's confirmation request (None otherwise). ``table=False``, on a
+    local model: the accuracies with each role's heads ablated are left to the caller
+    (`confirm_table`, once the sets are final)."""
     clean = circuit.accuracy["clean"]
     sets = confirmation_sets(model, circuit)
     fallback = {
@@ -229,7 +232,7 @@ def confirm(
     if batched:  # one request: every accuracy below
         extra = spread_runs[1] if spread_runs is not None else ()
         measured, prefixes, spread_values = remote.confirm(model, task, {k: v for k, v in sets.items() if v}, fallback, max_heads, extra)
-    for name, heads in sets.items():
+    for name, heads in sets.items() if table or batched else ():
         if not heads:
             circuit.accuracy[name] = clean
         elif batched:

@@ -275,21 +275,24 @@ def confirm_stage(
     extra = spread_runs or ([], [])
     if positions_pending is not None:
         extra = (extra[0], [*extra[1], *positions_pending.runs])
-    values = confirm(model, task, circuit, threshold, max_heads, ctx.evaluate_bars, extra if extra[1] else None, paths=False)
+    # locally the table is measured once, on the sets as they end (the spread sets and the coverage may grow them)
+    batched = ctx.batched
+    values = confirm(model, task, circuit, threshold, max_heads, ctx.evaluate_bars, extra if extra[1] else None, paths=False, table=batched)
     spread_values = values
     if positions_pending is not None and values is not None:
         spread_values, scanned = values[: len(extra[0])], values[len(extra[0]) :]
         circuit.positions = positions_pending.scan(scanned, circuit.accuracy["clean"], circuit.thresholds.min_effect)
         if spread_runs is not None:
             spread_runs, spread_values = settle_segments(circuit, encoded, spread_runs, spread_values)
+    grown: list[str] = []
     if check_spread:
         spread_check(model, task, encoded, circuit, scan, threshold, max_heads, spread_runs, spread_values)
         if "cover" in ctx.settings.stages and ctx.runner.has_backward:
             grown = enter_spread(model, circuit, SPREAD_FRACTION) + cover_collapses(model, task, encoded, circuit, scan, threshold)
-            if grown:  # the sets grew: the confirmation's table once more, on the sets as they end
-                confirm_table(model, task, circuit, ctx.evaluate_bars)
         elif "cover" in ctx.settings.stages:
             circuit.warnings.append(NOT_COVERED)
+    if grown or not batched:  # the confirmation's table on the sets as they end (remotely: again, where they grew)
+        confirm_table(model, task, circuit, ctx.evaluate_bars)
     confirm_paths(model, task, circuit)
     circuit.verdicts.update(collapse_verdicts(circuit) | alone_verdicts(circuit))  # from the counts measured: no forward
 
