@@ -126,11 +126,26 @@ def layer_stages(ctx: Context, clean: float, chance: float, *, first: remote.Fir
         min_effect = ctx.thresholds.min_effect
         if first is None:
             scan = layer_scans.screened_layer_scan(model, task, clean, min_effect, progress=progress)
+            remember_layers(model, task, scan.accuracy, scan.skipped)
         else:
             scan = layer_scans.screen_layers(model.n_layers, clean, min_effect, lambda a, b: first.layer_ranges[a, b])
         accuracy = scan.accuracy
         screen = {"skipped": [list(pair) for pair in scan.skipped], "tests": scan.tests}
     return LayerScanRecord("heads" not in stages, truncation, critical, accuracy, screen)
+
+
+def remember_layers(model: GnaModel, task: Task, accuracy: Sequence[float], skipped: Sequence[tuple[int, int]]) -> list[int]:
+    """Each layer the layer scan skipped alone (``skipped[layer] == (layer, layer)``) whose every
+    head ablated (zero, at every position) is the same forward (`ablating_every_head_skips`):
+    its ``accuracy`` recorded in the accuracy memo as that ablation's, so a later set of
+    exactly its heads (a joint pool, a role's set) is answered, not run. Returns those layers."""
+    kept = []
+    for layer, (first, last) in enumerate(skipped):
+        if first == last == layer and ablating_every_head_skips(model, layer):
+            every = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
+            if memo.remember(model, task, [Ablate(every)], accuracy[layer]):
+                kept.append(layer)
+    return kept
 
 
 def prescreen_stage(
