@@ -167,10 +167,7 @@ def prescreen_stage(
     # scan also removed an MLP or another mixer, and the prescreen ranks its heads.
     scanned = layer_scan is not None
     cleared = [layer for layer in ctx.wide if scanned and layer not in costly and mixer_is_the_block(model, layer)]
-    for layer in adaptive if scanned and not ctx.batched else ():  # group testing's first group, measured by the layer scan
-        if ablating_every_head_skips(model, layer):
-            every = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
-            memo.remember(model, task, [Ablate(every)], layer_scan[layer])  # type: ignore[index]
+    # group testing's first group (every head of an adaptive layer) is answered by the layer scan's value (`remember_layers`)
     screened = head_scans.prescreen(model, task, scan_layers, narrow, s.keep, grouped=[*adaptive, *cleared], first=early)
     estimates = screened.estimates
     attribution = None if estimates is None else [[head_float(v) for v in row] for row in estimates]
