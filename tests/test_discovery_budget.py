@@ -145,7 +145,8 @@ def test_the_mamba1_toy_costs_at_most_110_passes():
     """The trained 2 x 128 Mamba-1 toy (every channel a head, both layers group-tested), 200
     prompts: the toy's channels (Gather L0H70, L0H6, L0H1; Aggregate L1H22 and L1H92, which
     costs 0.035 alone in a half that costs nothing: found since group testing searches such
-    a half, `group_testing.masked_parts`), in at most 110 passes (99.8 measured, with the entry
+    a half, `group_testing.masked_parts`), in at most 110 passes (140.32 measured, 144.32 before the
+    greedy fallback was run only where the whole pool can reach chance; 99.8 with the entry
     scan measuring what the labels read and the ordered joint search, which falls back to the
     greedy one here; 103.8 before: about 10 of
     them MIB's circuit score, about 5 the spread Aggregate role's size curve with the 4 backwards
@@ -157,9 +158,11 @@ def test_the_mamba1_toy_costs_at_most_110_passes():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gna.discovery.PositionalAnswerWarning)
         circuit = gna.discover(gna.load_toy("mamba"), gna.toy_task("mamba", 200, seed=4242), progress=False)
-    # the search's channels first; the spread sets and the collapses' coverage follow them (`confirm.enter_spread`)
-    assert circuit.gather[:3] == [Head(0, 70), Head(0, 6), Head(0, 1)] and circuit.aggregate[:2] == [Head(1, 22), Head(1, 92)]
-    assert circuit.needs["gather"].heads[:1] == [Head(0, 70)] and circuit.needs["aggregate"].heads[:1] == [Head(1, 22)]
+    # the search's channels first; the spread sets and the collapses' coverage follow them (`confirm.enter_spread`):
+    # the Gather pool ablated at every position stays above chance, so its ordered set (L0H70) stands, no greedy search
+    assert circuit.gather[:2] == [Head(0, 70), Head(0, 6)] and Head(0, 1) in circuit.gather
+    assert circuit.aggregate[:2] == [Head(1, 22), Head(1, 92)]
+    assert circuit.needs["gather"].heads == [Head(0, 70)] and circuit.needs["aggregate"].heads[:1] == [Head(1, 22)]
     assert circuit.cost["backwards"] == 4, circuit.cost
     assert circuit.cost["size_curves"]["aggregate"]["passes"] <= 20 and circuit.spread["aggregate"].heads_for(0.5) == 4
     assert set(circuit.settings["group_testing"]) == {"0", "1"}
