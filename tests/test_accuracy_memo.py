@@ -150,6 +150,30 @@ def test_every_head_ablated_is_the_layer_skipped_exactly_where_discovery_takes_i
             assert torch.equal(gna.evaluate(model, task, [gna.Ablate(every)]).scores, skipped)
 
 
+@pytest.mark.parametrize("name", ["mamba2", "llama"])
+def test_the_layer_scans_single_layer_values_answer_every_head_ablated(name):
+    """`stages.remember_layers`: a layer the layer scan skipped alone answers its every head
+    ablated (a joint pool or a role's set of exactly its heads) without a forward, with the
+    accuracy `evaluate` gives that ablation (the reference, outside the memo); a layer with an
+    MLP (Llama) is not taken so."""
+    from gna_interp.discovery import layer_scans
+    from gna_interp.discovery.stages import remember_layers
+
+    model, task = gna.load_toy(name), gna.toy_task(name, 24, seed=4242)
+    clean = gna.evaluate(model, task).accuracy
+    with memos.accuracy_memo(model):
+        scan = layer_scans.screened_layer_scan(model, task, clean, 0.02, progress=False)
+        kept = remember_layers(model, task, scan.accuracy, scan.skipped)
+        with gna.cost_meter(model) as cost:
+            answered = {
+                q: memos.accuracy(model, task, [gna.Ablate([gna.Head(q, h) for h in range(model.heads_per_layer[q])])]) for q in kept
+            }
+    assert kept == ([] if name == "llama" else [q for q, pair in enumerate(scan.skipped) if pair == (q, q)]) and (name == "llama" or kept)
+    assert cost.forwards == 0
+    for q, value in answered.items():
+        assert value == gna.evaluate(model, task, [gna.Ablate([gna.Head(q, h) for h in range(model.heads_per_layer[q])])]).accuracy
+
+
 def test_an_out_projection_bias_keeps_the_layer_scan_apart():
     """A Mamba-1 whose out-projection has a bias writes the bias with every channel ablated:
     not the layer skipped, and the pipeline does not take it so."""

@@ -194,6 +194,26 @@ def test_one_attribution_serves_both_entry_layers(mamba):
     assert apart.backwards == 2
 
 
+def test_an_ordering_started_at_an_earlier_layer_serves_that_layer_later(mamba):
+    """The Aggregate layer's ordering first (layer 1), told that layer 0 may follow
+    (``start=0``): its attribution starts there, and layer 0's ordering then reads it (no forward
+    or backward of its own); both orders equal those each layer's own attribution gives (no memo)."""
+    from gna_interp.discovery.entry import segment_positions
+    from gna_interp.discovery.memo import accuracy_memo
+
+    model, task, encoded = mamba
+    scan = scan_with(model, {gna.Head(1, 22): 0.9})
+    segments = segment_positions(encoded)
+    final_alone = sizes.importance_order(model, task, encoded, 1, encoded.final, scan, 1.0, 0.02)
+    gather_alone = sizes.importance_order(model, task, encoded, 0, segments, scan, 1.0, 0.02)
+    with accuracy_memo(model), gna.cost_meter(model) as first:
+        final = sizes.importance_order(model, task, encoded, 1, encoded.final, scan, 1.0, 0.02, start=0)
+        with gna.cost_meter(model) as second:
+            gather = sizes.importance_order(model, task, encoded, 0, segments, scan, 1.0, 0.02)
+    assert final == final_alone and gather == gather_alone
+    assert (second.forwards, second.backwards) == (0, 0) and first.backwards == 1  # 16 prompts: one chunk
+
+
 def test_the_final_position_order_finds_the_heads_single_ablation_finds(mamba):
     """Brute force: every head of layer 1 ablated alone at the final position (the candidate logit
     difference's change); the ordering's top 10 (nothing verified) hold at least 7 of its top 10

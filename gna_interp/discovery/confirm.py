@@ -159,7 +159,7 @@ def spread_check(
         order: list[int] = []
         with cost_meter(model) as cost:
             if entry is not None and local and (best is None or not best.reached_chance):
-                order = sizes.importance_order(model, task, encoded, entry, positions, scan, clean, min_effect)
+                order = sizes.importance_order(model, task, encoded, entry, positions, scan, clean, min_effect, start=_first(circuit))
             if best is None and entry is not None:
                 # remotely (no ordering): only the heads the scan measured alone, never padded by index
                 measured_alone = [h for h in range(model.heads_per_layer[entry]) if bool(scan.verified[entry, h])]
@@ -204,6 +204,15 @@ def _best_set(
             break
     everywhere = memo.accuracy(model, task, [Ablate(chosen)])
     return RoleNeed(chosen, everywhere, everywhere <= threshold, curve, name)
+
+
+def _first(circuit: GnaCircuit) -> int | None:
+    """The earliest layer the spread check or the coverage may order (`sizes.importance_order`'s
+    ``start``): the first costly layer of the layer scan, or of the position scan."""
+    clean, min_effect = circuit.accuracy["clean"], circuit.thresholds.min_effect
+    layers = [] if circuit.layer_scan is None else [q for q, value in enumerate(circuit.layer_scan) if clean - value >= min_effect]
+    layers += list(circuit.positions.accuracy) if circuit.positions is not None else []
+    return min(layers, default=None)
 
 
 def _nan_last(value: torch.Tensor) -> float:
@@ -330,8 +339,10 @@ def cover_collapses(model: GnaModel, task: Task, encoded: EncodedTask, circuit: 
             members = sorted(h for h in getattr(circuit, role) if h.layer == layer)
             value = runner.accuracy(task, [Ablate(members, positions=positions)]) if members else clean
             if value > floor + COVER_TOLERANCE and runner.has_backward:
-                order = sizes.importance_order(model, task, encoded, layer, positions, scan, clean, min_effect)
-                known = _curve_after(circuit.spread.get(role), layer, name, members, order)
+                order = sizes.importance_order(model, task, encoded, layer, positions, scan, clean, min_effect, start=_first(circuit))
+                item = circuit.spread.get(role)  # its size curve, where measured in this layer at these positions
+                same = item is not None and (item.layer, item.positions) == (layer, name)
+                known = sizes.points_after(item.sizes, item.order, members, order) if item is not None and same else {}
                 order = [h for h in order if Head(layer, h) not in members]
                 measure = sizes.measure_with(model, task, layer, members, order, positions)
                 k = sizes.fewest_reaching(measure, len(order), floor + COVER_TOLERANCE, known)
@@ -343,19 +354,6 @@ def cover_collapses(model: GnaModel, task: Task, encoded: EncodedTask, circuit: 
     if grown:
         _examined(model, circuit)
     return grown
-
-
-def _curve_after(item: SpreadRole | None, layer: int, name: str, members: Sequence[Head], order: Sequence[int]) -> dict[int, float]:
-    """The points of ``item``'s size curve past ``members``, as ``k`` heads of ``order`` added
-    to them (`cover_collapses`' bisection starts from them): where the curve was measured in
-    ``layer`` at the same positions ``name``, in the same ``order``, and ``members`` are its
-    first heads (the spread set a `spread_set` entered). Empty otherwise."""
-    if item is None or item.layer != layer or item.positions != name or list(item.order) != list(order):
-        return {}
-    m = len(members)
-    if {h.head for h in members} != set(order[:m]) or any(h.layer != layer for h in members):
-        return {}
-    return {k - m: accuracy for k, accuracy in item.sizes if k >= m}
 
 
 def _examined(model: GnaModel, circuit: GnaCircuit) -> None:

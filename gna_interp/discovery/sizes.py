@@ -101,6 +101,7 @@ def importance_order(
     scan: HeadScan,
     clean: float,
     min_effect: float,
+    start: int | None = None,
 ) -> list[int]:
     """The heads of ``layer`` by importance (`RANKED_BY`): those the head scan measured alone
     at a cost of at least ``min_effect``, most harmful first; then the rest by first-order
@@ -109,7 +110,8 @@ def importance_order(
     of the candidate logit difference first, whatever its sign; ties (heads that reach
     nothing) by index, last. The size, not the sign: on the Mamba-1 toy (final
     position) the estimate's sign is wrong for L1H22 (+0.08 estimated, -0.49 measured, 32 prompts), and
-    by size its top 10 hold 8 of the brute-force single-ablation top 10 (6 by signed value)."""
+    by size its top 10 hold 8 of the brute-force single-ablation top 10 (6 by signed value).
+    ``start``: the earliest layer a later ordering of this discovery may rank (`_attribution`)."""
     width = model.heads_per_layer[layer]
     accuracy, verified = scan.accuracy, scan.verified
     costly = [h for h in range(width) if bool(verified[layer, h]) and clean - float(accuracy[layer, h]) >= min_effect]
@@ -119,7 +121,7 @@ def importance_order(
     else:
         at = sorted({int(p) for p in positions.flatten().tolist()})
     estimate = torch.zeros(width)
-    for effects, weight in _attribution(model, task, encoded, layer):
+    for effects, weight in _attribution(model, task, encoded, layer, start):
         for head in heads:
             site, index = model.head_site(head)
             estimate[head.head] += float(effects[site][at, index].sum()) * weight
@@ -127,27 +129,31 @@ def importance_order(
     return sorted(costly, key=lambda h: (float(accuracy[layer, h]), h)) + rest
 
 
-def _attribution(model: GnaModel, task: Task, encoded: EncodedTask, layer: int) -> list[tuple[dict, float]]:
+def _attribution(model: GnaModel, task: Task, encoded: EncodedTask, layer: int, start: int | None = None) -> list[tuple[dict, float]]:
     """Per chunk of prompts, the first-order effect of zero-ablating every head of ``layer``
     and of each later layer as wide or narrower (site -> ``[pos, head]``), and the chunk's
     share of the task: one forward (from the cached prefix before ``layer``) and one
     backward per chunk, as for ``layer`` alone (a forward from ``layer`` runs the later layers
     anyway, and a gate at 0 changes no other gate's gradient). Kept in the open accuracy memo,
     so a later role's entry layer reads them (the Mamba-1 toy's Aggregate layer after its Gather
-    layer: 4 backwards, not 8)."""
+    layer: 4 backwards, not 8). ``start``: an earlier layer a later call may ask for (the costly
+    layers' first): where it is as wide as ``layer``, the gates start there, so that call reads
+    these too (a gate at 0 changes no later gate's gradient: the same effects for ``layer``)."""
     from ..core.compile import heads_by_site
     from ..patching.attribution import integrated_effects
     from ..patching.metrics import candidate_logit_diff
 
     width = model.heads_per_layer[layer]
     rows = max(1, min(ATTRIBUTION_ROWS, ATTRIBUTION_ROW_HEADS // width))
+    widths = model.heads_per_layer
     kept, ambient = memo.open_memo(model), memo.memo_key(model.active_interventions)
     cache: dict = {} if kept is None or ambient is None else kept.attributions  # unkeyable ambient: not kept
     key = (kept.task_key(task) if kept is not None else "", rows, ambient)
     for (task_of, rows_of, ambient_of, first), value in cache.items():
-        if (task_of, rows_of, ambient_of) == key and first <= layer:
+        if (task_of, rows_of, ambient_of) == key and first <= layer and width <= widths[first]:  # ``layer``'s gates are there
             return value  # type: ignore[no-any-return]
-    later = [q for q in range(layer, model.n_layers) if model.heads_per_layer[q] <= width]
+    begin = start if start is not None and start < layer and widths[start] == width else layer
+    later = [q for q in range(begin, model.n_layers) if widths[q] <= width]
     sites = sorted(heads_by_site(model.layout, [Head(q, h) for q in later for h in range(model.heads_per_layer[q])]))
     n, out = encoded.batch.n_rows, []
     for start in range(0, n, rows):
@@ -157,7 +163,7 @@ def _attribution(model: GnaModel, task: Task, encoded: EncodedTask, layer: int) 
         targets = {site: torch.zeros(()) for site in sites}
         effects, _ = integrated_effects(model, chunk, list(model.active_interventions), targets, metric, 1, "left")
         out.append((effects, (stop - start) / n))
-    cache[(*key, layer)] = out
+    cache[(*key, begin)] = out
     return out
 
 
@@ -204,6 +210,19 @@ def fewest_reaching(measure: Callable[[int], float], width: int, line: float, kn
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if at(mid) <= line else (mid, hi)
     return hi
+
+
+def points_after(
+    curve: Sequence[tuple[int, float]], curve_order: Sequence[int], members: Sequence[Head], order: Sequence[int]
+) -> dict[int, float]:
+    """A size curve's points past ``members``, as ``k`` heads of ``order`` added to them (the
+    cover step's bisection starts from them, `fewest_reaching`): where the curve was measured
+    in the same ``order`` (``curve_order``, of the members' layer, at the same positions: the
+    caller checks) and ``members`` are its first heads. Empty otherwise."""
+    m = len(members)
+    if list(curve_order) != list(order) or {h.head for h in members} != set(order[:m]) or len({h.layer for h in members}) > 1:
+        return {}
+    return {k - m: accuracy for k, accuracy in curve if k >= m}
 
 
 def spent(cost: Cost, n_prompts: int, evaluations: int) -> dict[str, float]:

@@ -126,11 +126,26 @@ def layer_stages(ctx: Context, clean: float, chance: float, *, first: remote.Fir
         min_effect = ctx.thresholds.min_effect
         if first is None:
             scan = layer_scans.screened_layer_scan(model, task, clean, min_effect, progress=progress)
+            remember_layers(model, task, scan.accuracy, scan.skipped)
         else:
             scan = layer_scans.screen_layers(model.n_layers, clean, min_effect, lambda a, b: first.layer_ranges[a, b])
         accuracy = scan.accuracy
         screen = {"skipped": [list(pair) for pair in scan.skipped], "tests": scan.tests}
     return LayerScanRecord("heads" not in stages, truncation, critical, accuracy, screen)
+
+
+def remember_layers(model: GnaModel, task: Task, accuracy: Sequence[float], skipped: Sequence[tuple[int, int]]) -> list[int]:
+    """Each layer the layer scan skipped alone (``skipped[layer] == (layer, layer)``) whose every
+    head ablated (zero, at every position) is the same forward (`ablating_every_head_skips`):
+    its ``accuracy`` recorded in the accuracy memo as that ablation's, so a later set of
+    exactly its heads (a joint pool, a role's set) is answered, not run. Returns those layers."""
+    kept = []
+    for layer, (first, last) in enumerate(skipped):
+        if first == last == layer and ablating_every_head_skips(model, layer):
+            every = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
+            if memo.remember(model, task, [Ablate(every)], accuracy[layer]):
+                kept.append(layer)
+    return kept
 
 
 def prescreen_stage(
@@ -152,10 +167,7 @@ def prescreen_stage(
     # scan also removed an MLP or another mixer, and the prescreen ranks its heads.
     scanned = layer_scan is not None
     cleared = [layer for layer in ctx.wide if scanned and layer not in costly and mixer_is_the_block(model, layer)]
-    for layer in adaptive if scanned and not ctx.batched else ():  # group testing's first group, measured by the layer scan
-        if ablating_every_head_skips(model, layer):
-            every = [Head(layer, h) for h in range(model.heads_per_layer[layer])]
-            memo.remember(model, task, [Ablate(every)], layer_scan[layer])  # type: ignore[index]
+    # group testing's first group (every head of an adaptive layer) is answered by the layer scan's value (`remember_layers`)
     screened = head_scans.prescreen(model, task, scan_layers, narrow, s.keep, grouped=[*adaptive, *cleared], first=early)
     estimates = screened.estimates
     attribution = None if estimates is None else [[head_float(v) for v in row] for row in estimates]
@@ -275,24 +287,23 @@ def confirm_stage(
     extra = spread_runs or ([], [])
     if positions_pending is not None:
         extra = (extra[0], [*extra[1], *positions_pending.runs])
-    # locally the table is measured once, at the end, on the sets as they end
-    pending = extra if extra[1] else None
-    values = confirm(model, task, circuit, threshold, max_heads, ctx.evaluate_bars, pending, paths=False, table=ctx.batched)
+    # locally the table is measured once, on the sets as they end (the spread sets and the coverage may grow them)
+    batched, pending = ctx.batched, extra if extra[1] else None
+    values = confirm(model, task, circuit, threshold, max_heads, ctx.evaluate_bars, pending, paths=False, table=batched)
     spread_values = values
     if positions_pending is not None and values is not None:
         spread_values, scanned = values[: len(extra[0])], values[len(extra[0]) :]
         circuit.positions = positions_pending.scan(scanned, circuit.accuracy["clean"], circuit.thresholds.min_effect)
         if spread_runs is not None:
             spread_runs, spread_values = settle_segments(circuit, encoded, spread_runs, spread_values)
+    grown: list[str] = []
     if check_spread:
         spread_check(model, task, encoded, circuit, scan, threshold, max_heads, spread_runs, spread_values)
         if "cover" in ctx.settings.stages and ctx.runner.has_backward:
             grown = enter_spread(model, circuit, SPREAD_FRACTION) + cover_collapses(model, task, encoded, circuit, scan, threshold)
-            if grown and ctx.batched:  # the sets grew: the confirmation's table once more, on the sets as they end
-                confirm_table(model, task, circuit, ctx.evaluate_bars)
         elif "cover" in ctx.settings.stages:
             circuit.warnings.append(NOT_COVERED)
-    if not ctx.batched:
+    if grown or not batched:  # the confirmation's table on the sets as they end (remotely: again, where they grew)
         confirm_table(model, task, circuit, ctx.evaluate_bars)
     confirm_paths(model, task, circuit)
     circuit.verdicts.update(collapse_verdicts(circuit) | alone_verdicts(circuit))  # from the counts measured: no forward
