@@ -232,9 +232,10 @@ def test_a_wide_layer_the_layer_scan_clears_is_neither_ranked_nor_ablated():
 def test_the_wide_deep_mamba1_costs_at_most_110_passes():
     """The benchmark's wide deep Mamba-1 (the toy at layers 3-4 of 8, 512 channels a layer,
     live filler), 64 prompts: the toy's channels at their placed places (the toy's own
-    discovery on the same prompts), in at most 110 passes (123.5 measured on 2026-11-29, 56.25 of
-    them the head scan's group testing; 130.25 before the spread groups' search spared the parts a
-    costly group measured inside settles, `group_testing.spared`: 13 tests; 103.0 with MIB's circuit
+    discovery on the same prompts), in at most 110 passes (106.5 measured on 2026-11-29, 56.25 of
+    them the head scan's group testing, 32.62 the confirmation; 130.25 before a sized role's spread
+    groups were left to its size curve, the coverage started from the curve's points and the table
+    was measured once; 103.0 with MIB's circuit
     score and group testing's search of masked halves (issue 42, item 5); 74.0 before both, 6.0
     of them the spread Aggregate role's size curve, with the 2 backwards of its ordering's
     attribution; the record's 86.0 before it was on earlier code; 119.0 before the layer scan
