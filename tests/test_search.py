@@ -125,55 +125,6 @@ def test_role_set_falls_back_to_greedy_from_scratch_short_of_the_threshold():
         search.role_set([0], [0], oracle, 1.0, 0.5, 8, method="best", min_drop=0.02)
 
 
-def test_role_set_skips_the_greedy_where_the_whole_pool_ablated_everywhere_stays_above_the_threshold():
-    oracle, calls = additive({0: 0.1, 1: 0.05, 2: 0.4})
-    everywhere, wide = additive({0: 0.12, 1: 0.05, 2: 0.4})  # at every position a set costs no less
-    # the whole pool everywhere: 1 - 0.57 = 0.43 > 0.4: no set reaches 0.4, the ordered set stands
-    found = search.role_set([0, 1, 2], [0], oracle, 1.0, 0.4, 8, method="ordered", min_drop=0.02, everywhere=everywhere)
-    assert found == search.ordered_set([0], additive({0: 0.1})[0], 1.0, 0.4, 8, 0.02)
-    assert calls == [[0]] and wide == [[0, 1, 2]]  # the ordered try and one call for the whole pool
-    # 0.43 <= 0.5: the greedy runs, as without the check
-    calls.clear()
-    found = search.role_set([0, 1, 2], [0], oracle, 1.0, 0.5, 8, method="ordered", min_drop=0.02, everywhere=everywhere)
-    assert found == search.role_set([0, 1, 2], [0], additive({0: 0.1, 1: 0.05, 2: 0.4})[0], 1.0, 0.5, 8, method="ordered", min_drop=0.02)
-    assert found[0] == [2, 0] and calls == [[0], [0], [1], [2], [2, 0], [2, 1]]
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_a_skipped_greedy_could_reach_the_threshold_with_no_set_of_the_pool(seed):
-    """On monotone oracles with interacting heads (a pair costs more than its parts), wherever
-    `role_set` skips the greedy, brute force over every subset of the pool finds none that
-    reaches the threshold at the role's positions or everywhere; elsewhere it returns what it
-    returns without the check."""
-    rng = random.Random(seed)
-    n = 6
-    weights = {h: rng.uniform(0.0, 0.1) for h in range(n)}
-    pairs = {(a, b): rng.uniform(0.0, 0.03) for a, b in itertools.combinations(range(n), 2)}
-    extra = {h: rng.uniform(0.0, 0.04) for h in range(n)}
-
-    def at_positions(heads: list[int]) -> float:
-        return 1.0 - sum(weights[h] for h in heads) - sum(v for (a, b), v in pairs.items() if a in heads and b in heads)
-
-    def everywhere(heads: list[int]) -> float:
-        return at_positions(heads) - sum(extra[h] for h in heads)
-
-    ranked = sorted(range(n), key=lambda h: -weights[h])[:2]
-    skipped = 0
-    for threshold in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5):
-        plain = search.role_set(list(range(n)), ranked, at_positions, 1.0, threshold, n, method="ordered", min_drop=0.02)
-        checked = search.role_set(
-            list(range(n)), ranked, at_positions, 1.0, threshold, n, method="ordered", min_drop=0.02, everywhere=everywhere
-        )
-        subsets = [list(s) for k in range(1, n + 1) for s in itertools.combinations(range(n), k)]
-        reachable = any(at_positions(s) <= threshold or everywhere(s) <= threshold for s in subsets)
-        if everywhere(list(range(n))) > threshold:
-            skipped += 1
-            assert not reachable and checked == search.ordered_set(ranked, at_positions, 1.0, threshold, n, 0.02)
-        else:
-            assert checked == plain
-    assert 0 < skipped < 6  # both branches met
-
-
 def test_the_server_program_runs_the_same_search_without_gna_interp(tmp_path):
     """`greedy_joint` is pickled as nnsight ships it (cloudpickle, its modules registered by
     value) and loaded where importing gna_interp raises: the search it calls is there."""

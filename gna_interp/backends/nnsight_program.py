@@ -233,21 +233,10 @@ def run_jobs(model: Any, jobs: list, block_items: Any, unembed: str = "") -> lis
 
 def search_role(role: dict, pool: list, accuracy: Any) -> tuple[list, list, float]:
     """One role of `greedy_joint`'s ``roles``: `role_set` over ``pool``, its ordered search over
-    ``role["order"]``'s heads that are in the pool; ``accuracy(heads, where)`` measures a set
-    ablated at ``where`` (the role's positions, or ``"all"``: `role_set`'s ``everywhere``)."""
+    ``role["order"]``'s heads that are in the pool; ``accuracy(heads)`` measures a set."""
     order = [h for h in role["order"] if h in pool]
-    method, drop, where = role.get("search", "greedy"), role["min_drop"], role["where"]
-    return role_set(
-        pool,
-        order,
-        partial(accuracy, where=where),
-        role["start_accuracy"],
-        role["threshold"],
-        role["max_heads"],
-        method=method,
-        min_drop=drop,
-        everywhere=partial(accuracy, where="all"),
-    )
+    method, drop = role.get("search", "greedy"), role["min_drop"]
+    return role_set(pool, order, accuracy, role["start_accuracy"], role["threshold"], role["max_heads"], method=method, min_drop=drop)
 
 
 def verdicts(logits: Any, candidate_ids: Any, correct: Any) -> Any:
@@ -278,8 +267,8 @@ def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, lis
       the last of ``bound`` and the chosen heads' positions (or its members); ``search``:
       ``"greedy"`` (`joint_set`, the default) or ``"ordered"`` (`ordered_set` over ``order``,
       the pool heads it tries in its order, keeping a head that lowers accuracy by
-      ``min_drop``; short of ``threshold``, then `joint_set` over the pool where the whole
-      pool ablated at every position reaches it, each set measured once);
+      ``min_drop``; short of ``threshold``, then `joint_set` over the pool, each set
+      measured once);
     - ``n_rows``;
     - ``unembed`` (optional): the ``lm_head`` path; logits are then computed at the final
       position alone.
@@ -329,6 +318,6 @@ def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, lis
             earlier = out[role["after"]][1]
             last = max([*role["bound"], *(problem["positions"][h] for h in earlier)])
             pool = [h for h in pool if h not in earlier and (h in role["members"] or problem["positions"][h] < last)]
-        chosen, curve, _ = search_role(role, pool, accuracy)
+        chosen, curve, _ = search_role(role, pool, partial(accuracy, where=role["where"]))
         out.append((pool, chosen, curve, accuracy(chosen, "all") if chosen else None))
     return out, cost

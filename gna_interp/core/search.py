@@ -15,7 +15,7 @@ This module uses builtins alone: it is shipped by value with the server program
 - `ordered_set`: each head of a ranking tried once, kept if it lowers the set's accuracy by at
   least ``min_drop`` (one oracle call per head tried).
 - `role_set`: ``"ordered"``, and `greedy_set` from scratch where it falls short of the
-  threshold and the whole pool can reach it; or ``"greedy"`` alone.
+  threshold; or ``"greedy"`` alone.
 """
 
 from __future__ import annotations
@@ -125,24 +125,16 @@ def role_set(
     min_drop: float,
     track: Callable[[Iterable[Any]], Iterable[Any]] = _plain,
     quiet: Collection[H] = (),
-    everywhere: Callable[[list[H]], float] | None = None,
 ) -> tuple[list[H], list[float], float]:
     """One role's set: ``method="ordered"`` runs `ordered_set` over ``ranked`` and, where it
     falls short of ``threshold``, `greedy_set` over ``pool`` from scratch (an oracle with a
     memo answers the sets measured twice); ``"greedy"`` runs `greedy_set` alone (``quiet``:
     its heads known to cost less than ``min_drop`` alone, `greedy_set`). Returns as
-    `greedy_set`.
-
-    ``everywhere``: the oracle with the heads ablated at every position (the test a role's
-    set is judged by). Before the ordered search's fallback, one call asks it for the whole
-    pool: above ``threshold``, no set of the pool reaches it, at the role's positions or at
-    every position (monotone effects, as group testing assumes: a set's ablation costs no
-    more than a superset's, nor at fewer positions), so the greedy search is not run and the
-    ordered search's set stands (short of the threshold)."""
+    `greedy_set`."""
     if method not in SEARCHES:
         raise ValueError(f"method={method!r}: expected one of {list(SEARCHES)}")
     if method == "ordered":
         chosen, curve, value = ordered_set(ranked, accuracy, start, threshold, max_heads, min_drop, track)
-        if value <= threshold or (everywhere is not None and pool and everywhere(list(pool)) > threshold):
+        if value <= threshold:
             return chosen, curve, value
     return greedy_set(pool, accuracy, start, threshold, max_heads, track, quiet, min_drop)

@@ -32,8 +32,7 @@ if TYPE_CHECKING:
 JOINT_SEARCHES = search.SEARCHES
 """`discover`'s ``joint_search``: ``"ordered"`` (`ordered_set`: one forward per head tried;
 where it falls short of chance, `joint_set` then, the sets it measured answered by the
-accuracy memo, unless the whole pool ablated at every position stays above chance: then no
-set of it reaches chance, `search.role_set`) or ``"greedy"`` (`joint_set` alone: one forward per pool head at each step)."""
+accuracy memo) or ``"greedy"`` (`joint_set` alone: one forward per pool head at each step)."""
 
 ROLE_POSITIONS = {"aggregate": "final", "gather": "segments"}
 """Where each role's joint search ablates its heads (the entry scan's position sets)."""
@@ -155,7 +154,6 @@ class JointSearch:
             min_drop=self.thresholds.min_effect,
             track=_bar(self.progress, f"joint {role}"),
             quiet=self.quiet(pool, clean),
-            everywhere=lambda heads: _accuracy(self.model, self.task, [Ablate(heads)]),
         )
         curve = list(zip(chosen, values, strict=True))
         if not chosen:
