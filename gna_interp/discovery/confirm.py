@@ -229,12 +229,11 @@ def confirm(
     evaluate_bars: bool | None,
     spread_runs: SpreadRuns | None = None,
     paths: bool = True,
-    table: bool = True,
 ) -> list[float] | None:
-    """The confirmation: accuracy with each role's heads ablated, the fallback needs, and
-    the path-patching check. Returns the accuracies of ``spread_runs`` when they were
-    measured in a remote run's confirmation request (None otherwise). ``table=False``: a
-    local run leaves the accuracies to `confirm_table`, once the sets are final."""
+    """The confirmation: the fallback needs and the path-patching check; on a remote model,
+    in its one request, the accuracy with each role's heads ablated too (a local run measures
+    those once the sets are final: `confirm_table`). Returns the accuracies of ``spread_runs``
+    when they were measured in a remote run's confirmation request (None otherwise)."""
     clean = circuit.accuracy["clean"]
     sets = confirmation_sets(model, circuit)
     fallback = {
@@ -247,13 +246,8 @@ def confirm(
     if batched:  # one request: every accuracy below
         extra = spread_runs[1] if spread_runs is not None else ()
         measured, prefixes, spread_values = remote.confirm(model, task, {k: v for k, v in sets.items() if v}, fallback, max_heads, extra)
-    for name, heads in sets.items() if table or batched else ():
-        if not heads:
-            circuit.accuracy[name] = clean
-        elif batched:
-            circuit.accuracy[name] = measured[name]
-        else:
-            circuit.accuracy[name] = memo.accuracy(model, task, [Ablate(heads)], progress=evaluate_bars)
+    for name, heads in sets.items() if batched else ():
+        circuit.accuracy[name] = measured[name] if heads else clean
     for role, heads in fallback.items():
         curve: list[tuple[Head, float]] = []
         if batched:  # the cumulative sets were all measured: stop where the sequential search stops
@@ -342,7 +336,7 @@ def cover_collapses(model: GnaModel, task: Task, encoded: EncodedTask, circuit: 
                 order = sizes.importance_order(model, task, encoded, layer, positions, scan, clean, min_effect, start=_first(circuit))
                 item = circuit.spread.get(role)  # its size curve, where measured in this layer at these positions
                 same = item is not None and (item.layer, item.positions) == (layer, name)
-                known = sizes.points_after(item.sizes, item.order, members, order) if item is not None and same else {}
+                known = sizes.points_after(item.sizes, item.order, members, order) if same else {}  # type: ignore[union-attr]
                 order = [h for h in order if Head(layer, h) not in members]
                 measure = sizes.measure_with(model, task, layer, members, order, positions)
                 k = sizes.fewest_reaching(measure, len(order), floor + COVER_TOLERANCE, known)

@@ -156,13 +156,13 @@ def _attribution(model: GnaModel, task: Task, encoded: EncodedTask, layer: int, 
     later = [q for q in range(begin, model.n_layers) if widths[q] <= width]
     sites = sorted(heads_by_site(model.layout, [Head(q, h) for q in later for h in range(model.heads_per_layer[q])]))
     n, out = encoded.batch.n_rows, []
-    for start in range(0, n, rows):
-        stop = min(start + rows, n)
-        chunk = Batch(encoded.batch.input_ids[start:stop], encoded.batch.attention_mask[start:stop])
-        metric = candidate_logit_diff(encoded.candidate_ids[start:stop], encoded.correct[start:stop])
+    for row in range(0, n, rows):
+        stop = min(row + rows, n)
+        chunk = Batch(encoded.batch.input_ids[row:stop], encoded.batch.attention_mask[row:stop])
+        metric = candidate_logit_diff(encoded.candidate_ids[row:stop], encoded.correct[row:stop])
         targets = {site: torch.zeros(()) for site in sites}
         effects, _ = integrated_effects(model, chunk, list(model.active_interventions), targets, metric, 1, "left")
-        out.append((effects, (stop - start) / n))
+        out.append((effects, (stop - row) / n))
     cache[(*key, begin)] = out
     return out
 

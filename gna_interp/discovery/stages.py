@@ -288,8 +288,8 @@ def confirm_stage(
     if positions_pending is not None:
         extra = (extra[0], [*extra[1], *positions_pending.runs])
     # locally the table is measured once, on the sets as they end (the spread sets and the coverage may grow them)
-    batched, pending = ctx.batched, extra if extra[1] else None
-    values = confirm(model, task, circuit, threshold, max_heads, ctx.evaluate_bars, pending, paths=False, table=batched)
+    batched = ctx.batched
+    values = confirm(model, task, circuit, threshold, max_heads, ctx.evaluate_bars, extra if extra[1] else None, paths=False)
     spread_values = values
     if positions_pending is not None and values is not None:
         spread_values, scanned = values[: len(extra[0])], values[len(extra[0]) :]
