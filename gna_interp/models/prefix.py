@@ -123,8 +123,7 @@ class PrefixCache:
         backend, n_layers = self.backend, self.n_layers
         if plan.start is not None:
             return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
-        first, resume = plan.reusable_start(n_layers, capture)
-        if resume == 0:
+        if plan.reusable_start(n_layers, capture)[1] == 0:
             return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
         entry = self.lookup(batch)
         if entry is None:
@@ -137,12 +136,31 @@ class PrefixCache:
         if not plan and all(site.kind is SiteKind.RESID and site.layer in entry for site in capture):
             out = backend.run(batch, Plan(start=(n_layers, entry[n_layers])), logits_to_keep=keep)
             return RunOutput(logits=out.logits, acts={site: entry[site.layer] for site in capture})
+        return self._resume(batch, plan, entry, capture, keep) or backend.run(batch, plan, capture=capture, logits_to_keep=keep)
+
+    def run_held(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), logits_to_keep: int = 0) -> RunOutput | None:
+        """A forward with autograd recording (``grad=True``) from the cached clean prefix of
+        ``batch``, where the cache already holds it and the plan leaves blocks to skip; else
+        ``None`` (the caller runs it in full: a gradient forward never fills the cache). The
+        stream it starts from is a constant (detached): gradients reach every edit and capture,
+        all at or after the start."""
+        if plan.start is not None or plan.reusable_start(self.n_layers, capture)[1] == 0:
+            return None
+        entry = self.lookup(batch)
+        return None if entry is None else self._resume(batch, plan, entry, capture, logits_to_keep, grad=True)
+
+    def _resume(
+        self, batch: Batch, plan: Plan, entry: Mapping[int, Tensor], capture: Collection[Site], keep: int, grad: bool = False
+    ) -> RunOutput | None:
+        """``plan`` run from ``entry``'s latest cached layer at or before its first touched
+        one; ``None`` where no cached layer serves (the caller runs it in full)."""
+        first, resume = plan.reusable_start(self.n_layers, capture)
         source = max((layer for layer in entry if layer <= first), default=None)
         if source is None or (source == 0 and first > 0):  # the embeddings serve only a forward that skips block 0 on
-            return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
+            return None
         start = resume if source == first else source  # past fully skipped blocks only from `first` itself
         resumed = Plan(edits=plan.edits, skips=plan.skips, start=(start, entry[source]))
-        return backend.run(batch, resumed, capture=capture, logits_to_keep=keep)
+        return self.backend.run(batch, resumed, capture=capture, logits_to_keep=keep, grad=grad)
 
     def remember(self, batch: Batch, streams: Mapping[int, Tensor]) -> None:
         """Store ``batch``'s clean residual streams, ``layer -> [rows, pos, d_model]`` at every

@@ -311,9 +311,7 @@ class _GatePath:
             if not whole and target.dim() > 0 and target.shape[0] == n:
                 target = target[c]
             plan.add(site, Edit(gates[site], target))
-        out = self.model.run_plan(
-            batch if whole else batch.rows(c), plan, grad=grad, logits_to_keep=self.keep, capture=capture, prefix=False
-        )
+        out = self.model.run_plan(batch if whole else batch.rows(c), plan, grad=grad, logits_to_keep=self.keep, capture=capture)
         if capture and self.on_clean is not None:
             self.on_clean({site: act.detach() for site, act in out.acts.items()})
         return out.logits, gates

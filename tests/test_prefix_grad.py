@@ -1,0 +1,63 @@
+"""A gradient forward from the prefix cache (`PrefixCache.run_held`): attribution's gated
+forwards over a batch the cache holds start at their first gated block, with the gradients of
+the uncached run (1e-5) and the blocks they really run (`gna.cost_meter`), on both backends and
+every mixer kind; a batch the cache does not hold runs in full and is not stored."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import gna_interp as gna
+from gna_interp.core.compile import heads_by_site
+from gna_interp.models.tiny import tiny_model
+from gna_interp.patching.attribution import integrated_effects
+
+from .conftest import CLEAN
+
+TOL = 1e-5
+NAMES = ["llama-tlens", "llama-nnsight", "mamba2", "mamba"]
+METRIC = gna.logit_diff([5, 7], [6, 8])
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def model(request, tokenizer):
+    name = request.param
+    hf = tiny_model(name.split("-")[0], seed=1)
+    return gna.load(copy.deepcopy(hf), tokenizer=tokenizer, backend="tlens" if name == "llama-tlens" else "nnsight")
+
+
+def _effects(model, batch, first: int):
+    """First-order effects of zero-ablating every head of layers ``first ..``: site -> [pos, head]."""
+    heads = [gna.Head(layer, h) for layer in range(first, model.n_layers) for h in range(model.heads_per_layer[layer])]
+    targets = {site: torch.zeros(()) for site in heads_by_site(model.layout, heads)}
+    effects, baseline = integrated_effects(model, batch, [], targets, METRIC, 1, "left")
+    return effects, baseline
+
+
+def test_a_held_batch_differentiates_from_its_cached_prefix(model):
+    batch, n_layers, first = model.to_batch(CLEAN), model.n_layers, 1
+    expected, expected_base = _effects(model, batch, first)
+    assert max(float(e.abs().max()) for e in expected.values()) > 1e-3, "no effect: the test could not fail"
+    with model.prefix_cache(), gna.cost_meter(model) as cost:
+        model.logits(batch)  # the clean run fills the cache
+        before = cost.block_rows
+        effects, base = _effects(model, batch, first)
+        spent = cost.block_rows - before
+    assert spent == batch.n_rows * (n_layers - first)  # blocks 1 .. L - 1 per row, not L
+    assert abs(base - expected_base) < TOL
+    assert set(effects) == set(expected)
+    for site, value in effects.items():
+        assert (value - expected[site]).abs().max() < TOL, site
+
+
+def test_a_batch_the_cache_does_not_hold_runs_in_full_and_is_not_stored(model):
+    batch, n_layers = model.to_batch(CLEAN), model.n_layers
+    expected, _ = _effects(model, batch, 1)
+    with model.prefix_cache() as cache, gna.cost_meter(model) as cost:
+        effects, _ = _effects(model, batch, 1)
+        assert cost.block_rows == batch.n_rows * n_layers and len(cache.entries) == 0
+    for site, value in effects.items():
+        assert (value - expected[site]).abs().max() < TOL, site
