@@ -200,7 +200,7 @@ def _compute(
         reads += layer_reads
     plan = model.compile_plan(batch, [*model.active_interventions, *interventions])
     with torch.no_grad():
-        values = model.run_plan(batch, plan, reads=reads, logits_to_keep=1, prefix=False).reads  # logits unread
+        values = model.run_plan(batch, plan, reads=reads, logits_to_keep=1).reads  # logits unread; from a held prefix
     mask = batch.attention_mask.bool()
     out: dict[Site, Any] = {}
     for site, (start, stop, query_union) in spans.items():

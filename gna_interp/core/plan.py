@@ -38,7 +38,7 @@ to reuse the clean prefix that every variant of a chunk shares.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -223,16 +223,16 @@ class Plan:
         """The first block this plan's forward evaluates (0 without a `start`)."""
         return 0 if self.start is None else self.start[0]
 
-    def reusable_start(self, n_layers: int, capture: Collection[Site] = ()) -> tuple[int, int]:
+    def reusable_start(self, n_layers: int, capture: Collection[Site] = (), reads: Sequence[Read] = ()) -> tuple[int, int]:
         """Where a forward of this plan can begin from the *unedited* run's residual stream:
-        ``(first, resume)``. ``first`` is its first edited, skipped or captured layer
-        (``n_layers`` when it touches nothing): blocks before it compute what the unedited
+        ``(first, resume)``. ``first`` is its first edited, skipped, captured or read layer
+        (a parameter's read runs nothing; ``n_layers`` when it touches nothing): blocks before it compute what the unedited
         run computes. ``resume >= first`` moves on past blocks skipped on every row with
         nothing edited or captured in them (the residual passes through those unchanged):
         the forward can begin at block ``resume`` from the unedited residual entering block
         ``first`` (``Truncate(k)``: ``(k, n_layers)``, no block runs). Meaningful only
         without a `start`."""
-        touched = {site.layer for site in [*self.edits, *capture]}
+        touched = {site.layer for site in [*self.edits, *capture]} | {read.layer for read in reads if read.kind is not ReadKind.PARAM}
         first = min([*touched, *self.skips, n_layers])
         resume = first
         while resume < n_layers and resume not in touched and bool(self.skips.get(resume, torch.zeros(1, dtype=torch.bool)).all()):

@@ -274,11 +274,11 @@ class GnaModel:
     ) -> RunOutput:
         """The one way a forward of a `Plan` runs (`Backend.run`'s arguments): from the clean
         prefix cached by an open `prefix_cache` where the plan allows (see
-        `gna_interp.models.prefix`), or in full with ``prefix=False`` or ``reads`` (attention
-        weights are read where they are made). With ``grad=True`` (autograd records the forward)
-        only from a batch the cache already holds (`PrefixCache.run_held`), else in full."""
-        if self._prefix is not None and prefix and grad and not reads:
-            held = self._prefix.run_held(batch, plan, capture, logits_to_keep)
+        `gna_interp.models.prefix`), or in full with ``prefix=False``. With ``grad=True``
+        (autograd records the forward) or ``reads`` (attention weights read where they are
+        made), only from a batch the cache already holds (`PrefixCache.run_held`), else in full."""
+        if self._prefix is not None and prefix and (grad or reads):
+            held = self._prefix.run_held(batch, plan, capture, logits_to_keep, grad=grad, reads=reads)
             if held is not None:
                 return held
         if self._prefix is None or not prefix or grad or reads:

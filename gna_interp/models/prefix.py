@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter, OrderedDict
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -41,7 +41,7 @@ from torch import Tensor
 from ..backends.base import Backend, RunOutput
 from ..core.errors import GnaValueError
 from ..core.inputs import Batch
-from ..core.plan import Plan, Site, SiteKind
+from ..core.plan import Plan, Read, Site, SiteKind
 
 DEFAULT_PREFIX_MB = 1024.0
 
@@ -138,29 +138,46 @@ class PrefixCache:
             return RunOutput(logits=out.logits, acts={site: entry[site.layer] for site in capture})
         return self._resume(batch, plan, entry, capture, keep) or backend.run(batch, plan, capture=capture, logits_to_keep=keep)
 
-    def run_held(self, batch: Batch, plan: Plan, capture: Collection[Site] = (), logits_to_keep: int = 0) -> RunOutput | None:
-        """A forward with autograd recording (``grad=True``) from the cached clean prefix of
-        ``batch``, where the cache already holds it and the plan leaves blocks to skip; else
-        ``None`` (the caller runs it in full: a gradient forward never fills the cache). The
-        stream it starts from is a constant (detached): gradients reach every edit and capture,
-        all at or after the start."""
-        if plan.start is not None or plan.reusable_start(self.n_layers, capture)[1] == 0:
+    def run_held(
+        self,
+        batch: Batch,
+        plan: Plan,
+        capture: Collection[Site] = (),
+        logits_to_keep: int = 0,
+        *,
+        grad: bool = False,
+        reads: Sequence[Read] = (),
+    ) -> RunOutput | None:
+        """A forward with autograd recording (``grad``) or ``reads`` (values read where the
+        model makes them) from the cached clean prefix of ``batch``, where the cache already
+        holds it and the plan, its captures and its reads leave blocks to skip; else ``None``
+        (the caller runs it in full: such a forward never fills the cache). The stream it
+        starts from is a constant (detached): gradients reach every edit and capture, all at
+        or after the start, and every read is made at or after it."""
+        if plan.start is not None or plan.reusable_start(self.n_layers, capture, reads)[1] == 0:
             return None
         entry = self.lookup(batch)
-        return None if entry is None else self._resume(batch, plan, entry, capture, logits_to_keep, grad=True)
+        return None if entry is None else self._resume(batch, plan, entry, capture, logits_to_keep, grad=grad, reads=reads)
 
     def _resume(
-        self, batch: Batch, plan: Plan, entry: Mapping[int, Tensor], capture: Collection[Site], keep: int, grad: bool = False
+        self,
+        batch: Batch,
+        plan: Plan,
+        entry: Mapping[int, Tensor],
+        capture: Collection[Site],
+        keep: int,
+        grad: bool = False,
+        reads: Sequence[Read] = (),
     ) -> RunOutput | None:
         """``plan`` run from ``entry``'s latest cached layer at or before its first touched
         one; ``None`` where no cached layer serves (the caller runs it in full)."""
-        first, resume = plan.reusable_start(self.n_layers, capture)
+        first, resume = plan.reusable_start(self.n_layers, capture, reads)
         source = max((layer for layer in entry if layer <= first), default=None)
         if source is None or (source == 0 and first > 0):  # the embeddings serve only a forward that skips block 0 on
             return None
         start = resume if source == first else source  # past fully skipped blocks only from `first` itself
         resumed = Plan(edits=plan.edits, skips=plan.skips, start=(start, entry[source]))
-        return self.backend.run(batch, resumed, capture=capture, logits_to_keep=keep, grad=grad)
+        return self.backend.run(batch, resumed, capture=capture, reads=reads, logits_to_keep=keep, grad=grad)
 
     def remember(self, batch: Batch, streams: Mapping[int, Tensor]) -> None:
         """Store ``batch``'s clean residual streams, ``layer -> [rows, pos, d_model]`` at every

@@ -1,7 +1,9 @@
-"""A gradient forward from the prefix cache (`PrefixCache.run_held`): attribution's gated
-forwards over a batch the cache holds start at their first gated block, with the gradients of
-the uncached run (1e-5) and the blocks they really run (`gna.cost_meter`), on both backends and
-every mixer kind; a batch the cache does not hold runs in full and is not stored."""
+"""Forwards that record gradients or read values where the model makes them, from the prefix
+cache (`PrefixCache.run_held`): attribution's gated forwards and attention-pattern reads over a
+batch the cache holds start at their first gated or read block, with the numbers of the
+uncached run (1e-5) and the blocks they really run (`gna.cost_meter`), on both backends and
+every mixer kind (softmax attention, Mamba-2's and Mamba-1's implicit attention); a batch the
+cache does not hold runs in full and is not stored."""
 
 from __future__ import annotations
 
@@ -61,3 +63,19 @@ def test_a_batch_the_cache_does_not_hold_runs_in_full_and_is_not_stored(model):
         assert cost.block_rows == batch.n_rows * n_layers and len(cache.entries) == 0
     for site, value in effects.items():
         assert (value - expected[site]).abs().max() < TOL, site
+
+
+def test_a_held_batch_reads_patterns_from_its_cached_prefix(model):
+    """Layer 1's patterns (softmax, or the SSM's implicit attention: its reads of ``in_proj``'s
+    or ``x_proj``'s output and its parameters) from the cached stream entering block 1."""
+    batch, n_layers = model.to_batch(CLEAN), model.n_layers
+    heads = [gna.Head(1, h) for h in range(min(2, model.heads_per_layer[1]))]
+    expected = gna.attention_pattern(model, batch, heads)
+    with model.prefix_cache(), gna.cost_meter(model) as cost:
+        model.logits(batch)
+        before = cost.block_rows
+        pattern = gna.attention_pattern(model, batch, heads)
+        spent = cost.block_rows - before
+    assert spent == batch.n_rows * (n_layers - 1)
+    assert float(expected.abs().max()) > 1e-3
+    assert (pattern - expected).abs().max() < TOL
