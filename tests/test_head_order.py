@@ -61,8 +61,9 @@ def test_a_reordered_spread_group_is_described_by_its_heads():
     sorted, runs as ends (not its first and last head, ``L0H9-L0H4``)."""
     group = SpreadGroup([gna.Head(0, 9), gna.Head(0, 2), gna.Head(0, 4), gna.Head(0, 3)], 0.5, (0.9, 0.95), [gna.Head(0, 9)])
     assert group.describe() == "L0H2-L0H4, L0H9 (4 heads) 0.500 together, parts 0.900 / 0.950; needs L0H9"
-    many = [gna.Head(1, i) for i in (0, 1, 2, 5, 7, 9, 11, 13, 20, 21)]
-    assert heads_text(many[::-1]) == "L1H0-L1H2, L1H5, L1H7, L1H9, L1H11, ..., L1H20-L1H21"
+    many = [gna.Head(1, i) for i in (0, 1, 2, 5, 7, 9, 11, 13, 15, 17, 20, 21)]
+    assert heads_text(many[::-1]) == "L1H0-L1H2, L1H5, L1H7, L1H9, L1H11, L1H13, L1H15, ..., L1H20-L1H21"
+    assert heads_text(many[:-2]) == "L1H0-L1H2, L1H5, L1H7, L1H9, L1H11, L1H13, L1H15, L1H17"  # 8 runs: all
     assert heads_text([gna.Head(0, i) for i in range(128)][::-1]) == "L0H0-L0H127"
 
 

@@ -59,7 +59,7 @@ class SpreadGroup:
         return text + f"; needs {needed}"
 
 
-def heads_text(heads: Sequence[Head], runs: int = 6) -> str:
+def heads_text(heads: Sequence[Head], runs: int = 8) -> str:
     """``heads`` sorted, each run of consecutive heads of a layer as its ends: ``"L0H1, L0H4-L0H6"``; beyond
     ``runs`` runs, the first ``runs - 1`` and the last, ``...`` between."""
     parts: list[list[Head]] = []
