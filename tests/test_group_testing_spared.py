@@ -116,5 +116,3 @@ def test_the_mamba1_toys_spread_search_spares_tests_and_names_what_brute_force_n
                 assert group.needed == sorted(brute), (order, group.heads)
         assert [g.needed for g in groups] == {"index": [[], [gna.Head(1, 22)]], "write": [[]]}[order]
         assert tests == {"index": {"spared": 1, "blind": 8}, "write": {"spared": 0, "blind": 4}}[order], (order, tests)
-
-

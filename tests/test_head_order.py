@@ -121,3 +121,18 @@ def test_a_remote_model_measures_the_write_sizes_in_one_request():
     near = write_sizes(model, task, [0, 1])
     assert cost.requests == 1 and cost.forwards >= 1
     assert all(torch.allclose(far[layer], near[layer], rtol=1e-5) for layer in (0, 1))
+
+
+def test_write_sizes_are_measured_under_the_models_active_ablation():
+    """Inside ``model.ablated([L0H70])`` (discovery's clean run is the ablated one): L0H70 writes
+    exactly 0, every other layer-0 channel what it writes without the ablation (a channel's output
+    is its own: zeroing L0H70 at the out-projection's input leaves theirs), and layer 1 reads the
+    changed stream (its writes change)."""
+    model, task = gna.load_toy("mamba"), gna.toy_task("mamba", 16, seed=7)
+    plain = write_sizes(model, task, [0, 1])
+    with model.ablated([gna.Head(0, 70)]):
+        ablated = write_sizes(model, task, [0, 1])
+    assert float(ablated[0][70]) == 0.0 < float(plain[0][70])
+    others = [h for h in range(128) if h != 70]
+    assert torch.allclose(ablated[0][others], plain[0][others], rtol=1e-5)
+    assert not torch.allclose(ablated[1], plain[1], rtol=1e-3)

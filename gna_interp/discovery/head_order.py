@@ -66,8 +66,10 @@ def write_sizes(model: GnaModel, task: Task, layers: Sequence[int]) -> dict[int,
 
 def _captures(model: GnaModel, chunks: list[Batch], sites: list[Site]) -> Iterator[tuple[Batch, dict[Site, Tensor]]]:
     """Each chunk and its clean activations at ``sites``: a remote model's in one request, a local
-    model's one chunk at a time (`run_jobs`: from an open prefix cache)."""
-    jobs = [Job(chunk, Plan(), frozenset(sites), keep=3) for chunk in chunks]
+    model's one chunk at a time (`run_jobs`: from an open prefix cache); under the model's active
+    interventions (``model.ablated``), as discovery's clean run."""
+    ambient = list(model.active_interventions)  # discovery's clean run is the one under them
+    jobs = [Job(chunk, model.compile_plan(chunk, ambient) if ambient else Plan(), frozenset(sites), keep=3) for chunk in chunks]
     outputs = run_jobs(model, jobs) if is_batched_remote(model) else (run_jobs(model, [job])[0] for job in jobs)
     for chunk, out in zip(chunks, outputs, strict=True):
         assert out is not None  # keep=3: the captures come back
