@@ -15,7 +15,7 @@ import torch
 import gna_interp as gna
 from gna_interp.core.errors import GnaValueError
 from gna_interp.cost import cost_meter
-from gna_interp.discovery.group_testing import SpreadGroup, group_testing
+from gna_interp.discovery.group_testing import StagedGroupTesting, SpreadGroup, block_size, group_testing, speculated
 from gna_interp.discovery.head_order import by_size, write_sizes
 from gna_interp.discovery.spread_group import heads_text
 
@@ -136,3 +136,31 @@ def test_write_sizes_are_measured_under_the_models_active_ablation():
     others = [h for h in range(128) if h != 70]
     assert torch.allclose(ablated[0][others], plain[0][others], rtol=1e-5)
     assert not torch.allclose(ablated[1], plain[1], rtol=1e-3)
+
+
+@pytest.mark.parametrize(("costly", "rounds"), [((0, 9, 30), 0), ((0, 9, 100), 1)])
+def test_the_speculated_blocks_spare_the_second_stages_request(costly, rounds):
+    """128 heads in their split order, each of ``costly`` (order positions) costing 0.05: with
+    `speculated`'s groups known ahead (stage one and the whole tree below the first 4 blocks of 8,
+    positions 0-31), `StagedGroupTesting` needs no round of its own where every costly head lies
+    in those blocks, and one (the tree below the costly block) where one lies outside; its
+    findings are `group_testing`'s either way (the brute force's heads, measured alone)."""
+    heads = [gna.Head(0, (37 * i) % 128) for i in range(128)]  # an order that is not the index order
+    hit = {heads[i] for i in costly}
+
+    def oracle(groups):
+        return [1.0 - 0.05 * len(hit & set(group)) for group in groups]
+
+    calls = []
+
+    def measure(groups):
+        calls.append(len(groups))
+        return oracle(groups)
+
+    ahead = speculated(heads)
+    assert len(ahead) == 31 + 4 * (2 + 8) and block_size(128) == 8  # below a block: its halves, then their heads
+    known = {tuple(group): value for group, value in zip(ahead, oracle(ahead), strict=True)}
+    [staged] = StagedGroupTesting(measure, [heads], 1.0, 0.02, known).finish()
+    adaptive = group_testing(oracle, heads, 1.0, 0.02)
+    assert len(calls) == rounds and set(staged.singles) == set(adaptive.singles) == hit
+    assert staged.screened == adaptive.screened and staged.spread == adaptive.spread == []

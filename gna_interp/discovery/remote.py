@@ -78,7 +78,8 @@ class FirstScans:
 SPECULATE_LAYERS = 4
 """`discover` measures the first stage of group testing with the first scans (request 1) when
 at most this many scanned layers are wide (every wide layer, costly or not); with more, the
-stage waits for the layer scan and tests the costly layers alone, in a request of its own."""
+stage waits for the layer scan and tests the costly layers alone, in a request of its own (their
+order, `head_order.write_sizes`, in one before it: one request more than in index order)."""
 
 
 def first_scans(model: GnaModel, task: Task, stages: Any, check_labels: bool, groups: Sequence[list[Head]] = ()) -> FirstScans:
