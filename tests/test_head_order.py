@@ -15,7 +15,7 @@ import torch
 import gna_interp as gna
 from gna_interp.core.errors import GnaValueError
 from gna_interp.cost import cost_meter
-from gna_interp.discovery.group_testing import StagedGroupTesting, SpreadGroup, block_size, group_testing, speculated
+from gna_interp.discovery.group_testing import SpreadGroup, StagedGroupTesting, block_size, group_testing, speculated
 from gna_interp.discovery.head_order import by_size, write_sizes
 from gna_interp.discovery.spread_group import heads_text
 
