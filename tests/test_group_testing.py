@@ -332,16 +332,19 @@ def test_group_testing_finds_the_needed_heads_of_an_interaction_like_brute_force
 
 
 def test_the_group_testing_module_runs_no_model():
-    """`discovery.group_testing` imports nothing of gna_interp but `core.heads`: it scores
+    """`discovery.group_testing` imports nothing of gna_interp but `core.heads` and its
+    `SpreadGroup` (`discovery.spread_group`, which imports nothing but `core.heads`): it scores
     groups through the callable it is given, and nothing else."""
     import ast
     from pathlib import Path
 
     import gna_interp.discovery.group_testing as module
+    import gna_interp.discovery.spread_group as spread_module
 
-    tree = ast.parse(Path(module.__file__).read_text())
-    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
-    assert imported == {"core.heads"}, imported
+    for source, expected in ((module, {"core.heads", "spread_group"}), (spread_module, {"core.heads"})):
+        tree = ast.parse(Path(source.__file__).read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
+        assert imported == expected, (source.__name__, imported)
 
 
 def _cancelling_oracle(n: int, critical: int, masked: int, partner: int):

@@ -80,12 +80,16 @@ def test_a_saved_head_scan_keeps_what_spares_its_search():
 
 @pytest.mark.slow
 def test_the_mamba1_toys_spread_search_spares_tests_and_names_what_brute_force_names():
-    """The trained 2 x 128 Mamba-1 toy, 200 prompts (seed 4242), layer 1 group-tested: its
-    spread groups (the layer, 0.26 together; L1H20-L1H23, 0.74) searched with what the scan
-    measured inside them (`spared`) name the same heads as the search without it (parts and
-    inside groups dropped: the search before issue 52's cut) at fewer evaluations (1 against 8
-    here), and L1H20-L1H23's names what brute force does: each channel un-ablated alone, the
-    other three ablated, back within ``min_effect`` of clean."""
+    """The trained 2 x 128 Mamba-1 toy, 200 prompts (seed 4242), layer 1 group-tested, its heads
+    in index order (`group_testing` itself): its spread groups (the layer, 0.26 together;
+    L1H20-L1H23, 0.74) searched with what the scan measured inside them (`spared`) name the same
+    heads as the search without it (parts and inside groups dropped: the search before issue 52's
+    cut) at fewer evaluations (1 against 8 here), and L1H20-L1H23's names what brute force does:
+    each channel un-ablated alone, the other three ablated, back within ``min_effect`` of clean.
+    In the head scan's order (largest write first, `head_order`) its one spread group is the
+    first 8 channels of that order (0.445 together, its halves 0.745 and 1.0; redundant): its search, spared or not, names
+    what brute force names (no channel), the spared one in no evaluation (each of its quarters
+    leaves a costly group measured inside it ablated) against 4."""
     from gna_interp.discovery.group_testing import search_needed
     from gna_interp.discovery.head_scans import group_measure
 
@@ -93,16 +97,22 @@ def test_the_mamba1_toys_spread_search_spares_tests_and_names_what_brute_force_n
         pytest.skip("the Mamba-1 toy is not bundled yet")
     model, task = gna.load_toy("mamba"), gna.toy_task("mamba", 200, seed=4242)
     clean = gna.evaluate(model, task).accuracy
+    measure = group_measure(model, task)
+    indexed = group_testing(measure, _heads(128, layer=1), clean, 0.02, search=False)
     scan = head_scan(model, task, [1], screen_above=0, clean=clean, progress=False, search_spread=False)
-    groups = [group for group in scan.spread if group.searched]
-    assert [(g.heads[0], len(g.heads)) for g in groups] == [(gna.Head(1, 0), 128), (gna.Head(1, 20), 4)]
-    measure, tests = group_measure(model, task), {"spared": 0, "blind": 0}
-    for group in groups:
-        blind = dataclasses.replace(group, parts=(), inside=[])
-        tests["spared"] += search_needed(measure, group, clean, 0.02)
-        tests["blind"] += search_needed(measure, blind, clean, 0.02)
-        assert group.needed == blind.needed
-    quad = groups[1].heads
-    brute = [h for h in quad if clean - gna.evaluate(model, task, [gna.Ablate([g for g in quad if g != h])]).accuracy < 0.02]
-    assert groups[1].needed == brute == [gna.Head(1, 22)] and groups[0].needed == []
-    assert tests == {"spared": 1, "blind": 8}
+    orders = {"index": [group for group in indexed.spread if group.searched], "write": [group for group in scan.spread if group.searched]}
+    assert [(g.heads[0], len(g.heads)) for g in orders["index"]] == [(gna.Head(1, 0), 128), (gna.Head(1, 20), 4)]
+    assert [g.heads for g in orders["write"]] == [[gna.Head(1, h) for h in (10, 22, 92, 74, 53, 16, 20, 101)]]
+    for order, groups in orders.items():
+        tests = {"spared": 0, "blind": 0}
+        for group in groups:
+            blind = dataclasses.replace(group, parts=(), inside=[])
+            tests["spared"] += search_needed(measure, group, clean, 0.02)
+            tests["blind"] += search_needed(measure, blind, clean, 0.02)
+            assert group.needed == blind.needed
+            if len(group.heads) <= 8:
+                heads = group.heads
+                brute = [h for h in heads if clean - gna.evaluate(model, task, [gna.Ablate([g for g in heads if g != h])]).accuracy < 0.02]
+                assert group.needed == sorted(brute), (order, group.heads)
+        assert [g.needed for g in groups] == {"index": [[], [gna.Head(1, 22)]], "write": [[]]}[order]
+        assert tests == {"index": {"spared": 1, "blind": 8}, "write": {"spared": 0, "blind": 4}}[order], (order, tests)

@@ -4,7 +4,8 @@ Pure: nothing here runs a model. A `Measure` (task accuracy with each group of h
 only contact with one; ``head_scans.head_scan`` builds it.
 
 `group_testing`: the heads are ablated together, and every group whose removal costs accuracy is split in
-halves, recursively, down to single heads (groups of at most `SINGLES_AT`: into single heads at once)
+halves (in the order the heads are given: `head_scans` gives them largest write first, `head_order`, so the few
+costly heads share few groups), recursively, down to single heads (groups of at most `SINGLES_AT`: into single heads at once)
 (*verified*); the heads of a group that costs nothing keep its accuracy (*screened*). Finding ``k`` critical
 heads among ``N`` costs about ``2 k log2(N / k) + 1`` group forwards instead of ``N``. A group whose effect
 neither half explains (a role spread over many heads) is kept, with the heads the effect needs
@@ -18,61 +19,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 from ..core.heads import Head
+from .spread_group import SpreadGroup
 
 Member = TypeVar("Member")
-
-
-@dataclass
-class SpreadGroup:
-    """A group of heads whose joint ablation costs accuracy that its parts (halves, or single heads for a group of
-    at most `SINGLES_AT`) do not explain: none costs ``min_effect`` alone, or their effects add up to less than half
-    the group's (`group_testing`): an effect spread over many heads, which single-head ablation cannot see.
-
-    Attributes:
-        heads: the group, ablated together.
-        accuracy: task accuracy with it ablated.
-        parts: accuracy with each part ablated alone.
-        needed: heads the group's effect needs: with the rest of the group kept ablated, un-ablating any one of them
-            brings accuracy back within ``min_effect`` of clean (empty: the effect is redundant, no head or quarter
-            of the group is needed).
-        searched: whether ``needed`` was searched: not for a group whose effect is below twice ``min_effect``.
-        inside: the costly groups the scan measured inside it, which spare its search tests (`spared`; not saved by
-            `to_dict`, not compared).
-        skipped: why a group that could be searched was not (``""``: it was, or could not be).
-    """
-
-    heads: list[Head]
-    accuracy: float
-    parts: tuple[float, ...]
-    needed: list[Head] = field(default_factory=list)
-    searched: bool = True
-    skipped: str = ""
-    inside: list[frozenset[Head]] = field(default_factory=list, compare=False, repr=False)
-
-    def to_dict(self) -> dict[str, object]:
-        data: dict[str, object] = {"heads": [str(h) for h in self.heads], "accuracy": self.accuracy, "parts": list(self.parts)}
-        data |= {"needed": [str(h) for h in self.needed], "searched": self.searched}
-        return data | ({"skipped": self.skipped} if self.skipped else {})
-
-    @classmethod
-    def from_dict(cls, data: dict) -> SpreadGroup:
-        parts = tuple(float(v) for v in data["parts"])
-        needed = [Head.parse(h) for h in data.get("needed", [])]
-        heads = [Head.parse(h) for h in data["heads"]]
-        return cls(heads, data["accuracy"], parts, needed, bool(data.get("searched", True)), str(data.get("skipped", "")))
-
-    def describe(self) -> str:
-        """``"L1H0-L1H127 (128 heads) 0.310 together, parts 0.950 / 0.930; needs L1H3, L1H9"``."""
-        ends = f"{self.heads[0]}-{self.heads[-1]}" if len(self.heads) > 1 else str(self.heads[0])
-        text = f"{ends} ({len(self.heads)} heads) {self.accuracy:.3f} together, parts {' / '.join(f'{v:.3f}' for v in self.parts)}"
-        if not self.searched or self.skipped:
-            return text + f"; needs not searched ({self.skipped or 'its effect is below twice min_effect'})"
-        needed = ", ".join(map(str, self.needed)) if self.needed else "no head alone (redundant)"
-        return text + f"; needs {needed}"
 
 
 @dataclass
@@ -283,6 +236,22 @@ def stage_one(heads: Sequence[Head]) -> list[list[Head]]:
     return _tree(heads, block_size(len(heads))) if heads else []
 
 
+SPECULATE_BLOCKS = 4
+"""`speculated` measures the whole tree below this many blocks of a layer ahead."""
+
+
+def speculated(heads: Sequence[Head], blocks: int = SPECULATE_BLOCKS) -> list[list[Head]]:
+    """`stage_one`'s groups for one layer's ``heads`` and every group below its first ``blocks`` blocks (in
+    the heads' order: `head_order` puts the largest writes first, where the costly heads gather), down to
+    single heads: what `StagedGroupTesting`'s second stage measures there when those blocks cost accuracy,
+    measured ahead (a remote `discover`: with the first scans, so that no request of its own is left where the
+    costly groups lie inside them)."""
+    first = stage_one(heads)
+    stop = block_size(len(heads))
+    leaves = [group for group in first if len(group) <= stop][:blocks]  # `_tree` is depth first: the blocks in order
+    return first + [sub for leaf in leaves for sub in _tree(leaf)[1:]]
+
+
 SEARCH_AT_ONCE = 16
 """`staged_group_testing` measures the whole search of a spread group of at most this many
 heads in one round (every part's complement, down to single heads)."""
@@ -297,7 +266,8 @@ class StagedGroupTesting:
     Rounds, every layer's groups together:
 
     1. every layer's `stage_one` groups (the layer, halved down to `block_size`; ``known`` values are not
-       measured again: a remote `discover` sends this stage with its first scans);
+       measured again, and count as this round's tests: a remote `discover` sends this stage with its first
+       scans, with the tree below the first blocks, `speculated`);
     2. every group of the tree below each costly block reached by costly groups (halves, then single heads at
        `SINGLES_AT`): the bisection is then complete;
     3. the search of the spread groups' needed heads (`group_testing`): the complement of `first_parts` and of
@@ -324,7 +294,8 @@ class StagedGroupTesting:
         self.memo = dict(known or {})
         self.layers = [list(heads) for heads in layers]
         self.counts = [[0, 0] for _ in self.layers]  # per layer: tests, rounds
-        self._run([(i, g) for i, heads in enumerate(self.layers) for g in stage_one(heads)])
+        ahead = [(i, list(g)) for g in self.memo for i, heads in enumerate(self.layers) if set(g) <= set(heads)]  # `speculated`
+        self._run([(i, g) for i, heads in enumerate(self.layers) for g in stage_one(heads)] + ahead)
         self.results, frontier = self._walk()
         self._searches = self._start()  # spread groups found in the first stage: their search's first round with the second stage
         if frontier:

@@ -2,7 +2,8 @@
 
 `head_scan`: zero-ablate heads one at a time (batched sweep). Layers with more heads than
 ``screen_above`` (Mamba-1: every channel is a head) are scanned by adaptive group testing
-(`group_testing.group_testing`, or `group_testing.StagedGroupTesting` on a remote model).
+(`group_testing.group_testing`, or `group_testing.StagedGroupTesting` on a remote model), their
+heads split largest write first (`head_order`: one clean forward).
 `prescreen`: which heads to ablate one by one when there are too many.
 """
 
@@ -25,6 +26,7 @@ from ..patching.sweeps import ablation_sweep
 from ..progress import progress_bar
 from ..scoring.evaluation import evaluate_many
 from .group_testing import Measure, SpreadGroup, StagedGroupTesting, group_testing, search_needed
+from .head_order import ordered_layers
 from .memo import accuracy as _accuracy
 from .memo import remember
 
@@ -280,6 +282,10 @@ def head_scan(
     ``only``, for those heads alone (a `prescreen`), and the layers ``adaptive`` by group
     testing whatever their width. On a remote model (one request per round) every such
     layer together by `staged_group_testing` (2 or 3 rounds, not one per bisection step).
+    Group testing splits each layer's heads in `head_order.by_size`'s order (the largest
+    writes into the residual stream first: the few costly heads gather in few groups, and
+    the rest is cleared in few tests), measured by one clean forward (`head_order.write_sizes`)
+    unless ``known`` holds the whole layer in that order.
 
     Args:
         clean: accuracy with nothing ablated (measured if needed and not given).
@@ -302,10 +308,10 @@ def head_scan(
     tests: dict[int, int] = {}
     if wide and clean is None:
         clean = _accuracy(model, task)
-    heads_of = {layer: [Head(layer, h) for h in range(model.heads_per_layer[layer])] for layer in wide}
+    heads_of = _split_order(model, task, wide, known)
     search = None
     if wide and is_batched_remote(model) and not model.active_interventions:  # few rounds: each is a request
-        search = StagedGroupTesting(group_measure(model, task), list(heads_of.values()), float(clean), min_effect, known)  # type: ignore[arg-type]
+        search = StagedGroupTesting(group_measure(model, task), [heads_of[layer] for layer in wide], float(clean), min_effect, known)  # type: ignore[arg-type]
         results = search.results if defer_search else search.finish()
     else:
         layers_shown = progress_bar(wide, show=progress, desc="group testing")
@@ -329,6 +335,20 @@ def head_scan(
         scan.unsearched = [group for group in spread if group.searched]
         scan.measure, scan.clean, scan.min_effect = measure, float(clean) if clean is not None else None, min_effect
     return scan
+
+
+def _split_order(model: GnaModel, task: Task, wide: Sequence[int], known: dict[tuple[Head, ...], float] | None) -> dict[int, list[Head]]:
+    """Each ``wide`` layer's heads in the order group testing splits them (`head_order.by_size`: the
+    largest writes first): read from ``known`` where it holds the whole layer (a remote first
+    stage, measured in that order: `head_order.ordered_layers` before the first request), else
+    `head_order.ordered_layers` of the other layers (one forward)."""
+    order: dict[int, list[Head]] = {}
+    for group in known or {}:
+        layer = group[0].layer if group else -1
+        if layer in wide and len(group) == model.heads_per_layer[layer] and {h.layer for h in group} == {layer}:
+            order[layer] = list(group)
+    missing = [layer for layer in wide if layer not in order]
+    return {layer: order[layer] for layer in order} | (ordered_layers(model, task, missing) if missing else {})
 
 
 def _direct_and_wide(

@@ -4,11 +4,16 @@ Every forward of a remote model is a round trip with its own queue wait, so each
 sends all its forwards in one nnsight session (`gna_interp.models.jobs`), chunked by
 payload, with the clean prefix captured and used on the server:
 
+0. the wide layers' write sizes, the order group testing splits their heads in
+   (`head_order.write_sizes`: one clean forward capturing their head outputs): one request;
 1. the clean accuracy, the label check (measured whether or not it is needed), the
    truncation scan and the layer scan, and the first stage of group testing for the wide
-   layers (at most `SPECULATE_LAYERS` of them): one request;
+   layers (at most `SPECULATE_LAYERS` of them), with the whole tree below their first blocks
+   (`group_testing.speculated`: where the largest writes are, and the costly heads gather): one
+   request;
 2. the head scan (`ablation_sweep`; wide layers by `group_testing.StagedGroupTesting`, the second
-   stage of every layer at once, not one request per adaptive round): one request;
+   stage of every layer at once, not one request per adaptive round; only what request 1 did not
+   measure: none where every costly block is a speculated one): one request;
 3. the entry scan, with the first round of the spread groups' search: one request (more
    only where a spread group of more than `group_testing.SEARCH_AT_ONCE` heads needs a part);
 4. the pattern scores of the candidates and of every head the joint search may pool (the
@@ -65,13 +70,16 @@ class FirstScans:
     """Accuracy with layers ``first..last`` skipped, for every range the screened layer scan
     may ask for (`layer_scans.screen_ranges`)."""
     groups: dict[tuple[Head, ...], float]
-    """Accuracy with each group of ``groups`` ablated (`group_testing.staged_group_testing`'s first stage)."""
+    """Accuracy with each group of ``groups`` ablated (`group_testing.speculated`: the first stage of
+    `group_testing.staged_group_testing` and the tree below the first blocks; a layer's whole group
+    first, its heads in the order the head scan splits them: `head_scans.head_scan` reads it)."""
 
 
 SPECULATE_LAYERS = 4
 """`discover` measures the first stage of group testing with the first scans (request 1) when
 at most this many scanned layers are wide (every wide layer, costly or not); with more, the
-stage waits for the layer scan and tests the costly layers alone, in a request of its own."""
+stage waits for the layer scan and tests the costly layers alone, in a request of its own (their
+order, `head_order.write_sizes`, in one before it: one request more than in index order)."""
 
 
 def first_scans(model: GnaModel, task: Task, stages: Any, check_labels: bool, groups: Sequence[list[Head]] = ()) -> FirstScans:

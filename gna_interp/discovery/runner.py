@@ -30,7 +30,8 @@ from ..core.heads import Head
 from ..models.jobs import is_batched_remote
 from ..scoring.evaluation import evaluate_many
 from . import memo, remote
-from .group_testing import stage_one
+from .group_testing import speculated
+from .head_order import ordered_layers
 from .joint import ROLE_POSITIONS
 
 if TYPE_CHECKING:
@@ -141,11 +142,14 @@ class RemoteRunner(LocalRunner):
     def first_request(self, task: Task, stages: Sequence[str], check_labels: bool, wide: Sequence[int]) -> remote.FirstScans | None:
         """The first request (`remote.first_scans`): the baseline, the label check, the
         truncation and layer scans, and the first stage of group testing of the ``wide``
-        layers when there are at most `remote.SPECULATE_LAYERS` of them."""
-        speculated = []
-        if len(wide) <= remote.SPECULATE_LAYERS:
-            speculated = [g for layer in wide for g in stage_one([Head(layer, h) for h in range(self.model.heads_per_layer[layer])])]
-        return remote.first_scans(self.model, task, stages, check_labels, speculated)
+        layers when there are at most `remote.SPECULATE_LAYERS` of them, with the tree below
+        their first blocks (`group_testing.speculated`: their heads in `head_order.ordered_layers`'
+        order, measured by a request before it)."""
+        ahead = []
+        if wide and len(wide) <= remote.SPECULATE_LAYERS:
+            order = ordered_layers(self.model, task, wide)
+            ahead = [g for layer in wide for g in speculated(order[layer])]
+        return remote.first_scans(self.model, task, stages, check_labels, ahead)
 
     def pool_ahead(self, harmful: list[Head], evidence: dict[Head, HeadEvidence], screen_above: int) -> list[Head]:
         """The heads the joint search may pool that are not examined yet (`remote.pool_heads`):
