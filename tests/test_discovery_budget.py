@@ -217,9 +217,11 @@ def test_a_wide_layer_the_layer_scan_clears_is_neither_ranked_nor_ablated():
     assert circuit.cost["backwards"] == 0 and circuit.attribution is None
     assert "no attribution" in circuit.settings["prescreen"]
     assert all(v is None for v in circuit.head_scan[2]) and "group_testing" not in circuit.settings
-    # the clean run, the label check and the screened layer scan: layer 2 alone (the last
-    # layer: the truncation to 2 layers), the truncation to 1 layer (it costs), layers 1 and 0 alone
-    assert circuit.cost["forwards"] == 1 + 1 + 4
+    # the clean run (group testing's order measured ahead: `stages.early_head_order`), the
+    # baseline's evaluation from its cached last stream (no block), the label check and the
+    # screened layer scan: layer 2 alone (the last layer: the truncation to 2 layers), the
+    # truncation to 1 layer (it costs), layers 1 and 0 alone; 144 block rows, as before the order
+    assert circuit.cost["forwards"] == 1 + 1 + 1 + 4 and circuit.cost["block_rows"] == 144
     assert circuit.settings["layer_scan"] == {"skipped": [[0, 0], [1, 1], [2, 2]], "tests": 4}
 
 

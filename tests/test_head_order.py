@@ -164,3 +164,37 @@ def test_the_speculated_blocks_spare_the_second_stages_request(costly, rounds):
     adaptive = group_testing(oracle, heads, 1.0, 0.02)
     assert len(calls) == rounds and set(staged.singles) == set(adaptive.singles) == hit
     assert staged.screened == adaptive.screened and staged.spread == adaptive.spread == []
+
+
+def test_the_order_measured_before_the_baseline_is_its_clean_forward():
+    """The Mamba-1 toy (both layers group-tested), 24 prompts: the order is measured before the
+    baseline (`stages.early_head_order`), equals `write_sizes`' order measured alone, fills the
+    prefix cache, so the baseline stage costs one pass (its forward; `evaluate` after it none), as
+    without it; the circuit is the one measured with the order taken in the head scan instead
+    (every field; there the head scan runs the order's forward: one pass more)."""
+    from gna_interp.discovery import stages
+    from gna_interp.discovery.head_order import ordered_layers
+    from gna_interp.discovery.pipeline import discover_records
+    from gna_interp.discovery.records import record_from_dict, record_to_dict
+
+    model, task = gna.load_toy("mamba"), gna.toy_task("mamba", 24, seed=4242)
+    circuit, records = discover_records(model, task)
+    base = records.baseline
+    assert base.order == ordered_layers(model, task, [0, 1])
+    assert base.cost["block_rows"] == len(task) * model.n_layers
+    assert record_from_dict(record_to_dict(base), None).order == base.order  # a run directory keeps it  # type: ignore[arg-type,attr-defined]
+    early = stages.early_head_order
+    stages.early_head_order = lambda ctx: None
+    try:
+        late, late_records = discover_records(model, task)
+    finally:
+        stages.early_head_order = early
+    one_pass = len(task) * model.n_layers
+    assert late_records.baseline.order is None and late_records.baseline.cost["block_rows"] == one_pass
+    assert late_records.head_scan.cost["block_rows"] - records.head_scan.cost["block_rows"] == one_pass  # its own forward
+    mine, theirs = copy.deepcopy(circuit.to_dict()), copy.deepcopy(late.to_dict())
+    for key in ("seconds", "peak_memory_mb", "passes", "block_rows", "rows", "forwards", "estimate"):
+        mine["cost"].pop(key, None), theirs["cost"].pop(key, None)
+    assert mine == theirs
+    spent = [sum(r.cost["block_rows"] for r in recs) for recs in (records, late_records)]
+    assert spent[0] == spent[1] - one_pass

@@ -30,10 +30,13 @@ if TYPE_CHECKING:
     from ..tasks.base import Task
 
 ROWS = 64
-"""`write_sizes` captures the head outputs of this many prompts at a time."""
+"""`write_sizes` captures the head outputs of at most this many prompts at a time..."""
+CAPTURE_BYTES = 256 * 2**20
+"""...and at most this many bytes of them (fewer prompts a forward in wide layers: a Mamba-1 of
+4,096 channels holds 600 positions x 4,096 floats per prompt and layer)."""
 
 
-def write_sizes(model: GnaModel, task: Task, layers: Sequence[int]) -> dict[int, Tensor]:
+def write_sizes(model: GnaModel, task: Task, layers: Sequence[int], *, prime: bool = False) -> dict[int, Tensor]:
     """Per layer of ``layers``, ``[n_heads]``: each head's write into the residual stream,
     ``|| W_h a_h ||`` (its output ``a_h`` ``[d_head]`` through its out-projection columns ``W_h``
     ``[d_model, d_head]``, times the mixer's `write_scale`), summed over every prompt's real
@@ -42,18 +45,22 @@ def write_sizes(model: GnaModel, task: Task, layers: Sequence[int]) -> dict[int,
     the layers' head sites. A Mamba-1
     channel (``d_head`` 1): its activation size times its column's norm. Out-projection weights
     not held here (an NDIF model's structure lives on the meta device): the outputs' norms,
-    ``|| a_h ||``, alone."""
+    ``|| a_h ||``, alone. ``prime``: the forward also gives an open prefix cache the prompts'
+    clean residual streams (`GnaModel.remember_prefix`; a local model without active
+    interventions): it is then the clean run, and `evaluate`'s baseline after it runs no block."""
     sites = sorted({site for layer in layers for site in model.head_sites(layer)})
     if not sites:
         return {}
     grams = {site: _gram(model, site) for site in sites}
     encoded = task.encode(task.tokenizer_for(model.tokenizer))
     sums = {site: torch.zeros(model.mixer(site).n_heads, dtype=torch.float64) for site in sites}
+    per_row = 4 * encoded.batch.n_pos * sum(model.mixer(site).n_heads * model.mixer(site).head_dim for site in sites)
+    rows = max(1, min(ROWS, CAPTURE_BYTES // per_row))
     chunks = [
-        Batch(encoded.batch.input_ids[start : start + ROWS], encoded.batch.attention_mask[start : start + ROWS])
-        for start in range(0, encoded.batch.n_rows, ROWS)
+        Batch(encoded.batch.input_ids[start : start + rows], encoded.batch.attention_mask[start : start + rows])
+        for start in range(0, encoded.batch.n_rows, rows)
     ]
-    for chunk, acts in _captures(model, chunks, sites):
+    for chunk, acts in _captures(model, chunks, sites, prime):
         real = chunk.attention_mask.bool()  # [rows, pos]
         for site in sites:
             sums[site] += _norms(acts[site], grams[site])[real].sum(0).double().cpu()
@@ -64,15 +71,24 @@ def write_sizes(model: GnaModel, task: Task, layers: Sequence[int]) -> dict[int,
     return out
 
 
-def _captures(model: GnaModel, chunks: list[Batch], sites: list[Site]) -> Iterator[tuple[Batch, dict[Site, Tensor]]]:
+def _captures(model: GnaModel, chunks: list[Batch], sites: list[Site], prime: bool = False) -> Iterator[tuple[Batch, dict[Site, Tensor]]]:
     """Each chunk and its clean activations at ``sites``: a remote model's in one request, a local
     model's one chunk at a time (`run_jobs`: from an open prefix cache); under the model's active
-    interventions (``model.ablated``), as discovery's clean run."""
+    interventions (``model.ablated``), as discovery's clean run. ``prime`` (`write_sizes`): a local
+    chunk's clean residual streams go to the open prefix cache too."""
     ambient = list(model.active_interventions)  # discovery's clean run is the one under them
-    jobs = [Job(chunk, model.compile_plan(chunk, ambient) if ambient else Plan(), frozenset(sites), keep=3) for chunk in chunks]
-    outputs = run_jobs(model, jobs) if is_batched_remote(model) else (run_jobs(model, [job])[0] for job in jobs)
+    remote = is_batched_remote(model)
+    prime = prime and not remote and not ambient
+
+    def job(chunk: Batch) -> Job:
+        capture = frozenset(sites) | (model.prefix_sites(chunk) if prime else frozenset())
+        return Job(chunk, model.compile_plan(chunk, ambient) if ambient else Plan(), capture, keep=3)
+
+    outputs = run_jobs(model, [job(c) for c in chunks]) if remote else (run_jobs(model, [job(c)])[0] for c in chunks)
     for chunk, out in zip(chunks, outputs, strict=True):
         assert out is not None  # keep=3: the captures come back
+        if prime:
+            model.remember_prefix(chunk, out.acts)
         yield chunk, out.acts
 
 
@@ -111,7 +127,8 @@ def by_size(heads: Sequence[Head], sizes: Tensor | None) -> list[Head]:
     return sorted(heads, key=lambda head: (-float(sizes[head.head]), head))
 
 
-def ordered_layers(model: GnaModel, task: Task, layers: Sequence[int]) -> dict[int, list[Head]]:
-    """Each of ``layers``' heads in group testing's order: `by_size` of `write_sizes` (one forward)."""
-    sizes = write_sizes(model, task, layers)
+def ordered_layers(model: GnaModel, task: Task, layers: Sequence[int], *, prime: bool = False) -> dict[int, list[Head]]:
+    """Each of ``layers``' heads in group testing's order: `by_size` of `write_sizes` (one
+    forward; ``prime``: `write_sizes`')."""
+    sizes = write_sizes(model, task, layers, prime=prime)
     return {layer: by_size([Head(layer, h) for h in range(model.heads_per_layer[layer])], sizes.get(layer)) for layer in layers}

@@ -9,7 +9,7 @@ heads split largest write first (`head_order`: one clean forward).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -275,6 +275,7 @@ def head_scan(
     defer_search: bool = False,
     search_spread: bool = True,
     quiet: Collection[Head] = (),
+    order: Mapping[int, Sequence[Head]] | None = None,
 ) -> HeadScan:
     """Single-head zero-ablation accuracy for every head of ``layers`` (see module docs):
     layers of more than ``screen_above`` heads by adaptive group testing (`group_testing`,
@@ -285,7 +286,8 @@ def head_scan(
     Group testing splits each layer's heads in `head_order.by_size`'s order (the largest
     writes into the residual stream first: the few costly heads gather in few groups, and
     the rest is cleared in few tests), measured by one clean forward (`head_order.write_sizes`)
-    unless ``known`` holds the whole layer in that order.
+    unless ``known`` holds the whole layer in that order, or ``order`` the layer's heads in it
+    (measured ahead: `stages.early_head_order`).
 
     Args:
         clean: accuracy with nothing ablated (measured if needed and not given).
@@ -308,7 +310,7 @@ def head_scan(
     tests: dict[int, int] = {}
     if wide and clean is None:
         clean = _accuracy(model, task)
-    heads_of = _split_order(model, task, wide, known)
+    heads_of = _split_order(model, task, wide, known, order)
     search = None
     if wide and is_batched_remote(model) and not model.active_interventions:  # few rounds: each is a request
         search = StagedGroupTesting(group_measure(model, task), [heads_of[layer] for layer in wide], float(clean), min_effect, known)  # type: ignore[arg-type]
@@ -337,15 +339,21 @@ def head_scan(
     return scan
 
 
-def _split_order(model: GnaModel, task: Task, wide: Sequence[int], known: dict[tuple[Head, ...], float] | None) -> dict[int, list[Head]]:
+def _split_order(
+    model: GnaModel,
+    task: Task,
+    wide: Sequence[int],
+    known: dict[tuple[Head, ...], float] | None,
+    ahead: Mapping[int, Sequence[Head]] | None = None,
+) -> dict[int, list[Head]]:
     """Each ``wide`` layer's heads in the order group testing splits them (`head_order.by_size`: the
-    largest writes first): read from ``known`` where it holds the whole layer (a remote first
-    stage, measured in that order: `head_order.ordered_layers` before the first request), else
-    `head_order.ordered_layers` of the other layers (one forward)."""
-    order: dict[int, list[Head]] = {}
+    largest writes first): from ``ahead`` (measured before the baseline), or from ``known`` where it
+    holds the whole layer (a remote first stage, measured in that order: `head_order.ordered_layers`
+    before the first request), else `head_order.ordered_layers` of the other layers (one forward)."""
+    order: dict[int, list[Head]] = {layer: list(ahead[layer]) for layer in wide if ahead is not None and layer in ahead}
     for group in known or {}:
         layer = group[0].layer if group else -1
-        if layer in wide and len(group) == model.heads_per_layer[layer] and {h.layer for h in group} == {layer}:
+        if layer in wide and layer not in order and len(group) == model.heads_per_layer[layer] and {h.layer for h in group} == {layer}:
             order[layer] = list(group)
     missing = [layer for layer in wide if layer not in order]
     return {layer: order[layer] for layer in order} | (ordered_layers(model, task, missing) if missing else {})

@@ -65,17 +65,18 @@ class Stage:
 
 def baseline(ctx: Context, records: Records) -> BaselineRecord:
     """Clean accuracy and the mechanism (`stage.baseline`); remotely the first request
-    (`Runner.first_request`), locally the prescreen's first-order forward first (it is the
-    clean one: it fills the prefix cache for the baseline). Ends the run when there is no
-    retrieval to explain."""
+    (`Runner.first_request`), locally the prescreen's first-order forward first, or group
+    testing's order of the wide layers (`stage.early_head_order`): either is the clean forward,
+    and fills the prefix cache for the baseline. Ends the run when there is no retrieval to explain."""
     ctx.bar.stage("baseline")
     s = ctx.settings
     first = ctx.runner.first_request(ctx.task, s.stages, s.check_labels, ctx.wide)
     early = stage.early_first_order(ctx) if first is None else None
+    order = stage.early_head_order(ctx) if first is None and early is None else None
     clean = first.clean if first is not None else evaluate(ctx.model, ctx.task, progress=ctx.evaluate_bars)
     mechanism, notes, floor = stage.baseline(ctx.task, clean, s.chance_margin)
     stop = mechanism == "none" and not s.search_at_chance  # no retrieval to explain: no head search
-    return BaselineRecord(clean, floor, mechanism, notes, stop, first, early)
+    return BaselineRecord(clean, floor, mechanism, notes, stop, first, early, order)
 
 
 def label_check(ctx: Context, records: Records) -> LabelCheckRecord:
@@ -135,6 +136,7 @@ def head_scan(ctx: Context, records: Records) -> HeadScanRecord:
         min_effect=min_effect,
         progress=ctx.progress,
         known=None if base.first is None else base.first.groups,
+        order=base.order,
         defer_search=ctx.batched and "entry" in s.stages,  # the spread groups' search travels with the entry scan
         search_spread=ctx.batched,  # locally, only the groups the spread report shows are searched (`spread_check`)
         quiet=screened.quiet,

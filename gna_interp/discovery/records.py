@@ -193,6 +193,10 @@ CODECS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
         lambda h: None if h is None else [e.to_dict() for e in h],
         lambda d: None if d is None else [HeadEvidence.from_dict(e) for e in d],
     ),
+    "order": (
+        lambda d: None if d is None else [[layer, _heads(heads)] for layer, heads in d.items()],
+        lambda d: None if d is None else {int(layer): _parse(heads) for layer, heads in d},
+    ),
     "verdicts": (lambda d: {k: v.to_dict() for k, v in d.items()}, lambda d: {k: Verdict.from_dict(v) for k, v in d.items()}),
     **{name: (_heads, _parse) for name in HEAD_LISTS},
 }
@@ -211,7 +215,7 @@ def record_from_dict(data: dict[str, Any], ctx: Context) -> Record:
     kind = next((k for k in RECORDS if k.stage == data.get("stage")), None)
     if kind is None:
         raise GnaValueError(f"a saved record of stage {data.get('stage')!r}: expected one of {[k.stage for k in RECORDS]}")
-    values = {f.name: CODECS.get(f.name, (_plain, _plain))[1](data[f.name]) for f in fields(kind)}
+    values = {f.name: CODECS.get(f.name, (_plain, _plain))[1](data[f.name]) for f in fields(kind) if f.name in data}  # absent: its default
     scan = values.get("scan")
     if scan is not None and scan.measure == "group":  # `_scan`: rebuilt here
         scan.measure = head_scans.group_measure(ctx.model, ctx.task)

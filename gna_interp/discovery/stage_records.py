@@ -53,7 +53,8 @@ class Record:
 class BaselineRecord(Record):
     """Clean accuracy and whether there is a retrieval to explain (``mechanism``: ``"none"``
     below ``floor``, `stages.retrieval_floor`); a remote run's first request (``first``),
-    a local run's early first-order estimates (``early``, ``estimates`` ``[layer, head]``)."""
+    a local run's early first-order estimates (``early``, ``estimates`` ``[layer, head]``)
+    or group testing's order of the wide layers (``order``: layer -> its heads, `stages.early_head_order`)."""
 
     stage: ClassVar[str] = "baseline"
     clean: Evaluation
@@ -63,6 +64,7 @@ class BaselineRecord(Record):
     stop: bool
     first: remote.FirstScans | None = None
     early: head_scans.FirstOrder | None = None
+    order: dict[int, list[Head]] | None = None
 
     def ends_run(self) -> bool:
         return self.stop

@@ -26,7 +26,7 @@ from ..scoring.evaluation import Evaluation, check_task, evaluate
 from ..scoring.verdicts import MECHANISMS, label_verdict
 from ..tasks.base import Task
 from ..tasks.mcq import shuffle_labels
-from . import head_scans, layer_scans, memo, remote
+from . import head_order, head_scans, layer_scans, memo, remote
 from .circuit import GnaCircuit, alone_verdicts, collapse_verdicts
 from .confirm import (
     SPREAD_FRACTION,
@@ -196,6 +196,20 @@ def early_first_order(ctx: Context) -> head_scans.FirstOrder | None:
     if not ctx.encoded.single_token:
         return None
     return head_scans.first_order(model, ctx.task, narrow)
+
+
+def early_head_order(ctx: Context) -> dict[int, list[Head]] | None:
+    """Group testing's order of every wide scan layer (more than ``screen_above`` heads:
+    `head_order.ordered_layers`), before the baseline, where its forward can be the clean one
+    (a local model without active interventions, a run with a head scan, no early first-order
+    forward): it fills the prefix cache, so `evaluate`'s baseline after it runs no block, and
+    the head scan reads the order here (one pass fewer; the layers the layer scan clears
+    after it were captured in the same forward)."""
+    model, s = ctx.model, ctx.settings
+    wide = [layer for layer in ctx.scan_layers if model.heads_per_layer[layer] > s.screen_above]
+    if "heads" not in s.stages or not wide or ctx.batched or model.active_interventions:
+        return None
+    return head_order.ordered_layers(model, ctx.task, wide, prime=True)
 
 
 def entry_stage(
