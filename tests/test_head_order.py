@@ -198,3 +198,19 @@ def test_the_order_measured_before_the_baseline_is_its_clean_forward():
     assert mine == theirs
     spent = [sum(r.cost["block_rows"] for r in recs) for recs in (records, late_records)]
     assert spent[0] == spent[1] - one_pass
+
+
+def test_write_sizes_read_the_first_prompts_that_fit_the_capture_budget(monkeypatch):
+    """With `CAPTURE_BYTES` room for 3 prompts' head outputs, `write_sizes` on 24 prompts sums the
+    first 3 alone (raw hooks on those 3), and the order is not measured ahead of the baseline on a
+    model whose single prompt does not fit (`stages.early_head_order`)."""
+    from gna_interp.discovery import head_order
+
+    model, task = gna.load_toy("mamba"), gna.toy_task("mamba", 24, seed=7)
+    per_prompt = head_order.bytes_per_prompt(model, [0, 1], task.encode(task.tokenizer_for(model.tokenizer)).batch.n_pos)
+    monkeypatch.setattr(head_order, "CAPTURE_BYTES", 3 * per_prompt + 1)
+    sizes, reference = write_sizes(model, task, [0, 1]), _hooked_writes(model, task[:3], [0, 1])
+    assert all(torch.allclose(sizes[layer], reference[layer], rtol=1e-4) for layer in (0, 1))
+    monkeypatch.setattr(head_order, "CAPTURE_BYTES", per_prompt - 1)
+    circuit, records = gna.discovery.pipeline.discover_records(model, task, stages=("layers", "heads"))
+    assert records.baseline.order is None and set(circuit.settings["group_testing"]) == {"0", "1"}

@@ -79,3 +79,42 @@ def test_a_held_batch_reads_patterns_from_its_cached_prefix(model):
     assert spent == batch.n_rows * (n_layers - 1)
     assert float(expected.abs().max()) > 1e-3
     assert (pattern - expected).abs().max() < TOL
+
+
+PARAMS = {"llama-tlens": "o_proj.weight", "llama-nnsight": "o_proj.weight", "mamba2": "A_log", "mamba": "A_log"}
+
+
+def test_a_parameter_read_from_a_held_prefix_is_the_parameter(model, request):
+    """A read of layer 0's mixer parameter alone (no output read beside it) from a held batch:
+    the parameter itself (its layer runs: the read counts as touching it)."""
+    from gna_interp.core.plan import Plan, Read, ReadKind
+
+    name = PARAMS[request.node.callspec.params["model"]]
+    batch = model.to_batch(CLEAN)
+    read = Read(ReadKind.PARAM, 0, name)
+    expected = model.run_plan(batch, Plan(), reads=[read]).reads[0]
+    with model.prefix_cache():
+        model.logits(batch)
+        value = model.run_plan(batch, Plan(), reads=[read]).reads[0]
+    assert value.shape == expected.shape and torch.equal(value, expected)
+
+
+def test_a_residual_captured_at_a_held_start_records_gradients_of_its_own(model):
+    """``grad=True`` with the residual entering block 1 captured, from a held batch: the capture is
+    the forward's own leaf (the logits' gradient with respect to it is the uncached run's), and the
+    cache's stream is left as it was (no gradient recorded on it, the same values)."""
+    from gna_interp.core.plan import Plan, Site, SiteKind
+
+    batch, site = model.to_batch(CLEAN), Site(SiteKind.RESID, 1)
+    full = model.run_plan(batch, Plan(), capture={site}, grad=True)
+    (expected,) = torch.autograd.grad(full.logits.sum(), full.acts[site])
+    with model.prefix_cache() as cache, gna.cost_meter(model) as cost:
+        model.logits(batch)
+        before = cost.block_rows
+        held = model.run_plan(batch, Plan(), capture={site}, grad=True)
+        assert cost.block_rows - before == batch.n_rows * (model.n_layers - 1)
+        (grad,) = torch.autograd.grad(held.logits.sum(), held.acts[site])
+        stream = cache.lookup(batch)[1]
+        assert not stream.requires_grad and held.acts[site].data_ptr() != stream.data_ptr()
+        assert (stream - full.acts[site].detach()).abs().max() < TOL
+    assert (grad - expected).abs().max() < 1e-4 * max(1.0, float(expected.abs().max()))

@@ -225,14 +225,14 @@ class Plan:
 
     def reusable_start(self, n_layers: int, capture: Collection[Site] = (), reads: Sequence[Read] = ()) -> tuple[int, int]:
         """Where a forward of this plan can begin from the *unedited* run's residual stream:
-        ``(first, resume)``. ``first`` is its first edited, skipped, captured or read layer
-        (a parameter's read runs nothing; ``n_layers`` when it touches nothing): blocks before it compute what the unedited
-        run computes. ``resume >= first`` moves on past blocks skipped on every row with
-        nothing edited or captured in them (the residual passes through those unchanged):
-        the forward can begin at block ``resume`` from the unedited residual entering block
-        ``first`` (``Truncate(k)``: ``(k, n_layers)``, no block runs). Meaningful only
-        without a `start`."""
-        touched = {site.layer for site in [*self.edits, *capture]} | {read.layer for read in reads if read.kind is not ReadKind.PARAM}
+        ``(first, resume)``. ``first`` is its first edited, skipped, captured or read layer (a
+        parameter's read too: a backend reads it where its layer runs; ``n_layers`` when it
+        touches nothing): blocks before it compute what the unedited run computes. ``resume >=
+        first`` moves on past blocks skipped on every row with nothing edited or captured in
+        them (the residual passes through those unchanged): the forward can begin at block
+        ``resume`` from the unedited residual entering block ``first`` (``Truncate(k)``:
+        ``(k, n_layers)``, no block runs). Meaningful only without a `start`."""
+        touched = {site.layer for site in [*self.edits, *capture]} | {read.layer for read in reads}
         first = min([*touched, *self.skips, n_layers])
         resume = first
         while resume < n_layers and resume not in touched and bool(self.skips.get(resume, torch.zeros(1, dtype=torch.bool)).all()):

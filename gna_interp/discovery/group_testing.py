@@ -294,7 +294,8 @@ class StagedGroupTesting:
         self.memo = dict(known or {})
         self.layers = [list(heads) for heads in layers]
         self.counts = [[0, 0] for _ in self.layers]  # per layer: tests, rounds
-        ahead = [(i, list(g)) for g in self.memo for i, heads in enumerate(self.layers) if set(g) <= set(heads)]  # `speculated`
+        where = {head: i for i, heads in enumerate(self.layers) for head in heads}
+        ahead = [(where[g[0]], list(g)) for g in self.memo if g and all(where.get(h, -1) == where.get(g[0]) for h in g) and g[0] in where]
         self._run([(i, g) for i, heads in enumerate(self.layers) for g in stage_one(heads)] + ahead)
         self.results, frontier = self._walk()
         self._searches = self._start()  # spread groups found in the first stage: their search's first round with the second stage

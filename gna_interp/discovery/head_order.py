@@ -30,62 +30,73 @@ if TYPE_CHECKING:
     from ..tasks.base import Task
 
 ROWS = 64
-"""`write_sizes` captures the head outputs of at most this many prompts at a time..."""
+"""`write_sizes` captures the head outputs of at most this many prompts a forward."""
 CAPTURE_BYTES = 256 * 2**20
-"""...and at most this many bytes of them (fewer prompts a forward in wide layers: a Mamba-1 of
-4,096 channels holds 600 positions x 4,096 floats per prompt and layer)."""
+"""`write_sizes` reads at most this many bytes of head outputs in all: the first prompts that fit, at
+least one (a Mamba-1 of 4,096 channels holds 600 positions x 4,096 floats per prompt and layer);
+`discover` measures the order ahead of the baseline only where one prompt's fit
+(`stages.early_head_order`)."""
+
+
+def bytes_per_prompt(model: GnaModel, layers: Sequence[int], n_pos: int) -> int:
+    """Bytes of the head outputs of ``layers`` for one prompt of ``n_pos`` positions (float32)."""
+    sites = {site for layer in layers for site in model.head_sites(layer)}
+    return 4 * n_pos * sum(model.mixer(site).n_heads * model.mixer(site).head_dim for site in sites)
 
 
 def write_sizes(model: GnaModel, task: Task, layers: Sequence[int], *, prime: bool = False) -> dict[int, Tensor]:
     """Per layer of ``layers``, ``[n_heads]``: each head's write into the residual stream,
     ``|| W_h a_h ||`` (its output ``a_h`` ``[d_head]`` through its out-projection columns ``W_h``
-    ``[d_model, d_head]``, times the mixer's `write_scale`), summed over every prompt's real
-    positions (attention mask 1), in one clean forward (chunks of `ROWS` prompts, from an open
-    prefix cache's clean stream where it holds one; one request on a remote model) capturing
-    the layers' head sites. A Mamba-1
-    channel (``d_head`` 1): its activation size times its column's norm. Out-projection weights
-    not held here (an NDIF model's structure lives on the meta device): the outputs' norms,
-    ``|| a_h ||``, alone. ``prime``: the forward also gives an open prefix cache the prompts'
+    ``[d_model, d_head]``, times the mixer's `write_scale`), summed over the real positions
+    (attention mask 1) of the first prompts whose head outputs fit in `CAPTURE_BYTES` (every
+    prompt of a toy), in one clean forward (chunks of `ROWS` prompts, from an open prefix
+    cache's clean stream where it holds one; one request on a remote model) capturing the
+    layers' head sites. A Mamba-1 channel (``d_head`` 1): its activation size times its
+    column's norm. Out-projection weights not held here (an NDIF model's structure lives on the
+    meta device): the outputs' norms, ``|| a_h ||``, alone, so an NDIF run's order can differ
+    from a local run's. ``prime``: the forward also gives an open prefix cache every prompt's
     clean residual streams (`GnaModel.remember_prefix`; a local model without active
     interventions): it is then the clean run, and `evaluate`'s baseline after it runs no block."""
     sites = sorted({site for layer in layers for site in model.head_sites(layer)})
+    out = {layer: torch.zeros(model.heads_per_layer[layer], dtype=torch.float64) for layer in layers}
     if not sites:
-        return {}
+        return out
     grams = {site: _gram(model, site) for site in sites}
-    encoded = task.encode(task.tokenizer_for(model.tokenizer))
+    batch = task.encode(task.tokenizer_for(model.tokenizer)).batch
+    read = min(batch.n_rows, max(1, CAPTURE_BYTES // bytes_per_prompt(model, layers, batch.n_pos)))  # prompts the sizes read
+    spans = [(a, min(a + ROWS, read)) for a in range(0, read, ROWS)]
+    spans += [(a, min(a + ROWS, batch.n_rows)) for a in range(read, batch.n_rows, ROWS)] if prime else []  # the cache's alone
+    chunks = [(Batch(batch.input_ids[a:b], batch.attention_mask[a:b]), a < read) for a, b in spans]
     sums = {site: torch.zeros(model.mixer(site).n_heads, dtype=torch.float64) for site in sites}
-    per_row = 4 * encoded.batch.n_pos * sum(model.mixer(site).n_heads * model.mixer(site).head_dim for site in sites)
-    rows = max(1, min(ROWS, CAPTURE_BYTES // per_row))
-    chunks = [
-        Batch(encoded.batch.input_ids[start : start + rows], encoded.batch.attention_mask[start : start + rows])
-        for start in range(0, encoded.batch.n_rows, rows)
-    ]
     for chunk, acts in _captures(model, chunks, sites, prime):
         real = chunk.attention_mask.bool()  # [rows, pos]
         for site in sites:
-            sums[site] += _norms(acts[site], grams[site])[real].sum(0).double().cpu()
-    out = {layer: torch.zeros(model.heads_per_layer[layer], dtype=torch.float64) for layer in layers}
+            if site in acts:
+                sums[site] += _norms(acts[site], grams[site])[real].sum(0).double().cpu()
     for site, total in sums.items():
         mixer = model.mixer(site)
         out[mixer.layer][mixer.offset : mixer.offset + mixer.n_heads] = total
     return out
 
 
-def _captures(model: GnaModel, chunks: list[Batch], sites: list[Site], prime: bool = False) -> Iterator[tuple[Batch, dict[Site, Tensor]]]:
-    """Each chunk and its clean activations at ``sites``: a remote model's in one request, a local
-    model's one chunk at a time (`run_jobs`: from an open prefix cache); under the model's active
-    interventions (``model.ablated``), as discovery's clean run. ``prime`` (`write_sizes`): a local
-    chunk's clean residual streams go to the open prefix cache too."""
+def _captures(
+    model: GnaModel, chunks: list[tuple[Batch, bool]], sites: list[Site], prime: bool = False
+) -> Iterator[tuple[Batch, dict[Site, Tensor]]]:
+    """Each chunk and its clean activations at ``sites`` (where its flag says so): a remote model's
+    in one request, a local model's one chunk at a time (`run_jobs`: from an open prefix cache);
+    under the model's active interventions (``model.ablated``), as discovery's clean run.
+    ``prime`` (`write_sizes`): a local chunk's clean residual streams go to the open prefix cache too."""
     ambient = list(model.active_interventions)  # discovery's clean run is the one under them
     remote = is_batched_remote(model)
     prime = prime and not remote and not ambient
 
-    def job(chunk: Batch) -> Job:
-        capture = frozenset(sites) | (model.prefix_sites(chunk) if prime else frozenset())
+    def job(chunk: Batch, heads: bool) -> Job:
+        capture = frozenset(sites if heads else ()) | (model.prefix_sites(chunk) if prime else frozenset())
         return Job(chunk, model.compile_plan(chunk, ambient) if ambient else Plan(), capture, keep=3)
 
-    outputs = run_jobs(model, [job(c) for c in chunks]) if remote else (run_jobs(model, [job(c)])[0] for c in chunks)
-    for chunk, out in zip(chunks, outputs, strict=True):
+    jobs = [job(chunk, heads) for chunk, heads in chunks]
+    outputs = run_jobs(model, jobs) if remote else (run_jobs(model, [one])[0] for one in jobs)
+    for (chunk, _), out in zip(chunks, outputs, strict=True):
         assert out is not None  # keep=3: the captures come back
         if prime:
             model.remember_prefix(chunk, out.acts)
@@ -123,7 +134,8 @@ def by_size(heads: Sequence[Head], sizes: Tensor | None) -> list[Head]:
     if sizes is None:
         return sorted(heads)
     if any(not 0 <= head.head < len(sizes) for head in heads):
-        raise GnaValueError(f"by_size: heads {sorted(heads)} do not fit {len(sizes)} sizes")
+        outside = sorted(h for h in heads if not 0 <= h.head < len(sizes))
+        raise GnaValueError(f"by_size: heads {outside[:8]}{' ...' if len(outside) > 8 else ''} do not fit {len(sizes)} sizes (a head each)")
     return sorted(heads, key=lambda head: (-float(sizes[head.head]), head))
 
 

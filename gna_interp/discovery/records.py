@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -215,6 +215,9 @@ def record_from_dict(data: dict[str, Any], ctx: Context) -> Record:
     kind = next((k for k in RECORDS if k.stage == data.get("stage")), None)
     if kind is None:
         raise GnaValueError(f"a saved record of stage {data.get('stage')!r}: expected one of {[k.stage for k in RECORDS]}")
+    required = [f.name for f in fields(kind) if f.name not in data and f.default is MISSING and f.default_factory is MISSING]
+    if required:
+        raise GnaValueError(f"a saved record of stage {kind.stage!r} lacks {required}: expected every field of {kind.__name__}")
     values = {f.name: CODECS.get(f.name, (_plain, _plain))[1](data[f.name]) for f in fields(kind) if f.name in data}  # absent: its default
     scan = values.get("scan")
     if scan is not None and scan.measure == "group":  # `_scan`: rebuilt here

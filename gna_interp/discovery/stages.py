@@ -205,10 +205,11 @@ def early_head_order(ctx: Context) -> dict[int, list[Head]] | None:
     forward): it fills the prefix cache, so `evaluate`'s baseline after it runs no block, and
     the head scan reads the order here (one pass fewer; the layers the layer scan clears
     after it were captured in the same forward)."""
-    model, s = ctx.model, ctx.settings
-    wide = [layer for layer in ctx.scan_layers if model.heads_per_layer[layer] > s.screen_above]
-    if "heads" not in s.stages or not wide or ctx.batched or model.active_interventions:
+    model, wide = ctx.model, ctx.wide
+    if not wide or ctx.batched or model.active_interventions:
         return None
+    if head_order.bytes_per_prompt(model, wide, ctx.encoded.batch.n_pos) > head_order.CAPTURE_BYTES:
+        return None  # one prompt's head outputs alone are too big: the head scan orders only the layers it tests
     return head_order.ordered_layers(model, ctx.task, wide, prime=True)
 
 

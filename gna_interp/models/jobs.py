@@ -43,7 +43,7 @@ def run_jobs(model: GnaModel, jobs: Sequence[Job]) -> list[RunOutput | None]:
     for job in jobs:
         plan = resolved(job.plan, full)
         last = 0 if job.keep == 1 else 1  # keep 0 / 2 / 3: the final position's logits alone are computed
-        out = model.run_plan(job.batch, plan, job.capture, logits_to_keep=last, reads=job.reads)  # reads: in full
+        out = model.run_plan(job.batch, plan, job.capture, logits_to_keep=last, reads=job.reads)  # reads: from a held prefix only
         full.append(out)
         outputs.append(kept(out, job.keep))
     return outputs

@@ -20,6 +20,10 @@ kept. The gathered streams are not stored (they would duplicate the entries): ea
 gathers the layer its forward starts from (and those it captures), a transient copy. A batch with a
 row no entry holds runs in full and is stored, as before.
 
+Forwards that record gradients or read values where the model makes them (attention weights)
+are served too, where the cache already holds their batch (`PrefixCache.run_held`): they never
+fill it.
+
 Memory: one entry holds ``rows x pos x d_model`` floats per cached layer. Entries keep
 the embeddings (the stream entering block 0: a forward that skips blocks ``0 .. k-1``
 starts at block ``k`` from them) and every ``stride``-th layer, the smallest stride that
@@ -151,9 +155,11 @@ class PrefixCache:
         """A forward with autograd recording (``grad``) or ``reads`` (values read where the
         model makes them) from the cached clean prefix of ``batch``, where the cache already
         holds it and the plan, its captures and its reads leave blocks to skip; else ``None``
-        (the caller runs it in full: such a forward never fills the cache). The stream it
-        starts from is a constant (detached): gradients reach every edit and capture, all at
-        or after the start, and every read is made at or after it."""
+        (the caller runs it in full: such a forward never fills the cache). With ``grad`` it
+        starts from its own copy of the cached stream, a leaf that records gradients (a
+        residual captured at the start is that copy, never the entry): gradients reach every
+        edit and capture, all at or after the start (none reaches a skipped block's
+        parameters), and every read is made at or after it."""
         if plan.start is not None or plan.reusable_start(self.n_layers, capture, reads)[1] == 0:
             return None
         entry = self.lookup(batch)
@@ -176,7 +182,8 @@ class PrefixCache:
         if source is None or (source == 0 and first > 0):  # the embeddings serve only a forward that skips block 0 on
             return None
         start = resume if source == first else source  # past fully skipped blocks only from `first` itself
-        resumed = Plan(edits=plan.edits, skips=plan.skips, start=(start, entry[source]))
+        stream = entry[source].detach().clone().requires_grad_(True) if grad else entry[source]  # never the entry itself
+        resumed = Plan(edits=plan.edits, skips=plan.skips, start=(start, stream))
         return self.backend.run(batch, resumed, capture=capture, reads=reads, logits_to_keep=keep, grad=grad)
 
     def remember(self, batch: Batch, streams: Mapping[int, Tensor]) -> None:
