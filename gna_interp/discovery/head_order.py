@@ -62,7 +62,7 @@ def write_sizes(model: GnaModel, task: Task, layers: Sequence[int], *, prime: bo
     if not sites:
         return out
     grams = {site: _gram(model, site) for site in sites}
-    batch = task.encode(task.tokenizer_for(model.tokenizer)).batch
+    batch = task.gna_batch(model.tokenizer)
     read = min(batch.n_rows, max(1, CAPTURE_BYTES // bytes_per_prompt(model, layers, batch.n_pos)))  # prompts the sizes read
     spans = [(a, min(a + ROWS, read)) for a in range(0, read, ROWS)]
     spans += [(a, min(a + ROWS, batch.n_rows)) for a in range(read, batch.n_rows, ROWS)] if prime else []  # the cache's alone
@@ -133,8 +133,8 @@ def by_size(heads: Sequence[Head], sizes: Tensor | None) -> list[Head]:
     index; in index order where ``sizes`` is ``None``."""
     if sizes is None:
         return sorted(heads)
-    if any(not 0 <= head.head < len(sizes) for head in heads):
-        outside = sorted(h for h in heads if not 0 <= h.head < len(sizes))
+    outside = sorted(h for h in heads if not 0 <= h.head < len(sizes))
+    if outside:
         raise GnaValueError(f"by_size: heads {outside[:8]}{' ...' if len(outside) > 8 else ''} do not fit {len(sizes)} sizes (a head each)")
     return sorted(heads, key=lambda head: (-float(sizes[head.head]), head))
 

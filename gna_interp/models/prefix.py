@@ -125,9 +125,7 @@ class PrefixCache:
         returns nothing of its logits: it computes the final position's alone."""
         keep = logits_to_keep
         backend, n_layers = self.backend, self.n_layers
-        if plan.start is not None:
-            return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
-        if plan.reusable_start(n_layers, capture)[1] == 0:
+        if plan.start is not None or plan.reusable_start(n_layers, capture)[1] == 0:
             return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
         entry = self.lookup(batch)
         if entry is None:
