@@ -88,7 +88,7 @@ def over_budget(passes: float, line: float) -> None:
 def test_the_deep_toys_stay_within_their_budget(family, budget, backwards):
     """32 layers, 200 prompts (the benchmark's setting): the toy's heads shifted to layers
     15 and 16, in at most 30 passes (issue 42's goal; issue 52, item 8, for the label-reading
-    Mamba-2). Measured on 2026-11-29: 29.70, 34.48 and 54.42 (the history and where the passes
+    Mamba-2). Measured on 2026-11-29: 29.70, 34.48 and 50.30 (the history and where the passes
     go: docs/records/discovery.md, "What it costs"). The prescreen at first order (the filler
     layers' heads reach nothing: 4 backwards, chunks of <= 64 prompts), the Mamba-2 toys' ordering of
     a spread role or a collapse 4 more (chunks of 50); layers 0-13 cleared together, 17-31 by

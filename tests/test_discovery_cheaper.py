@@ -178,41 +178,37 @@ def test_a_label_that_reads_an_unmeasured_final_share_raises():
 
 
 @pytest.mark.slow
-def test_an_ordered_search_short_of_chance_gives_the_greedy_search():
+def test_an_ordered_search_short_of_chance_continues_by_the_greedy_rule():
     """The Llama toy's Gather: in order, L0H0 (0.400), +L0H1 passed over, +L0H2 (0.375), +L0H3 rose (0.395): the
-    ordered search ends short of chance and the greedy search runs: its set, its curve and the
-    circuit are the greedy search's alone, field for field but the settings and the cost."""
+    ordered search ends short of chance, and the greedy rule continues from the two heads it
+    kept: its set and curve are the ordered search's, then the greedy steps, as a reference
+    run here with `evaluate` alone (no memo, no prefix cache) computes them."""
     model, task = gna.load_toy("llama"), gna.toy_task("llama", 200, seed=4242)
-    ordered, greedy = _found(model, task), _found(model, task, joint_search="greedy")
-    # The reference: the greedy rule run here with `evaluate` alone (no memo, no prefix cache) over
-    # the Gather pool, every head of the Gather heads' layers but the Aggregate ones (all of
-    # them before the Aggregate head), ablated at the segments; stop at chance + margin.
-    pool = [h for h in model.heads if h.layer in {g.layer for g in greedy.gather} and h not in greedy.aggregate]
-    assert all(model.head_position(h) < min(map(model.head_position, greedy.aggregate)) for h in pool)
+    ordered = _found(model, task)
+    # The reference: the greedy rule from {L0H0, L0H2} over the Gather pool, every head of the Gather
+    # heads' layers but the Aggregate ones (all of them before the Aggregate head), ablated at the
+    # segments; stop at chance + margin.
+    pool = [h for h in model.heads if h.layer in {g.layer for g in ordered.gather} and h not in ordered.aggregate]
+    assert all(model.head_position(h) < min(map(model.head_position, ordered.aggregate)) for h in pool)
     segments = segment_positions(task.encode())
-    threshold = greedy.accuracy["chance"] + greedy.settings["chance_margin"]
-    chosen: list = []
-    current, steps = greedy.accuracy["clean"], []
-    while pool and len(chosen) < greedy.settings["max_heads_per_role"] and current > threshold:
-        value, best = min((gna.evaluate(model, task, [gna.Ablate([*chosen, h], positions=segments)]).accuracy, h) for h in pool)
+    threshold = ordered.accuracy["chance"] + ordered.settings["chance_margin"]
+    in_order = [gna.Head(0, h) for h in (0, 2, 3)]  # the ranking's first three, as the search tried them
+    tried = [gna.evaluate(model, task, [gna.Ablate(in_order[:k], positions=segments)]).accuracy for k in (1, 2, 3)]
+    assert tried[1] < tried[0] - 0.02 and tried[2] > tried[1] > threshold
+    chosen, current, steps = in_order[:2], tried[1], []
+    rest = [h for h in pool if h not in chosen]
+    while rest and len(chosen) < ordered.settings["max_heads_per_role"] and current > threshold:
+        value, best = min((gna.evaluate(model, task, [gna.Ablate([*chosen, h], positions=segments)]).accuracy, h) for h in rest)
         if value >= current:
             break
         chosen.append(best)
-        pool.remove(best)
+        rest.remove(best)
         current = value
         steps.append((best, value))
-    assert len(chosen) >= 2, "the case needs a set the greedy search grows"
-    assert greedy.needs["gather"].heads == chosen
-    assert [h for h, _ in greedy.needs["gather"].curve] == chosen
-    assert [a for _, a in greedy.needs["gather"].curve] == pytest.approx([a for _, a in steps])
-    a, b = ordered.to_dict(), greedy.to_dict()
-    for data in (a, b):
-        data.pop("cost")
-        data["settings"].pop("joint_search")
-    assert a == b
-    in_order = [gna.Head(0, h) for h in (0, 2, 3)]  # the ranking's first three, as the search tried them
-    tried = [gna.evaluate(model, task, [gna.Ablate(in_order[:k], positions=segments)]).accuracy for k in (1, 2, 3)]
-    assert tried[1] < tried[0] - 0.02 and tried[2] > tried[1] > ordered.accuracy["chance"] + 0.10
+    assert steps, "the case needs a set the greedy rule grows"
+    assert ordered.needs["gather"].heads == chosen and current <= threshold
+    assert [h for h, _ in ordered.needs["gather"].curve] == chosen
+    assert [a for _, a in ordered.needs["gather"].curve] == pytest.approx([tried[0], tried[1], *(a for _, a in steps)])
 
 
 def test_the_ordered_search_tries_only_heads_that_cost_alone():

@@ -113,16 +113,67 @@ def test_ordered_stops_at_the_threshold_and_at_max_heads():
     assert calls == [[0], [0, 1], [0]]
 
 
-def test_role_set_falls_back_to_greedy_from_scratch_short_of_the_threshold():
-    oracle, calls = additive({0: 0.1, 1: 0.05, 2: 0.4})
+def test_role_set_continues_greedily_from_the_ordered_set_short_of_the_threshold():
+    oracle, calls = additive({0: 0.1, 1: 0.05, 2: 0.4, 3: 0.01})
     ranked = [0]  # only head 0 costs alone in this ranking: the ordered search ends at 0.9
-    chosen, curve, value = search.role_set([0, 1, 2], ranked, oracle, 1.0, 0.5, 8, method="ordered", min_drop=0.02)
-    greedy = search.greedy_set([0, 1, 2], additive({0: 0.1, 1: 0.05, 2: 0.4})[0], 1.0, 0.5, 8)
-    assert (chosen, curve, value) == greedy
-    assert chosen == [2, 0] and value == pytest.approx(0.5)
-    assert calls == [[0], [0], [1], [2], [2, 0], [2, 1]]  # the ordered try, then greedy from scratch (no memo here)
+    chosen, curve, value = search.role_set([0, 1, 2, 3], ranked, oracle, 1.0, 0.5, 8, method="ordered", min_drop=0.02)
+    assert chosen == [0, 2] and curve == pytest.approx([0.9, 0.5]) and value == pytest.approx(0.5)
+    assert calls == [[0], [0, 1], [0, 2], [0, 3]]  # the ordered try, then greedy from {0} (no memo here)
     with pytest.raises(ValueError, match="method='best'"):
         search.role_set([0], [0], oracle, 1.0, 0.5, 8, method="best", min_drop=0.02)
+
+
+def test_role_set_keeps_what_the_ordered_search_kept_where_a_restart_would_drop_it():
+    """Heads that interact: 0 alone 0.8, 0 and 1 0.7 (kept), but 0 and 2 reach 0.3 only
+    without 1 (1 cancels 2). Continuing from {0, 1} ends at 0.6, short of 0.35, where a
+    restart would find {0, 2}: the search continues, as documented, and measures no more."""
+    values = {frozenset([0]): 0.8, frozenset([0, 1]): 0.7, frozenset([0, 2]): 0.3, frozenset([0, 1, 2]): 0.6, frozenset([0, 1, 3]): 0.75}
+    calls: list[list[int]] = []
+
+    def oracle(heads: list[int]) -> float:
+        calls.append(list(heads))
+        return values.get(frozenset(heads), 0.9)
+
+    chosen, curve, value = search.role_set([0, 1, 2, 3], [0, 1], oracle, 1.0, 0.35, 8, method="ordered", min_drop=0.02)
+    assert chosen == [0, 1, 2] and curve == pytest.approx([0.8, 0.7, 0.6]) and value == pytest.approx(0.6)
+    assert calls == [[0], [0, 1], [0, 1, 2], [0, 1, 3], [0, 1, 2, 3]]
+
+
+def test_role_set_from_nothing_kept_is_the_greedy_search():
+    oracle, _ = additive({0: 0.01, 1: 0.3, 2: 0.4})
+    got = search.role_set([0, 1, 2], [0], oracle, 1.0, 0.35, 8, method="ordered", min_drop=0.02)  # 0 drops 0.01: kept nothing
+    assert got == search.greedy_set([0, 1, 2], additive({0: 0.01, 1: 0.3, 2: 0.4})[0], 1.0, 0.35, 8)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_role_set_equals_its_brute_force_twin_on_interacting_heads(seed):
+    """The ordered search, then (short of the threshold, the pool in reach) the greedy rule by
+    enumeration from the heads it kept: the same set and value on heads that interact."""
+    rng = random.Random(seed)
+    heads = list(range(6))
+    pair = {frozenset(p): rng.uniform(-0.05, 0.2) for p in itertools.combinations(heads, 2)}
+    single = {h: rng.uniform(0.0, 0.2) for h in heads}
+
+    def oracle(chosen: list[int]) -> float:
+        return 1.0 - sum(single[h] for h in chosen) - sum(pair[frozenset(p)] for p in itertools.combinations(chosen, 2))
+
+    ranked = sorted((h for h in heads if single[h] >= 0.1), key=lambda h: -single[h])
+    got = search.role_set(heads, ranked, oracle, 1.0, 0.3, 4, method="ordered", min_drop=0.02)
+    kept, current = [], 1.0
+    for h in ranked:  # the ordered rule
+        if len(kept) >= 4 or current <= 0.3:
+            break
+        if current - oracle([*kept, h]) >= 0.02:
+            kept, current = [*kept, h], oracle([*kept, h])
+    if current > 0.3 and kept and len(kept) < 4:
+        while len(kept) < 4 and current > 0.3:  # the greedy rule, from what was kept
+            value, best = min((oracle([*kept, h]), h) for h in heads if h not in kept)
+            if value >= current:
+                break
+            kept, current = [*kept, best], value
+    elif current > 0.3 and not kept:
+        kept, current = brute_greedy(heads, oracle, 1.0, 0.3, 4)
+    assert got[0] == kept and got[2] == pytest.approx(current)
 
 
 def test_the_server_program_runs_the_same_search_without_gna_interp(tmp_path):

@@ -267,8 +267,8 @@ def greedy_joint(model: Any, problem: dict, block_items: Any) -> tuple[list, lis
       the last of ``bound`` and the chosen heads' positions (or its members); ``search``:
       ``"greedy"`` (`joint_set`, the default) or ``"ordered"`` (`ordered_set` over ``order``,
       the pool heads it tries in its order, keeping a head that lowers accuracy by
-      ``min_drop``; short of ``threshold``, then `joint_set` over the pool, each set
-      measured once);
+      ``min_drop``; short of ``threshold``, then the greedy rule continuing from the heads
+      kept: `role_set`; each set measured once);
     - ``n_rows``;
     - ``unembed`` (optional): the ``lm_head`` path; logits are then computed at the final
       position alone.

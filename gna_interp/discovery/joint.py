@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 
 JOINT_SEARCHES = search.SEARCHES
 """`discover`'s ``joint_search``: ``"ordered"`` (`ordered_set`: one forward per head tried;
-where it falls short of chance, `joint_set` then, the sets it measured answered by the
-accuracy memo) or ``"greedy"`` (`joint_set` alone: one forward per pool head at each step)."""
+where it falls short of chance, the greedy rule continues from the heads it kept:
+`gna_interp.core.search.role_set`) or ``"greedy"`` (`joint_set`
+alone: one forward per pool head at each step)."""
 
 ROLE_POSITIONS = {"aggregate": "final", "gather": "segments"}
 """Where each role's joint search ablates its heads (the entry scan's position sets)."""
@@ -46,9 +47,10 @@ def check_joint_search(method: object) -> str:
 
 
 class JointSearch:
-    """The joint stage: per role, `ordered_set`, and `joint_set` where it does not reach
-    chance (``method="greedy"``: `joint_set` alone), over the heads of the role's layers (only the examined ones in layers of more than
-    ``screen_above`` heads), minus heads of the other role. An Aggregate pool head must read
+    """The joint stage: per role, `ordered_set`, and the greedy rule continuing from its set
+    where it does not reach chance (``method="greedy"``: `joint_set` alone), over the heads of
+    the role's layers (only the examined ones in layers of more than ``screen_above`` heads),
+    minus heads of the other role. An Aggregate pool head must read
     the options from the final row (``aggregate_mass``) and sit after the first Gather
     head's position; a Gather pool head must sit before the last Aggregate head's position
     (positions: a bound on the pool, never on a measured label). Heads it adds get the role with ``joint=True``."""
@@ -113,8 +115,8 @@ class JointSearch:
         (the head scan's, at every position) costs at least ``min_effect`` below ``clean``,
         those the entry scan measured at the role's positions by that accuracy (lowest
         first), then the others by their head-scan accuracy, ties by head. A head that costs
-        nothing alone is left to the greedy search (`joint_set`), which runs where these
-        fall short of chance: it is what that search is for."""
+        nothing alone is left to the greedy rule, which continues from the heads kept where
+        these fall short of chance: it is what that search is for."""
         where, floor = ROLE_POSITIONS[role], self.thresholds.min_effect
 
         def costly(head: Head) -> bool:
