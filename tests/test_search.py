@@ -147,33 +147,46 @@ def test_role_set_from_nothing_kept_is_the_greedy_search():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_role_set_equals_its_brute_force_twin_on_interacting_heads(seed):
-    """The ordered search, then (short of the threshold, the pool in reach) the greedy rule by
-    enumeration from the heads it kept: the same set and value on heads that interact."""
+    """Ranked by the two costliest heads alone, the ordered search ends short of 0.2 (two heads
+    cannot take accuracy down 0.8 here), so the greedy rule continues from what it kept: the same
+    set, curve and value as the rules enumerated by hand. Ranked by a head that costs nothing
+    alone, it keeps nothing, and the greedy search runs from scratch (`brute_greedy`)."""
     rng = random.Random(seed)
-    heads = list(range(6))
-    pair = {frozenset(p): rng.uniform(-0.05, 0.2) for p in itertools.combinations(heads, 2)}
-    single = {h: rng.uniform(0.0, 0.2) for h in heads}
+    heads = list(range(8))
+    pair = {frozenset(p): rng.uniform(-0.05, 0.1) for p in itertools.combinations(heads, 2)}
+    single = {h: rng.uniform(0.03, 0.2) for h in heads}
+    single[7] = 0.0  # costs nothing alone (its pairs may)
 
     def oracle(chosen: list[int]) -> float:
         return 1.0 - sum(single[h] for h in chosen) - sum(pair[frozenset(p)] for p in itertools.combinations(chosen, 2))
 
-    ranked = sorted((h for h in heads if single[h] >= 0.1), key=lambda h: -single[h])
-    got = search.role_set(heads, ranked, oracle, 1.0, 0.3, 4, method="ordered", min_drop=0.02)
-    kept, current = [], 1.0
+    ranked = sorted(heads, key=lambda h: -single[h])[:2]
+    chosen, curve, value = search.role_set(heads, ranked, oracle, 1.0, 0.2, 5, method="ordered", min_drop=0.02)
+    kept, values = [], [1.0]
     for h in ranked:  # the ordered rule
-        if len(kept) >= 4 or current <= 0.3:
+        if values[-1] - oracle([*kept, h]) >= 0.02:
+            kept, values = [*kept, h], [*values, oracle([*kept, h])]
+    assert kept and values[-1] > 0.2, "the case needs an ordered search that keeps a head and ends short"
+    while len(kept) < 5 and values[-1] > 0.2:  # the greedy rule, from what was kept
+        best_value, best = min((oracle([*kept, h]), h) for h in heads if h not in kept)
+        if best_value >= values[-1]:
             break
-        if current - oracle([*kept, h]) >= 0.02:
-            kept, current = [*kept, h], oracle([*kept, h])
-    if current > 0.3 and kept and len(kept) < 4:
-        while len(kept) < 4 and current > 0.3:  # the greedy rule, from what was kept
-            value, best = min((oracle([*kept, h]), h) for h in heads if h not in kept)
-            if value >= current:
-                break
-            kept, current = [*kept, best], value
-    elif current > 0.3 and not kept:
-        kept, current = brute_greedy(heads, oracle, 1.0, 0.3, 4)
-    assert got[0] == kept and got[2] == pytest.approx(current)
+        kept, values = [*kept, best], [*values, best_value]
+    assert len(kept) > len([h for h in ranked if h in kept]), "the case needs a greedy step"
+    assert chosen == kept and curve == pytest.approx(values[1:]) and value == pytest.approx(values[-1])
+    nothing = search.role_set(heads, [7], oracle, 1.0, 0.2, 5, method="ordered", min_drop=0.02)
+    twin = brute_greedy(heads, oracle, 1.0, 0.2, 5)
+    assert nothing[0] == twin[0] and nothing[2] == pytest.approx(twin[1])
+
+
+def test_greedy_set_from_given_heads_measures_every_head_with_them():
+    """With heads ``given``, the quiet heads are measured with them at the first step (beside
+    other heads a quiet head may cost), and ``max_heads`` counts the given heads."""
+    oracle, calls = additive({0: 0.3, 1: 0.2, 2: 0.01, 3: 0.005})
+    chosen, curve, value = search.greedy_set([0, 1, 2, 3], oracle, 0.7, 0.0, 3, quiet={2, 3}, min_drop=0.02, given=[0])
+    assert chosen == [0, 1, 2] and curve == pytest.approx([0.5, 0.49]) and value == pytest.approx(0.49)
+    # the first step measures the quiet heads 2 and 3 with 0 (not alone), the second stops at max_heads 3 (0 counts)
+    assert calls == [[0, 1], [0, 2], [0, 3], [0, 1, 2], [0, 1, 3]]
 
 
 def test_the_server_program_runs_the_same_search_without_gna_interp(tmp_path):

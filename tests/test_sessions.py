@@ -142,7 +142,7 @@ def test_discover_remote_equals_local_in_ten_requests(pair):
 
 
 @pytest.mark.slow
-def test_the_servers_ordered_search_falls_back_to_greedy_as_the_local_one():
+def test_the_servers_ordered_search_continues_greedily_as_the_local_one():
     """The deep Llama toy at 4 layers: its Gather search in order ends short of chance
     (L1H0 0.400, +L1H2 0.375, +L1H3 rose), so both runs continue it by the greedy rule (the
     server with its own memo): +L1H1 0.330. The same circuit, field for field (as above), in

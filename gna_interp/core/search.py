@@ -52,7 +52,7 @@ def greedy_set(
     Args:
         pool: the heads to choose from.
         accuracy: the oracle, ``heads -> accuracy`` with them ablated together.
-        start: the accuracy with nothing ablated.
+        start: the accuracy with ``given`` ablated (nothing, by default).
         threshold: stop once accuracy is at most this.
         max_heads: the most heads chosen.
         track: wraps the loop over steps (a progress bar); identity by default.
@@ -137,12 +137,14 @@ def role_set(
     heads known to cost less than ``min_drop`` alone, `greedy_set`). Returns as `greedy_set`.
 
     Continuing, not restarting, measures about half the sets on the bundled toys (a restart's
-    first steps re-add the ordered search's heads one pool-wide step at a time); it reaches
-    chance wherever a restart did, and on one toy where a restart did not (`llama_4x8`'s
-    Gather), though its set may be larger (`mamba2_8heads`' Gather: 4 heads, 2 restarting, at
-    the same accuracy). No bound of the whole pool cuts it short: ablation effects are not
-    monotone here (`mamba2_8heads`, on the segments: L0H0 and L0H5 give 0.325, with L0H1 too
-    0.38; its whole Gather pool 0.375)."""
+    first steps re-add the ordered search's heads one pool-wide step at a time). It keeps every
+    head the ordered search kept, so it can end short where a restart would not: a kept head
+    that cancels another's effect stays, and where the ordered search fills ``max_heads`` no
+    greedy step runs. On the bundled toys it reaches chance wherever a restart did, and on one
+    where a restart did not (`llama_4x8`'s Gather); its set may be larger (`mamba2_8heads`'
+    Gather: 4 heads, 2 restarting, both 0.325 on the segments). No bound of the whole pool cuts
+    it short: ablation effects are not monotone here (`mamba2_8heads`, on the segments: L0H0
+    and L0H5 give 0.325, with L0H1 too 0.38; its whole Gather pool 0.375)."""
     if method not in SEARCHES:
         raise ValueError(f"method={method!r}: expected one of {list(SEARCHES)}")
     if method == "greedy":
