@@ -356,7 +356,7 @@ def _split_order(
         if layer in wide and layer not in order and len(group) == model.heads_per_layer[layer] and {h.layer for h in group} == {layer}:
             order[layer] = list(group)
     missing = [layer for layer in wide if layer not in order]
-    return {layer: order[layer] for layer in order} | (ordered_layers(model, task, missing) if missing else {})
+    return order | (ordered_layers(model, task, missing) if missing else {})
 
 
 def _direct_and_wide(

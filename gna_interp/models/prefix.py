@@ -125,7 +125,10 @@ class PrefixCache:
         returns nothing of its logits: it computes the final position's alone."""
         keep = logits_to_keep
         backend, n_layers = self.backend, self.n_layers
-        if plan.start is not None or plan.reusable_start(n_layers, capture)[1] == 0:
+        if plan.start is not None:
+            return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
+        first, resume = plan.reusable_start(n_layers, capture)
+        if resume == 0:
             return backend.run(batch, plan, capture=capture, logits_to_keep=keep)
         entry = self.lookup(batch)
         if entry is None:
@@ -138,7 +141,8 @@ class PrefixCache:
         if not plan and all(site.kind is SiteKind.RESID and site.layer in entry for site in capture):
             out = backend.run(batch, Plan(start=(n_layers, entry[n_layers])), logits_to_keep=keep)
             return RunOutput(logits=out.logits, acts={site: entry[site.layer] for site in capture})
-        return self._resume(batch, plan, entry, capture, keep) or backend.run(batch, plan, capture=capture, logits_to_keep=keep)
+        resumed = self._resume(batch, plan, entry, (first, resume), capture, keep)
+        return resumed or backend.run(batch, plan, capture=capture, logits_to_keep=keep)
 
     def run_held(
         self,
@@ -158,24 +162,27 @@ class PrefixCache:
         residual captured at the start is that copy, never the entry): gradients reach every
         edit and capture, all at or after the start (none reaches a skipped block's
         parameters), and every read is made at or after it."""
-        if plan.start is not None or plan.reusable_start(self.n_layers, capture, reads)[1] == 0:
+        if plan.start is not None:
             return None
-        entry = self.lookup(batch)
-        return None if entry is None else self._resume(batch, plan, entry, capture, logits_to_keep, grad=grad, reads=reads)
+        where = plan.reusable_start(self.n_layers, capture, reads)
+        entry = None if where[1] == 0 else self.lookup(batch)
+        return None if entry is None else self._resume(batch, plan, entry, where, capture, logits_to_keep, grad=grad, reads=reads)
 
     def _resume(
         self,
         batch: Batch,
         plan: Plan,
         entry: Mapping[int, Tensor],
+        where: tuple[int, int],
         capture: Collection[Site],
         keep: int,
         grad: bool = False,
         reads: Sequence[Read] = (),
     ) -> RunOutput | None:
         """``plan`` run from ``entry``'s latest cached layer at or before its first touched
-        one; ``None`` where no cached layer serves (the caller runs it in full)."""
-        first, resume = plan.reusable_start(self.n_layers, capture, reads)
+        one (``where``: `Plan.reusable_start`'s ``(first, resume)`` for its captures and reads);
+        ``None`` where no cached layer serves (the caller runs it in full)."""
+        first, resume = where
         source = max((layer for layer in entry if layer <= first), default=None)
         if source is None or (source == 0 and first > 0):  # the embeddings serve only a forward that skips block 0 on
             return None
