@@ -142,6 +142,24 @@ def uncharged(model: Any) -> Iterator[None]:
 
 
 @contextmanager
+def tally(model: Any, into: dict[str, dict[str, float]], part: str, n_prompts: int) -> Iterator[None]:
+    """Add what the block runs through ``model`` (a `GnaModel`) to ``into[part]``: the counts of
+    `COUNTS` and ``passes`` over ``n_prompts`` prompts, summed where the part runs twice. A
+    bare meter (no memory sampled), detached on exit, exceptions included."""
+    meter = Cost(n_layers=int(model.n_layers))
+    meters = _meters(model.backend)
+    meters.append(meter)
+    try:
+        yield
+    finally:
+        meters[:] = [other for other in meters if other is not meter]
+        held = into.setdefault(part, dict.fromkeys(COUNTS, 0))
+        for name in COUNTS:
+            held[name] += getattr(meter, name)
+        held["passes"] = held["block_rows"] / (n_prompts * max(1, meter.n_layers))
+
+
+@contextmanager
 def cost_meter(model: Any) -> Iterator[Cost]:
     """Count the forwards, rows, block evaluations and remote requests of everything run
     through ``model`` inside the block (see the module docs). Meters nest: each counts

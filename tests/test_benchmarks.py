@@ -233,3 +233,46 @@ def test_circuit_scores_benchmark_reproduces_discovers_score(tmp_path):
     assert found["cpr"] == pytest.approx(found["circuit.score cpr"], abs=1e-9) and found["cmd"] == pytest.approx(
         found["circuit.score cmd"], abs=1e-9
     )
+
+
+@pytest.mark.slow
+def test_discovery_passes_benchmark_attributes_every_forward(tmp_path):
+    """Per stage, the passes are `discover`'s own (``cost["stages"]``, summing to its total) and
+    the suffix bound lies between 0 and them; a stage with no edited forward (the baseline)
+    keeps all of its passes; the bound saves somewhere on a deep toy (the final position)."""
+    figures = run_benchmark("discovery_passes", "--models", "deep_mamba2", "--depth", "4", "--prompts", "24", out=tmp_path / "passes.json")
+    (result,) = figures["results"]
+    stages = {row["stage"]: row for row in result["stages"]}
+    assert sum(row["passes"] for row in stages.values()) == pytest.approx(result["passes"])
+    assert sum(row["suffix"] for row in stages.values()) == pytest.approx(result["suffix"])
+    for row in stages.values():
+        assert 0 <= row["suffix"] <= row["passes"] + 1e-12, row
+    assert stages["baseline"]["suffix"] == stages["baseline"]["passes"] > 0
+    assert stages["confirm: MIB score"]["passes"] > 0 and "confirm" not in stages  # the confirmation by its parts
+    assert result["suffix"] < result["passes"]
+
+
+def test_the_suffix_bound_starts_at_the_first_edited_position(monkeypatch):
+    """`first_edited` on plans built by hand: the earliest True column over rows and heads; a
+    broadcast or position-free mask, a skip, or no edit at all: 0."""
+    from gna_interp.core.plan import Edit, Plan, Site, SiteKind
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    first_edited = runpy.run_path(str(ROOT / "benchmarks" / "discovery_passes.py"))["first_edited"]
+    mask = torch.zeros(3, 12, 4, 1, dtype=torch.bool)
+    mask[2, 9, 1] = mask[1, 5, 3] = True
+    plan = Plan()
+    plan.add(Site(SiteKind.HEADS, 1), Edit(mask, torch.zeros(())))
+    assert first_edited(plan, 12) == 5
+    later = torch.zeros(3, 12, 4, 1, dtype=torch.bool)
+    later[0, 11] = True
+    plan.add(Site(SiteKind.HEADS, 2), Edit(later, torch.zeros(())))
+    assert first_edited(plan, 12) == 5
+    assert first_edited(Plan(), 12) == 0
+    broadcast = Plan()
+    broadcast.add(Site(SiteKind.HEADS, 1), Edit(torch.ones(1, 1, 4, 1, dtype=torch.bool), torch.zeros(())))
+    assert first_edited(broadcast, 12) == 0
+    skipped = Plan()
+    skipped.add(Site(SiteKind.HEADS, 1), Edit(mask, torch.zeros(())))
+    skipped.add_skip(0, torch.ones(3, dtype=torch.bool))
+    assert first_edited(skipped, 12) == 0

@@ -5,13 +5,17 @@ metric is linear in the heads."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
 import torch
 
 import gna_interp as gna
+from gna_interp.cost import COUNTS
+from gna_interp.discovery import plan
 from gna_interp.patching.metrics import candidate_logit_diff
+from gna_interp.viz.report_rows import cost_rows
 from gna_interp.zoo.deep import deep_toy
 
 from .test_attribution import _hf, _load, linear_tail
@@ -79,6 +83,45 @@ def test_the_cost_is_recorded_and_prefix_reuse_pays(toy_and_deep):
         assert gna.GnaCircuit.from_json(circuit.to_json()) == circuit
     assert deep.cost["backwards"] > 0 and toy.cost["backwards"] == 0  # the prescreen ran only on the deep model
     assert deep.cost["passes"] < toy.cost["passes"]
+
+
+def test_each_stage_cost_is_what_a_meter_around_it_counts(monkeypatch):
+    """``cost["stages"]``: per stage of the plan run, the counts of a cost meter the test opens
+    around that stage alone (the reference), its passes from them; their sums are the totals,
+    and the confirmation's parts (``cost["confirm"]``) sum to its stage's; the report lists
+    both, and they round-trip through JSON."""
+    model, task = gna.load_toy("mamba2"), gna.toy_task("mamba2", 24, seed=5)
+    counted: dict[str, dict[str, int]] = {}
+
+    def metered(step):
+        def run(ctx, records):
+            with gna.cost_meter(model) as meter:
+                record = step.run(ctx, records)
+            counted[step.name] = {k: getattr(meter, k) for k in COUNTS}
+            return record
+
+        return dataclasses.replace(step, run=run)
+
+    monkeypatch.setattr(plan, "PLAN", tuple(metered(step) for step in plan.PLAN))
+    circuit = _discover(model, task)
+    stages = circuit.cost["stages"]
+    assert list(stages) == list(counted) == [step.name for step in plan.PLAN][: len(counted)]
+    for name, spent in stages.items():
+        assert {k: spent[k] for k in COUNTS} == counted[name]
+        assert spent["passes"] == pytest.approx(spent["block_rows"] / (len(task) * model.n_layers))
+    for k in COUNTS:
+        assert sum(spent[k] for spent in stages.values()) == circuit.cost[k]
+    assert stages["head_scan"]["forwards"] > 0 and stages["confirm"]["passes"] > 1
+    parts = circuit.cost["confirm"]  # the confirmation's parts: nothing it ran is left out
+    assert {"needs", "table", "path patching", "MIB score"} <= set(parts)
+    for k in COUNTS:
+        assert sum(part[k] for part in parts.values()) == stages["confirm"][k]
+    assert parts["MIB score"]["forwards"] > 0 and parts["path patching"]["forwards"] > 0
+    assert gna.GnaCircuit.from_json(circuit.to_json()).cost["stages"] == stages
+    row = next(r["value"] for r in cost_rows(circuit.cost) if r["what"].startswith("passes by stage"))
+    assert f"head scan {stages['head_scan']['passes']:.1f}" in row and f"confirm {stages['confirm']['passes']:.1f}" in row
+    row = next(r["value"] for r in cost_rows(circuit.cost) if r["what"].startswith("passes of the confirmation"))
+    assert f"MIB score {parts['MIB score']['passes']:.1f}" in row
 
 
 def test_role_curves_are_what_evaluate_measures(toy_and_deep):

@@ -62,7 +62,9 @@ class GnaCircuit:
         cost: what discovery ran (`gna_interp.cost.Cost`): ``forwards``, ``rows``,
             ``block_rows``, ``passes`` (block_rows / (prompts x layers)), ``requests``
             (remote round trips), ``backwards``, ``seconds``; ``size_curves``: per spread role
-            sized (`SpreadRole.sizes`), what its curve and ordering cost (part of the totals).
+            sized (`SpreadRole.sizes`), what its curve and ordering cost (part of the totals);
+            ``stages``: what each stage of `plan.PLAN` cost, the same counts and ``passes``
+            (`pipeline.stage_costs`; their sums are the totals).
         n_segments: the task's options (segments) per prompt: the pattern's chance is
             ``1 / n_segments`` (``None``: a circuit written before it was recorded).
         stability: how often discovery chose each head on other prompt samples
@@ -353,7 +355,7 @@ class GnaCircuit:
             parts.append(f"  score     {describe_score(self.score)}")
         if self.stability is not None:
             parts += [f"  {'stability' if i == 0 else '':9s} {line}" for i, line in enumerate(describe_stability(self))]
-        if self.cost is not None:
+        if self.cost is not None and "passes" in self.cost:  # `discover_records`' circuit holds its stages' parts alone
             parts.append(f"  cost      {describe_cost(self.cost)}")
         parts += [f"  note: {note}" for note in self.warnings]
         return "\n".join(parts)

@@ -13,7 +13,7 @@ from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Ablate, Intervention
 from ..core.plan import Site
-from ..cost import cost_meter
+from ..cost import cost_meter, tally
 from ..patching.metrics import Metric, logit_diff
 from ..patching.paths import ANY, check_senders, path_scores, prepare
 from ..scoring.circuit_scores import circuit_score, circuit_score_from
@@ -267,14 +267,18 @@ def confirm(
     return spread_values if batched else None
 
 
-def confirm_paths(model: GnaModel, task: Task, circuit: GnaCircuit) -> None:
+def confirm_paths(model: GnaModel, task: Task, circuit: GnaCircuit, parts: dict[str, dict[str, float]] | None = None) -> None:
     """The Gather -> Aggregate path-patching check (`gather_to_aggregate`) and MIB's score
-    (`mib_score`) of the circuit's sets as they stand."""
+    (`mib_score`) of the circuit's sets as they stand; what each ran into ``parts`` where given
+    (`cost.tally`: ``"path patching"``, ``"MIB score"``)."""
+    parts = {} if parts is None else parts
     corrupt = task.corrupted() if circuit_heads(circuit) else None  # made once, for both (none without a head)
     # the score reads its corrupt head outputs from path patching's corrupt run (one forward, one request, for both)
     shared: dict[Site, torch.Tensor] | None = {} if _can_share(model, circuit) else None
-    circuit.path_patching = gather_to_aggregate(model, task, circuit, corrupt=corrupt, captured=shared)
-    circuit.score = mib_score(model, task, circuit, corrupt=corrupt, captured=shared or None)
+    with tally(model, parts, "path patching", len(task)):
+        circuit.path_patching = gather_to_aggregate(model, task, circuit, corrupt=corrupt, captured=shared)
+    with tally(model, parts, "MIB score", len(task)):
+        circuit.score = mib_score(model, task, circuit, corrupt=corrupt, captured=shared or None)
     del shared  # the score is done: its corrupt captures go
 
 

@@ -132,10 +132,23 @@ def discover(
     spent.add(**{k: sum(r.cost[k] for r in records) for k in COUNTS})
     spent.peak_memory_mb, spent.memory_source = cost.peak_memory_mb, cost.memory_source
     circuit.cost = {**spent.to_dict(len(task)), "seconds": time.perf_counter() - started, **(circuit.cost or {})}  # + size curves
+    circuit.cost["stages"] = stage_costs(records, cost.n_layers, len(task))
     circuit.cost["estimate"] = {k: circuit.settings["estimate"][k] for k in ("low", "mid", "high")}
     if stability is not None:
         circuit.stability = _stability(model, _sample_tasks(task, stability, 0), settings, progress)
     return circuit
+
+
+def stage_costs(records: Records, n_layers: int, n_prompts: int) -> dict[str, dict[str, Any]]:
+    """What each stage run (or read back from a run directory) cost, in `PLAN` order:
+    ``{stage: {forwards, rows, block_rows, requests, backwards, backward_block_rows, passes}}``
+    (``passes``: its block rows / (prompts x layers)); the stages' sums are ``discover``'s totals."""
+    costs = {}
+    for record in records:
+        spent = Cost(n_layers=n_layers)
+        spent.add(**{k: record.cost[k] for k in COUNTS})
+        costs[record.stage] = {k: record.cost[k] for k in COUNTS} | {"passes": spent.passes(n_prompts)}
+    return costs
 
 
 def discover_records(

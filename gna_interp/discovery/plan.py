@@ -246,6 +246,7 @@ def confirm(ctx: Context, records: Records) -> ConfirmRecord:
         spread=_added(before.spread, draft.spread),
         settings=_added(before.settings, draft.settings),
         size_curves=cost,
+        parts=None if draft.cost is None else draft.cost.get("confirm"),
         gather=draft.gather,
         aggregate=draft.aggregate,
         heads=draft.heads,

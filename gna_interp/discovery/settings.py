@@ -80,9 +80,10 @@ class DiscoverySettings:
         joint_search: how the joint stage grows each role's set (`joint.JOINT_SEARCHES`):
             ``"ordered"`` tries the pool's heads that cost accuracy alone, in the order of
             their own effect at the role's positions (the entry scan's), one forward per head
-            tried, and where they fall short of chance runs the greedy search over the whole
-            pool; ``"greedy"`` runs only that search, which re-ranks the rest after each head,
-            one forward per pool head at each step.
+            tried, and where they fall short of chance continues by the greedy search over
+            the whole pool from the heads it kept (`search.role_set`); ``"greedy"`` runs only
+            that search, which re-ranks the rest after each head, one forward per pool head at
+            each step.
         ablation_kinds: after the confirmation, the kinds of ablation besides discovery's zero
             under which each role's set (and both together) is ablated again, at every
             position and at the role's positions (`kinds.kinds_check`, the ``"kinds"``

@@ -252,7 +252,7 @@ class ConfirmRecord(Record):
     the fallback needs, the spread roles and their sets in the circuit (``gather``,
     ``aggregate`` and the evidence ``heads`` as they end), the path-patching check and MIB's
     score on those sets, the settings they add (``group_testing``, ``size_curve``), what the
-    size curves cost, the tested verdicts, and a remote run's position scan (measured in the
+    size curves and the confirmation's parts cost, the tested verdicts, and a remote run's position scan (measured in the
     confirmation's request)."""
 
     stage: ClassVar[str] = "confirm"
@@ -263,6 +263,8 @@ class ConfirmRecord(Record):
     spread: dict[str, SpreadRole] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     size_curves: dict[str, Any] | None = None
+    parts: dict[str, Any] | None = None
+    """What each part of the confirmation ran (`cost.tally`; ``circuit.cost["confirm"]``)."""
     gather: list[Head] | None = None
     aggregate: list[Head] | None = None
     heads: list[HeadEvidence] | None = None
@@ -277,6 +279,8 @@ class ConfirmRecord(Record):
         circuit.settings.update(self.settings)
         if self.size_curves is not None:
             circuit.cost = {**(circuit.cost or {}), "size_curves": self.size_curves}
+        if self.parts is not None:
+            circuit.cost = {**(circuit.cost or {}), "confirm": self.parts}
         if self.gather is not None and self.aggregate is not None and self.heads is not None:
             circuit.gather, circuit.aggregate, circuit.heads = list(self.gather), list(self.aggregate), list(self.heads)
         circuit.verdicts.update(self.verdicts)

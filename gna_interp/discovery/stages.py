@@ -21,6 +21,7 @@ import torch
 from ..core.errors import GnaValueError
 from ..core.heads import Head
 from ..core.interventions import Ablate
+from ..cost import tally
 from ..models.structure import ablating_every_head_skips, acts_where_it_writes, mixer_is_the_block
 from ..scoring.evaluation import Evaluation, check_task, evaluate
 from ..scoring.verdicts import MECHANISMS, label_verdict
@@ -304,7 +305,9 @@ def confirm_stage(
         extra = (extra[0], [*extra[1], *positions_pending.runs])
     # locally the table is measured once, on the sets as they end (the spread sets and the coverage may grow them)
     batched = ctx.batched
-    values = confirm(model, task, circuit, threshold, max_heads, ctx.evaluate_bars, extra if extra[1] else None, paths=False)
+    parts: dict[str, dict[str, float]] = {}  # what each part of the confirmation ran (`circuit.cost["confirm"]`)
+    with tally(model, parts, "needs", len(task)):
+        values = confirm(model, task, circuit, threshold, max_heads, ctx.evaluate_bars, extra if extra[1] else None, paths=False)
     spread_values = values
     if positions_pending is not None and values is not None:
         spread_values, scanned = values[: len(extra[0])], values[len(extra[0]) :]
@@ -313,14 +316,18 @@ def confirm_stage(
             spread_runs, spread_values = settle_segments(circuit, encoded, spread_runs, spread_values)
     grown: list[str] = []
     if check_spread:
-        spread_check(model, task, encoded, circuit, scan, threshold, max_heads, spread_runs, spread_values)
+        with tally(model, parts, "spread check", len(task)):
+            spread_check(model, task, encoded, circuit, scan, threshold, max_heads, spread_runs, spread_values)
         if "cover" in ctx.settings.stages and ctx.runner.has_backward:
-            grown = enter_spread(model, circuit, SPREAD_FRACTION) + cover_collapses(model, task, encoded, circuit, scan, threshold)
+            with tally(model, parts, "coverage", len(task)):
+                grown = enter_spread(model, circuit, SPREAD_FRACTION) + cover_collapses(model, task, encoded, circuit, scan, threshold)
         elif "cover" in ctx.settings.stages:
             circuit.warnings.append(NOT_COVERED)
     if grown or not batched:  # the confirmation's table on the sets as they end (remotely: again, where they grew)
-        confirm_table(model, task, circuit, ctx.evaluate_bars)
-    confirm_paths(model, task, circuit)
+        with tally(model, parts, "table", len(task)):
+            confirm_table(model, task, circuit, ctx.evaluate_bars)
+    confirm_paths(model, task, circuit, parts)
+    circuit.cost = {**(circuit.cost or {}), "confirm": parts}
     circuit.verdicts.update(collapse_verdicts(circuit) | alone_verdicts(circuit))  # from the counts measured: no forward
 
 

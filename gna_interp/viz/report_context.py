@@ -73,7 +73,7 @@ def section_context(inputs: ReportInputs) -> dict[str, Any]:
         "picture": picture_context(inputs),
         "scans": scans(circuit),
         "examined": examined_rows(circuit),
-        "cost": circuit.cost and cost_rows(circuit.cost),
+        "cost": cost_rows(circuit.cost) if circuit.cost and "passes" in circuit.cost else None,
         "files": {},
     }
 
