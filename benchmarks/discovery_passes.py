@@ -1,5 +1,5 @@
 """Where discovery's passes go: `discover`'s cost per stage on the models of the pass budgets,
-and the most a suffix cache could take off each stage.
+and an estimate of what a suffix cache would take off each stage.
 
 The models (``--models``): the 32-layer deep copies of the bundled toys (``deep_llama``,
 ``deep_mamba2``: the label-reading Mamba-2, ``deep_mamba2_counting``; the slow budget tests'
@@ -9,14 +9,18 @@ Mamba-1 (``wide_mamba``, 8 layers x 512 channels, 64 prompts; line 100). Each ru
 ``circuit.cost["stages"]``: passes (rows x blocks run / (prompts x layers)) and forwards, the
 confirmation's by its parts (``circuit.cost["confirm"]``).
 
-The bound (``suffix``): an ablation whose edits all start at position ``t`` leaves positions
-``0 .. t-1`` of every block clean, so a cache of each block's state there (an SSM's scan and
-convolution state, an attention layer's keys and values) would let the forward run positions
-``t ..`` alone. Each forward is counted at ``(n_pos - t) / n_pos`` of its rows x blocks, ``t``
-its earliest edited position; a forward that skips a block, captures or reads activations,
-differentiates, or edits every position counts whole. This is an upper bound on the saving
-(what such a cache would leave, in token-blocks), measured by watching the model's backend;
-gna_interp has no suffix cache. Example::
+The estimate (``suffix``): an ablation whose edits all start at position ``t`` leaves
+positions ``0 .. t-1`` of every block clean, so a cache of each block's state there (an SSM's
+scan and convolution state, an attention layer's keys and values) would let the forward run
+positions ``t ..`` alone. Each forward is counted at ``(n_pos - t) / n_pos`` of its rows x
+blocks, ``t`` its earliest edited position over the rows; a forward that skips a block,
+captures or reads activations, differentiates, edits every position or none counts whole.
+``suffix_final`` counts only the forwards whose edits are all at the final position
+(``t = n_pos - 1``) as cheaper: what a one-token step from a cache (HF's Mamba and Mamba-2
+step paths) would allow. Token-blocks, an estimate, not a bound: it leaves out the cost of
+keeping states at several positions and an attention query's cost growing with its position,
+and counts forwards that capture whole. gna_interp has no suffix cache. Example::
+Example::
 
     python benchmarks/discovery_passes.py --models deep_mamba2 mamba_toy
 """
@@ -51,8 +55,8 @@ def build(name: str, prompts: int | None, seed: int, depth: int) -> tuple[Any, A
 
 def first_edited(plan: Any, n_pos: int) -> int:
     """The earliest position any edit of ``plan`` touches (0 where a skip or an edit covers
-    every position: a mask broadcast along positions, or one below two dimensions; 0 for a
-    clean forward: it is the one that would fill the cache)."""
+    every position: a mask broadcast along positions, or one below two dimensions; 0 where no
+    edit touches a position: a clean forward is the one that would fill the cache)."""
     first = n_pos
     if plan.skips or not plan.edits:
         return 0
@@ -64,12 +68,12 @@ def first_edited(plan: Any, n_pos: int) -> int:
             touched = (mask != 0).reshape(mask.shape[0], mask.shape[1], -1).any(-1).any(0).nonzero()
             if len(touched):
                 first = min(first, int(touched[0]))
-    return first
+    return 0 if first == n_pos else first
 
 
-def watch(model: Any) -> list[tuple[int, float]]:
+def watch(model: Any) -> list[tuple[int, float, float]]:
     """Wrap ``model.backend.run`` (this instance only) to record each forward's
-    ``(block_rows, suffix block_rows)``; the list fills as discovery runs."""
+    ``(block_rows, suffix block_rows, final-only block_rows)``; the list fills as discovery runs."""
     backend, n_layers, seen = model.backend, model.n_layers, []
     run = backend.run
 
@@ -77,7 +81,8 @@ def watch(model: Any) -> list[tuple[int, float]]:
         whole = batch.n_rows * (n_layers - (plan.start[0] if plan.start is not None else 0))
         plain = not capture and not kwargs.get("reads") and not kwargs.get("grad")
         first = first_edited(plan, batch.n_pos) if plain else 0
-        seen.append((whole, whole * (batch.n_pos - first) / batch.n_pos))
+        final = 1 / batch.n_pos if first == batch.n_pos - 1 else 1.0
+        seen.append((whole, whole * (batch.n_pos - first) / batch.n_pos, whole * final))
         return run(batch, plan, capture, *args, **kwargs)
 
     backend.run = watched
@@ -99,17 +104,18 @@ def measure(name: str, prompts: int | None, seed: int, depth: int) -> dict[str, 
         for part, done in (circuit.cost.get("confirm", {}) if stage == "confirm" else {stage: spent}).items():
             forwards = seen[at : at + done["forwards"]]
             at += done["forwards"]
-            suffix = sum(s for _, s in forwards) / per_pass
+            suffix, final = (sum(f[i] for f in forwards) / per_pass for i in (1, 2))
             label = part if stage != "confirm" else f"confirm: {part}"
-            rows.append({"stage": label, "passes": done["passes"], "forwards": done["forwards"], "suffix": suffix})
-    if at != len(seen) or sum(w for w, _ in seen) != circuit.cost["block_rows"]:
+            rows.append({"stage": label, "passes": done["passes"], "forwards": done["forwards"], "suffix": suffix, "suffix_final": final})
+    if at != len(seen) or sum(f[0] for f in seen) != circuit.cost["block_rows"]:
         raise SystemExit(f"{name}: the backend ran {len(seen)} forwards, the stages count {at}: the bound cannot be attributed")
     return {
         "model": name,
         "prompts": len(task),
         "layers": model.n_layers,
         "passes": circuit.cost["passes"],
-        "suffix": sum(s for _, s in seen) / per_pass,
+        "suffix": sum(f[1] for f in seen) / per_pass,
+        "suffix_final": sum(f[2] for f in seen) / per_pass,
         "line": LINES[name],
         "seconds": seconds,
         "gather": [str(h) for h in circuit.gather],
@@ -131,12 +137,12 @@ def main() -> None:
         result = measure(name, parsed.prompts, parsed.seed, parsed.depth)
         results.append(result)
         print(f"\n{name}: {result['prompts']} prompts x {result['layers']} layers, {result['passes']:.2f} passes (line {result['line']}),")
-        fewer = result["passes"] - result["suffix"]
-        print(f"  at most {fewer:.2f} fewer with a suffix cache ({result['suffix']:.2f}); {result['seconds']:.0f} s")
-        print(f"  {'stage':28s} {'passes':>7s} {'forwards':>8s} {'suffix':>7s}")
+        print(f"  with a suffix cache, in token-blocks: {result['suffix']:.2f} ({result['suffix_final']:.2f} final position only)")
+        print(f"  {'stage':28s} {'passes':>7s} {'forwards':>8s} {'suffix':>7s} {'final':>7s}; {result['seconds']:.0f} s")
         for row in result["stages"]:
             if row["forwards"]:
-                print(f"  {row['stage']:28s} {row['passes']:7.2f} {row['forwards']:8d} {row['suffix']:7.2f}")
+                cells = f"{row['passes']:7.2f} {row['forwards']:8d} {row['suffix']:7.2f} {row['suffix_final']:7.2f}"
+                print(f"  {row['stage']:28s} {cells}")
     _common.write_json(parsed.json, {"seed": parsed.seed, "results": results})
 
 

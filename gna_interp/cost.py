@@ -145,7 +145,10 @@ def uncharged(model: Any) -> Iterator[None]:
 def tally(model: Any, into: dict[str, dict[str, float]], part: str, n_prompts: int) -> Iterator[None]:
     """Add what the block runs through ``model`` (a `GnaModel`) to ``into[part]``: the counts of
     `COUNTS` and ``passes`` over ``n_prompts`` prompts, summed where the part runs twice. A
-    bare meter (no memory sampled), detached on exit, exceptions included."""
+    bare meter (no memory sampled), detached on exit, exceptions included. Parts run one after
+    another: a part opened inside itself would count its inner block twice."""
+    if isinstance(n_prompts, bool) or not isinstance(n_prompts, int) or n_prompts < 1:
+        raise GnaValueError(f"tally: n_prompts={n_prompts!r}: expected a positive number of prompts")
     meter = Cost(n_layers=int(model.n_layers))
     meters = _meters(model.backend)
     meters.append(meter)

@@ -237,24 +237,26 @@ def test_circuit_scores_benchmark_reproduces_discovers_score(tmp_path):
 
 @pytest.mark.slow
 def test_discovery_passes_benchmark_attributes_every_forward(tmp_path):
-    """Per stage, the passes are `discover`'s own (``cost["stages"]``, summing to its total) and
-    the suffix bound lies between 0 and them; a stage with no edited forward (the baseline)
-    keeps all of its passes; the bound saves somewhere on a deep toy (the final position)."""
+    """Per stage, the passes are `discover`'s own (``cost["stages"]``, summing to its total);
+    the suffix estimate lies between 0 and the final-position-only one, and that at most at the
+    passes; a stage with no edited forward (the baseline) and the head scan (each head ablated
+    at every position) keep all of their passes; the estimate saves somewhere on a deep toy."""
     figures = run_benchmark("discovery_passes", "--models", "deep_mamba2", "--depth", "4", "--prompts", "24", out=tmp_path / "passes.json")
     (result,) = figures["results"]
     stages = {row["stage"]: row for row in result["stages"]}
     assert sum(row["passes"] for row in stages.values()) == pytest.approx(result["passes"])
     assert sum(row["suffix"] for row in stages.values()) == pytest.approx(result["suffix"])
     for row in stages.values():
-        assert 0 <= row["suffix"] <= row["passes"] + 1e-12, row
+        assert 0 <= row["suffix"] <= row["suffix_final"] + 1e-12 and row["suffix_final"] <= row["passes"] + 1e-12, row
     assert stages["baseline"]["suffix"] == stages["baseline"]["passes"] > 0
+    assert stages["head_scan"]["suffix"] == pytest.approx(stages["head_scan"]["passes"]) and stages["head_scan"]["passes"] > 0
     assert stages["confirm: MIB score"]["passes"] > 0 and "confirm" not in stages  # the confirmation by its parts
     assert result["suffix"] < result["passes"]
 
 
 def test_the_suffix_bound_starts_at_the_first_edited_position(monkeypatch):
     """`first_edited` on plans built by hand: the earliest True column over rows and heads; a
-    broadcast or position-free mask, a skip, or no edit at all: 0."""
+    broadcast or position-free mask, a skip, no edit, or a mask with no True: 0."""
     from gna_interp.core.plan import Edit, Plan, Site, SiteKind
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
@@ -269,6 +271,9 @@ def test_the_suffix_bound_starts_at_the_first_edited_position(monkeypatch):
     plan.add(Site(SiteKind.HEADS, 2), Edit(later, torch.zeros(())))
     assert first_edited(plan, 12) == 5
     assert first_edited(Plan(), 12) == 0
+    nothing = Plan()
+    nothing.add(Site(SiteKind.HEADS, 1), Edit(torch.zeros(3, 12, 4, 1, dtype=torch.bool), torch.zeros(())))
+    assert first_edited(nothing, 12) == 0  # edits no position: counted whole, as a clean forward
     broadcast = Plan()
     broadcast.add(Site(SiteKind.HEADS, 1), Edit(torch.ones(1, 1, 4, 1, dtype=torch.bool), torch.zeros(())))
     assert first_edited(broadcast, 12) == 0

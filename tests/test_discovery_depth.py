@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import gna_interp as gna
-from gna_interp.cost import COUNTS
-from gna_interp.discovery import plan
+from gna_interp.core.errors import GnaValueError
+from gna_interp.cost import COUNTS, tally
+from gna_interp.discovery import confirm, plan, stages
 from gna_interp.patching.metrics import candidate_logit_diff
 from gna_interp.viz.report_rows import cost_rows
 from gna_interp.zoo.deep import deep_toy
@@ -85,43 +86,84 @@ def test_the_cost_is_recorded_and_prefix_reuse_pays(toy_and_deep):
     assert deep.cost["passes"] < toy.cost["passes"]
 
 
+CONFIRM_PARTS = {
+    "needs": [(stages, "confirm")],
+    "spread check": [(stages, "spread_check")],
+    "coverage": [(stages, "enter_spread"), (stages, "cover_collapses")],
+    "table": [(stages, "confirm_table")],
+    "path patching": [(confirm, "gather_to_aggregate")],
+    "MIB score": [(confirm, "mib_score")],
+}
+"""Each part of the confirmation (`cost["confirm"]`) and the functions it runs."""
+
+
 def test_each_stage_cost_is_what_a_meter_around_it_counts(monkeypatch):
     """``cost["stages"]``: per stage of the plan run, the counts of a cost meter the test opens
-    around that stage alone (the reference), its passes from them; their sums are the totals,
-    and the confirmation's parts (``cost["confirm"]``) sum to its stage's; the report lists
-    both, and they round-trip through JSON."""
+    around that stage alone (the reference), its passes from them; their sums are the totals.
+    ``cost["confirm"]``: per part, the counts of meters the test opens around the functions
+    that part runs (`CONFIRM_PARTS`), summing to its stage's. The report lists both, and they
+    round-trip through JSON."""
     model, task = gna.load_toy("mamba2"), gna.toy_task("mamba2", 24, seed=5)
     counted: dict[str, dict[str, int]] = {}
 
-    def metered(step):
-        def run(ctx, records):
+    def metered(name, run):
+        def wrapped(*args, **kwargs):
             with gna.cost_meter(model) as meter:
-                record = step.run(ctx, records)
-            counted[step.name] = {k: getattr(meter, k) for k in COUNTS}
-            return record
+                out = run(*args, **kwargs)
+            held = counted.setdefault(name, dict.fromkeys(COUNTS, 0))
+            for k in COUNTS:
+                held[k] += getattr(meter, k)
+            return out
 
-        return dataclasses.replace(step, run=run)
+        return wrapped
 
-    monkeypatch.setattr(plan, "PLAN", tuple(metered(step) for step in plan.PLAN))
+    monkeypatch.setattr(plan, "PLAN", tuple(dataclasses.replace(step, run=metered(step.name, step.run)) for step in plan.PLAN))
+    for part, functions in CONFIRM_PARTS.items():
+        for module, name in functions:
+            monkeypatch.setattr(module, name, metered(f"part {part}", getattr(module, name)))
     circuit = _discover(model, task)
-    stages = circuit.cost["stages"]
-    assert list(stages) == list(counted) == [step.name for step in plan.PLAN][: len(counted)]
-    for name, spent in stages.items():
+    stages_run = circuit.cost["stages"]
+    assert list(stages_run) == [name for name in counted if not name.startswith("part ")]
+    assert list(stages_run) == [step.name for step in plan.PLAN][: len(stages_run)]
+    for name, spent in stages_run.items():
         assert {k: spent[k] for k in COUNTS} == counted[name]
         assert spent["passes"] == pytest.approx(spent["block_rows"] / (len(task) * model.n_layers))
     for k in COUNTS:
-        assert sum(spent[k] for spent in stages.values()) == circuit.cost[k]
-    assert stages["head_scan"]["forwards"] > 0 and stages["confirm"]["passes"] > 1
-    parts = circuit.cost["confirm"]  # the confirmation's parts: nothing it ran is left out
+        assert sum(spent[k] for spent in stages_run.values()) == circuit.cost[k]
+    assert stages_run["head_scan"]["forwards"] > 0 and stages_run["confirm"]["passes"] > 1
+    parts = circuit.cost["confirm"]  # the confirmation's parts: each what its functions ran, nothing left out
     assert {"needs", "table", "path patching", "MIB score"} <= set(parts)
+    for part, spent in parts.items():
+        assert {k: spent[k] for k in COUNTS} == counted[f"part {part}"], part
     for k in COUNTS:
-        assert sum(part[k] for part in parts.values()) == stages["confirm"][k]
+        assert sum(part[k] for part in parts.values()) == stages_run["confirm"][k]
     assert parts["MIB score"]["forwards"] > 0 and parts["path patching"]["forwards"] > 0
-    assert gna.GnaCircuit.from_json(circuit.to_json()).cost["stages"] == stages
+    assert parts["MIB score"]["forwards"] != parts["path patching"]["forwards"]  # a swap of the two would show
+    again = gna.GnaCircuit.from_json(circuit.to_json())
+    assert again.cost["stages"] == stages_run and again.cost["confirm"] == parts
     row = next(r["value"] for r in cost_rows(circuit.cost) if r["what"].startswith("passes by stage"))
-    assert f"head scan {stages['head_scan']['passes']:.1f}" in row and f"confirm {stages['confirm']['passes']:.1f}" in row
+    assert f"head scan {stages_run['head_scan']['passes']:.1f}" in row and f"confirm {stages_run['confirm']['passes']:.1f}" in row
     row = next(r["value"] for r in cost_rows(circuit.cost) if r["what"].startswith("passes of the confirmation"))
     assert f"MIB score {parts['MIB score']['passes']:.1f}" in row
+
+
+def test_tally_counts_its_block_alone_and_refuses_no_prompts():
+    """`cost.tally` against a `cost_meter` around the same forwards; an exception inside still
+    counts and detaches it; zero prompts is refused before anything runs."""
+    model, task = gna.load_toy("llama"), gna.toy_task("llama", 8, seed=1)
+    into: dict[str, dict[str, float]] = {}
+    with gna.cost_meter(model) as outer:
+        with tally(model, into, "a", len(task)):
+            model.logits(task)
+        with pytest.raises(RuntimeError), tally(model, into, "a", len(task)):
+            model.logits(task)
+            raise RuntimeError("inside")
+        model.logits(task)  # outside every part
+    assert into["a"]["forwards"] == 2 == outer.forwards - 1 and into["a"]["block_rows"] == 2 * 8 * model.n_layers
+    assert into["a"]["passes"] == pytest.approx(2.0) and model.backend._cost_meters == []
+    with pytest.raises(GnaValueError, match="n_prompts=0"), tally(model, into, "b", 0):
+        pass
+    assert "b" not in into
 
 
 def test_role_curves_are_what_evaluate_measures(toy_and_deep):

@@ -64,7 +64,10 @@ class GnaCircuit:
             (remote round trips), ``backwards``, ``seconds``; ``size_curves``: per spread role
             sized (`SpreadRole.sizes`), what its curve and ordering cost (part of the totals);
             ``stages``: what each stage of `plan.PLAN` cost, the same counts and ``passes``
-            (`pipeline.stage_costs`; their sums are the totals).
+            (`pipeline.stage_costs`; their sums are the totals); ``confirm``: the same for each
+            part of the confirmation that ran (`cost.tally`; they sum to its stage: on a remote
+            model ``needs`` is its first request, which carries the spread check's and the
+            position scan's evaluations too); ``estimate``: the passes estimated beforehand.
         n_segments: the task's options (segments) per prompt: the pattern's chance is
             ``1 / n_segments`` (``None``: a circuit written before it was recorded).
         stability: how often discovery chose each head on other prompt samples

@@ -111,7 +111,9 @@ def discover(
         a `GnaCircuit`; its ``cost`` holds what discovery ran (`gna_interp.cost`): forwards,
         rows, block evaluations, passes over the task, remote requests, seconds, and the passes
         estimated before it started (``estimate``: ``low``, ``mid``, ``high``;
-        `estimate.estimate_passes`, also in the stage bar's description). Forwards
+        `estimate.estimate_passes`, also in the stage bar's description), and where they went:
+        ``stages`` (each stage's counts and passes) and ``confirm`` (the confirmation's parts;
+        `GnaCircuit`'s ``cost``). Forwards
         over a batch seen before start from its cached clean prefix (`GnaModel.prefix_cache`).
         A resumed run's counts are the uninterrupted run's (each stage's, summed); its
         ``seconds`` those of the last run.
