@@ -13,6 +13,7 @@ import torch
 import gna_interp as gna
 from gna_interp.backends.jobs import Job
 from gna_interp.core.plan import Plan, Ref, Site, SiteKind
+from gna_interp.cost import COUNTS
 from gna_interp.models.jobs import run_jobs
 from gna_interp.scoring.evaluation import evaluate_many
 from gna_interp.zoo.deep import deep_toy
@@ -134,6 +135,10 @@ def test_discover_remote_equals_local_in_ten_requests(pair):
         actual = gna.discover(remote, task, progress=False, stages=SEARCHED)
     assert actual.cost["requests"] == 10 and expected.cost["requests"] == 0
     assert actual.gather and actual.aggregate and actual.needs["gather"].curve
+    stages_run, parts = actual.cost["stages"], actual.cost["confirm"]  # where the requests went
+    assert sum(spent["requests"] for spent in stages_run.values()) == 10
+    assert {k: sum(part[k] for part in parts.values()) for k in COUNTS} == {k: stages_run["confirm"][k] for k in COUNTS}
+    assert parts["path patching"]["requests"] == 3 and parts["MIB score"]["requests"] == 1
     a, b = actual.to_dict(), expected.to_dict()
     for data in (a, b):
         data.pop("cost")
