@@ -57,9 +57,9 @@ def first_edited(plan: Any, n_pos: int) -> int:
     """The earliest position any edit of ``plan`` touches (0 where a skip or an edit covers
     every position: a mask broadcast along positions, or one below two dimensions; 0 where no
     edit touches a position: a clean forward is the one that would fill the cache)."""
-    first = n_pos
     if plan.skips or not plan.edits:
         return 0
+    first = n_pos
     for edits in plan.edits.values():
         for edit in edits:
             mask = edit.mask
@@ -108,7 +108,7 @@ def measure(name: str, prompts: int | None, seed: int, depth: int) -> dict[str, 
             label = part if stage != "confirm" else f"confirm: {part}"
             rows.append({"stage": label, "passes": done["passes"], "forwards": done["forwards"], "suffix": suffix, "suffix_final": final})
     if at != len(seen) or sum(f[0] for f in seen) != circuit.cost["block_rows"]:
-        raise SystemExit(f"{name}: the backend ran {len(seen)} forwards, the stages count {at}: the bound cannot be attributed")
+        raise SystemExit(f"{name}: the backend ran {len(seen)} forwards, the stages count {at}: the estimate cannot be attributed")
     return {
         "model": name,
         "prompts": len(task),

@@ -156,10 +156,15 @@ def tally(model: Any, into: dict[str, dict[str, float]], part: str, n_prompts: i
         yield
     finally:
         meters[:] = [other for other in meters if other is not meter]
-        held = into.setdefault(part, dict.fromkeys(COUNTS, 0))
-        for name in COUNTS:
-            held[name] += getattr(meter, name)
-        held["passes"] = held["block_rows"] / (n_prompts * max(1, meter.n_layers))
+        held = into.get(part, {})
+        meter.add(**{name: int(held.get(name, 0)) for name in COUNTS})  # a part met again adds up
+        into[part] = counts_and_passes(meter, n_prompts)
+
+
+def counts_and_passes(cost: Cost, n_prompts: int) -> dict[str, Any]:
+    """``cost``'s counts (`COUNTS`) and its ``passes`` over ``n_prompts`` prompts, as a plain dict
+    (the per-stage and per-part entries of a circuit's cost)."""
+    return {name: getattr(cost, name) for name in COUNTS} | {"passes": cost.passes(n_prompts)}
 
 
 @contextmanager

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.errors import GnaTypeError, GnaValueError
-from ..cost import COUNTS, Cost, cost_meter
+from ..cost import COUNTS, Cost, cost_meter, counts_and_passes
 from ..models.handle import check_model, check_model_and_task
 from ..progress import progress_bar
 from ..tasks.base import Task
@@ -149,7 +149,7 @@ def stage_costs(records: Records, n_layers: int, n_prompts: int) -> dict[str, di
     for record in records:
         spent = Cost(n_layers=n_layers)
         spent.add(**{k: record.cost[k] for k in COUNTS})
-        costs[record.stage] = {k: record.cost[k] for k in COUNTS} | {"passes": spent.passes(n_prompts)}
+        costs[record.stage] = counts_and_passes(spent, n_prompts)
     return costs
 
 

@@ -182,13 +182,11 @@ def cost_rows(cost: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"what": "requests to the remote server", "value": str(cost["requests"])})
     for role, spent in (cost.get("size_curves") or {}).items():
         rows.append({"what": f"{role.capitalize()} size curve", "value": f"{spent['passes']:.1f} passes"})
-    by_stage = (cost.get("stages") or {}).items()
-    stages = [f"{name.replace('_', ' ')} {spent['passes']:.1f}" for name, spent in by_stage if spent["passes"] >= 0.05]
-    if stages:
-        rows.append({"what": "passes by stage (in the order run)", "value": ", ".join(stages)})
-    parts = [f"{name} {spent['passes']:.1f}" for name, spent in (cost.get("confirm") or {}).items() if spent["passes"] >= 0.05]
-    if parts:
-        rows.append({"what": "passes of the confirmation's parts", "value": ", ".join(parts)})
+    for key, what in (("stages", "passes by stage (in the order run)"), ("confirm", "passes of the confirmation's parts")):
+        listed = (cost.get(key) or {}).items()
+        spent = [f"{name.replace('_', ' ')} {counts['passes']:.1f}" for name, counts in listed if counts["passes"] >= 0.05]
+        if spent:
+            rows.append({"what": what, "value": ", ".join(spent)})
     return rows
 
 
